@@ -1,0 +1,38 @@
+# epp — developer entry points. `make install` then `make test`.
+PY ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+PYTHON := $(BIN)/python
+
+.PHONY: install run test test-unit test-integration lint bench-cpu clean
+
+install: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(PYTHON) -m pip install --quiet --upgrade pip
+	$(PYTHON) -m pip install --quiet -e '.[test]'
+	touch $@
+
+run: install
+	$(BIN)/epp run
+
+test: install
+	$(BIN)/pytest -q tests
+
+test-unit: install
+	$(BIN)/pytest -q tests/unit
+
+test-integration: install
+	$(BIN)/pytest -q tests/integration
+
+lint: install
+	$(BIN)/ruff check epp tests bench
+	$(BIN)/ruff format --check epp tests bench
+	$(BIN)/mypy
+
+bench-cpu: install
+	$(PYTHON) bench/cpu_per_request.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache

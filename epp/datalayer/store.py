@@ -1,0 +1,84 @@
+"""The endpoint store: the single place discovery writes endpoints to and the scheduler reads from.
+
+Discovery calls ``upsert``/``delete`` (one task, causal order). Readers call ``endpoints()``, which
+returns a tuple rebuilt only when the set changes, so a request gets the current list in O(1).
+Listeners (the metrics scraper, plugins holding per-endpoint state) are told about additions and
+removals so that per-endpoint resources are started and released.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import structlog
+
+from epp.framework.endpoint import Endpoint, EndpointMetadata
+
+log = structlog.get_logger("epp.store")
+
+Listener = Callable[[Endpoint], None]
+
+
+class EndpointStore:
+    def __init__(self) -> None:
+        self._by_key: dict[str, Endpoint] = {}
+        self._snapshot: tuple[Endpoint, ...] = ()
+        self._on_add: list[Listener] = []
+        self._on_remove: list[Listener] = []
+        self.synced = False  # set once discovery finished its initial load
+
+    # --- writers (discovery) ---------------------------------------------------------------
+
+    def upsert(self, metadata: EndpointMetadata) -> None:
+        current = self._by_key.get(metadata.key)
+        if current is not None:
+            if current.metadata == metadata:
+                return
+            if current.metadata.metrics_hostport == metadata.metrics_hostport:
+                current.metadata = metadata  # labels or names changed: keep metrics and counters
+                self._rebuild()
+                return
+            self.delete(metadata.key)  # the address changed: it is a different server
+        endpoint = Endpoint(metadata=metadata)
+        self._by_key[metadata.key] = endpoint
+        self._rebuild()
+        log.info("endpoint added", endpoint=metadata.key, address=metadata.hostport)
+        for listener in self._on_add:
+            listener(endpoint)
+
+    def delete(self, key: str) -> None:
+        endpoint = self._by_key.pop(key, None)
+        if endpoint is None:
+            return
+        self._rebuild()
+        log.info("endpoint removed", endpoint=key, address=endpoint.hostport)
+        for listener in self._on_remove:
+            listener(endpoint)
+
+    def keys(self) -> frozenset[str]:
+        return frozenset(self._by_key)
+
+    # --- readers ---------------------------------------------------------------------------
+
+    def endpoints(self) -> tuple[Endpoint, ...]:
+        return self._snapshot
+
+    def get(self, key: str) -> Endpoint | None:
+        return self._by_key.get(key)
+
+    def __len__(self) -> int:
+        return len(self._by_key)
+
+    # --- listeners ---------------------------------------------------------------------------
+
+    def subscribe(self, on_add: Listener | None = None, on_remove: Listener | None = None) -> None:
+        """Register listeners; ``on_add`` is called at once for endpoints already present."""
+        if on_add is not None:
+            self._on_add.append(on_add)
+            for endpoint in self._snapshot:
+                on_add(endpoint)
+        if on_remove is not None:
+            self._on_remove.append(on_remove)
+
+    def _rebuild(self) -> None:
+        self._snapshot = tuple(self._by_key.values())

@@ -1,0 +1,72 @@
+"""Contracts of epp: data types and plugin interfaces. Plugins depend on this package only."""
+
+from epp.framework.endpoint import Endpoint, EndpointMetadata, Metrics
+from epp.framework.errors import ConfigError, ErrorCode, InferenceError, SchedulingError
+from epp.framework.interfaces import (
+    Admitter,
+    DataProducer,
+    DataSource,
+    EndpointDiscovery,
+    EndpointNotifier,
+    Extractor,
+    Filter,
+    Handle,
+    NoParams,
+    Parser,
+    Picker,
+    Plugin,
+    PreRequest,
+    Profile,
+    ProfileHandler,
+    RequestDone,
+    ResponseBodyProcessor,
+    ResponseHeaderProcessor,
+    Scorer,
+)
+from epp.framework.registry import register
+from epp.framework.request import ApiKind, LLMRequest, RequestBody
+from epp.framework.results import (
+    CycleState,
+    ProfileRunResult,
+    ResponseInfo,
+    SchedulingResult,
+    ScoredEndpoint,
+)
+
+__all__ = [
+    "Admitter",
+    "ApiKind",
+    "ConfigError",
+    "CycleState",
+    "DataProducer",
+    "DataSource",
+    "Endpoint",
+    "EndpointDiscovery",
+    "EndpointMetadata",
+    "EndpointNotifier",
+    "ErrorCode",
+    "Extractor",
+    "Filter",
+    "Handle",
+    "InferenceError",
+    "LLMRequest",
+    "Metrics",
+    "NoParams",
+    "Parser",
+    "Picker",
+    "Plugin",
+    "PreRequest",
+    "Profile",
+    "ProfileHandler",
+    "ProfileRunResult",
+    "RequestBody",
+    "RequestDone",
+    "ResponseBodyProcessor",
+    "ResponseHeaderProcessor",
+    "ResponseInfo",
+    "SchedulingError",
+    "SchedulingResult",
+    "ScoredEndpoint",
+    "Scorer",
+    "register",
+]

@@ -1,0 +1,85 @@
+"""Endpoints as the scheduler sees them.
+
+An ``Endpoint`` is one routable ``ip:port`` of a model server. Its ``metadata`` is set by discovery
+and its ``metrics`` snapshot is replaced as a whole by the scraper (never mutated in place), so a
+scheduling cycle can read it without locks. ``inflight`` counts requests this EPP routed to the
+endpoint that have not finished yet (released when the ext_proc stream ends).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+_EMPTY: Mapping[str, Any] = MappingProxyType({})
+
+
+@dataclass(slots=True, frozen=True)
+class EndpointMetadata:
+    """Identity and addressing of one endpoint. ``name`` is unique within ``namespace``."""
+
+    name: str
+    address: str
+    port: int
+    namespace: str = "default"
+    pod_name: str = ""
+    labels: Mapping[str, str] = field(default_factory=dict)
+    metrics_host: str = ""  # "host:port" to scrape; defaults to address:port
+
+    @property
+    def key(self) -> str:
+        """``namespace/name``: the identity used by the store, the prefix index and session tokens."""
+        return f"{self.namespace}/{self.name}"
+
+    @property
+    def hostport(self) -> str:
+        """``ip:port``, with IPv6 addresses bracketed, as written into the destination header."""
+        if ":" in self.address:
+            return f"[{self.address}]:{self.port}"
+        return f"{self.address}:{self.port}"
+
+    @property
+    def metrics_hostport(self) -> str:
+        return self.metrics_host or self.hostport
+
+
+@dataclass(slots=True, frozen=True)
+class Metrics:
+    """One scrape of a model server, normalised across engines.
+
+    ``update_time`` is ``time.monotonic()`` of the last successful extraction (0.0 = never).
+    ``kv_cache_usage_percent`` is a 0..1 fraction despite its (reference) name.
+    """
+
+    waiting_queue_size: int = 0
+    running_requests_size: int = 0
+    kv_cache_usage_percent: float = 0.0
+    active_models: Mapping[str, int] = field(default_factory=lambda: _EMPTY)
+    waiting_models: Mapping[str, int] = field(default_factory=lambda: _EMPTY)
+    max_active_models: int = 0
+    cache_block_size: int = 0
+    cache_num_blocks: int = 0
+    update_time: float = 0.0
+
+
+@dataclass(slots=True, eq=False)
+class Endpoint:
+    """The live endpoint object held by the store and handed to plugins.
+
+    Identity-hashed (``eq=False``) so that plugins can key dicts by endpoint cheaply. ``attributes``
+    holds endpoint-level data produced by the data layer (not per request).
+    """
+
+    metadata: EndpointMetadata
+    metrics: Metrics = field(default_factory=Metrics)
+    inflight: int = 0
+    attributes: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def hostport(self) -> str:
+        return self.metadata.hostport
+
+    def __repr__(self) -> str:
+        return f"Endpoint({self.metadata.key} {self.metadata.hostport})"

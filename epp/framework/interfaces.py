@@ -1,0 +1,224 @@
+"""Plugin contracts: the only things a plugin may depend on (with the data types of this package).
+
+Every plugin subclasses ``Plugin`` and one or more of the kinds below; a plugin implementing several
+kinds (a scorer that is also a filter) is used in every slot it fits. A plugin declares:
+
+* ``type_name``: the registered type string used in ``EndpointPickerConfig`` files;
+* ``Params``: a dataclass of typed parameters (snake_case fields, camelCase in YAML, see
+  ``epp.framework.params``); unknown keys are a configuration error naming the key.
+
+Scheduling-path methods are synchronous: a cycle runs without awaiting. Data producers and endpoint
+discovery are asynchronous. Nothing here imports the server.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar, Protocol
+
+from epp.framework.endpoint import Endpoint, EndpointMetadata
+from epp.framework.errors import InferenceError
+from epp.framework.request import LLMRequest, RequestBody
+from epp.framework.results import (
+    CycleState,
+    ProfileRunResult,
+    ResponseInfo,
+    SchedulingResult,
+    ScoredEndpoint,
+)
+
+
+@dataclass(slots=True, frozen=True)
+class NoParams:
+    """Parameters of a plugin that takes none."""
+
+
+class Handle(Protocol):
+    """What a plugin factory may use: plugins declared earlier, and the current endpoints."""
+
+    def plugin(self, name: str) -> Plugin | None: ...
+
+    def endpoints(self) -> Sequence[Endpoint]: ...
+
+
+class Plugin:
+    """Base class of every plugin instance."""
+
+    type_name: ClassVar[str] = ""
+    Params: ClassVar[type] = NoParams
+
+    def __init__(self, name: str, params: Any, handle: Handle | None = None) -> None:
+        self.name = name
+        self.params = params
+
+    @property
+    def typed_name(self) -> str:
+        return f"{self.name}/{self.type_name}"
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.typed_name}>"
+
+
+class Profile(Protocol):
+    """A scheduling profile as profile handlers see it (implemented by ``SchedulerProfile``)."""
+
+    name: str
+
+    def run(self, cycle: CycleState, request: LLMRequest, candidates: list[Endpoint]) -> ProfileRunResult: ...
+
+
+# --- scheduling -------------------------------------------------------------------------------
+
+
+class Filter(Plugin, abc.ABC):
+    """Narrows the candidate list. Returning an empty list fails the profile."""
+
+    @abc.abstractmethod
+    def filter(self, cycle: CycleState, request: LLMRequest, endpoints: list[Endpoint]) -> list[Endpoint]: ...
+
+
+class Scorer(Plugin, abc.ABC):
+    """Scores each endpoint; the framework clamps scores to [0, 1] and multiplies by the weight.
+
+    ``score`` returns one float per input endpoint, in the same order (a list is cheaper than a map).
+    ``category`` (Affinity / Distribution / Balance) is informational.
+    """
+
+    category: ClassVar[str] = "Distribution"
+
+    @abc.abstractmethod
+    def score(self, cycle: CycleState, request: LLMRequest, endpoints: list[Endpoint]) -> Sequence[float]: ...
+
+
+class Picker(Plugin, abc.ABC):
+    """Chooses the target endpoint(s) from the scored list (several = fallbacks, best first)."""
+
+    @abc.abstractmethod
+    def pick(self, cycle: CycleState, request: LLMRequest, scored: list[ScoredEndpoint]) -> ProfileRunResult: ...
+
+
+class ProfileHandler(Plugin, abc.ABC):
+    """Chooses which profiles run, and decides from their results whether the request is served.
+
+    ``pick_profiles`` is called repeatedly until it returns no profile. ``process_results`` is the
+    only place that decides whether a failed profile (a ``None`` entry) fails the request: it returns
+    ``(result, None)`` to serve the request or ``(None, error)`` to fail it.
+    """
+
+    @abc.abstractmethod
+    def pick_profiles(
+        self,
+        cycle: CycleState,
+        request: LLMRequest,
+        profiles: Mapping[str, Profile],
+        results: Mapping[str, ProfileRunResult | None],
+    ) -> Mapping[str, Profile]: ...
+
+    @abc.abstractmethod
+    def process_results(
+        self, cycle: CycleState, request: LLMRequest, results: Mapping[str, ProfileRunResult | None]
+    ) -> tuple[SchedulingResult | None, Exception | None]: ...
+
+    def validate_profiles(self, profile_names: Sequence[str]) -> str | None:
+        """Return a reason when this handler cannot work with these profiles (checked at load)."""
+        return None
+
+
+# --- request control --------------------------------------------------------------------------
+
+
+class DataProducer(Plugin, abc.ABC):
+    """Computes per-request data (e.g. prefix matches) before scheduling; errors are only logged."""
+
+    produces: ClassVar[frozenset[str]] = frozenset()
+
+    @abc.abstractmethod
+    async def produce(self, cycle: CycleState, request: LLMRequest, endpoints: list[Endpoint]) -> None: ...
+
+
+class Admitter(Plugin, abc.ABC):
+    """Admits or denies a request before scheduling; return an error to deny."""
+
+    @abc.abstractmethod
+    def admit(self, cycle: CycleState, request: LLMRequest, endpoints: list[Endpoint]) -> InferenceError | None: ...
+
+
+class PreRequest(Plugin, abc.ABC):
+    """Runs after scheduling, before the reply to Envoy (may edit ``request.headers``)."""
+
+    @abc.abstractmethod
+    def pre_request(self, cycle: CycleState, request: LLMRequest, result: SchedulingResult) -> None: ...
+
+
+class ResponseHeaderProcessor(Plugin, abc.ABC):
+    """Sees the upstream response headers; may add headers through ``response.headers``."""
+
+    @abc.abstractmethod
+    def response_header(self, request: LLMRequest, response: ResponseInfo, endpoint: Endpoint | None) -> None: ...
+
+
+class ResponseBodyProcessor(Plugin, abc.ABC):
+    """Sees response body chunks. Declaring one makes the EPP process response bodies."""
+
+    @abc.abstractmethod
+    def response_body(
+        self, request: LLMRequest, response: ResponseInfo, endpoint: Endpoint | None, chunk: bytes
+    ) -> None: ...
+
+
+class RequestDone(Plugin, abc.ABC):
+    """Called exactly once when a scheduled request's ext_proc stream ends (success or not)."""
+
+    @abc.abstractmethod
+    def request_done(self, request: LLMRequest, result: SchedulingResult) -> None: ...
+
+
+# --- request handling -------------------------------------------------------------------------
+
+
+class Parser(Plugin, abc.ABC):
+    """Turns the raw request body into a ``RequestBody``.
+
+    Raise ``InferenceError(BAD_REQUEST, ...)`` on a bad body; return ``None`` to skip scheduling
+    (the request then goes to a random endpoint and the stream stops being processed).
+    """
+
+    @abc.abstractmethod
+    def parse_request(self, body: bytes, headers: Mapping[str, str]) -> RequestBody | None: ...
+
+
+# --- data layer -------------------------------------------------------------------------------
+
+
+class EndpointNotifier(Protocol):
+    """Where discovery reports endpoints (implemented by the endpoint store)."""
+
+    def upsert(self, metadata: EndpointMetadata) -> None: ...
+
+    def delete(self, key: str) -> None: ...
+
+    def keys(self) -> frozenset[str]: ...
+
+
+class EndpointDiscovery(Plugin, abc.ABC):
+    """A source of endpoints other than Kubernetes, selected by ``dataLayer.discovery.pluginRef``.
+
+    ``start`` returns once the initial set was loaded (raising on a fatal error) and keeps watching
+    in a background task until ``stop``.
+    """
+
+    @abc.abstractmethod
+    async def start(self, notifier: EndpointNotifier) -> None: ...
+
+    async def stop(self) -> None:  # noqa: B027 - optional hook
+        return None
+
+
+class DataSource(Plugin):
+    """A polled data source configured under ``dataLayer.sources`` (e.g. ``metrics-data-source``)."""
+
+
+class Extractor(Plugin):
+    """Turns a data source's output into endpoint metrics (e.g. ``core-metrics-extractor``)."""

@@ -1,0 +1,57 @@
+"""The plugin registry: type name -> plugin class.
+
+Built-in plugins register with the ``@register`` decorator when ``epp.plugins`` is imported.
+Third-party packages expose plugin classes (or modules that register them) through the
+``epp.plugins`` entry-point group; ``load_entry_points()`` imports them once, so a config can name
+their types without touching this repository.
+"""
+
+from __future__ import annotations
+
+from importlib.metadata import entry_points
+from typing import TypeVar
+
+from epp.framework.interfaces import Plugin
+
+P = TypeVar("P", bound=type[Plugin])
+
+_REGISTRY: dict[str, type[Plugin]] = {}
+_ALIASES: dict[str, str] = {}
+_entry_points_loaded = False
+
+
+def register(cls: P, *aliases: str) -> P:
+    """Register a plugin class under its ``type_name`` (and optional deprecated aliases)."""
+    if not cls.type_name:
+        raise ValueError(f"{cls.__name__} has no type_name")
+    _REGISTRY[cls.type_name] = cls
+    for alias in aliases:
+        _ALIASES[alias] = cls.type_name
+    return cls
+
+
+def lookup(type_name: str) -> type[Plugin] | None:
+    load_entry_points()
+    cls = _REGISTRY.get(type_name)
+    if cls is None and type_name in _ALIASES:
+        cls = _REGISTRY.get(_ALIASES[type_name])
+    return cls
+
+
+def registered_types() -> list[str]:
+    load_entry_points()
+    return sorted(_REGISTRY)
+
+
+def load_entry_points() -> None:
+    """Import built-ins and every ``epp.plugins`` entry point (once)."""
+    global _entry_points_loaded
+    if _entry_points_loaded:
+        return
+    _entry_points_loaded = True
+    import epp.plugins  # noqa: F401 - registers the built-in plugins
+
+    for ep in entry_points(group="epp.plugins"):
+        obj = ep.load()
+        if isinstance(obj, type) and issubclass(obj, Plugin) and obj.type_name not in _REGISTRY:
+            register(obj)

@@ -1,0 +1,63 @@
+"""Scheduling results and the per-cycle state."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from epp.framework.endpoint import Endpoint
+
+
+@dataclass(slots=True)
+class ScoredEndpoint:
+    endpoint: Endpoint
+    score: float
+
+
+@dataclass(slots=True)
+class ProfileRunResult:
+    """The endpoints a profile's picker chose, best first (several = fallbacks)."""
+
+    target_endpoints: list[Endpoint]
+
+
+@dataclass(slots=True)
+class SchedulingResult:
+    """Per-profile results (``None`` = the profile failed or was skipped) and the primary profile.
+
+    The primary profile's endpoints become the destination; other results (prefill, encode) are read
+    by PreRequest plugins.
+    """
+
+    profile_results: dict[str, ProfileRunResult | None]
+    primary_profile_name: str
+
+    @property
+    def primary(self) -> ProfileRunResult | None:
+        return self.profile_results.get(self.primary_profile_name)
+
+
+class CycleState(dict[str, Any]):
+    """Key/value store shared by all plugins of one request's scheduling cycle.
+
+    Created once per request by the director (so it also serves producers and PreRequest plugins,
+    the reference's PluginState), dropped with the request. ``read`` raises ``KeyError``.
+    """
+
+    __slots__ = ()
+
+    def read(self, key: str) -> Any:
+        return self[key]
+
+    def write(self, key: str, value: Any) -> None:
+        self[key] = value
+
+
+@dataclass(slots=True)
+class ResponseInfo:
+    """What response-path plugins see: the upstream status and headers, and usage once known."""
+
+    headers: dict[str, str] = field(default_factory=dict)
+    status: int = 0
+    end_of_stream: bool = False
+    usage: dict[str, Any] | None = None

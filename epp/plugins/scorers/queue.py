@@ -1,0 +1,31 @@
+"""``queue-scorer``: prefer endpoints with shorter waiting queues.
+
+Type: ``queue-scorer`` (Distribution). Parameters: none.
+Algorithm: min-max normalisation of ``waiting_queue_size`` over the candidates,
+``score = (max - q) / (max - min)``; when every candidate has the same queue length, all score 1.0.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from epp.framework import CycleState, Endpoint, LLMRequest, Scorer, register
+
+
+def min_max_scores(values: Sequence[float]) -> list[float]:
+    """``(max - v) / (max - min)`` per value; all 1.0 when the values are equal (shared by scorers)."""
+    lo = min(values, default=0)
+    hi = max(values, default=0)
+    if hi == lo:
+        return [1.0] * len(values)
+    span = hi - lo
+    return [(hi - v) / span for v in values]
+
+
+@register
+class QueueScorer(Scorer):
+    type_name = "queue-scorer"
+    category = "Distribution"
+
+    def score(self, cycle: CycleState, request: LLMRequest, endpoints: list[Endpoint]) -> list[float]:
+        return min_max_scores([e.metrics.waiting_queue_size for e in endpoints])

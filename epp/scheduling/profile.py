@@ -1,0 +1,75 @@
+"""A scheduling profile: filters, then weighted scorers, then one picker.
+
+Filters run in order, each on the previous output; the first empty output fails the profile. Each
+scorer's scores are clamped to [0, 1], multiplied by the scorer's weight and summed per endpoint
+(no division by the sum of weights: argmax and weighted-random picks are unaffected by a uniform
+scale, as in the reference). The picker receives the scored endpoints in candidate order.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from epp.framework.endpoint import Endpoint
+from epp.framework.errors import SchedulingError
+from epp.framework.interfaces import Filter, Picker, Scorer
+from epp.framework.request import LLMRequest
+from epp.framework.results import CycleState, ProfileRunResult, ScoredEndpoint
+
+# (extension_point, plugin, seconds) -> None; set by the server to feed the plugin-duration metric.
+PluginTimer = Callable[[str, object, float], None]
+
+
+@dataclass(slots=True)
+class WeightedScorer:
+    scorer: Scorer
+    weight: float = 1.0
+
+
+@dataclass(slots=True)
+class SchedulerProfile:
+    name: str
+    filters: list[Filter] = field(default_factory=list)
+    scorers: list[WeightedScorer] = field(default_factory=list)
+    picker: Picker | None = None
+    timer: PluginTimer | None = None
+
+    def run(self, cycle: CycleState, request: LLMRequest, candidates: list[Endpoint]) -> ProfileRunResult:
+        """Run the profile; raises ``SchedulingError`` when it cannot pick an endpoint."""
+        timer = self.timer
+        endpoints = candidates
+        for f in self.filters:
+            t0 = time.perf_counter() if timer else 0.0
+            endpoints = f.filter(cycle, request, endpoints)
+            if timer:
+                timer("Filter", f, time.perf_counter() - t0)
+            if not endpoints:
+                raise SchedulingError(f"no endpoints available for the given request (filter '{f.name}')")
+
+        n = len(endpoints)
+        totals = [0.0] * n
+        for ws in self.scorers:
+            t0 = time.perf_counter() if timer else 0.0
+            scores = ws.scorer.score(cycle, request, endpoints)
+            if timer:
+                timer("Scorer", ws.scorer, time.perf_counter() - t0)
+            if len(scores) != n:
+                raise SchedulingError(
+                    f"scorer '{ws.scorer.name}' returned {len(scores)} scores for {n} endpoints"
+                )
+            w = ws.weight
+            for i, s in enumerate(scores):
+                if s > 0.0:
+                    totals[i] += (1.0 if s > 1.0 else s) * w
+
+        if self.picker is None:
+            raise SchedulingError(f"profile '{self.name}' has no picker")
+        t0 = time.perf_counter() if timer else 0.0
+        result = self.picker.pick(cycle, request, [ScoredEndpoint(e, s) for e, s in zip(endpoints, totals)])
+        if timer:
+            timer("Picker", self.picker, time.perf_counter() - t0)
+        if not result.target_endpoints:
+            raise SchedulingError(f"picker '{self.picker.name}' returned no endpoint")
+        return result

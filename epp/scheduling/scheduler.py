@@ -1,0 +1,67 @@
+"""The scheduler: the profile-handler loop.
+
+1. Ask the profile handler which profiles to run; stop when it returns none.
+2. Run each picked profile on the same candidates; a failure is logged and recorded as an explicit
+   ``None`` entry in the results (never a missing entry).
+3. Hand all results to the handler's ``process_results``, which alone decides whether the request
+   is served: it returns ``(SchedulingResult, None)`` or ``(None, error)``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+
+import structlog
+
+from epp.framework.endpoint import Endpoint
+from epp.framework.errors import SchedulingError
+from epp.framework.interfaces import ProfileHandler
+from epp.framework.request import LLMRequest
+from epp.framework.results import CycleState, ProfileRunResult, SchedulingResult
+from epp.scheduling.profile import PluginTimer, SchedulerProfile
+
+log = structlog.get_logger("epp.scheduler")
+
+# A handler that keeps picking profiles forever is a bug; stop it instead of hanging the request.
+_MAX_ROUNDS = 64
+
+
+class Scheduler:
+    def __init__(
+        self,
+        handler: ProfileHandler,
+        profiles: Mapping[str, SchedulerProfile],
+        timer: PluginTimer | None = None,
+    ) -> None:
+        self.handler = handler
+        self.profiles = dict(profiles)
+        self.timer = timer
+
+    def schedule(
+        self, cycle: CycleState, request: LLMRequest, candidates: list[Endpoint]
+    ) -> tuple[SchedulingResult | None, Exception | None]:
+        results: dict[str, ProfileRunResult | None] = {}
+        timer = self.timer
+        for _ in range(_MAX_ROUNDS):
+            t0 = time.perf_counter() if timer else 0.0
+            picked = self.handler.pick_profiles(cycle, request, self.profiles, results)
+            if timer:
+                timer("ProfilePicker", self.handler, time.perf_counter() - t0)
+            if not picked:
+                break
+            for name, profile in picked.items():
+                try:
+                    results[name] = profile.run(cycle, request, candidates)
+                except SchedulingError as e:
+                    log.debug("profile failed", profile=name, request_id=request.request_id, error=str(e))
+                    results[name] = None
+        else:
+            return None, SchedulingError(f"profile handler '{self.handler.name}' did not stop picking profiles")
+        if not results:
+            return None, SchedulingError(f"failed to run any scheduler profile for request {request.request_id}")
+        t0 = time.perf_counter() if timer else 0.0
+        outcome = self.handler.process_results(cycle, request, results)
+        if timer:
+            timer("ProcessProfilesResults", self.handler, time.perf_counter() - t0)
+        return outcome
