@@ -1,0 +1,192 @@
+"""The ``epp`` command: ``serve`` (the EPP), ``sim`` (a simulated vLLM server), ``run`` (a local
+stack: Envoy + EPP + simulators) and ``check-config`` (validate a config, print the effective one).
+
+``serve`` keeps the reference EPP's flag names and defaults where they exist.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+from collections.abc import Callable, Coroutine, Sequence
+from pathlib import Path
+from typing import Any
+
+from epp import __version__
+from epp.flags import add_bool, parse_duration
+
+
+def run_async(main: Callable[[], Coroutine[Any, Any, Any]]) -> Any:
+    """Run ``main`` on uvloop when it is installed (cheaper per request), else on asyncio."""
+    try:
+        import uvloop
+
+        factory: Callable[[], asyncio.AbstractEventLoop] | None = uvloop.new_event_loop
+    except ImportError:  # pragma: no cover - uvloop is a dependency on Linux
+        factory = None
+    with asyncio.Runner(loop_factory=factory) as runner:
+        return runner.run(main())
+
+
+def _config_text(args: argparse.Namespace) -> tuple[str | None, str]:
+    if args.config_file and args.config_text:
+        raise SystemExit('error: both the "configText" and "configFile" flags can not be set at the same time')
+    if args.config_file:
+        try:
+            return Path(args.config_file).read_text(), args.config_file
+        except OSError as e:
+            raise SystemExit(f"error: --config-file: {e}") from None
+    return args.config_text, "--config-text"
+
+
+def _load(text: str | None, source: str) -> Any:
+    from epp.config import ConfigError, load_config
+
+    try:
+        cfg = load_config(text, source=source)
+    except ConfigError as e:
+        print(f"error: invalid configuration {source}: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
+    for warning in cfg.warnings:
+        print(f"warning: {warning}", file=sys.stderr)
+    return cfg
+
+
+# --- serve ------------------------------------------------------------------------------------
+
+
+def _add_serve(sub: Any) -> None:
+    p = sub.add_parser("serve", help="run the Endpoint Picker (ext_proc gRPC server)")
+    p.add_argument("--grpc-port", type=int, default=9002, help="ext_proc gRPC port (default 9002)")
+    p.add_argument("--grpc-health-port", type=int, default=9003, help="gRPC health port (default 9003)")
+    p.add_argument("--metrics-port", type=int, default=9090, help="Prometheus metrics port (default 9090)")
+    p.add_argument("--bind-address", default="0.0.0.0", help="address to listen on (default 0.0.0.0)")
+    add_bool(p, "--secure-serving", True, "serve ext_proc over TLS (default true; self-signed unless --cert-path)")
+    p.add_argument("--cert-path", default=None, help="directory holding tls.crt and tls.key")
+    add_bool(p, "--health-checking", False, "also serve gRPC health on the ext_proc port")
+    p.add_argument("--config-file", default=None, help="EndpointPickerConfig YAML file")
+    p.add_argument("--config-text", default=None, help="EndpointPickerConfig YAML text")
+    p.add_argument("--pool-name", default="", help="InferencePool name (optional with file discovery)")
+    p.add_argument("--pool-namespace", default=os.environ.get("NAMESPACE") or "default")
+    p.add_argument("--refresh-metrics-interval", type=parse_duration, default=0.05, help="scrape period (50ms)")
+    p.add_argument("--refresh-prometheus-metrics-interval", type=parse_duration, default=5.0)
+    p.add_argument("--metrics-staleness-threshold", type=parse_duration, default=2.0)
+    add_bool(p, "--disable-endpoint-subset-filter", False, "ignore Envoy's subset hint")
+    p.add_argument(
+        "--max-request-body-bytes",
+        type=int,
+        default=10 << 20,
+        help="larger request bodies are answered 413 (default 10 MiB; the reference has no limit)",
+    )
+    add_bool(p, "--debug-response-header", True, "add x-went-into-resp-headers: true (reference behaviour)")
+    p.add_argument("--grace-period", type=parse_duration, default=5.0, help="drain time on shutdown (5s)")
+    p.add_argument("--log-level", default=os.environ.get("EPP_LOG_LEVEL", "info"))
+    p.set_defaults(func=_serve)
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from epp import logs
+    from epp.server.app import EppServer, ServeOptions
+
+    logs.configure(args.log_level)
+    cfg = _load(*_config_text(args))
+    if cfg.discovery is None:
+        print(
+            "error: no endpoint source: set dataLayer.discovery to a file-discovery plugin "
+            "(Kubernetes InferencePool discovery with --pool-name is not available in this version)",
+            file=sys.stderr,
+        )
+        return 2
+    opts = ServeOptions(
+        grpc_port=args.grpc_port,
+        grpc_health_port=args.grpc_health_port,
+        metrics_port=args.metrics_port,
+        bind_address=args.bind_address,
+        secure_serving=args.secure_serving,
+        cert_path=args.cert_path,
+        health_checking=args.health_checking,
+        pool_name=args.pool_name or "epp",
+        pool_namespace=args.pool_namespace,
+        refresh_metrics_interval=args.refresh_metrics_interval,
+        refresh_prometheus_metrics_interval=args.refresh_prometheus_metrics_interval,
+        metrics_staleness_threshold=args.metrics_staleness_threshold,
+        disable_endpoint_subset_filter=args.disable_endpoint_subset_filter,
+        max_request_body_bytes=args.max_request_body_bytes,
+        debug_response_header=args.debug_response_header,
+        grace_period=args.grace_period,
+    )
+
+    async def main() -> None:
+        await EppServer(cfg, opts).run()
+
+    try:
+        run_async(main)
+    except Exception as e:
+        import structlog
+
+        structlog.get_logger("epp").error("epp failed", error=str(e), error_type=type(e).__name__)
+        return 1
+    return 0
+
+
+# --- check-config -----------------------------------------------------------------------------
+
+
+def _add_check(sub: Any) -> None:
+    p = sub.add_parser("check-config", help="validate an EndpointPickerConfig and print the effective config")
+    p.add_argument("file", help="config file ('-' for standard input)")
+    p.set_defaults(func=_check)
+
+
+def _check(args: argparse.Namespace) -> int:
+    text = sys.stdin.read() if args.file == "-" else None
+    if text is None:
+        try:
+            text = Path(args.file).read_text()
+        except OSError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+    cfg = _load(text, args.file)
+    sys.stdout.write(cfg.effective_yaml())
+    return 0
+
+
+# --- sim, run ---------------------------------------------------------------------------------
+
+
+def _add_sim(sub: Any) -> None:
+    from epp.sim import cli as sim_cli
+
+    p = sub.add_parser("sim", help="run a simulated OpenAI-compatible vLLM server")
+    sim_cli.add_arguments(p)
+    p.set_defaults(func=sim_cli.main)
+
+
+def _add_run(sub: Any) -> None:
+    from epp import stack
+
+    p = sub.add_parser("run", help="run a local stack: Envoy on :8081, the EPP and simulated vLLM servers")
+    stack.add_arguments(p)
+    p.set_defaults(func=stack.main)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="epp", description=__doc__.split("\n\n")[0] if __doc__ else None)
+    parser.add_argument("--version", action="version", version=f"epp {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+    _add_serve(sub)
+    _add_sim(sub)
+    _add_run(sub)
+    _add_check(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,128 @@
+"""The EPP's own Prometheus metrics, with the reference's names, types and labels.
+
+Metric objects are module-level so any layer can record into them; label children used on the
+hot path are cached by the caller. HELP texts start with ``[ALPHA]`` as in the reference.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
+
+M = ("model_name", "target_model_name")
+
+LATENCY_BUCKETS = (
+    0.005, 0.025, 0.05, 0.1, 0.2, 0.4, 0.6, 0.8, 1.0, 1.25, 1.5, 2, 3, 4, 5, 6, 8, 10, 15, 20, 30,
+    45, 60, 120, 180, 240, 300, 360, 480, 600, 900, 1200, 1800, 2700, 3600,
+)  # fmt: skip
+SCHEDULER_BUCKETS = (
+    0.0001, 0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0,
+)  # fmt: skip
+PLUGIN_BUCKETS = (
+    0.00001, 0.00002, 0.00005, 0.0001, 0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1,
+)  # fmt: skip
+SIZE_BUCKETS = tuple(float(64 * 4**i) for i in range(13)) + (float(1 << 30),)
+
+registry: CollectorRegistry = REGISTRY
+
+REQUEST_TOTAL = Counter(
+    "inference_objective_request_total",
+    "[ALPHA] Counter of inference objective requests broken out for each model and target model.",
+    [*M, "priority"],
+)
+REQUEST_ERROR_TOTAL = Counter(
+    "inference_objective_request_error_total",
+    "[ALPHA] Counter of inference objective requests errors broken out for each model and target model.",
+    [*M, "error_code"],
+)
+REQUEST_DURATION = Histogram(
+    "inference_objective_request_duration_seconds",
+    "[ALPHA] Inference objective response latency distribution in seconds for each model and target model.",
+    M,
+    buckets=LATENCY_BUCKETS,
+)
+REQUEST_SIZES = Histogram(
+    "inference_objective_request_sizes",
+    "[ALPHA] Inference objective requests size distribution in bytes for each model and target model.",
+    M,
+    buckets=SIZE_BUCKETS,
+)
+RUNNING_REQUESTS = Gauge(
+    "inference_objective_running_requests",
+    "[ALPHA] Inference objective number of running requests in each model.",
+    ["model_name"],
+)
+POOL_AVG_KV = Gauge(
+    "inference_pool_average_kv_cache_utilization",
+    "[ALPHA] The average kv cache utilization for an inference server pool.",
+    ["name"],
+)
+POOL_AVG_QUEUE = Gauge(
+    "inference_pool_average_queue_size",
+    "[ALPHA] The average number of requests pending in the model server queue.",
+    ["name"],
+)
+POOL_AVG_RUNNING = Gauge(
+    "inference_pool_average_running_requests",
+    "[ALPHA] The average number of running requests in the model server.",
+    ["name"],
+)
+POOL_READY_PODS = Gauge(
+    "inference_pool_ready_pods",
+    "[ALPHA] The number of ready pods in the inference server pool.",
+    ["name"],
+)
+POOL_PER_POD_QUEUE = Gauge(
+    "inference_pool_per_pod_queue_size",
+    "[ALPHA] The total number of requests pending in the model server queue for each underlying pod.",
+    ["name", "model_server_pod"],
+)
+SCHEDULER_E2E = Histogram(
+    "inference_extension_scheduler_e2e_duration_seconds",
+    "[ALPHA] End-to-end scheduling latency distribution in seconds.",
+    buckets=SCHEDULER_BUCKETS,
+)
+SCHEDULER_ATTEMPTS = Counter(
+    "inference_extension_scheduler_attempts_total",
+    "[ALPHA] Total number of scheduling attempts.",
+    ["status", "target_model_name", "pod_name", "namespace", "port"],
+)
+PLUGIN_DURATION = Histogram(
+    "inference_extension_plugin_duration_seconds",
+    "[ALPHA] Plugin latency distribution in seconds for each extension point, plugin type and plugin name.",
+    ["extension_point", "plugin_type", "plugin_name"],
+    buckets=PLUGIN_BUCKETS,
+)
+INFO = Gauge(
+    "inference_extension_info",
+    "[ALPHA] General information of the current build of Inference Extension.",
+    ["commit", "build_ref"],
+)
+DATALAYER_POLL_ERRORS = Counter(
+    "llm_d_inference_scheduler_datalayer_poll_errors_total",
+    "[ALPHA] Total number of data layer poll errors.",
+    ["source_type"],
+)
+DATALAYER_EXTRACT_ERRORS = Counter(
+    "llm_d_inference_scheduler_datalayer_extract_errors_total",
+    "[ALPHA] Total number of data layer extract errors.",
+    ["source_type", "extractor_type"],
+)
+
+
+_children: dict[tuple[int, tuple[str, ...]], object] = {}
+
+
+def child(metric: Counter | Gauge | Histogram, *labels: str) -> object:
+    """The labelled child of ``metric``, cached: ``labels()`` validates and locks on every call."""
+    key = (id(metric), labels)
+    c = _children.get(key)
+    if c is None:
+        c = _children[key] = metric.labels(*labels)
+    return c
+
+
+def observe_plugin(extension_point: str, plugin: object, seconds: float) -> None:
+    """The scheduler's plugin timer: ``inference_extension_plugin_duration_seconds``."""
+    name = getattr(plugin, "name", "")
+    type_name = getattr(plugin, "type_name", "")
+    child(PLUGIN_DURATION, extension_point, type_name, name).observe(seconds)  # type: ignore[attr-defined]

@@ -1,0 +1,93 @@
+"""``openai-parser``: the default request parser for OpenAI-style JSON bodies.
+
+Type: ``openai-parser``. Parameters: none.
+Algorithm (protocol.md §5.2):
+
+1. The body must decode into a JSON object (400 ``error unmarshaling request bodyMap: ...``).
+2. The API path is ``:path``, else ``x-original-path``, else ``x-forwarded-path``, else
+   ``/v1/completions``. Unlike the reference, a query string is stripped before matching (users
+   expect ``/v1/completions?x=1`` to be a completions request).
+3. The API is chosen by path suffix, first match wins: ``/conversations``, ``/responses``,
+   ``/chat/completions``, ``/completions``, ``/embeddings``; anything else is completions.
+4. The API's required field is validated (400 with the reference's message when missing).
+5. ``stream`` counts only when it is the JSON boolean ``true``.
+
+The ``model`` field is not checked here: the director does that after parsing (reference order).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import orjson
+
+from epp.framework import ApiKind, ErrorCode, InferenceError, Parser, RequestBody, register
+
+_SUFFIXES: tuple[tuple[str, ApiKind], ...] = (
+    ("/conversations", ApiKind.CONVERSATIONS),
+    ("/responses", ApiKind.RESPONSES),
+    ("/chat/completions", ApiKind.CHAT_COMPLETIONS),
+    ("/completions", ApiKind.COMPLETIONS),
+    ("/embeddings", ApiKind.EMBEDDINGS),
+)
+
+
+def api_for_path(path: str) -> ApiKind:
+    path = path.split("?", 1)[0].rstrip("/")
+    for suffix, api in _SUFFIXES:
+        if path.endswith(suffix):
+            return api
+    return ApiKind.COMPLETIONS
+
+
+def _bad(message: str) -> InferenceError:
+    return InferenceError(ErrorCode.BAD_REQUEST, message)
+
+
+def _non_empty_prompt(value: Any) -> bool:
+    """A string, or a non-empty array of strings or of integer token ids (not mixed)."""
+    if isinstance(value, str):
+        return value != ""
+    if isinstance(value, list) and value:
+        if all(isinstance(v, str) for v in value):
+            return True
+        return all(isinstance(v, int) and not isinstance(v, bool) for v in value)
+    return False
+
+
+def _validate(api: ApiKind, payload: dict[str, Any]) -> None:
+    if api is ApiKind.CHAT_COMPLETIONS:
+        messages = payload.get("messages")
+        if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
+            raise _bad("invalid chat completions request: must have valid messages field")
+    elif api is ApiKind.COMPLETIONS:
+        if not _non_empty_prompt(payload.get("prompt")):
+            raise _bad("invalid completions request: must have prompt field")
+    elif api is ApiKind.EMBEDDINGS:
+        if not _non_empty_prompt(payload.get("input")):
+            raise _bad("invalid embeddings request: must have input field")
+    elif api is ApiKind.RESPONSES:
+        if payload.get("input") is None:
+            raise _bad("invalid responses request: must have input field")
+    elif api is ApiKind.CONVERSATIONS:
+        items = payload.get("items")
+        if not isinstance(items, list) or not items:
+            raise _bad("invalid conversations request: must have items field")
+
+
+@register
+class OpenAIParser(Parser):
+    type_name = "openai-parser"
+
+    def parse_request(self, body: bytes, headers: Mapping[str, str]) -> RequestBody:
+        try:
+            payload = orjson.loads(body)
+        except orjson.JSONDecodeError as e:
+            raise _bad(f"error unmarshaling request bodyMap: {e}") from None
+        if not isinstance(payload, dict):
+            raise _bad(f"error unmarshaling request bodyMap: expected a JSON object, got {type(payload).__name__}")
+        path = headers.get(":path") or headers.get("x-original-path") or headers.get("x-forwarded-path")
+        api = api_for_path(path) if path else ApiKind.COMPLETIONS
+        _validate(api, payload)
+        return RequestBody(api=api, payload=payload, raw=body, stream=payload.get("stream") is True)

@@ -1,0 +1,164 @@
+"""``epp serve``: wire the configuration, the data layer and the gRPC servers together.
+
+Start-up order: health server (NOT_SERVING) and Prometheus endpoint -> endpoint discovery initial
+load (a failure exits non-zero) -> metrics scraping -> ext_proc server -> readiness SERVING.
+SIGINT/SIGTERM: readiness goes NOT_SERVING, the ext_proc server stops accepting streams and lets
+in-flight ones finish for ``--grace-period`` seconds, then the data layer stops.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from dataclasses import dataclass
+
+import grpc
+import structlog
+from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
+from grpc_health.v1 import health_pb2_grpc
+from prometheus_client import start_http_server
+
+from epp import metrics
+from epp.config import LoadedConfig
+from epp.datalayer.pool_gauges import PoolGauges
+from epp.datalayer.scraper import MetricsScraper
+from epp.datalayer.store import EndpointStore
+from epp.scheduling import Scheduler
+from epp.server.director import Director, DirectorHooks
+from epp.server.extproc import ExternalProcessor, StreamOptions
+from epp.server.health import Health
+from epp.server.tls import server_credentials
+
+log = structlog.get_logger("epp.serve")
+
+
+@dataclass(slots=True)
+class ServeOptions:
+    grpc_port: int = 9002
+    grpc_health_port: int = 9003
+    metrics_port: int = 9090
+    bind_address: str = "0.0.0.0"
+    secure_serving: bool = True
+    cert_path: str | None = None
+    health_checking: bool = False
+    pool_name: str = "epp"
+    pool_namespace: str = "default"
+    refresh_metrics_interval: float = 0.05
+    refresh_prometheus_metrics_interval: float = 5.0
+    metrics_staleness_threshold: float = 2.0
+    disable_endpoint_subset_filter: bool = False
+    max_request_body_bytes: int = 10 << 20
+    debug_response_header: bool = True
+    grace_period: float = 5.0
+
+
+def _grpc_options(max_body: int) -> list[tuple[str, int]]:
+    limit = max_body + (1 << 20)  # BUFFERED mode delivers (and we may return) the body in one message
+    return [
+        ("grpc.so_reuseport", 0),  # a second EPP on the same port must fail, not share it
+        ("grpc.max_receive_message_length", limit),
+        ("grpc.max_send_message_length", limit),
+        ("grpc.max_concurrent_streams", 100_000),
+    ]
+
+
+def _bind(server: grpc.aio.Server, address: str, opts: ServeOptions) -> None:
+    if opts.secure_serving:
+        server.add_secure_port(address, server_credentials(opts.cert_path))
+    else:
+        server.add_insecure_port(address)
+
+
+class EppServer:
+    """The running EPP; ``run()`` serves until ``stop()`` or a signal."""
+
+    def __init__(self, cfg: LoadedConfig, opts: ServeOptions) -> None:
+        self.cfg = cfg
+        self.opts = opts
+        self.store = EndpointStore()
+        self.health = Health()
+        self._stop = asyncio.Event()
+        scheduler = cfg.scheduler
+        assert isinstance(scheduler, Scheduler)
+        scheduler.timer = metrics.observe_plugin
+        for profile in scheduler.profiles.values():
+            profile.timer = metrics.observe_plugin
+        self.director = Director(
+            self.store,
+            cfg.parser,
+            scheduler,
+            DirectorHooks(cfg.producers, cfg.admitters, cfg.pre_request, cfg.request_done),
+            use_subset_hint=not opts.disable_endpoint_subset_filter,
+        )
+        self.stream_options = StreamOptions(
+            max_body_bytes=opts.max_request_body_bytes,
+            debug_response_header=opts.debug_response_header,
+            response_header=tuple(cfg.response_header),
+            response_body=tuple(cfg.response_body),
+        )
+        source, extractors = cfg.data_sources[0] if cfg.data_sources else (None, [])
+        self.scraper = (
+            MetricsScraper(self.store, source, extractors[0], interval=opts.refresh_metrics_interval)
+            if source is not None and extractors
+            else None
+        )
+        self.pool_gauges = PoolGauges(
+            self.store,
+            pool_name=opts.pool_name,
+            interval=opts.refresh_prometheus_metrics_interval,
+            staleness=opts.metrics_staleness_threshold,
+        )
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    async def run(self) -> None:
+        opts, cfg = self.opts, self.cfg
+        metrics.INFO.labels(commit="unknown", build_ref="epp").set(1)
+        start_http_server(opts.metrics_port, addr=opts.bind_address)
+
+        health_server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+        health_pb2_grpc.add_HealthServicer_to_server(self.health.servicer, health_server)
+        health_server.add_insecure_port(f"{opts.bind_address}:{opts.grpc_health_port}")
+        await self.health.start()
+        await health_server.start()
+
+        discovery = cfg.discovery
+        if discovery is not None:
+            await discovery.start(self.store)
+        self.store.synced = True
+        log.info("endpoints loaded", count=len(self.store))
+        if self.scraper is not None:
+            self.scraper.start()
+        self.pool_gauges.start()
+
+        server = grpc.aio.server(options=_grpc_options(opts.max_request_body_bytes))
+        ep_grpc.add_ExternalProcessorServicer_to_server(ExternalProcessor(self.director, self.stream_options), server)
+        if opts.health_checking:
+            health_pb2_grpc.add_HealthServicer_to_server(self.health.servicer, server)
+        _bind(server, f"{opts.bind_address}:{opts.grpc_port}", opts)
+        await server.start()
+        await self.health.set_ready(True)
+        log.info(
+            "epp serving",
+            grpc_port=opts.grpc_port,
+            health_port=opts.grpc_health_port,
+            metrics_port=opts.metrics_port,
+            tls=opts.secure_serving,
+        )
+
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, self.stop)
+        await self._stop.wait()
+
+        log.info("shutting down", grace_s=opts.grace_period)
+        await self.health.set_ready(False)
+        await server.stop(opts.grace_period)
+        if self.scraper is not None:
+            await self.scraper.stop()
+        await self.pool_gauges.stop()
+        if discovery is not None:
+            await discovery.stop()
+        await self.health.shutdown()
+        await health_server.stop(0)

@@ -1,0 +1,216 @@
+"""The director: from a parsed request to a routing decision.
+
+Order of steps (scheduling.md §0, protocol.md §3.3): parse -> model (required) and rewrite header
+-> objective/priority -> candidates (subset hint) -> data producers (400 ms budget, errors logged)
+-> admitters -> scheduler (profile handler decides) -> PreRequest plugins -> body to forward.
+Requests without a body (GET) and parser skips go to a random candidate instead.
+
+Status codes: 400 bad body or no model, 503 no candidate endpoint (also for GET with an empty
+pool, where the reference answers 500 — quirk Q3), 429 when scheduling found no endpoint, the
+admitter's own code for a denial (quirk D4; the reference always answers 500).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import structlog
+
+from epp import metrics
+from epp.datalayer.store import EndpointStore
+from epp.framework import (
+    Admitter,
+    CycleState,
+    DataProducer,
+    Endpoint,
+    ErrorCode,
+    InferenceError,
+    LLMRequest,
+    Parser,
+    PreRequest,
+    RequestDone,
+    SchedulingResult,
+)
+from epp.scheduling import Scheduler
+from epp.server.body_rewrite import replace_model
+from epp.server.subset import filter_by_subset, subset_entries
+
+log = structlog.get_logger("epp.director")
+
+REQUEST_ID_HEADER = "x-request-id"
+OBJECTIVE_HEADER = "x-gateway-inference-objective"
+FAIRNESS_HEADER = "x-gateway-inference-fairness-id"
+MODEL_REWRITE_HEADER = "x-gateway-model-name-rewrite"
+DEFAULT_FAIRNESS_ID = "default-flow"
+PRODUCERS_BUDGET_SECONDS = 0.4
+
+
+@dataclass(slots=True)
+class Routing:
+    """The outcome of routing one request."""
+
+    destination: str  # "ip:port[,ip:port...]"
+    endpoints: list[Endpoint]  # the primary endpoints (in-flight accounting)
+    body: bytes  # the body to forward (original bytes unless the model was rewritten)
+    body_changed: bool = False
+    request: LLMRequest | None = None  # None on the random (no body / skip) path
+    result: SchedulingResult | None = None
+    cycle: CycleState | None = None
+    set_headers: dict[str, str] = field(default_factory=dict)  # headers added or changed by the EPP
+
+
+@dataclass(slots=True)
+class DirectorHooks:
+    producers: Sequence[DataProducer] = ()
+    admitters: Sequence[Admitter] = ()
+    pre_request: Sequence[PreRequest] = ()
+    request_done: Sequence[RequestDone] = ()
+
+
+class Director:
+    def __init__(
+        self,
+        store: EndpointStore,
+        parser: Parser,
+        scheduler: Scheduler,
+        hooks: DirectorHooks | None = None,
+        use_subset_hint: bool = True,
+    ) -> None:
+        self.store = store
+        self.parser = parser
+        self.scheduler = scheduler
+        self.hooks = hooks or DirectorHooks()
+        self.use_subset_hint = use_subset_hint
+        self._rng = random.Random()
+
+    # --- candidates ------------------------------------------------------------------------
+
+    def candidates(self, metadata: dict[str, dict[str, Any]]) -> list[Endpoint]:
+        endpoints = self.store.endpoints()
+        if self.use_subset_hint and metadata:
+            entries = subset_entries(metadata)
+            if entries is not None:
+                return filter_by_subset(endpoints, entries)
+        return list(endpoints)
+
+    # --- requests without a body, parser skips ---------------------------------------------
+
+    def route_random(self, metadata: dict[str, dict[str, Any]], body: bytes = b"") -> Routing:
+        """A uniformly random candidate; the subset hint applies here too (quirk Q13)."""
+        candidates = self.candidates(metadata)
+        if not candidates:
+            if not self.store.endpoints():
+                raise InferenceError(ErrorCode.SERVICE_UNAVAILABLE, "no pods available in datastore")
+            raise InferenceError(
+                ErrorCode.SERVICE_UNAVAILABLE, "failed to find endpoint candidates for serving the request"
+            )
+        endpoint = self._rng.choice(candidates)
+        return Routing(destination=endpoint.hostport, endpoints=[endpoint], body=body)
+
+    # --- the scheduled path ----------------------------------------------------------------
+
+    async def route(self, headers: dict[str, str], raw: bytes, metadata: dict[str, dict[str, Any]]) -> Routing:
+        body = self.parser.parse_request(raw, headers)
+        if body is None:
+            return self.route_random(metadata, raw)
+
+        incoming = body.payload.get("model")
+        if not isinstance(incoming, str) or not incoming:
+            raise InferenceError(ErrorCode.BAD_REQUEST, "model not found in request body")
+        target = headers.get(MODEL_REWRITE_HEADER) or incoming
+
+        request = LLMRequest(
+            request_id=headers.get(REQUEST_ID_HEADER) or str(uuid.uuid4()),
+            body=body,
+            headers=headers,
+            incoming_model=incoming,
+            target_model=target,
+            priority=0,  # InferenceObjective priorities arrive with Kubernetes discovery
+            objective=headers.get(OBJECTIVE_HEADER, ""),
+            fairness_id=headers.get(FAIRNESS_HEADER) or DEFAULT_FAIRNESS_ID,
+            request_size_bytes=len(raw),
+        )
+
+        candidates = self.candidates(metadata)
+        if not candidates:
+            raise InferenceError(
+                ErrorCode.SERVICE_UNAVAILABLE, "failed to find endpoint candidates for serving the request"
+            )
+
+        cycle = CycleState()
+        hooks = self.hooks
+        if hooks.producers:
+            await self._produce(cycle, request, candidates)
+        for admitter in hooks.admitters:
+            denial = admitter.admit(cycle, request, candidates)
+            if denial is not None:
+                raise denial
+
+        t0 = time.perf_counter()
+        result, err = self.scheduler.schedule(cycle, request, candidates)
+        metrics.SCHEDULER_E2E.observe(time.perf_counter() - t0)
+        primary = result.primary if result is not None and err is None else None
+        if primary is None or not primary.target_endpoints:
+            metrics.child(metrics.SCHEDULER_ATTEMPTS, "failure", target, "", "", "").inc()  # type: ignore[attr-defined]
+            reason = err if err is not None else "scheduler returned no result for the primary profile"
+            raise InferenceError(ErrorCode.RESOURCE_EXHAUSTED, f"failed to find target endpoint: {reason}")
+        assert result is not None
+        chosen = primary.target_endpoints
+        first = chosen[0].metadata
+        metrics.child(  # type: ignore[attr-defined]
+            metrics.SCHEDULER_ATTEMPTS, "success", target, first.pod_name or first.name, first.namespace, str(first.port)
+        ).inc()
+
+        for plugin in hooks.pre_request:
+            t0 = time.perf_counter()
+            plugin.pre_request(cycle, request, result)
+            metrics.observe_plugin("PreRequest", plugin, time.perf_counter() - t0)
+
+        changed = target != incoming
+        out = replace_model(raw, target) if changed else raw
+        return Routing(
+            destination=",".join(e.hostport for e in chosen),
+            endpoints=list(chosen),
+            body=out,
+            body_changed=changed,
+            request=request,
+            result=result,
+            cycle=cycle,
+        )
+
+    async def _produce(self, cycle: CycleState, request: LLMRequest, candidates: list[Endpoint]) -> None:
+        async def run_all() -> None:
+            for producer in self.hooks.producers:
+                try:
+                    await producer.produce(cycle, request, candidates)
+                except Exception as e:  # a producer failure never fails the request
+                    log.warning("data producer failed", plugin=producer.typed_name, error=str(e))
+
+        try:
+            await asyncio.wait_for(run_all(), PRODUCERS_BUDGET_SECONDS)
+        except TimeoutError:
+            log.warning("data producers exceeded their budget", budget_s=PRODUCERS_BUDGET_SECONDS)
+
+    # --- end of request ----------------------------------------------------------------------
+
+    def begin(self, routing: Routing) -> None:
+        """The reply was sent: count the request as in flight on its endpoints."""
+        for e in routing.endpoints:
+            e.inflight += 1
+
+    def finish(self, routing: Routing) -> None:
+        """The ext_proc stream ended (however): release in-flight state and run done hooks."""
+        for e in routing.endpoints:
+            e.inflight -= 1
+        if routing.request is not None and routing.result is not None:
+            for plugin in self.hooks.request_done:
+                try:
+                    plugin.request_done(routing.request, routing.result)
+                except Exception as exc:
+                    log.warning("request-done hook failed", plugin=plugin.typed_name, error=str(exc))

@@ -1,0 +1,126 @@
+"""Builders for the ``ProcessingResponse`` messages the EPP sends to Envoy (upb classes of xds-protos).
+
+Shapes follow protocol.md §2: the routing reply carries the destination header (``raw_value``
+only), ``clear_route_cache`` and the ``envoy.lb`` dynamic metadata; bodies are re-sent as
+``streamed_response`` pieces of at most 62000 bytes in FULL_DUPLEX_STREAMED mode; errors are an
+``ImmediateResponse`` with an OpenAI-style JSON body.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+import orjson
+from envoy.config.core.v3.base_pb2 import HeaderValue, HeaderValueOption
+from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
+from envoy.type.v3.http_status_pb2 import HttpStatus
+from google.protobuf.struct_pb2 import Struct
+
+from epp.framework.errors import InferenceError
+
+DESTINATION_HEADER = "x-gateway-destination-endpoint"
+DESTINATION_NAMESPACE = "envoy.lb"
+BODY_PIECE_LIMIT = 62000
+
+ProcessingResponse = ep.ProcessingResponse
+
+
+def header_mutation(set_headers: Mapping[str, str], remove: Iterable[str] = ()) -> ep.HeaderMutation:
+    return ep.HeaderMutation(
+        set_headers=[HeaderValueOption(header=HeaderValue(key=k, raw_value=v.encode())) for k, v in set_headers.items()],
+        remove_headers=list(remove),
+    )
+
+
+def destination_metadata(destination: str) -> Struct:
+    md = Struct()
+    md.update({DESTINATION_NAMESPACE: {DESTINATION_HEADER: destination}})
+    return md
+
+
+def routing_common(set_headers: Mapping[str, str], remove: Iterable[str], body: bytes | None = None) -> ep.CommonResponse:
+    """The CommonResponse that routes the request: header mutation plus ``clear_route_cache``."""
+    common = ep.CommonResponse(clear_route_cache=True, header_mutation=header_mutation(set_headers, remove))
+    if body is not None:
+        common.body_mutation.body = body
+    return common
+
+
+def request_headers_reply(common: ep.CommonResponse | None = None, destination: str | None = None) -> ep.ProcessingResponse:
+    resp = ep.ProcessingResponse(request_headers=ep.HeadersResponse(response=common or ep.CommonResponse()))
+    if destination is not None:
+        resp.dynamic_metadata.CopyFrom(destination_metadata(destination))
+    return resp
+
+
+def request_body_reply(common: ep.CommonResponse | None = None, destination: str | None = None) -> ep.ProcessingResponse:
+    """A body reply in BUFFERED mode (may carry the routing header mutation)."""
+    resp = ep.ProcessingResponse(request_body=ep.BodyResponse(response=common or ep.CommonResponse()))
+    if destination is not None:
+        resp.dynamic_metadata.CopyFrom(destination_metadata(destination))
+    return resp
+
+
+def streamed_body_replies(body: bytes, end_of_stream: bool, response: bool = False) -> list[ep.ProcessingResponse]:
+    """FULL_DUPLEX_STREAMED body pieces of at most 62000 bytes; ``end_of_stream`` only on the last."""
+    pieces = [body[i : i + BODY_PIECE_LIMIT] for i in range(0, len(body), BODY_PIECE_LIMIT)] or [b""]
+    last = len(pieces) - 1
+    out = []
+    for i, piece in enumerate(pieces):
+        common = ep.CommonResponse(
+            body_mutation=ep.BodyMutation(
+                streamed_response=ep.StreamedBodyResponse(body=piece, end_of_stream=end_of_stream and i == last)
+            )
+        )
+        br = ep.BodyResponse(response=common)
+        out.append(ep.ProcessingResponse(response_body=br) if response else ep.ProcessingResponse(request_body=br))
+    return out
+
+
+def response_headers_reply(set_headers: Mapping[str, str], remove: Iterable[str] = ()) -> ep.ProcessingResponse:
+    common = ep.CommonResponse()
+    if set_headers or remove:
+        common.header_mutation.CopyFrom(header_mutation(set_headers, remove))
+    return ep.ProcessingResponse(response_headers=ep.HeadersResponse(response=common))
+
+
+def response_body_reply(body: bytes | None = None) -> ep.ProcessingResponse:
+    """A response-body reply in BUFFERED/STREAMED mode (optionally replacing the chunk)."""
+    common = ep.CommonResponse()
+    if body is not None:
+        common.body_mutation.body = body
+    return ep.ProcessingResponse(response_body=ep.BodyResponse(response=common))
+
+
+def request_trailers_reply() -> ep.ProcessingResponse:
+    return ep.ProcessingResponse(request_trailers=ep.TrailersResponse())
+
+
+def response_trailers_reply() -> ep.ProcessingResponse:
+    return ep.ProcessingResponse(response_trailers=ep.TrailersResponse())
+
+
+def error_body(err: InferenceError) -> bytes:
+    """OpenAI-style error JSON; ``message`` holds the reference text ``inference error: <Code> - <Msg>``."""
+    return orjson.dumps(
+        {
+            "error": {
+                "message": str(err),
+                "type": err.code.text,
+                "param": None,
+                "code": err.code.http_status,
+            }
+        }
+    )
+
+
+def immediate_error(err: InferenceError) -> ep.ProcessingResponse:
+    headers = {"content-type": "application/json", **err.headers}
+    return ep.ProcessingResponse(
+        immediate_response=ep.ImmediateResponse(
+            status=HttpStatus(code=err.code.http_status),  # type: ignore[arg-type]
+            headers=header_mutation(headers),
+            body=error_body(err),
+            details=f"epp_{err.code.text}",
+        )
+    )
