@@ -48,6 +48,9 @@ class Plugin:
 
     type_name: ClassVar[str] = ""
     Params: ClassVar[type] = NoParams
+    # data keys (epp.framework.attributes) this plugin reads from / writes to the CycleState
+    consumes: ClassVar[frozenset[str]] = frozenset()
+    produces: ClassVar[frozenset[str]] = frozenset()
 
     def __init__(self, name: str, params: Any, handle: Handle | None = None) -> None:
         self.name = name
@@ -130,9 +133,10 @@ class ProfileHandler(Plugin, abc.ABC):
 
 
 class DataProducer(Plugin, abc.ABC):
-    """Computes per-request data (e.g. prefix matches) before scheduling; errors are only logged."""
+    """Computes per-request data (e.g. prefix matches) before scheduling; errors are only logged.
 
-    produces: ClassVar[frozenset[str]] = frozenset()
+    Per-endpoint results go into the cycle state as ``cycle[KEY] = {endpoint: value}``.
+    """
 
     @abc.abstractmethod
     async def produce(self, cycle: CycleState, request: LLMRequest, endpoints: list[Endpoint]) -> None: ...
