@@ -1,0 +1,124 @@
+"""Rendering the effective configuration as YAML (``epp check-config``).
+
+The effective document is the loaded one with every system default filled in (profile handler,
+picker, weights, parser, data-layer source, flow-control policies, auto-created producers) and each
+plugin's *effective* parameters (``encode_params`` of its decoded ``Params``, defaults included).
+Loading the rendered text again yields the same effective configuration.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from collections.abc import Mapping
+from typing import Any
+
+import yaml
+
+from epp.config.schema import ConfigDocument, FlowControlSpec, PriorityBandSpec, RefSpec
+from epp.framework.interfaces import Plugin, Scorer
+from epp.framework.params import encode_params
+
+
+def _plain(value: Any) -> Any:
+    """Convert parameter values to what ``yaml.safe_dump`` accepts."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {k: _plain(v) for k, v in encode_params(value).items()}
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple | set | frozenset):
+        return [_plain(v) for v in value]
+    if isinstance(value, enum.Enum):
+        return _plain(value.value)
+    if value is None or isinstance(value, bool | int | float | str):
+        return value
+    return str(value)
+
+
+def _ref(ref: RefSpec) -> dict[str, Any]:
+    return {"pluginRef": ref.plugin_ref}
+
+
+def _band(band: PriorityBandSpec) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    if band.priority is not None:
+        out["priority"] = band.priority
+    if band.max_bytes is not None:
+        out["maxBytes"] = band.max_bytes.text
+    if band.max_requests is not None:
+        out["maxRequests"] = band.max_requests.text
+    if band.fairness_policy_ref is not None:
+        out["fairnessPolicyRef"] = band.fairness_policy_ref
+    if band.ordering_policy_ref is not None:
+        out["orderingPolicyRef"] = band.ordering_policy_ref
+    return out
+
+
+def _flow_control(fc: FlowControlSpec) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    if fc.max_bytes is not None:
+        out["maxBytes"] = fc.max_bytes.text
+    if fc.max_requests is not None:
+        out["maxRequests"] = fc.max_requests.text
+    if fc.default_request_ttl is not None:
+        out["defaultRequestTTL"] = fc.default_request_ttl.text
+    if fc.default_priority_band is not None:
+        out["defaultPriorityBand"] = _band(fc.default_priority_band)
+    if fc.priority_bands:
+        out["priorityBands"] = [_band(b) for b in fc.priority_bands]
+    if fc.usage_limit_policy_plugin_ref is not None:
+        out["usageLimitPolicyPluginRef"] = fc.usage_limit_policy_plugin_ref
+    if fc.enable_eviction is not None:
+        out["enableEviction"] = fc.enable_eviction
+    return out
+
+
+def effective_document(doc: ConfigDocument, plugins: Mapping[str, Plugin]) -> dict[str, Any]:
+    """The effective configuration as a plain document (what ``render_effective`` dumps)."""
+    out: dict[str, Any] = {
+        "apiVersion": doc.api_version,
+        "kind": doc.kind,
+        "featureGates": list(doc.feature_gates),
+    }
+    entries = []
+    for spec in doc.plugins:
+        entry: dict[str, Any] = {"name": spec.name, "type": spec.type}
+        params = _plain(encode_params(plugins[spec.name].params))
+        if params:
+            entry["parameters"] = params
+        entries.append(entry)
+    out["plugins"] = entries
+    profiles = []
+    for prof in doc.scheduling_profiles:
+        refs = []
+        for ref in prof.plugins:
+            item: dict[str, Any] = {"pluginRef": ref.plugin_ref}
+            if ref.weight is not None and isinstance(plugins[ref.plugin_ref], Scorer):
+                item["weight"] = ref.weight
+            refs.append(item)
+        profiles.append({"name": prof.name, "plugins": refs})
+    out["schedulingProfiles"] = profiles
+    if doc.saturation_detector is not None:
+        out["saturationDetector"] = _ref(doc.saturation_detector)
+    dl = doc.data_layer
+    data_layer: dict[str, Any] = {
+        "injectDefaults": dl.inject_defaults,
+        "sources": [
+            {"pluginRef": s.plugin_ref, "extractors": [_ref(e) for e in s.extractors]} for s in dl.sources
+        ],
+    }
+    if dl.discovery is not None:
+        data_layer["discovery"] = _ref(dl.discovery)
+    out["dataLayer"] = data_layer
+    if doc.flow_control is not None:
+        out["flowControl"] = _flow_control(doc.flow_control)
+    if doc.parser is not None:
+        out["parser"] = _ref(doc.parser)
+    return out
+
+
+def render_effective(doc: ConfigDocument, plugins: Mapping[str, Plugin]) -> str:
+    """The effective configuration as YAML text."""
+    return yaml.safe_dump(
+        effective_document(doc, plugins), sort_keys=False, default_flow_style=False, allow_unicode=True
+    )

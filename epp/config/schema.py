@@ -1,0 +1,505 @@
+"""The raw ``EndpointPickerConfig`` document: dataclasses for each section and strict decoding.
+
+This module only checks the *shape* of a document (scalar types, known fields, quantities and
+durations); instantiating plugins, applying defaults and cross-reference validation live in
+``epp.config.loader``.
+
+Decoding is strict, as in the reference: an unknown top-level or structural field is an error, and so
+is a duplicate mapping key (PyYAML would silently keep the last one). Plugin ``parameters`` stay raw
+here (a mapping or ``None``); each plugin's typed ``Params`` decodes them later.
+
+Every element carries ``path``, the dotted path of its YAML node (``plugins[2]``,
+``schedulingProfiles[0].plugins[1]``), so that later errors name the exact field. Elements added by
+the loader's defaults get the path they have in the effective configuration.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from decimal import ROUND_CEILING, Decimal, InvalidOperation
+from typing import Any
+
+import yaml
+
+from epp.framework.errors import ConfigError
+
+API_VERSION = "llm-d.ai/v1alpha1"
+DEPRECATED_API_VERSION = "inference.networking.x-k8s.io/v1alpha1"
+KIND = "EndpointPickerConfig"
+
+GATE_FLOW_CONTROL = "flowControl"
+GATE_LEGACY_METRICS = "enableLegacyMetrics"
+GATE_DATA_LAYER = "dataLayer"  # deprecated no-op
+FEATURE_GATES = frozenset({GATE_FLOW_CONTROL, GATE_LEGACY_METRICS, GATE_DATA_LAYER})
+
+
+class ConfigSyntaxError(ConfigError):
+    """A YAML/JSON syntax error (or duplicate key); ``line`` and ``column`` are 1-based."""
+
+    def __init__(self, source: str, line: int, column: int, problem: str) -> None:
+        super().__init__(
+            "", f"failed to decode configuration JSON/YAML: line {line}, column {column}: {problem}"
+        )
+        self.source = source
+        self.line = line
+        self.column = column
+
+
+# --- document dataclasses ----------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class PluginSpec:
+    """One entry of ``plugins:``; ``name`` defaults to ``type``."""
+
+    type: str
+    name: str
+    parameters: dict[str, Any] | None = None
+    path: str = ""
+
+
+@dataclass(slots=True)
+class ProfilePluginSpec:
+    """One entry of ``schedulingProfiles[i].plugins``; ``weight`` only matters for scorers."""
+
+    plugin_ref: str
+    weight: float | None = None
+    path: str = ""
+
+
+@dataclass(slots=True)
+class ProfileSpec:
+    name: str
+    plugins: list[ProfilePluginSpec] = field(default_factory=list)
+    path: str = ""
+
+
+@dataclass(slots=True)
+class RefSpec:
+    """A ``{pluginRef: name}`` section (parser, saturation detector, discovery, extractors)."""
+
+    plugin_ref: str
+    path: str = ""
+
+
+@dataclass(slots=True)
+class DataSourceSpec:
+    plugin_ref: str
+    extractors: list[RefSpec] = field(default_factory=list)
+    path: str = ""
+
+
+@dataclass(slots=True)
+class DataLayerSpec:
+    inject_defaults: bool = True
+    sources: list[DataSourceSpec] = field(default_factory=list)
+    discovery: RefSpec | None = None
+
+
+@dataclass(slots=True, frozen=True)
+class Quantity:
+    """A Kubernetes resource quantity (``"1Gi"``, ``"1k"``, ``500``) as written and as an integer."""
+
+    text: str
+    value: int
+
+
+@dataclass(slots=True, frozen=True)
+class Duration:
+    """A Go duration (``"30s"``, ``"1m30s"``, ``"200ms"``) as written and in seconds."""
+
+    text: str
+    seconds: float
+
+
+@dataclass(slots=True)
+class PriorityBandSpec:
+    """A flow-control priority band (also the shape of ``defaultPriorityBand``)."""
+
+    priority: int | None = None
+    max_bytes: Quantity | None = None
+    max_requests: Quantity | None = None
+    fairness_policy_ref: str | None = None
+    ordering_policy_ref: str | None = None
+    path: str = ""
+
+
+@dataclass(slots=True)
+class FlowControlSpec:
+    max_bytes: Quantity | None = None
+    max_requests: Quantity | None = None
+    default_request_ttl: Duration | None = None
+    default_priority_band: PriorityBandSpec | None = None
+    priority_bands: list[PriorityBandSpec] = field(default_factory=list)
+    usage_limit_policy_plugin_ref: str | None = None
+    enable_eviction: bool | None = None
+
+
+@dataclass(slots=True)
+class ConfigDocument:
+    api_version: str = API_VERSION
+    kind: str = KIND
+    feature_gates: list[str] = field(default_factory=list)
+    plugins: list[PluginSpec] = field(default_factory=list)
+    scheduling_profiles: list[ProfileSpec] = field(default_factory=list)
+    saturation_detector: RefSpec | None = None
+    data_layer: DataLayerSpec = field(default_factory=DataLayerSpec)
+    flow_control: FlowControlSpec | None = None
+    parser: RefSpec | None = None
+
+
+# --- YAML ----------------------------------------------------------------------------------------
+
+_MERGE_TAG = "tag:yaml.org,2002:merge"
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """SafeLoader that rejects duplicate keys (strict decoding) instead of keeping the last one."""
+
+    source = "<config>"
+
+
+def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode) -> dict[Any, Any]:
+    seen: set[Any] = set()
+    for key_node, _ in node.value:
+        if not isinstance(key_node, yaml.ScalarNode) or key_node.tag == _MERGE_TAG:
+            continue
+        key = loader.construct_object(key_node)
+        if key in seen:
+            mark = key_node.start_mark
+            raise ConfigSyntaxError(loader.source, mark.line + 1, mark.column + 1, f'duplicate key "{key}"')
+        seen.add(key)
+    return loader.construct_mapping(node, deep=True)
+
+
+_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+
+
+def parse_yaml(text: str, source: str = "<config>") -> Any:
+    """Parse YAML (or JSON) text; syntax errors raise ``ConfigSyntaxError`` with line and column."""
+    loader = _StrictLoader(text)
+    loader.source = source
+    try:
+        return loader.get_single_data()
+    except yaml.MarkedYAMLError as e:
+        mark = e.problem_mark or e.context_mark
+        problem = e.problem or e.context or "invalid YAML"
+        if mark is None:
+            raise ConfigSyntaxError(source, 0, 0, problem) from None
+        raise ConfigSyntaxError(source, mark.line + 1, mark.column + 1, problem) from None
+    except yaml.reader.ReaderError as e:
+        raise ConfigSyntaxError(source, 0, e.position + 1, e.reason) from None
+    except yaml.YAMLError as e:
+        raise ConfigSyntaxError(source, 0, 0, str(e)) from None
+    finally:
+        loader.dispose()
+
+
+# --- scalar helpers --------------------------------------------------------------------------------
+
+
+def _join(path: str, key: str) -> str:
+    return f"{path}.{key}" if path else key
+
+
+def _kind(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, dict):
+        return "mapping"
+    if isinstance(value, list):
+        return "list"
+    if isinstance(value, int | float):
+        return "number"
+    return type(value).__name__
+
+
+def _mapping(value: Any, path: str, allowed: tuple[str, ...]) -> dict[str, Any]:
+    """A mapping with only ``allowed`` keys; ``None`` (an empty YAML node) is an empty mapping."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise ConfigError(path, f"expected a mapping, got {_kind(value)}")
+    for key in value:
+        if not isinstance(key, str):
+            raise ConfigError(path, f"field names must be strings, got {key!r}")
+        if key not in allowed:
+            raise ConfigError(_join(path, key), f'unknown field "{key}"')
+    return value
+
+
+def _list(value: Any, path: str) -> list[Any]:
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise ConfigError(path, f"expected a list, got {_kind(value)}")
+    return value
+
+
+def _str(value: Any, path: str) -> str:
+    """A string; ``None`` (absent) is the empty string, as Go's zero value."""
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        raise ConfigError(path, f"expected a string, got {_kind(value)} {value!r}")
+    return value
+
+
+def _opt_str(value: Any, path: str) -> str | None:
+    return None if value is None else _str(value, path)
+
+
+def _opt_bool(value: Any, path: str) -> bool | None:
+    if value is None or isinstance(value, bool):
+        return value
+    raise ConfigError(path, f"expected a boolean, got {_kind(value)} {value!r}")
+
+
+def _opt_int(value: Any, path: str) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    raise ConfigError(path, f"expected an integer, got {_kind(value)} {value!r}")
+
+
+def _opt_weight(value: Any, path: str) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
+        return float(value)
+    raise ConfigError(path, f"expected a number, got {_kind(value)} {value!r}")
+
+
+# --- quantities and durations ----------------------------------------------------------------------
+
+_QUANTITY_RE = re.compile(
+    r"^(?P<num>[+-]?(?:\d+(?:\.\d*)?|\.\d+))"
+    r"(?:(?P<exp>[eE][+-]?\d+)|(?P<suffix>Ki|Mi|Gi|Ti|Pi|Ei|n|u|m|k|M|G|T|P|E))?$"
+)
+_BINARY = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
+_DECIMAL = {
+    "n": Decimal("1e-9"),
+    "u": Decimal("1e-6"),
+    "m": Decimal("1e-3"),
+    "": Decimal(1),
+    "k": Decimal("1e3"),
+    "M": Decimal("1e6"),
+    "G": Decimal("1e9"),
+    "T": Decimal("1e12"),
+    "P": Decimal("1e15"),
+    "E": Decimal("1e18"),
+}
+
+
+def parse_quantity(value: Any, path: str) -> Quantity | None:
+    """A Kubernetes quantity, rounded up to an integer like Go's ``Quantity.Value()``."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        raise ConfigError(path, f'expected a quantity such as "1Gi" or "500", got {_kind(value)}')
+    text = str(value).strip()
+    m = _QUANTITY_RE.match(text)
+    if m is None:
+        raise ConfigError(path, f'invalid quantity {text!r} (examples: "1Gi", "500M", "1k", "100")')
+    try:
+        number = Decimal(m["num"])
+        if m["exp"]:
+            number *= Decimal(10) ** int(m["exp"][1:])
+        elif m["suffix"] in _BINARY:
+            number *= _BINARY[m["suffix"]]
+        else:
+            number *= _DECIMAL[m["suffix"] or ""]
+    except (InvalidOperation, OverflowError):
+        raise ConfigError(path, f"invalid quantity {text!r}") from None
+    return Quantity(text, int(number.to_integral_value(rounding=ROUND_CEILING)))
+
+
+_DURATION_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|μs|ms|s|m|h)")
+_DURATION_UNIT = {
+    "ns": 1e-9,
+    "us": 1e-6,
+    "µs": 1e-6,
+    "μs": 1e-6,
+    "ms": 1e-3,
+    "s": 1.0,
+    "m": 60.0,
+    "h": 3600.0,
+}
+
+
+def parse_duration(value: Any, path: str) -> Duration | None:
+    """A Go duration string (``"1h30m"``, ``"200ms"``, ``"-5s"``; ``0`` alone needs no unit)."""
+    if value is None:
+        return None
+    if value == 0 and not isinstance(value, bool):
+        return Duration("0s", 0.0)
+    if not isinstance(value, str):
+        raise ConfigError(path, f'expected a duration string such as "30s", got {_kind(value)} {value!r}')
+    text = value.strip()
+    body = text[1:] if text[:1] in "+-" else text
+    sign = -1.0 if text.startswith("-") else 1.0
+    if body == "0":
+        return Duration(text, 0.0)
+    pos, seconds = 0, 0.0
+    while pos < len(body):
+        m = _DURATION_PART.match(body, pos)
+        if m is None:
+            break
+        seconds += float(m[1]) * _DURATION_UNIT[m[2]]
+        pos = m.end()
+    if not body or pos != len(body):
+        raise ConfigError(path, f'invalid duration {text!r} (examples: "30s", "1m30s", "200ms")')
+    return Duration(text, sign * seconds)
+
+
+# --- document decoding --------------------------------------------------------------------------
+
+_TOP_FIELDS = (
+    "apiVersion",
+    "kind",
+    "featureGates",
+    "plugins",
+    "schedulingProfiles",
+    "saturationDetector",
+    "dataLayer",
+    "flowControl",
+    "parser",
+)
+_BAND_FIELDS = ("priority", "maxBytes", "maxRequests", "fairnessPolicyRef", "orderingPolicyRef")
+_FLOW_FIELDS = (
+    "maxBytes",
+    "maxRequests",
+    "defaultRequestTTL",
+    "defaultPriorityBand",
+    "priorityBands",
+    "usageLimitPolicyPluginRef",
+    "enableEviction",
+)
+
+
+def decode_document(raw: Any) -> ConfigDocument:
+    """Decode a parsed document strictly. ``apiVersion`` and ``kind`` are checked here."""
+    if not isinstance(raw, dict):
+        raise ConfigError("", f"expected a mapping at the top level, got {_kind(raw)}")
+    top = _mapping(raw, "", _TOP_FIELDS)
+    api_version = _str(top.get("apiVersion"), "apiVersion")
+    if api_version not in (API_VERSION, DEPRECATED_API_VERSION):
+        got = f"'{api_version}'" if api_version else "missing"
+        raise ConfigError("apiVersion", f"unknown apiVersion {got} (expected '{API_VERSION}')")
+    kind = _str(top.get("kind"), "kind")
+    if kind != KIND:
+        got = f"'{kind}'" if kind else "missing"
+        raise ConfigError("kind", f"unknown kind {got} (expected '{KIND}')")
+    gates = [
+        _str(g, f"featureGates[{i}]") for i, g in enumerate(_list(top.get("featureGates"), "featureGates"))
+    ]
+    return ConfigDocument(
+        api_version=api_version,
+        kind=kind,
+        feature_gates=gates,
+        plugins=[_plugin(p, f"plugins[{i}]") for i, p in enumerate(_list(top.get("plugins"), "plugins"))],
+        scheduling_profiles=[
+            _profile(p, f"schedulingProfiles[{i}]")
+            for i, p in enumerate(_list(top.get("schedulingProfiles"), "schedulingProfiles"))
+        ],
+        saturation_detector=_ref_section(top, "saturationDetector"),
+        data_layer=_data_layer(top.get("dataLayer"), "dataLayer"),
+        flow_control=_flow_control(top["flowControl"], "flowControl") if "flowControl" in top else None,
+        parser=_ref_section(top, "parser"),
+    )
+
+
+def _plugin(raw: Any, path: str) -> PluginSpec:
+    m = _mapping(raw, path, ("name", "type", "parameters"))
+    type_name = _str(m.get("type"), f"{path}.type")
+    name = _str(m.get("name"), f"{path}.name") or type_name
+    params = m.get("parameters")
+    if params is not None and not isinstance(params, dict):
+        raise ConfigError(f"{path}.parameters", f"parameters must be a mapping, got {_kind(params)}")
+    return PluginSpec(type=type_name, name=name, parameters=params, path=path)
+
+
+def _profile(raw: Any, path: str) -> ProfileSpec:
+    m = _mapping(raw, path, ("name", "plugins"))
+    refs = []
+    for j, r in enumerate(_list(m.get("plugins"), f"{path}.plugins")):
+        rpath = f"{path}.plugins[{j}]"
+        rm = _mapping(r, rpath, ("pluginRef", "weight"))
+        refs.append(
+            ProfilePluginSpec(
+                plugin_ref=_str(rm.get("pluginRef"), f"{rpath}.pluginRef"),
+                weight=_opt_weight(rm.get("weight"), f"{rpath}.weight"),
+                path=rpath,
+            )
+        )
+    return ProfileSpec(name=_str(m.get("name"), f"{path}.name"), plugins=refs, path=path)
+
+
+def _ref(raw: Any, path: str) -> RefSpec:
+    m = _mapping(raw, path, ("pluginRef",))
+    return RefSpec(plugin_ref=_str(m.get("pluginRef"), f"{path}.pluginRef"), path=path)
+
+
+def _ref_section(top: dict[str, Any], key: str) -> RefSpec | None:
+    """A ``{pluginRef}`` section; ``None`` when absent or null (the loader applies the default)."""
+    return None if top.get(key) is None else _ref(top[key], key)
+
+
+def _data_layer(raw: Any, path: str) -> DataLayerSpec:
+    m = _mapping(raw, path, ("injectDefaults", "sources", "discovery"))
+    inject = _opt_bool(m.get("injectDefaults"), f"{path}.injectDefaults")
+    sources = []
+    for i, s in enumerate(_list(m.get("sources"), f"{path}.sources")):
+        spath = f"{path}.sources[{i}]"
+        sm = _mapping(s, spath, ("pluginRef", "extractors"))
+        extractors = [
+            _ref(e, f"{spath}.extractors[{j}]")
+            for j, e in enumerate(_list(sm.get("extractors"), f"{spath}.extractors"))
+        ]
+        sources.append(
+            DataSourceSpec(
+                plugin_ref=_str(sm.get("pluginRef"), f"{spath}.pluginRef"), extractors=extractors, path=spath
+            )
+        )
+    discovery = None if m.get("discovery") is None else _ref(m["discovery"], f"{path}.discovery")
+    return DataLayerSpec(inject_defaults=inject is not False, sources=sources, discovery=discovery)
+
+
+def _band(raw: Any, path: str) -> PriorityBandSpec:
+    m = _mapping(raw, path, _BAND_FIELDS)
+    return PriorityBandSpec(
+        priority=_opt_int(m.get("priority"), f"{path}.priority"),
+        max_bytes=parse_quantity(m.get("maxBytes"), f"{path}.maxBytes"),
+        max_requests=parse_quantity(m.get("maxRequests"), f"{path}.maxRequests"),
+        fairness_policy_ref=_opt_str(m.get("fairnessPolicyRef"), f"{path}.fairnessPolicyRef"),
+        ordering_policy_ref=_opt_str(m.get("orderingPolicyRef"), f"{path}.orderingPolicyRef"),
+        path=path,
+    )
+
+
+def _flow_control(raw: Any, path: str) -> FlowControlSpec:
+    m = _mapping(raw, path, _FLOW_FIELDS)
+    default_band = m.get("defaultPriorityBand")
+    return FlowControlSpec(
+        max_bytes=parse_quantity(m.get("maxBytes"), f"{path}.maxBytes"),
+        max_requests=parse_quantity(m.get("maxRequests"), f"{path}.maxRequests"),
+        default_request_ttl=parse_duration(m.get("defaultRequestTTL"), f"{path}.defaultRequestTTL"),
+        default_priority_band=None
+        if default_band is None
+        else _band(default_band, f"{path}.defaultPriorityBand"),
+        priority_bands=[
+            _band(b, f"{path}.priorityBands[{i}]")
+            for i, b in enumerate(_list(m.get("priorityBands"), f"{path}.priorityBands"))
+        ],
+        usage_limit_policy_plugin_ref=_opt_str(
+            m.get("usageLimitPolicyPluginRef"), f"{path}.usageLimitPolicyPluginRef"
+        ),
+        enable_eviction=_opt_bool(m.get("enableEviction"), f"{path}.enableEviction"),
+    )

@@ -1,0 +1,46 @@
+"""``load-aware-scorer``: score by waiting-queue length against a threshold.
+
+Type: ``load-aware-scorer`` (Distribution).
+Parameters: ``threshold`` (int, default 128; a value <= 0 means the default, as in the reference,
+which only logs it).
+Algorithm: ``q = waiting_queue_size``; ``q == 0`` → 0.5; otherwise
+``0.5 * (1 - min(q, T) / T)``. An idle endpoint never scores above 0.5 (the reference reserves the
+upper half for a future "spare capacity" signal).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from epp.framework import CycleState, Endpoint, Handle, LLMRequest, Scorer, register
+
+DEFAULT_THRESHOLD = 128
+
+
+@dataclass(slots=True, frozen=True)
+class LoadAwareParams:
+    threshold: int = DEFAULT_THRESHOLD
+
+    @property
+    def effective_threshold(self) -> int:
+        return self.threshold if self.threshold > 0 else DEFAULT_THRESHOLD
+
+
+@register
+class LoadAwareScorer(Scorer):
+    type_name = "load-aware-scorer"
+    category = "Distribution"
+    Params = LoadAwareParams
+    params: LoadAwareParams
+
+    def __init__(self, name: str, params: LoadAwareParams, handle: Handle | None = None) -> None:
+        super().__init__(name, params, handle)
+        self._threshold = float(params.effective_threshold)
+
+    def score(self, cycle: CycleState, request: LLMRequest, endpoints: list[Endpoint]) -> list[float]:
+        t = self._threshold
+        out = []
+        for e in endpoints:
+            q = e.metrics.waiting_queue_size
+            out.append(0.5 if q == 0 else 0.5 * (1.0 - min(q, t) / t))
+        return out

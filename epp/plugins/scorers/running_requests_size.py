@@ -1,0 +1,20 @@
+"""``running-requests-size-scorer``: prefer endpoints running fewer requests.
+
+Type: ``running-requests-size-scorer`` (Distribution). Parameters: none.
+Algorithm: the ``queue-scorer`` min-max formula on ``running_requests_size``:
+``score = (max - r) / (max - min)`` over the candidates; all equal → 1.0 each.
+"""
+
+from __future__ import annotations
+
+from epp.framework import CycleState, Endpoint, LLMRequest, Scorer, register
+from epp.plugins.scorers.queue import min_max_scores
+
+
+@register
+class RunningRequestsSizeScorer(Scorer):
+    type_name = "running-requests-size-scorer"
+    category = "Distribution"
+
+    def score(self, cycle: CycleState, request: LLMRequest, endpoints: list[Endpoint]) -> list[float]:
+        return min_max_scores([e.metrics.running_requests_size for e in endpoints])

@@ -1,0 +1,62 @@
+"""``session-affinity-scorer``: send a session's requests back to the endpoint that served it.
+
+Type: ``session-affinity-scorer`` (Affinity). Parameters: none.
+
+Algorithm: the request header ``x-session-token`` is the standard base64 of an endpoint's
+``namespace/name`` (for example ``ns/pod-rank-0``). That endpoint scores 1.0, every other 0.0; a
+missing header or a token that is not valid base64 scores all 0.0 (logged at debug level, where
+the reference logs an error: a client can send any header, so it must not flood the log).
+
+As a response-header processor it sets ``x-session-token`` on the response to the token of the
+endpoint that served the request. Difference from the reference (quirk D11): the reference writes
+the header at the end of the response body, after the headers were already sent, so the client
+never receives it; epp sets it while the response headers are processed, so the client gets it.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+
+import structlog
+
+from epp.framework import (
+    CycleState,
+    Endpoint,
+    LLMRequest,
+    ResponseHeaderProcessor,
+    ResponseInfo,
+    Scorer,
+    register,
+)
+
+HEADER = "x-session-token"
+
+log = structlog.get_logger("epp.plugins.session_affinity")
+
+
+def session_token(endpoint: Endpoint) -> str:
+    """The token that routes a session to ``endpoint``: base64 of ``namespace/name``."""
+    return base64.b64encode(endpoint.metadata.key.encode()).decode("ascii")
+
+
+@register
+class SessionAffinityScorer(Scorer, ResponseHeaderProcessor):
+    type_name = "session-affinity-scorer"
+    category = "Affinity"
+
+    def score(self, cycle: CycleState, request: LLMRequest, endpoints: list[Endpoint]) -> list[float]:
+        token = request.headers.get(HEADER, "")
+        target = ""
+        if token:
+            try:
+                target = base64.b64decode(token, validate=True).decode("utf-8", "replace")
+            except (binascii.Error, ValueError) as e:
+                log.debug("cannot decode session token", header=HEADER, error=str(e))
+        if not target:
+            return [0.0] * len(endpoints)
+        return [1.0 if e.metadata.key == target else 0.0 for e in endpoints]
+
+    def response_header(self, request: LLMRequest, response: ResponseInfo, endpoint: Endpoint | None) -> None:
+        if endpoint is not None:
+            response.headers[HEADER] = session_token(endpoint)
