@@ -14,7 +14,7 @@ discovery are asynchronous. Nothing here imports the server.
 from __future__ import annotations
 
 import abc
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
 
@@ -105,7 +105,8 @@ class Picker(Plugin, abc.ABC):
 class ProfileHandler(Plugin, abc.ABC):
     """Chooses which profiles run, and decides from their results whether the request is served.
 
-    ``pick_profiles`` is called repeatedly until it returns no profile. ``process_results`` is the
+    ``pick_profiles`` is called repeatedly until it returns no profile; it may write ``None`` into
+    ``results`` to mark a stage skipped. ``process_results`` is the
     only place that decides whether a failed profile (a ``None`` entry) fails the request: it returns
     ``(result, None)`` to serve the request or ``(None, error)`` to fail it.
     """
@@ -116,7 +117,7 @@ class ProfileHandler(Plugin, abc.ABC):
         cycle: CycleState,
         request: LLMRequest,
         profiles: Mapping[str, Profile],
-        results: Mapping[str, ProfileRunResult | None],
+        results: MutableMapping[str, ProfileRunResult | None],
     ) -> Mapping[str, Profile]: ...
 
     @abc.abstractmethod

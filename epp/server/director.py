@@ -50,6 +50,19 @@ MODEL_REWRITE_HEADER = "x-gateway-model-name-rewrite"
 DEFAULT_FAIRNESS_ID = "default-flow"
 PRODUCERS_BUDGET_SECONDS = 0.4
 
+# Request headers only the EPP may write. A client-sent copy is consumed here and never forwarded
+# (quirk Q1: the reference forwards them); one present after PreRequest was set by a plugin.
+EPP_OWNED_HEADERS = (
+    "x-prefiller-host-port",
+    "x-encoder-hosts-ports",
+    "x-data-parallel-host-port",
+    "x-gateway-destination-endpoint-served",
+    "x-gateway-destination-endpoint-subset",
+    OBJECTIVE_HEADER,
+    FAIRNESS_HEADER,
+    MODEL_REWRITE_HEADER,
+)
+
 
 @dataclass(slots=True)
 class Routing:
@@ -136,6 +149,8 @@ class Director:
             fairness_id=headers.get(FAIRNESS_HEADER) or DEFAULT_FAIRNESS_ID,
             request_size_bytes=len(raw),
         )
+        for key in EPP_OWNED_HEADERS:  # consumed above; plugins may set them again
+            headers.pop(key, None)
 
         candidates = self.candidates(metadata)
         if not candidates:

@@ -37,25 +37,13 @@ from epp.framework import (
     ResponseInfo,
 )
 from epp.server import replies
-from epp.server.director import REQUEST_ID_HEADER, Director, Routing
+from epp.server.director import EPP_OWNED_HEADERS, REQUEST_ID_HEADER, Director, Routing
 
 log = structlog.get_logger("epp.extproc")
 
 # ProcessingMode.BodySendMode values (envoy/extensions/filters/http/ext_proc/v3/processing_mode.proto)
 NONE, STREAMED, BUFFERED, BUFFERED_PARTIAL, FULL_DUPLEX_STREAMED = 0, 1, 2, 3, 4
 
-# Request headers only the EPP may write; a client-sent copy is removed before forwarding (quirk Q1)
-# unless the EPP sets it itself. The destination header is always overwritten.
-EPP_OWNED_HEADERS = (
-    "x-prefiller-host-port",
-    "x-encoder-hosts-ports",
-    "x-data-parallel-host-port",
-    "x-gateway-destination-endpoint-served",
-    "x-gateway-destination-endpoint-subset",
-    "x-gateway-inference-objective",
-    "x-gateway-inference-fairness-id",
-    "x-gateway-model-name-rewrite",
-)
 _NEVER_ECHO = frozenset({"content-length", replies.DESTINATION_HEADER})
 
 
@@ -219,7 +207,7 @@ class _Stream:
         request = routing.request
         if request is not None:
             for k, v in request.headers.items():  # headers set or changed by PreRequest plugins
-                if client.get(k) != v and k not in _NEVER_ECHO and not k.startswith(":"):
+                if (client.get(k) != v or k in EPP_OWNED_HEADERS) and k not in _NEVER_ECHO and k[0] != ":":
                     set_headers[k] = v
         remove = [k for k in EPP_OWNED_HEADERS if k in client and k not in set_headers]
         common = replies.routing_common(set_headers, remove, routing.body if self.req_mode == BUFFERED and routing.body_changed else None)

@@ -10,7 +10,8 @@ import grpc
 import pytest
 
 from epp.datalayer.store import EndpointStore
-from epp.framework import CycleState, Endpoint, Filter, LLMRequest
+from epp.framework import CycleState, Endpoint, Filter, LLMRequest, PreRequest, SchedulingResult
+from epp.server.director import DirectorHooks
 from epp.server.extproc import BUFFERED, NONE, StreamOptions
 from tests.unit.extproc_harness import (
     Harness,
@@ -274,3 +275,28 @@ async def test_scheduling_failure_is_429(store: EndpointStore) -> None:
 async def test_body_mode_none_routes_on_headers(harness: Harness, store: EndpointStore) -> None:
     (reply,) = await harness.exchange([headers_msg({}, mode=NONE)], expect=1)
     assert set_headers(reply.request_headers.response)["x-gateway-destination-endpoint"] in addresses(store)
+
+
+class _SetPrefill(PreRequest):
+    type_name = "set-prefill"
+
+    def pre_request(self, cycle: CycleState, request: LLMRequest, result: SchedulingResult) -> None:
+        request.headers["x-prefiller-host-port"] = "10.0.0.9:8000"
+
+
+async def test_plugin_set_control_header_is_forwarded_even_when_the_client_sent_the_same_value(
+    store: EndpointStore,
+) -> None:
+    director = build_director(store)
+    director.hooks = DirectorHooks(pre_request=[_SetPrefill("set-prefill", None)])
+    h = await start(store, director=director)
+    try:
+        out = await h.exchange(
+            [headers_msg({"x-prefiller-host-port": "10.0.0.9:8000"}), body_msg(CHAT, True)], expect=2
+        )
+    finally:
+        await h.channel.close()
+        await h.server.stop(0)
+    common = out[0].request_headers.response
+    assert set_headers(common)["x-prefiller-host-port"] == "10.0.0.9:8000"
+    assert "x-prefiller-host-port" not in common.header_mutation.remove_headers

@@ -1,0 +1,19 @@
+"""``always-disagg-pd-decider``: always run the disaggregated stage.
+
+Type: ``always-disagg-pd-decider``. Parameters: none.
+Algorithm: ``disaggregate`` returns True for every request. Usable as the prefill or the encode
+decider of ``disagg-profile-handler``.
+"""
+
+from __future__ import annotations
+
+from epp.framework import CycleState, Endpoint, LLMRequest, register
+from epp.plugins.deciders._base import Decider
+
+
+@register
+class AlwaysDisaggDecider(Decider):
+    type_name = "always-disagg-pd-decider"
+
+    def disaggregate(self, cycle: CycleState, request: LLMRequest, decode_endpoint: Endpoint) -> bool:
+        return True

@@ -1,0 +1,46 @@
+"""``always-disagg-multimodal-decider``: run the encode stage for requests carrying media.
+
+Type: ``always-disagg-multimodal-decider``. Parameters: none.
+Algorithm: True iff the request is a chat completion one of whose ``messages`` has a list
+``content`` with a block whose ``type`` is ``image_url``, ``video_url`` or ``input_audio`` (the
+vLLM multimodal inputs). Other APIs, string contents and malformed messages → False.
+
+As in the reference, only chat completions are inspected (Responses API ``input_image`` items do not
+trigger encode).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from epp.framework import ApiKind, CycleState, Endpoint, LLMRequest, register
+from epp.plugins.deciders._base import Decider
+
+MULTIMODAL_BLOCK_TYPES = frozenset({"image_url", "video_url", "input_audio"})
+
+
+def has_multimodal_content(request: LLMRequest) -> bool:
+    """Whether a chat-completions request contains an image, video or audio content block."""
+    if request.body.api is not ApiKind.CHAT_COMPLETIONS:
+        return False
+    messages = request.body.payload.get("messages")
+    if not isinstance(messages, list):
+        return False
+    return any(_message_has_media(m) for m in messages)
+
+
+def _message_has_media(message: Any) -> bool:
+    if not isinstance(message, dict):
+        return False
+    content = message.get("content")
+    if not isinstance(content, list):
+        return False
+    return any(isinstance(b, dict) and b.get("type") in MULTIMODAL_BLOCK_TYPES for b in content)
+
+
+@register
+class AlwaysDisaggMultimodalDecider(Decider):
+    type_name = "always-disagg-multimodal-decider"
+
+    def disaggregate(self, cycle: CycleState, request: LLMRequest, decode_endpoint: Endpoint) -> bool:
+        return has_multimodal_content(request)

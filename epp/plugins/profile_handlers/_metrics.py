@@ -1,0 +1,50 @@
+"""Decision counters of the disaggregation profile handlers (llm-d names, labels and HELP texts).
+
+``llm_d_inference_scheduler_disagg_decision_total{model_name, decision_type}`` counts which stages a
+request went through; ``llm_d_inference_scheduler_pd_decision_total`` is its deprecated P/D-era twin,
+still recorded for dashboards built on it. ``model_name`` is the target model, ``unknown`` if empty.
+Both live in the default Prometheus registry, like ``epp.metrics``.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import Counter
+
+DECODE_ONLY = "decode-only"
+PREFILL_DECODE = "prefill-decode"
+ENCODE_DECODE = "encode-decode"
+ENCODE_PREFILL_DECODE = "encode-prefill-decode"
+
+DISAGG_DECISION_TOTAL = Counter(
+    "llm_d_inference_scheduler_disagg_decision_total",
+    "[ALPHA] Total number of disaggregation routing decisions made",
+    ["model_name", "decision_type"],
+)
+PD_DECISION_TOTAL = Counter(
+    "llm_d_inference_scheduler_pd_decision_total",
+    "[ALPHA] Total number of P/D disaggregation decisions made",
+    ["model_name", "decision_type"],
+)
+
+
+def decision_type(encode_used: bool, prefill_used: bool) -> str:
+    """The ``decision_type`` label for the stages that produced endpoints (decode always did)."""
+    if encode_used and prefill_used:
+        return ENCODE_PREFILL_DECODE
+    if encode_used:
+        return ENCODE_DECODE
+    if prefill_used:
+        return PREFILL_DECODE
+    return DECODE_ONLY
+
+
+def record_disagg_decision(model_name: str, decision: str) -> None:
+    """Count a decision in the current and in the deprecated counter."""
+    model = model_name or "unknown"
+    DISAGG_DECISION_TOTAL.labels(model, decision).inc()
+    PD_DECISION_TOTAL.labels(model, decision).inc()
+
+
+def record_pd_decision(model_name: str, decision: str) -> None:
+    """Count a decision in the deprecated counter only (``pd-profile-handler``)."""
+    PD_DECISION_TOTAL.labels(model_name or "unknown", decision).inc()

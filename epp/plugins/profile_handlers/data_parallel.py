@@ -1,0 +1,147 @@
+"""``data-parallel-profile-handler`` (deprecated): route to a pod's primary port, name the rank in a header.
+
+Type: ``data-parallel-profile-handler``. Parameters: ``primaryPort`` (int, default 8000, 1..65535).
+Superseded by ``single-profile-handler`` with Istio >= 1.28.1.
+
+With data-parallel vLLM every rank listens on its own port and is its own endpoint, but some meshes
+can only reach a pod on one port. This handler schedules over the ranks as usual, then sends the
+request to the pod's *primary* port and tells a sidecar there which rank was chosen:
+
+* ``pick_profiles``: exactly one profile is expected; it runs once. With another number of profiles
+  it logs an error and runs nothing (so the request fails).
+* ``process_results``: more than one result → error ``data parallel profile handler is intended to be
+  used with a single profile, failed to process multiple profiles``; a failed profile → error
+  ``failed to run scheduler profile '<name>'``. Otherwise ``x-data-parallel-host-port`` is set to
+  the real ``ip:rankPort`` of the first chosen endpoint, and the result holds copies of the chosen
+  endpoints whose port is ``primaryPort`` (no attributes), so the destination is ``ip:primaryPort``.
+
+Deliberate differences from the reference:
+
+* ``primaryPort: 0`` is rejected (the reference accepts it here and then routes to port 0).
+* More than one profile is rejected when the config loads (``validate_profiles``) instead of failing
+  every request at run time.
+* The copies delegate ``inflight`` to the endpoint they were made from (``PortRewrittenEndpoint``),
+  so the director's in-flight accounting still lands on the real rank endpoint; in the reference the
+  copies are detached.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import structlog
+
+from epp.framework import (
+    CycleState,
+    Endpoint,
+    LLMRequest,
+    Profile,
+    ProfileHandler,
+    ProfileRunResult,
+    SchedulingError,
+    SchedulingResult,
+    register,
+)
+
+log = structlog.get_logger("epp.profile_handlers")
+
+DATA_PARALLEL_HEADER = "x-data-parallel-host-port"
+
+
+class PortRewrittenEndpoint(Endpoint):
+    """A copy of an endpoint with another port whose in-flight count is the original's.
+
+    Metadata is ``dataclasses.replace(origin.metadata, port=port)``; metrics are the origin's
+    snapshot; attributes start empty (the reference drops them too).
+    """
+
+    __slots__ = ("_origin",)
+
+    def __init__(self, origin: Endpoint, port: int) -> None:
+        # Endpoint.__init__ is not called: it would reset ``inflight`` (and with it the origin's).
+        self._origin = origin
+        self.metadata = dataclasses.replace(origin.metadata, port=port)
+        self.metrics = origin.metrics
+        self.attributes = {}
+
+    @property
+    def inflight(self) -> int:
+        return self._origin.inflight
+
+    @inflight.setter
+    def inflight(self, value: int) -> None:
+        self._origin.inflight = value
+
+    @property
+    def origin(self) -> Endpoint:
+        return self._origin
+
+
+def rewrite_to_primary_port(
+    request: LLMRequest, result: ProfileRunResult, primary_port: int
+) -> ProfileRunResult:
+    """Set ``x-data-parallel-host-port`` to the first target's real ``ip:port``; retarget all targets."""
+    request.headers[DATA_PARALLEL_HEADER] = result.target_endpoints[0].hostport
+    return ProfileRunResult([PortRewrittenEndpoint(e, primary_port) for e in result.target_endpoints])
+
+
+def validate_port(name: str, port: int) -> str | None:
+    if not 1 <= port <= 65535:
+        return f"{name}: invalid {name}: must be between 1 and 65535, got {port}"
+    return None
+
+
+@dataclass(slots=True, frozen=True)
+class DataParallelParams:
+    primary_port: int = 8000
+
+    def validate(self) -> str | None:
+        return validate_port("primaryPort", self.primary_port)
+
+
+@register
+class DataParallelProfileHandler(ProfileHandler):
+    type_name = "data-parallel-profile-handler"
+    Params = DataParallelParams
+    params: DataParallelParams
+
+    def pick_profiles(
+        self,
+        cycle: CycleState,
+        request: LLMRequest,
+        profiles: Mapping[str, Profile],
+        results: Mapping[str, ProfileRunResult | None],
+    ) -> Mapping[str, Profile]:
+        if len(results) >= len(profiles):
+            return {}
+        if len(profiles) != 1:
+            log.error(
+                "Data Parallel profile handler requires exactly one scheduling profile",
+                profile_count=len(profiles),
+            )
+            return {}
+        return profiles
+
+    def process_results(
+        self, cycle: CycleState, request: LLMRequest, results: Mapping[str, ProfileRunResult | None]
+    ) -> tuple[SchedulingResult | None, Exception | None]:
+        if len(results) != 1:
+            return None, SchedulingError(
+                "data parallel profile handler is intended to be used with a single profile, "
+                "failed to process multiple profiles"
+            )
+        ((name, result),) = results.items()
+        if result is None or not result.target_endpoints:
+            return None, SchedulingError(f"failed to run scheduler profile '{name}'")
+        rewritten = rewrite_to_primary_port(request, result, self.params.primary_port)
+        return SchedulingResult({name: rewritten}, name), None
+
+    def validate_profiles(self, profile_names: Sequence[str]) -> str | None:
+        if len(profile_names) != 1:
+            return (
+                "data-parallel-profile-handler requires exactly one scheduling profile, "
+                f"got {len(profile_names)}"
+            )
+        return None

@@ -1,0 +1,61 @@
+"""``disagg-headers-handler`` (deprecated; alias ``prefill-header-handler``): P/D headers for upstream.
+
+Type: ``disagg-headers-handler``, also registered as ``prefill-header-handler`` (the alias reports the
+canonical type). A PreRequest plugin, meant to be paired with ``pd-profile-handler``; the
+``disagg-profile-handler`` sets these headers itself.
+
+Parameters: ``prefillProfile`` (default ``prefill``), ``encodeProfile`` (default ``encode``).
+
+Algorithm (``set_disagg_headers``, shared with ``disagg-profile-handler``):
+
+1. Delete ``x-prefiller-host-port`` from the request headers; if the prefill profile's result has
+   endpoints, set it to ``ip:port`` of the first one.
+2. Delete ``x-encoder-hosts-ports``; if the encode profile's result has endpoints, set it to the
+   comma-joined ``ip:port`` of all of them.
+
+A stage that did not run, was skipped or found nothing leaves its header out, so the decode
+sidecar serves the request alone. ``ip:port`` brackets IPv6 addresses (``[::1]:8000``) like Go's
+``net.JoinHostPort``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from epp.framework import CycleState, LLMRequest, PreRequest, SchedulingResult, register
+
+PREFILL_HEADER = "x-prefiller-host-port"
+ENCODERS_HEADER = "x-encoder-hosts-ports"
+
+
+def set_disagg_headers(
+    request: LLMRequest, result: SchedulingResult, prefill_profile: str, encode_profile: str
+) -> None:
+    """Replace the prefill/encoder headers with the endpoints chosen by those profiles, if any."""
+    headers = request.headers
+    headers.pop(PREFILL_HEADER, None)
+    prefill = result.profile_results.get(prefill_profile)
+    if prefill is not None and prefill.target_endpoints:
+        headers[PREFILL_HEADER] = prefill.target_endpoints[0].hostport
+    headers.pop(ENCODERS_HEADER, None)
+    encode = result.profile_results.get(encode_profile)
+    if encode is not None and encode.target_endpoints:
+        headers[ENCODERS_HEADER] = ",".join(e.hostport for e in encode.target_endpoints)
+
+
+@dataclass(slots=True, frozen=True)
+class DisaggHeadersParams:
+    prefill_profile: str = "prefill"
+    encode_profile: str = "encode"
+
+
+class DisaggHeadersHandler(PreRequest):
+    type_name = "disagg-headers-handler"
+    Params = DisaggHeadersParams
+    params: DisaggHeadersParams
+
+    def pre_request(self, cycle: CycleState, request: LLMRequest, result: SchedulingResult) -> None:
+        set_disagg_headers(request, result, self.params.prefill_profile, self.params.encode_profile)
+
+
+register(DisaggHeadersHandler, "prefill-header-handler")

@@ -1,0 +1,150 @@
+"""``pd-profile-handler`` (deprecated): prefill/decode with one decider; use ``disagg-profile-handler``.
+
+Type: ``pd-profile-handler``. Parameters (defaults):
+
+* ``decodeProfile`` (``decode``), ``prefillProfile`` (``prefill``): profile names;
+* ``prefixPluginType`` (``prefix-cache-scorer``), ``prefixPluginName`` (= the type): accepted and
+  ignored, as in the reference (the decider reads the prefix match from the cycle state);
+* ``primaryPort`` (0 = off; else 1..65535): data-parallel mode, see below;
+* ``deciderPluginName`` (``prefix-based-pd-decider``): a decider plugin declared *earlier* in
+  ``plugins:``; it must exist. Errors: empty → ``decider plugin name is not defined``; unknown →
+  ``invalid decider plugin type: <n>``; not a decider → ``decider plugin of type: <n> does not
+  implement pdDeciderPlugin``.
+
+``pick_profiles``: run the decode profile first; stop if it failed; if a prefill profile exists and
+was not evaluated, run it when the decider agrees for the first decode endpoint, else record it as
+skipped (``None``); then record ``llm_d_inference_scheduler_pd_decision_total`` (``decode-only`` or
+``prefill-decode``) and stop.
+
+``process_results``: decode ``None`` or empty → error ``failed to find available decode workers``;
+otherwise decode is primary and a non-``None`` prefill result is kept. With ``primaryPort`` set, the
+request gets ``x-data-parallel-host-port`` = the decode endpoint's real ``ip:port`` and the decode
+endpoints are retargeted to ``primaryPort`` (as ``data-parallel-profile-handler``). This handler does
+not set ``x-prefiller-host-port``: pair it with ``disagg-headers-handler``.
+
+Deliberate differences from the reference:
+
+* The decision is counted once the prefill stage is over, from its outcome: a prefill the decider
+  wanted but that found no endpoint counts as ``decode-only`` (the reference counts
+  ``prefill-decode`` when the decider agrees), matching ``disagg-profile-handler`` and what was served.
+* The reference stops only when ``len(results) == len(profiles)``, so a config with a third profile
+  re-runs prefill forever; here prefill runs at most once and other profiles never run.
+* A missing prefill profile means decode-only (the reference would hand the scheduler a nil profile);
+  a missing decode profile is rejected at load (``validate_profiles``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from epp.framework import (
+    ConfigError,
+    CycleState,
+    Handle,
+    LLMRequest,
+    Profile,
+    ProfileHandler,
+    ProfileRunResult,
+    SchedulingError,
+    SchedulingResult,
+    register,
+)
+from epp.framework.attributes import PREFIX_CACHE_MATCH_INFO_KEY
+from epp.plugins.deciders._base import SupportsDisaggregate
+from epp.plugins.profile_handlers import _metrics
+from epp.plugins.profile_handlers.data_parallel import rewrite_to_primary_port, validate_port
+from epp.plugins.profile_handlers.disagg import DECODE_FAILED, has_endpoints, mark_skipped
+
+
+@dataclass(slots=True, frozen=True)
+class PdParams:
+    decode_profile: str = "decode"
+    prefill_profile: str = "prefill"
+    prefix_plugin_type: str = "prefix-cache-scorer"
+    prefix_plugin_name: str = ""
+    primary_port: int = 0
+    decider_plugin_name: str = "prefix-based-pd-decider"
+
+    def validate(self) -> str | None:
+        if self.primary_port != 0 and (problem := validate_port("primaryPort", self.primary_port)):
+            return problem
+        if not self.decider_plugin_name:
+            return "deciderPluginName: decider plugin name is not defined"
+        return None
+
+
+@register
+class PdProfileHandler(ProfileHandler):
+    type_name = "pd-profile-handler"
+    Params = PdParams
+    params: PdParams
+    consumes = frozenset({PREFIX_CACHE_MATCH_INFO_KEY})
+
+    def __init__(self, name: str, params: PdParams, handle: Handle | None = None) -> None:
+        super().__init__(name, params, handle)
+        problem = params.validate()
+        if problem:
+            key, _, reason = problem.partition(": ")
+            raise ConfigError(key, reason)
+        decider_name = params.decider_plugin_name
+        plugin = handle.plugin(decider_name) if handle is not None else None
+        if plugin is None:
+            raise ConfigError("deciderPluginName", f"invalid decider plugin type: {decider_name}")
+        if not isinstance(plugin, SupportsDisaggregate):
+            raise ConfigError(
+                "deciderPluginName",
+                f"decider plugin of type: {decider_name} does not implement pdDeciderPlugin",
+            )
+        self.decider: SupportsDisaggregate = plugin
+
+    def pick_profiles(
+        self,
+        cycle: CycleState,
+        request: LLMRequest,
+        profiles: Mapping[str, Profile],
+        results: Mapping[str, ProfileRunResult | None],
+    ) -> Mapping[str, Profile]:
+        decode = self.params.decode_profile
+        if decode not in results:
+            profile = profiles.get(decode)
+            return {decode: profile} if profile is not None else {}
+        decode_result = results[decode]
+        if decode_result is None or not decode_result.target_endpoints:
+            return {}
+        prefill = self.params.prefill_profile
+        prefill_profile = profiles.get(prefill)
+        if prefill_profile is not None and prefill not in results:
+            if self.decider.disaggregate(cycle, request, decode_result.target_endpoints[0]):
+                return {prefill: prefill_profile}
+            mark_skipped(results, prefill)
+        used = prefill != decode and has_endpoints(results.get(prefill))
+        _metrics.record_pd_decision(
+            request.target_model, _metrics.PREFILL_DECODE if used else _metrics.DECODE_ONLY
+        )
+        return {}
+
+    def process_results(
+        self, cycle: CycleState, request: LLMRequest, results: Mapping[str, ProfileRunResult | None]
+    ) -> tuple[SchedulingResult | None, Exception | None]:
+        decode = self.params.decode_profile
+        decode_result = results.get(decode)
+        if decode_result is None or not decode_result.target_endpoints:
+            return None, SchedulingError(DECODE_FAILED)
+        if self.params.primary_port:
+            decode_result = rewrite_to_primary_port(request, decode_result, self.params.primary_port)
+        kept: dict[str, ProfileRunResult | None] = {decode: decode_result}
+        prefill = self.params.prefill_profile
+        prefill_result = results.get(prefill)
+        if prefill_result is not None and prefill != decode:
+            kept[prefill] = prefill_result
+        return SchedulingResult(kept, decode), None
+
+    def validate_profiles(self, profile_names: Sequence[str]) -> str | None:
+        decode = self.params.decode_profile
+        if decode not in profile_names:
+            return (
+                f"pd-profile-handler needs a decode profile named '{decode}' "
+                f"(profiles: {', '.join(profile_names) or 'none'})"
+            )
+        return None
