@@ -1,0 +1,99 @@
+"""Periodic pool-level Prometheus gauges computed from the endpoints' scraped metrics.
+
+``PoolGauges(store, pool_name, interval=5.0, staleness=2.0)`` refreshes, every
+``interval`` seconds (``--refresh-prometheus-metrics-interval``), for the pool ``name`` label:
+
+* ``inference_pool_ready_pods``: endpoints whose metrics are fresher than ``staleness_threshold``
+  (``staleness``, ``--metrics-staleness-threshold``);
+* ``inference_pool_average_kv_cache_utilization``, ``..._average_queue_size``,
+  ``..._average_running_requests``: means over those fresh endpoints;
+* ``inference_pool_per_pod_queue_size{model_server_pod}``: each fresh endpoint's waiting queue,
+  labelled with the endpoint name (``<pod>-rank-<i>`` for pods, unique per endpoint).
+
+Differences from the reference, deliberately: with no fresh endpoint the gauges are set to 0 (the
+reference returns early and leaves the last values, so a dead pool kept reporting ready pods);
+the average queue size is a true mean (the reference divides integers); per-pod series of
+endpoints that are gone or stale are removed instead of lingering with their last value.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import structlog
+
+from epp.datalayer.scraper import is_stale
+from epp.datalayer.store import EndpointStore
+from epp.metrics import POOL_AVG_KV, POOL_AVG_QUEUE, POOL_AVG_RUNNING, POOL_PER_POD_QUEUE, POOL_READY_PODS
+
+log = structlog.get_logger("epp.datalayer.pool_gauges")
+
+DEFAULT_INTERVAL = 5.0
+DEFAULT_STALENESS = 2.0
+
+
+class PoolGauges:
+    """Sets the ``inference_pool_*`` gauges of one pool; ``start()`` in a running loop, ``stop()``."""
+
+    def __init__(
+        self,
+        store: EndpointStore,
+        pool_name: str,
+        interval: float = DEFAULT_INTERVAL,
+        staleness: float = DEFAULT_STALENESS,
+    ) -> None:
+        if interval <= 0:
+            raise ValueError("interval must be positive")
+        self._store = store
+        self.pool_name = pool_name
+        self.interval = interval
+        self.staleness = staleness
+        self._per_pod: set[str] = set()
+        self._task: asyncio.Task[None] | None = None
+
+    def refresh(self, now: float | None = None) -> None:
+        """Compute and set every gauge once from the store's current endpoints."""
+        if now is None:
+            now = time.monotonic()
+        fresh = [e for e in self._store.endpoints() if not is_stale(e, self.staleness, now)]
+        name = self.pool_name
+        count = len(fresh)
+        POOL_READY_PODS.labels(name=name).set(count)
+        divisor = count or 1  # no fresh endpoint: every average is 0
+        kv = sum(e.metrics.kv_cache_usage_percent for e in fresh)
+        queue = sum(e.metrics.waiting_queue_size for e in fresh)
+        running = sum(e.metrics.running_requests_size for e in fresh)
+        POOL_AVG_KV.labels(name=name).set(kv / divisor)
+        POOL_AVG_QUEUE.labels(name=name).set(queue / divisor)
+        POOL_AVG_RUNNING.labels(name=name).set(running / divisor)
+        current: set[str] = set()
+        for endpoint in fresh:
+            pod = endpoint.metadata.name
+            current.add(pod)
+            queue_size = endpoint.metrics.waiting_queue_size
+            POOL_PER_POD_QUEUE.labels(name=name, model_server_pod=pod).set(queue_size)
+        for pod in self._per_pod - current:
+            try:
+                POOL_PER_POD_QUEUE.remove(name, pod)
+            except KeyError:
+                pass
+        self._per_pod = current
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._run(), name="pool gauges")
+
+    async def stop(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                self.refresh()
+            except Exception:
+                log.exception("refreshing pool gauges failed")
+            await asyncio.sleep(self.interval)

@@ -1,0 +1,216 @@
+"""The scrape loop: one asyncio task per endpoint polling its metrics and replacing its snapshot.
+
+``MetricsScraper(store, source, extractor)`` subscribes to the ``EndpointStore``: an added endpoint
+gets a task that ticks every ``interval`` (``--refresh-metrics-interval``, 50 ms); a removed one has
+its task cancelled at once (which also closes its connection). Each tick polls the source with a
+per-poll ``timeout`` (1 s) and hands the body to the extractor, which returns a new ``Metrics``
+snapshot; the scraper assigns it to ``endpoint.metrics`` (a whole-object replacement, so readers
+never see a half-updated snapshot).
+
+Scrapes of one endpoint never overlap: the next tick is taken only after the current scrape ended;
+a scrape longer than the interval delays the next one, and missed ticks are dropped rather than
+replayed in a burst (like a Go ticker).
+
+Failures: a poll error or timeout increments
+``llm_d_inference_scheduler_datalayer_poll_errors_total{source_type}``; per-field extraction errors
+increment ``..._extract_errors_total{source_type, extractor_type}`` once per scrape. The previous
+metrics stay, so staleness shows as an old ``metrics.update_time`` (``is_stale``). Consumers decide
+what staleness means; stale endpoints are never removed. Logging happens on state changes only
+(an endpoint starts failing, recovers, or its extraction errors change), not on every tick.
+
+The contracts the scraper needs from its plugins (``PollingSource``, ``Poller``,
+``MetricsExtractor``, ``ExtractResult``) are defined here because the framework's ``DataSource``
+and ``Extractor`` base classes declare no methods.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+from typing import Protocol, cast, runtime_checkable
+
+import structlog
+
+from epp.datalayer.store import EndpointStore
+from epp.framework.endpoint import Endpoint, Metrics
+from epp.framework.interfaces import DataSource, Extractor
+from epp.metrics import DATALAYER_EXTRACT_ERRORS, DATALAYER_POLL_ERRORS
+
+log = structlog.get_logger("epp.datalayer.scraper")
+
+DEFAULT_INTERVAL = 0.05
+DEFAULT_TIMEOUT = 1.0
+
+
+@dataclass(slots=True, frozen=True)
+class ExtractResult:
+    """What an extractor made of one body: a new snapshot (None = nothing extracted) and errors."""
+
+    metrics: Metrics | None
+    errors: tuple[str, ...] = ()
+
+
+class Poller(Protocol):
+    """A per-endpoint connection to a polled source; ``poll`` calls never overlap."""
+
+    async def poll(self) -> bytes: ...
+
+    def close(self) -> None: ...
+
+
+@runtime_checkable
+class PollingSource(Protocol):
+    """What the scraper needs of a ``DataSource``: per-endpoint pollers (``metrics-data-source``)."""
+
+    def poller(self, endpoint: Endpoint) -> Poller: ...
+
+
+@runtime_checkable
+class MetricsExtractor(Protocol):
+    """What the scraper needs of an ``Extractor``: body -> metrics (``core-metrics-extractor``)."""
+
+    def extract(self, endpoint: Endpoint, body: bytes) -> ExtractResult: ...
+
+
+def is_stale(endpoint: Endpoint, threshold: float, now: float | None = None) -> bool:
+    """True when the endpoint's metrics were never extracted or are older than ``threshold`` s."""
+    updated = endpoint.metrics.update_time
+    if updated == 0.0:
+        return True
+    return (time.monotonic() if now is None else now) - updated > threshold
+
+
+class MetricsScraper:
+    """Keeps every store endpoint's ``metrics`` fresh; ``start()`` in a running loop, ``stop()``."""
+
+    def __init__(
+        self,
+        store: EndpointStore,
+        source: DataSource,
+        extractor: Extractor,
+        interval: float = DEFAULT_INTERVAL,
+        timeout: float = DEFAULT_TIMEOUT,
+    ) -> None:
+        if interval <= 0 or timeout <= 0:
+            raise ValueError("interval and timeout must be positive")
+        if not isinstance(source, PollingSource):
+            raise TypeError(f"data source {source!r} cannot be polled per endpoint (no poller())")
+        if not isinstance(extractor, MetricsExtractor):
+            raise TypeError(f"extractor {extractor!r} cannot extract metrics (no extract())")
+        self._store = store
+        self._source = cast(PollingSource, source)
+        self._extractor = cast(MetricsExtractor, extractor)
+        self.interval = interval
+        self.timeout = timeout
+        self._tasks: dict[Endpoint, asyncio.Task[None]] = {}
+        self._running = False
+        self._subscribed = False
+        self._poll_errors = DATALAYER_POLL_ERRORS.labels(source_type=source.type_name)
+        self._extract_errors = DATALAYER_EXTRACT_ERRORS.labels(
+            source_type=source.type_name, extractor_type=extractor.type_name
+        )
+
+    # --- lifecycle ---------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start scraping current and future store endpoints (needs a running event loop)."""
+        if self._running:
+            return
+        self._running = True
+        if not self._subscribed:
+            # The store has no unsubscribe: the listeners stay registered and do nothing once
+            # the scraper is stopped (a restarted scraper picks the current endpoints up here).
+            self._subscribed = True
+            self._store.subscribe(on_add=self._on_add, on_remove=self._on_remove)
+        else:
+            for endpoint in self._store.endpoints():
+                self._on_add(endpoint)
+
+    async def stop(self) -> None:
+        """Cancel every scrape task and wait for them (their connections are closed)."""
+        self._running = False
+        tasks = list(self._tasks.values())
+        self._tasks.clear()
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    def is_stale(self, endpoint: Endpoint, threshold: float) -> bool:
+        return is_stale(endpoint, threshold)
+
+    @property
+    def scraped_endpoints(self) -> frozenset[Endpoint]:
+        """Endpoints that currently have a scrape task."""
+        return frozenset(self._tasks)
+
+    # --- store listeners -------------------------------------------------------------------------
+
+    def _on_add(self, endpoint: Endpoint) -> None:
+        if not self._running or endpoint in self._tasks:
+            return
+        task = asyncio.get_running_loop().create_task(
+            self._run(endpoint), name=f"scrape {endpoint.metadata.key}"
+        )
+        self._tasks[endpoint] = task
+
+    def _on_remove(self, endpoint: Endpoint) -> None:
+        task = self._tasks.pop(endpoint, None)
+        if task is not None:
+            task.cancel()
+
+    # --- per-endpoint loop ---------------------------------------------------------------------------
+
+    async def _run(self, endpoint: Endpoint) -> None:
+        loop = asyncio.get_running_loop()
+        poller = self._source.poller(endpoint)
+        state = _ScrapeState()
+        try:
+            next_tick = loop.time()
+            while True:
+                await self._scrape(endpoint, poller, state)
+                next_tick += self.interval
+                now = loop.time()
+                if next_tick < now:  # the scrape overran: drop missed ticks, never burst
+                    next_tick = now + self.interval - (now - next_tick) % self.interval
+                await asyncio.sleep(next_tick - now)
+        finally:
+            poller.close()
+
+    async def _scrape(self, endpoint: Endpoint, poller: Poller, state: _ScrapeState) -> None:
+        try:
+            async with asyncio.timeout(self.timeout):
+                body = await poller.poll()
+        except Exception as e:  # timeouts, connection errors, bad statuses
+            self._poll_errors.inc()
+            reason = "timeout" if isinstance(e, TimeoutError) else f"{type(e).__name__}: {e}"
+            if not state.failing:
+                state.failing = True
+                log.warning("metrics poll failing", endpoint=endpoint.metadata.key, error=reason)
+            return
+        if state.failing:
+            state.failing = False
+            log.info("metrics poll recovered", endpoint=endpoint.metadata.key)
+        try:
+            result = self._extractor.extract(endpoint, body)
+        except Exception as e:
+            self._extract_errors.inc()
+            log.exception("metrics extraction crashed", endpoint=endpoint.metadata.key, error=str(e))
+            return
+        if result.metrics is not None:
+            endpoint.metrics = result.metrics
+        if result.errors:
+            self._extract_errors.inc()
+        if result.errors != state.errors:
+            state.errors = result.errors
+            if result.errors:
+                log.warning("metrics extraction errors", endpoint=endpoint.metadata.key, errors=result.errors)
+
+
+@dataclass(slots=True)
+class _ScrapeState:
+    """Per-endpoint state used to log transitions only."""
+
+    failing: bool = False
+    errors: tuple[str, ...] = ()

@@ -1,0 +1,312 @@
+"""``core-metrics-extractor``: turns a scraped metrics page into an endpoint's ``Metrics``.
+
+Type: ``core-metrics-extractor``. Parameters:
+
+* ``engineLabelKey`` (``llm-d.ai/engine-type``): endpoint label naming the engine; when absent the
+  label ``inference.networking.k8s.io/engine-type`` is tried, then ``defaultEngine``;
+* ``defaultEngine`` (``vllm``): the engine used for endpoints without (or with an unknown) label;
+* ``engineConfigs`` (``[]``): ``[{name, queuedRequestsSpec, runningRequestsSpec, kvUsageSpec,
+  loraSpec, cacheInfoSpec, cacheBlockSizeLabelName, cacheNumBlocksLabelName, cacheBlockSizeSpec,
+  cacheNumBlocksSpec}]``; an entry overrides the built-in engine of the same name or adds an
+  engine; the name ``default`` is reserved; an empty spec (``""``) disables that metric.
+  Difference from the reference: a field *omitted* from an entry that overrides a built-in engine
+  keeps the built-in spec (the reference disables it), so overriding one metric name of ``vllm``
+  does not silently drop the others. For new engine names omitted fields are disabled.
+
+Built-in engines (scheduling.md §4.7): ``vllm``, ``sglang``, ``trtllm-serve``,
+``triton-tensorrt-llm``. Specs are PromQL instant selectors compiled once (``promtext.Selector``).
+
+Algorithm, per scrape: choose the endpoint's engine mapping; for each configured metric extract
+its value (largest timestamp, else first matching series; integers truncated). A missing family,
+no matching series or a non-finite value is an error for that field only: the field keeps its
+previous value and the others still update. Cache info sets the block size (reset to 0 first, as
+in the reference) and block count from the info metric's labels, then from the gauge specs.
+LoRA: the ``lora_requests_info`` series with the largest value gives ``ActiveModels``,
+``WaitingModels`` (rebuilt every scrape, counts 0) and ``MaxActiveModels``; an absent LoRA family
+is not an error (vLLM exports it only when LoRA is enabled), the LoRA fields then stay as they were.
+When any field was extracted a new ``Metrics`` snapshot is returned with
+``update_time = time.monotonic()``; the scraper stores it and counts errors.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+
+import structlog
+
+from epp.datalayer.promtext import Selector, info_labels, lora_info
+from epp.datalayer.scraper import ExtractResult
+from epp.framework import ConfigError, Endpoint, Extractor, Metrics, register
+from epp.framework.interfaces import Handle
+
+log = structlog.get_logger("epp.datalayer.extractor")
+
+FALLBACK_ENGINE_LABEL = "inference.networking.k8s.io/engine-type"
+_RESERVED_ENGINE = "default"
+
+
+@dataclass(slots=True, frozen=True)
+class EngineConfig:
+    """One ``engineConfigs`` entry; ``None`` = not given (inherit), ``""`` = disabled."""
+
+    name: str = ""
+    queued_requests_spec: str | None = None
+    running_requests_spec: str | None = None
+    kv_usage_spec: str | None = None
+    lora_spec: str | None = None
+    cache_info_spec: str | None = None
+    cache_block_size_label_name: str | None = None
+    cache_num_blocks_label_name: str | None = None
+    cache_block_size_spec: str | None = None
+    cache_num_blocks_spec: str | None = None
+
+    def validate(self) -> str | None:
+        if not self.name:
+            return "name: an engine config needs a name"
+        if self.name == _RESERVED_ENGINE:
+            return f"name: the engine name {_RESERVED_ENGINE!r} is reserved"
+        for f in _SPEC_FIELDS:
+            spec = getattr(self, f.name)
+            if spec:
+                try:
+                    Selector.parse(spec)
+                except ValueError as e:
+                    return f"{_camel(f.name)}: {e}"
+        return None
+
+
+BUILTIN_ENGINES: Mapping[str, EngineConfig] = MappingProxyType(
+    {
+        "vllm": EngineConfig(
+            name="vllm",
+            queued_requests_spec="vllm:num_requests_waiting",
+            running_requests_spec="vllm:num_requests_running",
+            kv_usage_spec="vllm:kv_cache_usage_perc",
+            lora_spec="vllm:lora_requests_info",
+            cache_info_spec="vllm:cache_config_info",
+            cache_block_size_label_name="block_size",
+            cache_num_blocks_label_name="num_gpu_blocks",
+        ),
+        "sglang": EngineConfig(
+            name="sglang",
+            queued_requests_spec="sglang:num_queue_reqs",
+            running_requests_spec="sglang:num_running_reqs",
+            kv_usage_spec="sglang:token_usage",
+            cache_info_spec="sglang:cache_config_info",
+            cache_block_size_label_name="page_size",
+            cache_num_blocks_label_name="num_pages",
+        ),
+        "trtllm-serve": EngineConfig(
+            name="trtllm-serve",
+            queued_requests_spec="trtllm_num_requests_waiting",
+            running_requests_spec="trtllm_num_requests_running",
+            kv_usage_spec="trtllm_kv_cache_utilization",
+            cache_block_size_spec="trtllm_kv_cache_tokens_per_block",
+            cache_num_blocks_spec="trtllm_kv_cache_max_blocks",
+        ),
+        "triton-tensorrt-llm": EngineConfig(
+            name="triton-tensorrt-llm",
+            queued_requests_spec="nv_trt_llm_request_metrics{request_type=waiting}",
+            running_requests_spec="nv_trt_llm_request_metrics{request_type=scheduled}",
+            kv_usage_spec="nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type=fraction}",
+            cache_block_size_spec="nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type=tokens_per}",
+            cache_num_blocks_spec="nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type=max}",
+        ),
+    }
+)
+
+
+@dataclass(slots=True, frozen=True)
+class CoreMetricsExtractorParams:
+    engine_label_key: str = "llm-d.ai/engine-type"
+    default_engine: str = "vllm"
+    engine_configs: tuple[EngineConfig, ...] = ()
+
+    def validate(self) -> str | None:
+        seen: set[str] = set()
+        for cfg in self.engine_configs:
+            if cfg.name in seen:
+                return f"engineConfigs: duplicate engine name {cfg.name!r}"
+            seen.add(cfg.name)
+        known = set(BUILTIN_ENGINES) | seen
+        if self.default_engine not in known:
+            names = ", ".join(sorted(known))
+            return f"defaultEngine: unknown engine {self.default_engine!r} (known: {names})"
+        if not self.engine_label_key:
+            return "engineLabelKey: must not be empty"
+        return None
+
+
+@dataclass(slots=True, frozen=True)
+class EngineMapping:
+    """An engine's compiled selectors (``None`` = metric disabled)."""
+
+    name: str
+    queued: Selector | None
+    running: Selector | None
+    kv_usage: Selector | None
+    lora: Selector | None
+    cache_info: Selector | None
+    cache_block_size_label: str
+    cache_num_blocks_label: str
+    cache_block_size: Selector | None
+    cache_num_blocks: Selector | None
+
+
+@register
+class CoreMetricsExtractor(Extractor):
+    type_name = "core-metrics-extractor"
+    Params = CoreMetricsExtractorParams
+
+    def __init__(self, name: str, params: CoreMetricsExtractorParams, handle: Handle | None = None) -> None:
+        super().__init__(name, params, handle)
+        self.params: CoreMetricsExtractorParams = params
+        problem = params.validate()
+        if problem:
+            field_name, _, reason = problem.partition(": ")
+            raise ConfigError(field_name, reason)
+        configs = dict(BUILTIN_ENGINES)
+        for cfg in params.engine_configs:
+            configs[cfg.name] = _merge(configs.get(cfg.name), cfg)
+        self.mappings: Mapping[str, EngineMapping] = MappingProxyType(
+            {name: _compile(cfg) for name, cfg in configs.items()}
+        )
+        self.default_mapping = self.mappings[params.default_engine]
+        self._label_key = params.engine_label_key
+        self._unknown_logged: set[str] = set()
+
+    def mapping_for(self, labels: Mapping[str, str]) -> EngineMapping:
+        """The engine mapping of an endpoint with these labels (unknown engines use the default)."""
+        engine = labels.get(self._label_key) or labels.get(FALLBACK_ENGINE_LABEL)
+        if not engine:
+            return self.default_mapping
+        mapping = self.mappings.get(engine)
+        if mapping is None:
+            if engine not in self._unknown_logged:
+                self._unknown_logged.add(engine)
+                log.warning("unknown engine type, using the default mapping", engine=engine)
+            return self.default_mapping
+        return mapping
+
+    def extract(self, endpoint: Endpoint, body: bytes) -> ExtractResult:
+        return extract_metrics(self.mapping_for(endpoint.metadata.labels), endpoint.metrics, body)
+
+
+def extract_metrics(mapping: EngineMapping, previous: Metrics, body: bytes) -> ExtractResult:
+    """A new snapshot from ``body`` (None when nothing was extracted) and the per-field errors."""
+    errors: list[str] = []
+    changes: dict[str, object] = {}
+    for selector, attr, as_int in (
+        (mapping.queued, "waiting_queue_size", True),
+        (mapping.running, "running_requests_size", True),
+        (mapping.kv_usage, "kv_cache_usage_percent", False),
+    ):
+        if selector is None:
+            continue
+        value = _value(selector, body, errors)
+        if value is not None:
+            changes[attr] = int(value) if as_int else value
+    if mapping.lora is not None:
+        _extract_lora(mapping.lora, body, changes, errors)
+    if mapping.cache_info is not None:
+        _extract_cache_info(mapping, body, changes, errors)
+    for selector, attr in (
+        (mapping.cache_block_size, "cache_block_size"),
+        (mapping.cache_num_blocks, "cache_num_blocks"),
+    ):
+        if selector is None:
+            continue
+        value = _value(selector, body, errors)
+        if value is not None:
+            changes[attr] = int(value)
+    if not changes:
+        return ExtractResult(None, tuple(errors))
+    changes["update_time"] = time.monotonic()
+    return ExtractResult(dataclasses.replace(previous, **changes), tuple(errors))  # type: ignore[arg-type]
+
+
+def _value(selector: Selector, body: bytes, errors: list[str]) -> float | None:
+    value = selector.value(body)
+    if value is None:
+        errors.append(f"metric {selector} not found")
+        return None
+    if not math.isfinite(value):
+        errors.append(f"metric {selector} has a non-finite value {value}")
+        return None
+    return value
+
+
+def _extract_lora(selector: Selector, body: bytes, changes: dict[str, object], errors: list[str]) -> None:
+    info = lora_info(body, selector)
+    if info is None:
+        return  # vLLM exports the family only with LoRA enabled: absence is not an error
+    changes["active_models"] = MappingProxyType(dict.fromkeys(info.running, 0))
+    changes["waiting_models"] = MappingProxyType(dict.fromkeys(info.waiting, 0))
+    if info.max_lora is None:
+        errors.append(f"metric {selector}: invalid or missing max_lora label")
+    else:
+        changes["max_active_models"] = info.max_lora
+
+
+def _extract_cache_info(
+    mapping: EngineMapping, body: bytes, changes: dict[str, object], errors: list[str]
+) -> None:
+    assert mapping.cache_info is not None
+    labels = info_labels(body, mapping.cache_info)
+    if labels is None:
+        errors.append(f"metric {mapping.cache_info} not found")
+        return
+    changes["cache_block_size"] = 0  # reference: reset first, set only from a valid label
+    for label, attr in (
+        (mapping.cache_block_size_label, "cache_block_size"),
+        (mapping.cache_num_blocks_label, "cache_num_blocks"),
+    ):
+        if not label:
+            continue
+        try:
+            changes[attr] = int(labels.get(label, ""))
+        except ValueError:
+            errors.append(f"metric {mapping.cache_info}: invalid or missing label {label!r}")
+
+
+_SPEC_FIELDS = tuple(f for f in dataclasses.fields(EngineConfig) if f.name.endswith("_spec"))
+
+
+def _camel(name: str) -> str:
+    head, *rest = name.split("_")
+    return head + "".join(p[:1].upper() + p[1:] for p in rest)
+
+
+def _merge(base: EngineConfig | None, override: EngineConfig) -> EngineConfig:
+    """``override`` with its omitted (None) fields taken from the built-in ``base``."""
+    if base is None:
+        return override
+    inherited = {
+        f.name: getattr(base, f.name)
+        for f in dataclasses.fields(EngineConfig)
+        if getattr(override, f.name) is None
+    }
+    return dataclasses.replace(override, **inherited)
+
+
+def _compile(cfg: EngineConfig) -> EngineMapping:
+    def sel(spec: str | None) -> Selector | None:
+        return Selector.parse(spec) if spec else None
+
+    return EngineMapping(
+        name=cfg.name,
+        queued=sel(cfg.queued_requests_spec),
+        running=sel(cfg.running_requests_spec),
+        kv_usage=sel(cfg.kv_usage_spec),
+        lora=sel(cfg.lora_spec),
+        cache_info=sel(cfg.cache_info_spec),
+        cache_block_size_label=cfg.cache_block_size_label_name or "",
+        cache_num_blocks_label=cfg.cache_num_blocks_label_name or "",
+        cache_block_size=sel(cfg.cache_block_size_spec),
+        cache_num_blocks=sel(cfg.cache_num_blocks_spec),
+    )
