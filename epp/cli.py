@@ -32,7 +32,9 @@ def run_async(main: Callable[[], Coroutine[Any, Any, Any]]) -> Any:
 
 def _config_text(args: argparse.Namespace) -> tuple[str | None, str]:
     if args.config_file and args.config_text:
-        raise SystemExit('error: both the "configText" and "configFile" flags can not be set at the same time')
+        raise SystemExit(
+            'error: both the "configText" and "configFile" flags can not be set at the same time'
+        )
     if args.config_file:
         try:
             return Path(args.config_file).read_text(), args.config_file
@@ -63,14 +65,18 @@ def _add_serve(sub: Any) -> None:
     p.add_argument("--grpc-health-port", type=int, default=9003, help="gRPC health port (default 9003)")
     p.add_argument("--metrics-port", type=int, default=9090, help="Prometheus metrics port (default 9090)")
     p.add_argument("--bind-address", default="0.0.0.0", help="address to listen on (default 0.0.0.0)")
-    add_bool(p, "--secure-serving", True, "serve ext_proc over TLS (default true; self-signed unless --cert-path)")
+    add_bool(
+        p, "--secure-serving", True, "serve ext_proc over TLS (default true; self-signed unless --cert-path)"
+    )
     p.add_argument("--cert-path", default=None, help="directory holding tls.crt and tls.key")
     add_bool(p, "--health-checking", False, "also serve gRPC health on the ext_proc port")
     p.add_argument("--config-file", default=None, help="EndpointPickerConfig YAML file")
     p.add_argument("--config-text", default=None, help="EndpointPickerConfig YAML text")
     p.add_argument("--pool-name", default="", help="InferencePool name (optional with file discovery)")
     p.add_argument("--pool-namespace", default=os.environ.get("NAMESPACE") or "default")
-    p.add_argument("--refresh-metrics-interval", type=parse_duration, default=0.05, help="scrape period (50ms)")
+    p.add_argument(
+        "--refresh-metrics-interval", type=parse_duration, default=0.05, help="scrape period (50ms)"
+    )
     p.add_argument("--refresh-prometheus-metrics-interval", type=parse_duration, default=5.0)
     p.add_argument("--metrics-staleness-threshold", type=parse_duration, default=2.0)
     add_bool(p, "--disable-endpoint-subset-filter", False, "ignore Envoy's subset hint")

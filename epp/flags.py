@@ -38,4 +38,6 @@ def parse_bool(text: str) -> bool:
 
 def add_bool(parser: argparse.ArgumentParser, name: str, default: bool, help: str) -> None:
     """``--name``, ``--name=true`` and ``--name=false`` all work, as with Go flags."""
-    parser.add_argument(name, type=parse_bool, nargs="?", const=True, default=default, metavar="BOOL", help=help)
+    parser.add_argument(
+        name, type=parse_bool, nargs="?", const=True, default=default, metavar="BOOL", help=help
+    )

@@ -20,7 +20,7 @@ SCHEDULER_BUCKETS = (
 PLUGIN_BUCKETS = (
     0.00001, 0.00002, 0.00005, 0.0001, 0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1,
 )  # fmt: skip
-SIZE_BUCKETS = tuple(float(64 * 4**i) for i in range(13)) + (float(1 << 30),)
+SIZE_BUCKETS = (*(float(64 * 4**i) for i in range(13)), float(1 << 30))
 
 registry: CollectorRegistry = REGISTRY
 

@@ -99,7 +99,9 @@ class Picker(Plugin, abc.ABC):
     """Chooses the target endpoint(s) from the scored list (several = fallbacks, best first)."""
 
     @abc.abstractmethod
-    def pick(self, cycle: CycleState, request: LLMRequest, scored: list[ScoredEndpoint]) -> ProfileRunResult: ...
+    def pick(
+        self, cycle: CycleState, request: LLMRequest, scored: list[ScoredEndpoint]
+    ) -> ProfileRunResult: ...
 
 
 class ProfileHandler(Plugin, abc.ABC):
@@ -147,7 +149,9 @@ class Admitter(Plugin, abc.ABC):
     """Admits or denies a request before scheduling; return an error to deny."""
 
     @abc.abstractmethod
-    def admit(self, cycle: CycleState, request: LLMRequest, endpoints: list[Endpoint]) -> InferenceError | None: ...
+    def admit(
+        self, cycle: CycleState, request: LLMRequest, endpoints: list[Endpoint]
+    ) -> InferenceError | None: ...
 
 
 class PreRequest(Plugin, abc.ABC):
@@ -161,7 +165,9 @@ class ResponseHeaderProcessor(Plugin, abc.ABC):
     """Sees the upstream response headers; may add headers through ``response.headers``."""
 
     @abc.abstractmethod
-    def response_header(self, request: LLMRequest, response: ResponseInfo, endpoint: Endpoint | None) -> None: ...
+    def response_header(
+        self, request: LLMRequest, response: ResponseInfo, endpoint: Endpoint | None
+    ) -> None: ...
 
 
 class ResponseBodyProcessor(Plugin, abc.ABC):
@@ -217,7 +223,7 @@ class EndpointDiscovery(Plugin, abc.ABC):
     @abc.abstractmethod
     async def start(self, notifier: EndpointNotifier) -> None: ...
 
-    async def stop(self) -> None:  # noqa: B027 - optional hook
+    async def stop(self) -> None:
         return None
 
 

@@ -67,7 +67,9 @@ class SchedulerProfile:
         if self.picker is None:
             raise SchedulingError(f"profile '{self.name}' has no picker")
         t0 = time.perf_counter() if timer else 0.0
-        result = self.picker.pick(cycle, request, [ScoredEndpoint(e, s) for e, s in zip(endpoints, totals)])
+        result = self.picker.pick(
+            cycle, request, [ScoredEndpoint(e, s) for e, s in zip(endpoints, totals, strict=True)]
+        )
         if timer:
             timer("Picker", self.picker, time.perf_counter() - t0)
         if not result.target_endpoints:

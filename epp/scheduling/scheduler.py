@@ -57,9 +57,13 @@ class Scheduler:
                     log.debug("profile failed", profile=name, request_id=request.request_id, error=str(e))
                     results[name] = None
         else:
-            return None, SchedulingError(f"profile handler '{self.handler.name}' did not stop picking profiles")
+            return None, SchedulingError(
+                f"profile handler '{self.handler.name}' did not stop picking profiles"
+            )
         if not results:
-            return None, SchedulingError(f"failed to run any scheduler profile for request {request.request_id}")
+            return None, SchedulingError(
+                f"failed to run any scheduler profile for request {request.request_id}"
+            )
         t0 = time.perf_counter() if timer else 0.0
         outcome = self.handler.process_results(cycle, request, results)
         if timer:

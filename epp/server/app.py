@@ -133,7 +133,9 @@ class EppServer:
         self.pool_gauges.start()
 
         server = grpc.aio.server(options=_grpc_options(opts.max_request_body_bytes))
-        ep_grpc.add_ExternalProcessorServicer_to_server(ExternalProcessor(self.director, self.stream_options), server)
+        ep_grpc.add_ExternalProcessorServicer_to_server(
+            ExternalProcessor(self.director, self.stream_options), server
+        )
         if opts.health_checking:
             health_pb2_grpc.add_HealthServicer_to_server(self.health.servicer, server)
         _bind(server, f"{opts.bind_address}:{opts.grpc_port}", opts)

@@ -128,7 +128,9 @@ class Director:
 
     # --- the scheduled path ----------------------------------------------------------------
 
-    async def route(self, headers: dict[str, str], raw: bytes, metadata: dict[str, dict[str, Any]]) -> Routing:
+    async def route(
+        self, headers: dict[str, str], raw: bytes, metadata: dict[str, dict[str, Any]]
+    ) -> Routing:
         body = self.parser.parse_request(raw, headers)
         if body is None:
             return self.route_random(metadata, raw)
@@ -179,7 +181,12 @@ class Director:
         chosen = primary.target_endpoints
         first = chosen[0].metadata
         metrics.child(  # type: ignore[attr-defined]
-            metrics.SCHEDULER_ATTEMPTS, "success", target, first.pod_name or first.name, first.namespace, str(first.port)
+            metrics.SCHEDULER_ATTEMPTS,
+            "success",
+            target,
+            first.pod_name or first.name,
+            first.namespace,
+            str(first.port),
         ).inc()
 
         for plugin in hooks.pre_request:

@@ -210,7 +210,9 @@ class _Stream:
                 if (client.get(k) != v or k in EPP_OWNED_HEADERS) and k not in _NEVER_ECHO and k[0] != ":":
                     set_headers[k] = v
         remove = [k for k in EPP_OWNED_HEADERS if k in client and k not in set_headers]
-        common = replies.routing_common(set_headers, remove, routing.body if self.req_mode == BUFFERED and routing.body_changed else None)
+        common = replies.routing_common(
+            set_headers, remove, routing.body if self.req_mode == BUFFERED and routing.body_changed else None
+        )
         self.director.begin(routing)
         self.started = True
         if routing.request is not None:
@@ -227,7 +229,9 @@ class _Stream:
     def on_response_headers(self, req: ep.ProcessingRequest) -> list[ep.ProcessingResponse]:
         headers = _headers(req.response_headers)
         status = headers.get(":status") or headers.get("status") or "0"
-        self.response = response = ResponseInfo(headers=headers, status=int(status) if status.isdigit() else 0)
+        self.response = response = ResponseInfo(
+            headers=headers, status=int(status) if status.isdigit() else 0
+        )
         routing = self.routing
         request = routing.request if routing is not None else None
         self.resp_streaming = bool(
@@ -337,7 +341,7 @@ class ExternalProcessor(ep_grpc.ExternalProcessorServicer):
         self.director = director
         self.opts = opts or StreamOptions()
 
-    async def Process(self, request_iterator: Any, context: grpc.aio.ServicerContext) -> None:  # noqa: N802
+    async def Process(self, request_iterator: Any, context: grpc.aio.ServicerContext) -> None:
         stream = _Stream(self.director, self.opts)
         read, write = context.read, context.write
         try:

@@ -27,7 +27,9 @@ ProcessingResponse = ep.ProcessingResponse
 
 def header_mutation(set_headers: Mapping[str, str], remove: Iterable[str] = ()) -> ep.HeaderMutation:
     return ep.HeaderMutation(
-        set_headers=[HeaderValueOption(header=HeaderValue(key=k, raw_value=v.encode())) for k, v in set_headers.items()],
+        set_headers=[
+            HeaderValueOption(header=HeaderValue(key=k, raw_value=v.encode())) for k, v in set_headers.items()
+        ],
         remove_headers=list(remove),
     )
 
@@ -38,7 +40,9 @@ def destination_metadata(destination: str) -> Struct:
     return md
 
 
-def routing_common(set_headers: Mapping[str, str], remove: Iterable[str], body: bytes | None = None) -> ep.CommonResponse:
+def routing_common(
+    set_headers: Mapping[str, str], remove: Iterable[str], body: bytes | None = None
+) -> ep.CommonResponse:
     """The CommonResponse that routes the request: header mutation plus ``clear_route_cache``."""
     common = ep.CommonResponse(clear_route_cache=True, header_mutation=header_mutation(set_headers, remove))
     if body is not None:
@@ -46,14 +50,18 @@ def routing_common(set_headers: Mapping[str, str], remove: Iterable[str], body: 
     return common
 
 
-def request_headers_reply(common: ep.CommonResponse | None = None, destination: str | None = None) -> ep.ProcessingResponse:
+def request_headers_reply(
+    common: ep.CommonResponse | None = None, destination: str | None = None
+) -> ep.ProcessingResponse:
     resp = ep.ProcessingResponse(request_headers=ep.HeadersResponse(response=common or ep.CommonResponse()))
     if destination is not None:
         resp.dynamic_metadata.CopyFrom(destination_metadata(destination))
     return resp
 
 
-def request_body_reply(common: ep.CommonResponse | None = None, destination: str | None = None) -> ep.ProcessingResponse:
+def request_body_reply(
+    common: ep.CommonResponse | None = None, destination: str | None = None
+) -> ep.ProcessingResponse:
     """A body reply in BUFFERED mode (may carry the routing header mutation)."""
     resp = ep.ProcessingResponse(request_body=ep.BodyResponse(response=common or ep.CommonResponse()))
     if destination is not None:
@@ -61,7 +69,9 @@ def request_body_reply(common: ep.CommonResponse | None = None, destination: str
     return resp
 
 
-def streamed_body_replies(body: bytes, end_of_stream: bool, response: bool = False) -> list[ep.ProcessingResponse]:
+def streamed_body_replies(
+    body: bytes, end_of_stream: bool, response: bool = False
+) -> list[ep.ProcessingResponse]:
     """FULL_DUPLEX_STREAMED body pieces of at most 62000 bytes; ``end_of_stream`` only on the last."""
     pieces = [body[i : i + BODY_PIECE_LIMIT] for i in range(0, len(body), BODY_PIECE_LIMIT)] or [b""]
     last = len(pieces) - 1
@@ -69,15 +79,21 @@ def streamed_body_replies(body: bytes, end_of_stream: bool, response: bool = Fal
     for i, piece in enumerate(pieces):
         common = ep.CommonResponse(
             body_mutation=ep.BodyMutation(
-                streamed_response=ep.StreamedBodyResponse(body=piece, end_of_stream=end_of_stream and i == last)
+                streamed_response=ep.StreamedBodyResponse(
+                    body=piece, end_of_stream=end_of_stream and i == last
+                )
             )
         )
         br = ep.BodyResponse(response=common)
-        out.append(ep.ProcessingResponse(response_body=br) if response else ep.ProcessingResponse(request_body=br))
+        out.append(
+            ep.ProcessingResponse(response_body=br) if response else ep.ProcessingResponse(request_body=br)
+        )
     return out
 
 
-def response_headers_reply(set_headers: Mapping[str, str], remove: Iterable[str] = ()) -> ep.ProcessingResponse:
+def response_headers_reply(
+    set_headers: Mapping[str, str], remove: Iterable[str] = ()
+) -> ep.ProcessingResponse:
     common = ep.CommonResponse()
     if set_headers or remove:
         common.header_mutation.CopyFrom(header_mutation(set_headers, remove))
@@ -118,7 +134,7 @@ def immediate_error(err: InferenceError) -> ep.ProcessingResponse:
     headers = {"content-type": "application/json", **err.headers}
     return ep.ProcessingResponse(
         immediate_response=ep.ImmediateResponse(
-            status=HttpStatus(code=err.code.http_status),  # type: ignore[arg-type]
+            status=HttpStatus(code=err.code.http_status),
             headers=header_mutation(headers),
             body=error_body(err),
             details=f"epp_{err.code.text}",

@@ -1,4 +1,6 @@
-"""The Envoy subset hint: ``filter_metadata["envoy.lb.subset_hint"]["x-gateway-destination-endpoint-subset"]``.
+"""The Envoy subset hint.
+
+Read from ``filter_metadata["envoy.lb.subset_hint"]["x-gateway-destination-endpoint-subset"]``.
 
 GIE rule: the EPP must pick only from the listed endpoints; an empty list or no match means 503.
 Unlike the reference (IP-only match, list values only; quirk Q2), an ``ip:port`` entry matches that
@@ -53,7 +55,5 @@ def filter_by_subset(endpoints: Sequence[Endpoint], entries: list[str]) -> list[
         else:
             exact.add((host, port))
     return [
-        e
-        for e in endpoints
-        if e.metadata.address in hosts or (e.metadata.address, e.metadata.port) in exact
+        e for e in endpoints if e.metadata.address in hosts or (e.metadata.address, e.metadata.port) in exact
     ]

@@ -14,8 +14,8 @@ from google.protobuf.struct_pb2 import Struct
 from epp.datalayer.store import EndpointStore
 from epp.framework import EndpointMetadata, Filter
 from epp.plugins.parsers.openai import OpenAIParser
-from epp.plugins.pickers.max_score import MaxScorePicker
 from epp.plugins.pickers._common import PickerParams
+from epp.plugins.pickers.max_score import MaxScorePicker
 from epp.plugins.profile_handlers.single import SingleProfileHandler
 from epp.plugins.scorers.queue import QueueScorer
 from epp.scheduling import Scheduler, SchedulerProfile, WeightedScorer
@@ -63,7 +63,9 @@ class Harness:
         return out
 
 
-async def start(store: EndpointStore, director: Director | None = None, opts: StreamOptions | None = None) -> Harness:
+async def start(
+    store: EndpointStore, director: Director | None = None, opts: StreamOptions | None = None
+) -> Harness:
     director = director or build_director(store)
     server = grpc.aio.server()
     ep_grpc.add_ExternalProcessorServicer_to_server(ExternalProcessor(director, opts), server)
@@ -80,7 +82,12 @@ def headers_msg(
     resp_mode: int = FULL_DUPLEX_STREAMED,
     subset: object | None = None,
 ) -> ep.ProcessingRequest:
-    base = {":method": "POST", ":path": "/v1/chat/completions", ":authority": "gw", "content-type": "application/json"}
+    base = {
+        ":method": "POST",
+        ":path": "/v1/chat/completions",
+        ":authority": "gw",
+        "content-type": "application/json",
+    }
     base.update(headers)
     req = ep.ProcessingRequest(
         request_headers=ep.HttpHeaders(
@@ -123,7 +130,11 @@ def set_headers(common: ep.CommonResponse) -> dict[str, str]:
 
 
 def destination_metadata(resp: ep.ProcessingResponse) -> str:
-    return resp.dynamic_metadata.fields["envoy.lb"].struct_value.fields["x-gateway-destination-endpoint"].string_value
+    return (
+        resp.dynamic_metadata.fields["envoy.lb"]
+        .struct_value.fields["x-gateway-destination-endpoint"]
+        .string_value
+    )
 
 
 __all__ = ["BUFFERED", "FULL_DUPLEX_STREAMED"]

@@ -50,7 +50,9 @@ def addresses(store: EndpointStore) -> set[str]:
     return {e.hostport for e in store.endpoints()}
 
 
-async def test_full_duplex_chunked_body_routes_once_at_end_of_stream(harness: Harness, store: EndpointStore) -> None:
+async def test_full_duplex_chunked_body_routes_once_at_end_of_stream(
+    harness: Harness, store: EndpointStore
+) -> None:
     first, second = CHAT[:20], CHAT[20:]
     out = await harness.exchange([headers_msg({}), body_msg(first, False), body_msg(second, True)], expect=2)
     head, body = out
@@ -82,7 +84,9 @@ async def test_buffered_mode_answers_headers_then_routes_on_the_body_reply(harne
 async def test_header_only_request_goes_to_a_random_endpoint(harness: Harness, store: EndpointStore) -> None:
     seen = set()
     for _ in range(40):
-        (reply,) = await harness.exchange([headers_msg({":method": "GET", ":path": "/v1/models"}, end_of_stream=True)], 1)
+        (reply,) = await harness.exchange(
+            [headers_msg({":method": "GET", ":path": "/v1/models"}, end_of_stream=True)], 1
+        )
         seen.add(set_headers(reply.request_headers.response)["x-gateway-destination-endpoint"])
     assert seen == addresses(store)  # uniformly random: all three appear in 40 draws (p(miss) ~ 3e-7)
 
@@ -110,21 +114,35 @@ async def test_large_body_is_resent_in_pieces_of_at_most_62000_bytes(harness: Ha
 @pytest.mark.parametrize(
     ("body", "path", "status", "text"),
     [
-        (b"{not json", "/v1/chat/completions", 400, "inference error: BadRequest - error unmarshaling request bodyMap"),
-        (b'{"messages":[{"role":"user","content":"hi"}]}', "/v1/chat/completions", 400, "model not found in request body"),
+        (
+            b"{not json",
+            "/v1/chat/completions",
+            400,
+            "inference error: BadRequest - error unmarshaling request bodyMap",
+        ),
+        (
+            b'{"messages":[{"role":"user","content":"hi"}]}',
+            "/v1/chat/completions",
+            400,
+            "model not found in request body",
+        ),
         (b'{"model":"demo"}', "/v1/completions", 400, "invalid completions request: must have prompt field"),
         (b'{"model":"demo","messages":[]}', "/v1/chat/completions", 400, "must have valid messages field"),
         (b"[1,2]", "/v1/completions", 400, "expected a JSON object"),
     ],
 )
-async def test_bad_bodies_get_openai_style_400(harness: Harness, body: bytes, path: str, status: int, text: str) -> None:
+async def test_bad_bodies_get_openai_style_400(
+    harness: Harness, body: bytes, path: str, status: int, text: str
+) -> None:
     (reply,) = await harness.exchange([headers_msg({":path": path}), body_msg(body, True)], expect=1)
     ir = reply.immediate_response
     assert ir.status.code == status
     err = json.loads(ir.body)["error"]
     assert text in err["message"]
     assert err["code"] == status
-    assert {h.header.key: h.header.raw_value for h in ir.headers.set_headers}["content-type"] == b"application/json"
+    assert {h.header.key: h.header.raw_value for h in ir.headers.set_headers}[
+        "content-type"
+    ] == b"application/json"
 
 
 async def test_empty_pool_is_503_for_posts_and_gets() -> None:
@@ -162,7 +180,9 @@ async def test_subset_hint_without_a_match_is_503(harness: Harness, subset: obje
     assert reply.immediate_response.status.code == 503
 
 
-async def test_client_control_headers_are_removed_or_overwritten(harness: Harness, store: EndpointStore) -> None:
+async def test_client_control_headers_are_removed_or_overwritten(
+    harness: Harness, store: EndpointStore
+) -> None:
     spoof = {
         "x-gateway-destination-endpoint": "6.6.6.6:80",
         "x-prefiller-host-port": "6.6.6.6:80",
@@ -218,7 +238,9 @@ async def test_streaming_response_chunks_pass_through_immediately(harness: Harne
     assert await call.read() is grpc.aio.EOF
 
 
-async def test_in_flight_count_is_released_when_the_stream_ends(harness: Harness, store: EndpointStore) -> None:
+async def test_in_flight_count_is_released_when_the_stream_ends(
+    harness: Harness, store: EndpointStore
+) -> None:
     call = harness.stub.Process()
     await call.write(headers_msg({}))
     await call.write(body_msg(CHAT, True))
@@ -269,7 +291,8 @@ async def test_scheduling_failure_is_429(store: EndpointStore) -> None:
         await h.server.stop(0)
     assert reply.immediate_response.status.code == 429
     message = json.loads(reply.immediate_response.body)["error"]["message"]
-    assert message == "inference error: ResourceExhausted - failed to find target endpoint: failed to run scheduler profile 'default'"
+    expected = "failed to find target endpoint: failed to run scheduler profile 'default'"
+    assert message == f"inference error: ResourceExhausted - {expected}"
 
 
 async def test_body_mode_none_routes_on_headers(harness: Harness, store: EndpointStore) -> None:

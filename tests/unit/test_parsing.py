@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from epp.flags import parse_bool, parse_duration
-from epp.framework import ApiKind, EndpointMetadata, Endpoint, InferenceError
+from epp.framework import ApiKind, Endpoint, EndpointMetadata, InferenceError
 from epp.plugins.parsers.openai import OpenAIParser, api_for_path
 from epp.server.body_rewrite import replace_model
 from epp.server.subset import filter_by_subset, subset_entries
@@ -34,8 +34,10 @@ def test_api_by_path_suffix(path: str, api: ApiKind) -> None:
 
 
 def test_parse_chat_stream_flag_and_prompt_text() -> None:
-    body = P.parse_request(b'{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}',
-                           {":path": "/v1/chat/completions"})
+    body = P.parse_request(
+        b'{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}',
+        {":path": "/v1/chat/completions"},
+    )
     assert body is not None and body.api is ApiKind.CHAT_COMPLETIONS and body.stream
     assert body.prompt_text == '[{"role":"user","content":"hi"}]'
 
@@ -50,9 +52,21 @@ def test_stream_counts_only_when_boolean_true() -> None:
     [
         ("/v1/embeddings", b'{"model":"m"}', "invalid embeddings request: must have input field"),
         ("/v1/responses", b'{"model":"m"}', "invalid responses request: must have input field"),
-        ("/v1/conversations", b'{"model":"m","items":[]}', "invalid conversations request: must have items field"),
-        ("/v1/completions", b'{"model":"m","prompt":["a",1]}', "invalid completions request: must have prompt field"),
-        ("/v1/completions", b'{"model":"m","prompt":""}', "invalid completions request: must have prompt field"),
+        (
+            "/v1/conversations",
+            b'{"model":"m","items":[]}',
+            "invalid conversations request: must have items field",
+        ),
+        (
+            "/v1/completions",
+            b'{"model":"m","prompt":["a",1]}',
+            "invalid completions request: must have prompt field",
+        ),
+        (
+            "/v1/completions",
+            b'{"model":"m","prompt":""}',
+            "invalid completions request: must have prompt field",
+        ),
     ],
 )
 def test_api_validation_errors(path: str, payload: bytes, message: str) -> None:
@@ -72,7 +86,10 @@ def test_replace_model_keeps_every_other_byte() -> None:
     assert out == b'{ "a" : 1.50, "model":"y", "n": 123456789012345678901234567890, "m": {"model": "x"} }'
 
 
-@given(st.dictionaries(st.text(min_size=1, max_size=5), st.integers() | st.text(max_size=5), max_size=5), st.text(max_size=10))
+@given(
+    st.dictionaries(st.text(min_size=1, max_size=5), st.integers() | st.text(max_size=5), max_size=5),
+    st.text(max_size=10),
+)
 def test_replace_model_property(other: dict[str, object], model: str) -> None:
     import json
 
@@ -91,8 +108,12 @@ def test_subset_matching_rules() -> None:
     assert filter_by_subset(eps, ["10.0.0.1"]) == [eps[0], eps[1]]
     assert filter_by_subset(eps, []) == []
     assert subset_entries({}) is None
-    assert subset_entries({"envoy.lb.subset_hint": {"x-gateway-destination-endpoint-subset": "a:1, b:2"}}) == ["a:1", "b:2"]
-    assert subset_entries({"envoy.lb.subset_hint": {"x-gateway-destination-endpoint-subset": ["a:1", 3]}}) == ["a:1"]
+    assert subset_entries(
+        {"envoy.lb.subset_hint": {"x-gateway-destination-endpoint-subset": "a:1, b:2"}}
+    ) == ["a:1", "b:2"]
+    assert subset_entries(
+        {"envoy.lb.subset_hint": {"x-gateway-destination-endpoint-subset": ["a:1", 3]}}
+    ) == ["a:1"]
 
 
 def test_ipv6_hostport_is_bracketed() -> None:
@@ -100,7 +121,9 @@ def test_ipv6_hostport_is_bracketed() -> None:
     assert filter_by_subset([_ep("fd00::1", 8000)], ["[fd00::1]:8000"])[0].metadata.address == "fd00::1"
 
 
-@pytest.mark.parametrize(("text", "seconds"), [("50ms", 0.05), ("2s", 2.0), ("1m30s", 90.0), ("0.5", 0.5), ("100us", 1e-4)])
+@pytest.mark.parametrize(
+    ("text", "seconds"), [("50ms", 0.05), ("2s", 2.0), ("1m30s", 90.0), ("0.5", 0.5), ("100us", 1e-4)]
+)
 def test_durations(text: str, seconds: float) -> None:
     assert parse_duration(text) == pytest.approx(seconds)
 

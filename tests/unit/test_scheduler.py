@@ -34,8 +34,11 @@ from epp.scheduling import Scheduler, SchedulerProfile, WeightedScorer
 def make_endpoints(queues: Sequence[int], kv: Sequence[float] | None = None) -> list[Endpoint]:
     kv = kv or [0.0] * len(queues)
     return [
-        Endpoint(EndpointMetadata(f"e{i}", f"10.0.0.{i}", 8000), Metrics(waiting_queue_size=q, kv_cache_usage_percent=k))
-        for i, (q, k) in enumerate(zip(queues, kv))
+        Endpoint(
+            EndpointMetadata(f"e{i}", f"10.0.0.{i}", 8000),
+            Metrics(waiting_queue_size=q, kv_cache_usage_percent=k),
+        )
+        for i, (q, k) in enumerate(zip(queues, kv, strict=True))
     ]
 
 
@@ -87,23 +90,32 @@ def test_weighted_sum_clamps_each_score_to_unit_interval() -> None:
 
 def test_filter_then_pick_only_survivors() -> None:
     eps = make_endpoints([9, 0, 9, 0])  # the odd ones have the best queue but are filtered out
-    profile = SchedulerProfile("p", filters=[_KeepEven("f", None)], scorers=[WeightedScorer(QueueScorer("q", None))],
-                               picker=MaxScorePicker("m", PickerParams()))
+    profile = SchedulerProfile(
+        "p",
+        filters=[_KeepEven("f", None)],
+        scorers=[WeightedScorer(QueueScorer("q", None))],
+        picker=MaxScorePicker("m", PickerParams()),
+    )
     picked = profile.run(CycleState(), request(), eps).target_endpoints[0]
     assert picked in (eps[0], eps[2])
 
 
 def test_max_score_picker_returns_k_best_in_order() -> None:
     eps = make_endpoints([0, 0, 0, 0])
-    profile = SchedulerProfile("p", scorers=[WeightedScorer(_Fixed([0.1, 0.9, 0.5, 0.7]))],
-                               picker=MaxScorePicker("m", PickerParams(max_num_of_endpoints=3)))
+    profile = SchedulerProfile(
+        "p",
+        scorers=[WeightedScorer(_Fixed([0.1, 0.9, 0.5, 0.7]))],
+        picker=MaxScorePicker("m", PickerParams(max_num_of_endpoints=3)),
+    )
     assert profile.run(CycleState(), request(), eps).target_endpoints == [eps[1], eps[3], eps[2]]
 
 
 def test_max_score_ties_are_broken_at_random() -> None:
     rng.seed(7)
     eps = make_endpoints([1, 1, 1])
-    profile = SchedulerProfile("p", scorers=[WeightedScorer(QueueScorer("q", None))], picker=MaxScorePicker("m", PickerParams()))
+    profile = SchedulerProfile(
+        "p", scorers=[WeightedScorer(QueueScorer("q", None))], picker=MaxScorePicker("m", PickerParams())
+    )
     seen = {profile.run(CycleState(), request(), eps).target_endpoints[0].metadata.name for _ in range(60)}
     assert seen == {"e0", "e1", "e2"}
 
@@ -117,7 +129,9 @@ def test_single_handler_failed_profile_is_an_error_and_results_hold_none() -> No
         def filter(self, cycle: CycleState, request: LLMRequest, endpoints: list[Endpoint]) -> list[Endpoint]:
             return []
 
-    profile = SchedulerProfile("default", filters=[_None("n", None)], picker=MaxScorePicker("m", PickerParams()))
+    profile = SchedulerProfile(
+        "default", filters=[_None("n", None)], picker=MaxScorePicker("m", PickerParams())
+    )
     handler = SingleProfileHandler("single-profile-handler", None)
     seen: dict[str, object] = {}
     original = handler.process_results
@@ -138,16 +152,22 @@ class _TwoStage(ProfileHandler):
 
     type_name = "two-stage"
 
-    def pick_profiles(self, cycle: CycleState, request: LLMRequest, profiles: Mapping[str, Profile],
-                      results: Mapping[str, ProfileRunResult | None]) -> Mapping[str, Profile]:
+    def pick_profiles(
+        self,
+        cycle: CycleState,
+        request: LLMRequest,
+        profiles: Mapping[str, Profile],
+        results: Mapping[str, ProfileRunResult | None],
+    ) -> Mapping[str, Profile]:
         if "decode" not in results:
             return {"decode": profiles["decode"]}
         if "prefill" not in results and results["decode"] is not None:
             return {"prefill": profiles["prefill"]}
         return {}
 
-    def process_results(self, cycle: CycleState, request: LLMRequest,
-                        results: Mapping[str, ProfileRunResult | None]) -> tuple[SchedulingResult | None, Exception | None]:
+    def process_results(
+        self, cycle: CycleState, request: LLMRequest, results: Mapping[str, ProfileRunResult | None]
+    ) -> tuple[SchedulingResult | None, Exception | None]:
         if results.get("decode") is None:
             return None, RuntimeError("failed to find available decode workers")
         return SchedulingResult({k: v for k, v in results.items()}, "decode"), None
@@ -175,11 +195,17 @@ def test_property_picked_endpoint_passed_filters_and_failed_profiles_are_none(
             return [e for e in endpoints if e.metrics.waiting_queue_size % 2 == 0] if self.ok else []
 
     def profile(name: str, ok: bool) -> SchedulerProfile:
-        return SchedulerProfile(name, filters=[_Gate(ok)], scorers=[WeightedScorer(QueueScorer("q", None))],
-                                picker=RandomPicker("r", PickerParams()))
+        return SchedulerProfile(
+            name,
+            filters=[_Gate(ok)],
+            scorers=[WeightedScorer(QueueScorer("q", None))],
+            picker=RandomPicker("r", PickerParams()),
+        )
 
-    scheduler = Scheduler(_TwoStage("two-stage", None), {"decode": profile("decode", decode_ok),
-                                                         "prefill": profile("prefill", prefill_ok)})
+    scheduler = Scheduler(
+        _TwoStage("two-stage", None),
+        {"decode": profile("decode", decode_ok), "prefill": profile("prefill", prefill_ok)},
+    )
     result, err = scheduler.schedule(CycleState(), request(), eps)
     any_even = any(q % 2 == 0 for q in queues)
     if not (decode_ok and any_even):

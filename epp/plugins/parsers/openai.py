@@ -86,7 +86,9 @@ class OpenAIParser(Parser):
         except orjson.JSONDecodeError as e:
             raise _bad(f"error unmarshaling request bodyMap: {e}") from None
         if not isinstance(payload, dict):
-            raise _bad(f"error unmarshaling request bodyMap: expected a JSON object, got {type(payload).__name__}")
+            raise _bad(
+                f"error unmarshaling request bodyMap: expected a JSON object, got {type(payload).__name__}"
+            )
         path = headers.get(":path") or headers.get("x-original-path") or headers.get("x-forwarded-path")
         api = api_for_path(path) if path else ApiKind.COMPLETIONS
         _validate(api, payload)

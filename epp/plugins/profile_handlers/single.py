@@ -45,7 +45,7 @@ class SingleProfileHandler(ProfileHandler):
                 "single profile handler is intended to be used with a single profile, "
                 "failed to process multiple profiles"
             )
-        (name, result), = results.items()
+        ((name, result),) = results.items()
         if result is None:
             return None, SchedulingError(f"failed to run scheduler profile '{name}'")
         return SchedulingResult({name: result}, name), None
