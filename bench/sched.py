@@ -1,0 +1,248 @@
+"""Benchmark one scheduling cycle as the director runs it: producers, ``Scheduler.schedule``, PreRequest.
+
+Run: ``.venv/bin/python bench/sched.py [--iterations N] [--endpoints 10,100,1000] [--seed S]``.
+
+Configurations (built directly from plugin classes, not through the config loader):
+
+* ``default``: the default profile: ``queue-scorer`` w2 + ``kv-cache-utilization-scorer`` w2 +
+  ``prefix-cache-scorer`` w3 (with ``approx-prefix-cache-producer``), ``max-score-picker``,
+  ``single-profile-handler``.
+* ``pd``: a prefill/decode configuration. ``build_pd`` is a placeholder for the owner of
+  ``disagg-profile-handler`` to fill; the row is skipped while it returns None or while the type is
+  not registered.
+
+Setup per endpoint count: endpoints with random queue lengths and KV utilisation; a prefix index
+warmed with unrelated prompts on every endpoint plus, on a few endpoints, the benchmark prompt's
+prefix (some hold the whole prompt, some only its first half); a ~1 KB chat prompt. Each iteration
+builds a fresh request (so the lazily derived prompt text is paid for inside the producer) and a
+fresh cycle state, then times produce -> schedule -> pre_request. PreRequest keeps updating the
+index, as in production. Plugin-duration metrics are off (the scheduler's timer is None). Prints the
+median and p99 in microseconds per configuration and endpoint count, with a per-stage breakdown.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import random
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import orjson
+
+from epp.framework import (
+    ApiKind,
+    CycleState,
+    DataProducer,
+    Endpoint,
+    EndpointMetadata,
+    LLMRequest,
+    Metrics,
+    NoParams,
+    PreRequest,
+    ProfileRunResult,
+    RequestBody,
+    SchedulingResult,
+    registry,
+)
+from epp.plugins.pickers._common import PickerParams
+from epp.plugins.pickers.max_score import MaxScorePicker
+from epp.plugins.producers.approx_prefix_cache import ApproxPrefixCacheParams, ApproxPrefixCacheProducer
+from epp.plugins.profile_handlers.single import SingleProfileHandler
+from epp.plugins.scorers.kv_cache_utilization import KVCacheUtilizationScorer
+from epp.plugins.scorers.prefix_cache import PrefixCacheScorer, PrefixCacheScorerParams
+from epp.plugins.scorers.queue import QueueScorer
+from epp.scheduling import Scheduler, SchedulerProfile, WeightedScorer
+
+MODEL = "meta-llama/Llama-3.1-8B-Instruct"
+SYSTEM_PROMPT = (
+    "You are a meticulous assistant for a logistics company. Answer questions about shipments, "
+    "customs paperwork, carrier schedules and warehouse capacity. Always cite the document you relied "
+    "on, state your confidence, and never invent tracking numbers. If a question is ambiguous, ask one "
+    "clarifying question before answering. Keep answers under two hundred words unless the user asks "
+    "for detail. Use metric units, ISO dates and 24-hour times. When you list options, number them and "
+    "put the recommended option first, followed by a one-sentence justification for each choice made. "
+)
+
+
+@dataclass(slots=True)
+class Setup:
+    """One benchmark configuration: what the director would hold after loading a config."""
+
+    name: str
+    producers: list[DataProducer]
+    scheduler: Scheduler
+    pre_request: list[PreRequest]
+
+
+def chat_payload(user_text: str) -> dict[str, object]:
+    return {
+        "model": MODEL,
+        "messages": [
+            {"role": "system", "content": SYSTEM_PROMPT},
+            {"role": "user", "content": user_text},
+        ],
+        "max_tokens": 256,
+    }
+
+
+def make_request(payload: dict[str, object], raw: bytes, i: int) -> LLMRequest:
+    body = RequestBody(ApiKind.CHAT_COMPLETIONS, payload, raw)
+    return LLMRequest(f"req-{i}", body, {}, MODEL, MODEL, request_size_bytes=len(raw))
+
+
+def make_endpoints(n: int, rnd: random.Random) -> list[Endpoint]:
+    return [
+        Endpoint(
+            EndpointMetadata(
+                f"vllm-{i // 2}-rank-{i % 2}", f"10.{i // 65536}.{(i // 256) % 256}.{i % 256}", 8000
+            ),
+            Metrics(
+                waiting_queue_size=rnd.randint(0, 20),
+                running_requests_size=rnd.randint(0, 64),
+                kv_cache_usage_percent=rnd.random(),
+                update_time=time.monotonic(),
+            ),
+        )
+        for i in range(n)
+    ]
+
+
+def build_default() -> Setup:
+    producer = ApproxPrefixCacheProducer("approx-prefix-cache-producer", ApproxPrefixCacheParams())
+    profile = SchedulerProfile(
+        "default",
+        scorers=[
+            WeightedScorer(QueueScorer("queue-scorer", NoParams()), 2.0),
+            WeightedScorer(KVCacheUtilizationScorer("kv-cache-utilization-scorer", NoParams()), 2.0),
+            WeightedScorer(PrefixCacheScorer("prefix-cache-scorer", PrefixCacheScorerParams()), 3.0),
+        ],
+        picker=MaxScorePicker("max-score-picker", PickerParams()),
+    )
+    scheduler = Scheduler(SingleProfileHandler("single-profile-handler", NoParams()), {"default": profile})
+    return Setup("default", [producer], scheduler, [producer])
+
+
+def build_pd() -> Setup | None:
+    """Placeholder: the P/D configuration (prefill + decode profiles, ``disagg-profile-handler``).
+
+    To be filled by the owner of ``disagg-profile-handler``: two profiles (``prefill`` with
+    ``prefill-filter``, ``decode`` with ``decode-filter``, each with the default scorers and a
+    ``max-score-picker``), a decider (e.g. ``prefix-based-pd-decider``), the handler, and PreRequest
+    plugins = [approx producer, handler]. Endpoints then need ``llm-d.ai/role`` labels. Returning
+    None skips the row.
+    """
+    return None
+
+
+BUILDERS: dict[str, tuple[Callable[[], Setup | None], str | None]] = {
+    "default": (build_default, None),
+    "pd": (build_pd, "disagg-profile-handler"),
+}
+
+
+async def warm(
+    setup: Setup, endpoints: list[Endpoint], prompt_payload: dict[str, object], rnd: random.Random
+) -> None:
+    """Fill the prefix index: background prompts everywhere, the benchmark prefix on a few endpoints."""
+
+    async def route(payload: dict[str, object], target: Endpoint, i: int) -> None:
+        raw = orjson.dumps(payload)
+        req = make_request(payload, raw, i)
+        cycle = CycleState()
+        for p in setup.producers:
+            await p.produce(cycle, req, endpoints)
+        result = SchedulingResult({"default": ProfileRunResult([target])}, "default")
+        for plugin in setup.pre_request:
+            plugin.pre_request(cycle, req, result)
+
+    i = 0
+    for e in endpoints:  # unrelated traffic: 20 distinct prompts per endpoint
+        for _ in range(20):
+            words = " ".join(f"w{rnd.randrange(10**6)}" for _ in range(120))
+            await route(chat_payload(words), e, i)
+            i += 1
+    messages = prompt_payload["messages"]
+    assert isinstance(messages, list)
+    user = messages[1]["content"]
+    half = dict(
+        prompt_payload, messages=[messages[0], {"role": "user", "content": user[: len(user) // 2] + "!"}]
+    )
+    holders = rnd.sample(endpoints, k=max(2, len(endpoints) // 10))
+    for j, e in enumerate(holders):  # 10 % of the endpoints share the prefix: half hold it all
+        await route(prompt_payload if j % 2 == 0 else half, e, i)
+        i += 1
+
+
+async def measure(setup: Setup, n_endpoints: int, iterations: int, seed: int) -> dict[str, list[float]]:
+    rnd = random.Random(seed)
+    endpoints = make_endpoints(n_endpoints, rnd)
+    user_text = "Shipment 4471 left Rotterdam on 2025-03-02. " * 7  # system + user ~ 1 KB of JSON
+    payload = chat_payload(user_text)
+    raw = orjson.dumps(payload)
+    await warm(setup, endpoints, payload, rnd)
+    producers, scheduler, pre_request = setup.producers, setup.scheduler, setup.pre_request
+    times: dict[str, list[float]] = {"total": [], "produce": [], "schedule": [], "pre_request": []}
+    perf = time.perf_counter
+    warmup = min(200, iterations // 5)
+    for i in range(warmup + iterations):
+        req = make_request(dict(payload), raw, i)
+        candidates = list(endpoints)
+        cycle = CycleState()
+        t0 = perf()
+        for p in producers:
+            await p.produce(cycle, req, candidates)
+        t1 = perf()
+        result, err = scheduler.schedule(cycle, req, candidates)
+        t2 = perf()
+        if result is None:
+            raise SystemExit(f"{setup.name}: scheduling failed: {err}")
+        for plugin in pre_request:
+            plugin.pre_request(cycle, req, result)
+        t3 = perf()
+        if i >= warmup:
+            times["total"].append(t3 - t0)
+            times["produce"].append(t1 - t0)
+            times["schedule"].append(t2 - t1)
+            times["pre_request"].append(t3 - t2)
+    return times
+
+
+def p99(values: list[float]) -> float:
+    return statistics.quantiles(values, n=100)[98]
+
+
+async def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    ap.add_argument("--iterations", type=int, default=3000)
+    ap.add_argument("--endpoints", default="10,100,1000")
+    ap.add_argument("--seed", type=int, default=1)
+    args = ap.parse_args()
+    counts = [int(x) for x in args.endpoints.split(",")]
+
+    print(
+        f"{'config':<8} {'endpoints':>9} {'median µs':>10} {'p99 µs':>9}   "
+        "produce / schedule / pre_request (median µs)"
+    )
+    for name, (build, needs_type) in BUILDERS.items():
+        if needs_type is not None and registry.lookup(needs_type) is None:
+            print(f"{name:<8} skipped: '{needs_type}' is not registered")
+            continue
+        for n in counts:
+            setup = build()  # a fresh index per row
+            if setup is None:
+                print(f"{name:<8} skipped: no configuration yet (see build_{name})")
+                break
+            t = await measure(setup, n, args.iterations, args.seed)
+            us = {k: [v * 1e6 for v in vs] for k, vs in t.items()}
+            print(
+                f"{name:<8} {n:>9} {statistics.median(us['total']):>10.1f} {p99(us['total']):>9.1f}   "
+                f"{statistics.median(us['produce']):.1f} / {statistics.median(us['schedule']):.1f} / "
+                f"{statistics.median(us['pre_request']):.1f}"
+            )
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

@@ -1,0 +1,188 @@
+"""The approximate prefix index: which endpoints are believed to hold which prompt blocks.
+
+Structure (scheduling.md §2.7, "Indexer"):
+
+* ``hash -> endpoint keys`` (the lookup map), and
+* one LRU of block hashes per endpoint (keyed by endpoint key ``namespace/name``, so every
+  data-parallel rank is tracked separately) whose capacity is fixed when the LRU is created. Evicting a
+  hash from an endpoint's LRU removes that endpoint from the hash's holders; a hash without holders
+  leaves the map.
+
+Memory is therefore bounded by ``Σ capacity`` over the endpoints that received traffic, i.e.
+``#endpoints * capacity`` entries, and ``remove_endpoint`` gives an endpoint's entries back. ``size()``
+is the total number of LRU entries (the ``inference_extension_prefix_indexer_size`` gauge).
+
+Python costs: an entry is one ``OrderedDict`` node in its endpoint's LRU plus, per distinct hash, one
+map slot and the 64-bit int key (roughly 150-200 bytes per entry on CPython 3.11; about 0.6 GB for
+100 endpoints at the default 31,250 blocks each). To keep that down, a hash held by a single endpoint
+(the common case) maps to the endpoint's key string itself; only shared hashes get a ``set``.
+
+Deliberate difference from the reference: ``add`` inserts a request's hashes from the last block to
+the first, so the *first* blocks are the most recently used and eviction drops the tail of a prompt
+before its head. The reference inserts head first, so under eviction pressure it drops block 0 first,
+which makes every later block of that prompt unreachable (matching stops at the first missing block)
+while they keep occupying capacity. Tail-first eviction is also what vLLM's prefix cache does. Without
+evictions both orders give identical results.
+
+Not thread-safe: it is used from the event loop only (scheduling and PreRequest run there).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterable, Sequence
+
+__all__ = ["PrefixIndex"]
+
+
+class _EndpointLRU:
+    """One endpoint's block hashes, least recently used first."""
+
+    __slots__ = ("capacity", "entries")
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.entries: OrderedDict[int, None] = OrderedDict()
+
+
+class PrefixIndex:
+    """``hash -> endpoints`` with one bounded LRU per endpoint (see the module docstring)."""
+
+    __slots__ = ("__weakref__", "_holders", "_lrus", "_size")
+
+    def __init__(self) -> None:
+        # hash -> the single holder's key, or a set of keys when several endpoints hold it
+        self._holders: dict[int, str | set[str]] = {}
+        self._lrus: dict[str, _EndpointLRU] = {}
+        self._size = 0
+
+    # --- reads ------------------------------------------------------------------------------
+
+    def match(self, hashes: Sequence[int]) -> dict[str, int]:
+        """Per endpoint key, how many of ``hashes`` it holds, walking until the first unheld hash.
+
+        The reference walks the hashes, adds 1 to every endpoint in each block's holder set and stops
+        at the first block nobody holds: O(Σ holders) Python steps, i.e. blocks * endpoints when a
+        system prompt is cached everywhere. Here the walk only collects the holder sets (O(blocks)),
+        then goes backwards: an endpoint first met at block i gets i + 1, and a block's holders are
+        only examined when there are more of them than endpoints seen so far. That is
+        O(blocks + endpoints) Python steps, and equal to the reference's count because holder sets
+        along a chain are nested (``S_0 ⊇ S_1 ⊇ ...``): ``add`` inserts a chain tail first, so an
+        endpoint's copy of block j < i is always at least as recent as its copy of block i and the LRU
+        evicts block i first.
+        """
+        holders = self._holders
+        walked: list[str | set[str]] = []
+        for h in hashes:
+            v = holders.get(h)
+            if v is None:
+                break
+            walked.append(v)
+        counts: dict[str, int] = {}
+        for i in range(len(walked) - 1, -1, -1):
+            v = walked[i]
+            if isinstance(v, str):
+                if v not in counts:
+                    counts[v] = i + 1
+            elif len(v) > len(counts):  # nested sets: only a bigger set brings new endpoints
+                counts.update(dict.fromkeys(v - counts.keys(), i + 1))
+        return counts
+
+    def holders(self, h: int) -> frozenset[str]:
+        """The endpoint keys holding block hash ``h`` (empty when none)."""
+        v = self._holders.get(h)
+        if v is None:
+            return frozenset()
+        if isinstance(v, str):
+            return frozenset((v,))
+        return frozenset(v)
+
+    def size(self) -> int:
+        """Total entries over all endpoints' LRUs."""
+        return self._size
+
+    def hash_count(self) -> int:
+        """Distinct block hashes currently held by at least one endpoint."""
+        return len(self._holders)
+
+    def endpoint_keys(self) -> list[str]:
+        return list(self._lrus)
+
+    def entries(self, key: str) -> int:
+        """How many hashes the endpoint ``key`` holds (0 when unknown)."""
+        lru = self._lrus.get(key)
+        return len(lru.entries) if lru is not None else 0
+
+    def capacity(self, key: str) -> int | None:
+        """The fixed LRU capacity of endpoint ``key``, or None when it has no LRU yet."""
+        lru = self._lrus.get(key)
+        return lru.capacity if lru is not None else None
+
+    # --- writes -----------------------------------------------------------------------------
+
+    def add(self, hashes: Sequence[int], key: str, capacity: int) -> None:
+        """Record that endpoint ``key`` now holds ``hashes`` (a prompt's chained block hashes).
+
+        ``capacity`` only matters when the endpoint has no LRU yet: it is fixed at creation.
+        Hashes are inserted last to first (see the module docstring).
+        """
+        lru = self._lrus.get(key)
+        if lru is None:
+            lru = self._lrus[key] = _EndpointLRU(max(1, capacity))
+        entries = lru.entries
+        cap = lru.capacity
+        holders = self._holders
+        added = 0
+        for h in reversed(hashes):
+            if h in entries:
+                entries.move_to_end(h)
+                continue
+            entries[h] = None
+            added += 1
+            v = holders.get(h)
+            if v is None:
+                holders[h] = key
+            elif isinstance(v, str):
+                if v != key:
+                    holders[h] = {v, key}
+            else:
+                v.add(key)
+            if len(entries) > cap:
+                evicted, _ = entries.popitem(last=False)
+                self._unlink(evicted, key)
+                added -= 1
+        self._size += added
+
+    def remove_endpoint(self, key: str) -> int:
+        """Forget everything endpoint ``key`` holds; returns the number of entries dropped."""
+        lru = self._lrus.pop(key, None)
+        if lru is None:
+            return 0
+        for h in lru.entries:
+            self._unlink(h, key)
+        n = len(lru.entries)
+        self._size -= n
+        return n
+
+    def retain(self, live_keys: Iterable[str]) -> list[str]:
+        """Drop every endpoint not in ``live_keys``; returns the keys dropped."""
+        live = live_keys if isinstance(live_keys, set | frozenset) else set(live_keys)
+        gone = [k for k in self._lrus if k not in live]
+        for k in gone:
+            self.remove_endpoint(k)
+        return gone
+
+    def _unlink(self, h: int, key: str) -> None:
+        holders = self._holders
+        v = holders.get(h)
+        if v is None:
+            return
+        if isinstance(v, str):
+            if v == key:
+                del holders[h]
+            return
+        v.discard(key)
+        if len(v) == 1:
+            holders[h] = next(iter(v))
+        elif not v:
+            del holders[h]

@@ -1,0 +1,307 @@
+"""``approx-prefix-cache-producer``: which endpoints probably hold the prompt's prefix in KV cache.
+
+Type: ``approx-prefix-cache-producer`` (DataProducer + PreRequest). Produces
+``PREFIX_CACHE_MATCH_INFO_KEY``; auto-created by the config loader when a plugin consumes that key
+(``prefix-cache-scorer``, the disagg handler, ...) and none produces it.
+
+Parameters (defaults):
+
+* ``autoTune`` (true): block size from the first candidate's ``cache_block_size`` metric, and an
+  endpoint's LRU capacity from its ``cache_num_blocks`` metric, when those are known (> 0);
+* ``blockSizeTokens`` (16): block size in tokens otherwise; must be > 0 when ``autoTune`` is false;
+* ``maxPrefixBlocksToMatch`` (256): cap on hashed blocks (0 = no cap);
+* ``maxPrefixTokensToMatch`` (0): when > 0 it replaces the cap: ``tokens // block size`` blocks;
+* ``lruCapacityPerServer`` (31250): LRU capacity (blocks) per endpoint when not auto-tuned
+  (0 = 31250);
+* ``blockSize`` (0, deprecated): the old size in characters; setting it while ``blockSizeTokens``
+  keeps its default is an error (the reference's rule), otherwise it is ignored.
+
+Algorithm (scheduling.md §2.7):
+
+* Input bytes: ``request.body.prompt_text`` as UTF-8 (chat: JSON of ``messages``; completions: the
+  prompt, string arrays joined with spaces; responses / conversations / embeddings: JSON, see
+  ``epp.framework.request``). A block is ``blockSizeTokens * 4`` bytes (4 characters per token, so no
+  tokenizer is needed). Input shorter than one block gives no hashes (all scores 0, quirk D6: kept
+  for scoring parity). Input is truncated to ``maxBlocks`` blocks; a trailing partial block is hashed
+  and counts toward ``totalBlocks``.
+* ``seed = xxhash64(target_model ‖ cache_salt)`` (so the index is model/LoRA- and salt-aware);
+  ``h_i = xxhash64(block_i ‖ little_endian_u64(h_{i-1}))`` with ``h_{-1} = seed``: a match on block i
+  implies that all earlier blocks match.
+* Produce: walk the hashes in order, count for every endpoint the blocks it holds, stop at the first
+  hash nobody holds (the reference's result, computed in O(blocks + endpoints): see
+  ``PrefixIndex.match``); write ``PrefixCacheMatchInfo(match, total, blockSizeTokens)`` for **every**
+  candidate (match 0 when nothing matched). Hashes and matches are kept in the cycle state until
+  PreRequest. Cost: O(prompt bytes) in xxhash's C code (one call per block, no per-character Python
+  work) plus O(blocks + candidates) dict operations; ``PrefixCacheMatchInfo`` objects are shared
+  between endpoints with the same match.
+* PreRequest: add the hashes to the LRU of the primary profile's first target and of the ``prefill``
+  profile's first target (when that stage ran); record ``..._prefix_indexer_hit_ratio`` and
+  ``..._hit_bytes`` (``match * block size * 4``) for the primary target.
+* Endpoints that left the pool (not in ``handle.endpoints()``) are dropped from the index at most
+  every 2 minutes, checked lazily when a request is produced (an empty endpoint list is taken as
+  "unknown", not as "everything was removed"). ``remove_endpoint`` drops one at once (for a store
+  listener). ``inference_extension_prefix_indexer_size`` is computed at scrape time.
+
+Deliberate differences from the reference:
+
+* D5: the configured name is kept (the reference always names the producer after its type) and
+  ``lruCapacityPerServer`` really is the capacity when not auto-tuned (the reference always uses
+  31250). Parameters given to ``prefix-cache-scorer`` reach the auto-created producer (see that
+  scorer).
+* The index is updated synchronously in PreRequest (the reference uses a goroutine): it costs a few
+  microseconds, and the next request sees it deterministically.
+* Eviction order inside one prompt is tail first (see ``_prefix_index``).
+* ``maxPrefixBlocksToMatch: 0`` means "no cap" (as in current llm-d) rather than "hash nothing".
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import cast
+
+import xxhash
+
+from epp.framework import (
+    CycleState,
+    DataProducer,
+    Endpoint,
+    Handle,
+    LLMRequest,
+    PreRequest,
+    SchedulingResult,
+    register,
+)
+from epp.framework.attributes import PREFIX_CACHE_MATCH_INFO_KEY, PrefixCacheMatchInfo
+from epp.plugins.producers import _prefix_metrics
+from epp.plugins.producers._prefix_index import PrefixIndex
+
+__all__ = [
+    "DEFAULT_BLOCK_SIZE_TOKENS",
+    "DEFAULT_LRU_CAPACITY_PER_SERVER",
+    "ApproxPrefixCacheParams",
+    "ApproxPrefixCacheProducer",
+    "block_hashes",
+    "hash_seed",
+]
+
+DEFAULT_BLOCK_SIZE_TOKENS = 16
+DEFAULT_MAX_PREFIX_BLOCKS = 256
+DEFAULT_LRU_CAPACITY_PER_SERVER = 31250  # ~500K tokens of KV cache / 16-token blocks (scheduling.md §7)
+CHARS_PER_TOKEN = 4
+PREFILL_PROFILE = "prefill"
+SWEEP_INTERVAL_SECONDS = 120.0
+
+_xxh64 = xxhash.xxh64_intdigest
+
+
+@dataclass(slots=True, frozen=True)
+class ApproxPrefixCacheParams:
+    """Parameters of ``approx-prefix-cache-producer`` (camelCase in YAML)."""
+
+    auto_tune: bool = True
+    block_size_tokens: int = DEFAULT_BLOCK_SIZE_TOKENS
+    max_prefix_blocks_to_match: int = DEFAULT_MAX_PREFIX_BLOCKS
+    max_prefix_tokens_to_match: int = 0
+    lru_capacity_per_server: int = DEFAULT_LRU_CAPACITY_PER_SERVER
+    block_size: int = 0  # deprecated: a size in characters
+
+    def validate(self) -> str | None:
+        if self.block_size_tokens < 0:
+            return "blockSizeTokens: must be > 0"
+        if self.block_size_tokens == 0 and not self.auto_tune:
+            return "blockSizeTokens: must be > 0 when autoTune is false"
+        if self.max_prefix_blocks_to_match < 0:
+            return "maxPrefixBlocksToMatch: must be >= 0 (0 = no cap)"
+        if self.max_prefix_tokens_to_match < 0:
+            return "maxPrefixTokensToMatch: must be >= 0"
+        if self.lru_capacity_per_server < 0:
+            return f"lruCapacityPerServer: must be >= 0 (0 = {DEFAULT_LRU_CAPACITY_PER_SERVER})"
+        if self.block_size < 0:
+            return "blockSize: must be >= 0"
+        if self.block_size > 0 and self.block_size_tokens == DEFAULT_BLOCK_SIZE_TOKENS:
+            return (
+                "blockSize: deprecated (a block size in characters); set blockSizeTokens "
+                f"(tokens, 4 characters each, e.g. {max(1, self.block_size // CHARS_PER_TOKEN)}) instead"
+            )
+        return None
+
+    @property
+    def lru_capacity(self) -> int:
+        """The per-endpoint capacity used when not auto-tuned (D5: the parameter is honoured)."""
+        return (
+            self.lru_capacity_per_server
+            if self.lru_capacity_per_server > 0
+            else DEFAULT_LRU_CAPACITY_PER_SERVER
+        )
+
+
+def hash_seed(target_model: str, cache_salt: str = "") -> int:
+    """``xxhash64(target_model ‖ cache_salt)``: the ``h_{-1}`` of every prompt's chain."""
+    return _xxh64((target_model + cache_salt).encode())
+
+
+def block_hashes(data: bytes, seed: int, block_chars: int, max_blocks: int | None) -> list[int]:
+    """Chained block hashes of ``data``: ``h_i = xxhash64(block_i ‖ le64(h_{i-1}))``, ``h_{-1} = seed``.
+
+    Blocks are ``block_chars`` bytes; the trailing partial block is hashed too. Input shorter than one
+    block gives no hash (quirk D6). ``max_blocks`` (None = no cap) truncates the input first.
+    """
+    n = len(data)
+    if block_chars <= 0 or n < block_chars:
+        return []
+    if max_blocks is not None:
+        limit = max_blocks * block_chars
+        if n > limit:
+            data = data[:limit]
+            n = limit
+    out: list[int] = []
+    append = out.append
+    prev = seed
+    for i in range(0, n, block_chars):
+        prev = _xxh64(data[i : i + block_chars] + prev.to_bytes(8, "little"))
+        append(prev)
+    return out
+
+
+@dataclass(slots=True)
+class _MatchState:
+    """What Produce leaves for PreRequest (the reference's PluginState entry)."""
+
+    hashes: list[int]
+    counts: dict[str, int]
+    block_size_tokens: int
+
+
+@register
+class ApproxPrefixCacheProducer(DataProducer, PreRequest):
+    type_name = "approx-prefix-cache-producer"
+    Params = ApproxPrefixCacheParams
+    params: ApproxPrefixCacheParams
+    produces = frozenset({PREFIX_CACHE_MATCH_INFO_KEY})
+
+    def __init__(
+        self, name: str, params: ApproxPrefixCacheParams | None = None, handle: Handle | None = None
+    ) -> None:
+        params = params if params is not None else ApproxPrefixCacheParams()
+        super().__init__(name, params, handle)
+        self._handle = handle
+        self._auto_tune = params.auto_tune
+        self._block_size_tokens = params.block_size_tokens or DEFAULT_BLOCK_SIZE_TOKENS
+        self._lru_capacity = params.lru_capacity
+        self._state_key = f"{self.type_name}/{name}"
+        self.index = PrefixIndex()
+        _prefix_metrics.track_index(self.index)
+        self._seeds: dict[tuple[str, str], int] = {}
+        self._keys: dict[Endpoint, str] = {}  # endpoint (identity) -> key, saves an f-string per use
+        self._next_sweep = time.monotonic() + SWEEP_INTERVAL_SECONDS
+
+    # --- request path -------------------------------------------------------------------------
+
+    async def produce(self, cycle: CycleState, request: LLMRequest, endpoints: list[Endpoint]) -> None:
+        now = time.monotonic()
+        if now >= self._next_sweep:
+            self._sweep(now)
+        bs = self._effective_block_size(endpoints)
+        hashes = self.hashes(request, bs)
+        total = len(hashes)
+        counts = self.index.match(hashes) if total else {}
+        cycle[self._state_key] = _MatchState(hashes, counts, bs)
+
+        zero = PrefixCacheMatchInfo(0, total, bs)
+        if not counts:
+            cycle[PREFIX_CACHE_MATCH_INFO_KEY] = dict.fromkeys(endpoints, zero)
+            return
+        # one shared info per distinct match length; C-level passes over the candidates
+        info_of: dict[int | None, PrefixCacheMatchInfo] = {
+            c: PrefixCacheMatchInfo(c, total, bs) for c in set(counts.values())
+        }
+        info_of[None] = zero
+        cached = list(map(self._keys.get, endpoints))
+        if None in cached:
+            keys = [k if k is not None else self._key(e) for e, k in zip(endpoints, cached, strict=True)]
+        else:
+            keys = cast("list[str]", cached)
+        cycle[PREFIX_CACHE_MATCH_INFO_KEY] = dict(
+            zip(endpoints, map(info_of.__getitem__, map(counts.get, keys)), strict=True)
+        )
+
+    def pre_request(self, cycle: CycleState, request: LLMRequest, result: SchedulingResult) -> None:
+        state: _MatchState | None = cycle.pop(self._state_key, None)  # per-request state ends here
+        primary = result.primary
+        if state is None or primary is None or not primary.target_endpoints:
+            return
+        target = primary.target_endpoints[0]
+        target_key = self._key(target)
+        if state.hashes:
+            self.index.add(state.hashes, target_key, self._capacity_for(target))
+            prefill = result.profile_results.get(PREFILL_PROFILE)
+            if prefill is not None and prefill.target_endpoints:
+                pt = prefill.target_endpoints[0]
+                pk = self._key(pt)
+                if pk != target_key:
+                    self.index.add(state.hashes, pk, self._capacity_for(pt))
+        block_bytes = state.block_size_tokens * CHARS_PER_TOKEN
+        _prefix_metrics.record_match(
+            state.counts.get(target_key, 0) * block_bytes, len(state.hashes) * block_bytes
+        )
+
+    # --- helpers ------------------------------------------------------------------------------
+
+    def hashes(self, request: LLMRequest, block_size_tokens: int) -> list[int]:
+        """The request's chained block hashes for a block size in tokens (public for tests/tools)."""
+        body = request.body
+        seed_key = (request.target_model, body.cache_salt)
+        seed = self._seeds.get(seed_key)
+        if seed is None:
+            if len(self._seeds) >= 4096:
+                self._seeds.clear()
+            seed = self._seeds[seed_key] = hash_seed(*seed_key)
+        return block_hashes(
+            body.prompt_text.encode(),
+            seed,
+            block_size_tokens * CHARS_PER_TOKEN,
+            self._max_blocks(block_size_tokens),
+        )
+
+    def _max_blocks(self, block_size_tokens: int) -> int | None:
+        p = self.params
+        if p.max_prefix_tokens_to_match > 0:
+            return p.max_prefix_tokens_to_match // block_size_tokens
+        return p.max_prefix_blocks_to_match or None
+
+    def _effective_block_size(self, endpoints: list[Endpoint]) -> int:
+        if self._auto_tune and endpoints:
+            bs = endpoints[0].metrics.cache_block_size
+            if bs > 0:
+                return bs
+        return self._block_size_tokens
+
+    def _capacity_for(self, endpoint: Endpoint) -> int:
+        if self._auto_tune:
+            n = endpoint.metrics.cache_num_blocks
+            if n > 0:
+                return n
+        return self._lru_capacity
+
+    def _key(self, endpoint: Endpoint) -> str:
+        k = self._keys.get(endpoint)
+        if k is None:
+            k = self._keys[endpoint] = endpoint.metadata.key
+        return k
+
+    def remove_endpoint(self, key: str) -> int:
+        """Drop an endpoint's entries now (e.g. from a store ``on_remove`` listener)."""
+        self._keys = {e: k for e, k in self._keys.items() if k != key}
+        return self.index.remove_endpoint(key)
+
+    def _sweep(self, now: float) -> None:
+        """Drop index entries and cached keys of endpoints that left the pool."""
+        self._next_sweep = now + SWEEP_INTERVAL_SECONDS
+        live = list(self._handle.endpoints()) if self._handle is not None else []
+        if not live:
+            self._keys.clear()  # re-filled lazily; keeps removed Endpoint objects from piling up
+            return
+        live_set = set(live)
+        self._keys = {e: k for e, k in self._keys.items() if e in live_set}
+        self.index.retain({e.metadata.key for e in live})
