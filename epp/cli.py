@@ -43,11 +43,11 @@ def _config_text(args: argparse.Namespace) -> tuple[str | None, str]:
     return args.config_text, "--config-text"
 
 
-def _load(text: str | None, source: str) -> Any:
+def _load(text: str | None, source: str, endpoints: Callable[[], Any] | None = None) -> Any:
     from epp.config import ConfigError, load_config
 
     try:
-        cfg = load_config(text, source=source)
+        cfg = load_config(text, source=source, endpoints=endpoints)
     except ConfigError as e:
         print(f"error: invalid configuration {source}: {e}", file=sys.stderr)
         raise SystemExit(2) from None
@@ -94,10 +94,12 @@ def _add_serve(sub: Any) -> None:
 
 def _serve(args: argparse.Namespace) -> int:
     from epp import logs
+    from epp.datalayer.store import EndpointStore
     from epp.server.app import EppServer, ServeOptions
 
     logs.configure(args.log_level)
-    cfg = _load(*_config_text(args))
+    store = EndpointStore()
+    cfg = _load(*_config_text(args), endpoints=store.endpoints)
     if cfg.discovery is None:
         print(
             "error: no endpoint source: set dataLayer.discovery to a file-discovery plugin "
@@ -125,7 +127,7 @@ def _serve(args: argparse.Namespace) -> int:
     )
 
     async def main() -> None:
-        await EppServer(cfg, opts).run()
+        await EppServer(cfg, opts, store).run()
 
     try:
         run_async(main)

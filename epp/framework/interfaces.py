@@ -16,7 +16,7 @@ from __future__ import annotations
 import abc
 from collections.abc import Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar, Protocol, runtime_checkable
 
 from epp.framework.endpoint import Endpoint, EndpointMetadata
 from epp.framework.errors import InferenceError
@@ -225,6 +225,13 @@ class EndpointDiscovery(Plugin, abc.ABC):
 
     async def stop(self) -> None:
         return None
+
+
+@runtime_checkable
+class EndpointStateHolder(Protocol):
+    """A plugin keeping per-endpoint state (an index, counters): told when an endpoint leaves."""
+
+    def remove_endpoint(self, key: str) -> None: ...
 
 
 class DataSource(Plugin):

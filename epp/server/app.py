@@ -23,6 +23,7 @@ from epp.config import LoadedConfig
 from epp.datalayer.pool_gauges import PoolGauges
 from epp.datalayer.scraper import MetricsScraper
 from epp.datalayer.store import EndpointStore
+from epp.framework import Endpoint, EndpointStateHolder
 from epp.scheduling import Scheduler
 from epp.server.director import Director, DirectorHooks
 from epp.server.extproc import ExternalProcessor, StreamOptions
@@ -72,10 +73,15 @@ def _bind(server: grpc.aio.Server, address: str, opts: ServeOptions) -> None:
 class EppServer:
     """The running EPP; ``run()`` serves until ``stop()`` or a signal."""
 
-    def __init__(self, cfg: LoadedConfig, opts: ServeOptions) -> None:
+    def __init__(self, cfg: LoadedConfig, opts: ServeOptions, store: EndpointStore | None = None) -> None:
         self.cfg = cfg
         self.opts = opts
-        self.store = EndpointStore()
+        self.store = store or EndpointStore()
+        self._state_holders = [p for p in cfg.plugins.values() if isinstance(p, EndpointStateHolder)]
+        if (
+            self._state_holders
+        ):  # release per-endpoint plugin state (prefix index, counters) with the endpoint
+            self.store.subscribe(on_remove=self._endpoint_removed)
         self.health = Health()
         self._stop = asyncio.Event()
         scheduler = cfg.scheduler
@@ -111,6 +117,10 @@ class EppServer:
 
     def stop(self) -> None:
         self._stop.set()
+
+    def _endpoint_removed(self, endpoint: Endpoint) -> None:
+        for holder in self._state_holders:
+            holder.remove_endpoint(endpoint.metadata.key)
 
     async def run(self) -> None:
         opts, cfg = self.opts, self.cfg

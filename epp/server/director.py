@@ -191,7 +191,10 @@ class Director:
 
         for plugin in hooks.pre_request:
             t0 = time.perf_counter()
-            plugin.pre_request(cycle, request, result)
+            try:
+                plugin.pre_request(cycle, request, result)
+            except Exception as exc:  # the request is routed anyway; request_done still runs later
+                log.warning("pre-request hook failed", plugin=plugin.typed_name, error=str(exc))
             metrics.observe_plugin("PreRequest", plugin, time.perf_counter() - t0)
 
         changed = target != incoming
