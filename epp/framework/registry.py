@@ -11,7 +11,11 @@ from __future__ import annotations
 from importlib.metadata import entry_points
 from typing import TypeVar
 
+import structlog
+
 from epp.framework.interfaces import Plugin
+
+log = structlog.get_logger("epp.registry")
 
 P = TypeVar("P", bound=type[Plugin])
 
@@ -43,15 +47,23 @@ def registered_types() -> list[str]:
     return sorted(_REGISTRY)
 
 
-def load_entry_points() -> None:
-    """Import built-ins and every ``epp.plugins`` entry point (once)."""
+def load_entry_points(*, reload: bool = False) -> None:
+    """Import built-ins and every ``epp.plugins`` entry point (once, unless ``reload``).
+
+    An entry point may name a plugin class (registered here under its ``type_name``) or a module
+    whose classes register themselves with ``@register``.
+    """
     global _entry_points_loaded
-    if _entry_points_loaded:
+    if _entry_points_loaded and not reload:
         return
     _entry_points_loaded = True
     import epp.plugins  # noqa: F401 - registers the built-in plugins
 
     for ep in entry_points(group="epp.plugins"):
-        obj = ep.load()
+        try:
+            obj = ep.load()
+        except Exception as e:  # a broken third-party package must not take the EPP down
+            log.warning("cannot load plugin entry point", entry_point=ep.name, value=ep.value, error=str(e))
+            continue
         if isinstance(obj, type) and issubclass(obj, Plugin) and obj.type_name not in _REGISTRY:
             register(obj)
