@@ -88,6 +88,12 @@ def _add_serve(sub: Any) -> None:
     )
     add_bool(p, "--debug-response-header", True, "add x-went-into-resp-headers: true (reference behaviour)")
     p.add_argument("--grace-period", type=parse_duration, default=5.0, help="drain time on shutdown (5s)")
+    p.add_argument(
+        "--drain-delay",
+        type=parse_duration,
+        default=1.0,
+        help="on shutdown, keep serving this long after readiness turns NOT_SERVING (1s)",
+    )
     p.add_argument("--log-level", default=os.environ.get("EPP_LOG_LEVEL", "info"))
     p.set_defaults(func=_serve)
 
@@ -124,6 +130,7 @@ def _serve(args: argparse.Namespace) -> int:
         max_request_body_bytes=args.max_request_body_bytes,
         debug_response_header=args.debug_response_header,
         grace_period=args.grace_period,
+        drain_delay=args.drain_delay,
     )
 
     async def main() -> None:

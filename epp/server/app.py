@@ -2,8 +2,9 @@
 
 Start-up order: health server (NOT_SERVING) and Prometheus endpoint -> endpoint discovery initial
 load (a failure exits non-zero) -> metrics scraping -> ext_proc server -> readiness SERVING.
-SIGINT/SIGTERM: readiness goes NOT_SERVING, the ext_proc server stops accepting streams and lets
-in-flight ones finish for ``--grace-period`` seconds, then the data layer stops.
+SIGINT/SIGTERM: readiness goes NOT_SERVING; after ``--drain-delay`` (time for Envoy's health checks
+to notice) the ext_proc server stops accepting streams and lets in-flight ones finish for
+``--grace-period`` seconds; then the data layer stops.
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ class ServeOptions:
     max_request_body_bytes: int = 10 << 20
     debug_response_header: bool = True
     grace_period: float = 5.0
+    drain_delay: float = 1.0
 
 
 def _grpc_options(max_body: int) -> list[tuple[str, int]]:
@@ -164,8 +166,11 @@ class EppServer:
             loop.add_signal_handler(sig, self.stop)
         await self._stop.wait()
 
-        log.info("shutting down", grace_s=opts.grace_period)
+        log.info("shutting down", drain_delay_s=opts.drain_delay, grace_s=opts.grace_period)
         await self.health.set_ready(False)
+        # Keep serving while Envoy's health checks notice NOT_SERVING (fail-open setups move to the
+        # fallback route), then stop accepting streams and let in-flight ones finish.
+        await asyncio.sleep(opts.drain_delay)
         await server.stop(opts.grace_period)
         if self.scraper is not None:
             await self.scraper.stop()
