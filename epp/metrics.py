@@ -1,12 +1,15 @@
 """The EPP's own Prometheus metrics, with the reference's names, types and labels.
 
-Metric objects are module-level so any layer can record into them; label children used on the
-hot path are cached by the caller. HELP texts start with ``[ALPHA]`` as in the reference.
+Metric objects are module-level so any layer can record into them. Those recorded per request use
+``epp.promlite`` (plain numbers rendered at scrape time); the rest use prometheus-client directly.
+HELP texts start with ``[ALPHA]`` as in the reference.
 """
 
 from __future__ import annotations
 
-from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge
+
+from epp import promlite
 
 M = ("model_name", "target_model_name")
 
@@ -24,29 +27,29 @@ SIZE_BUCKETS = (*(float(64 * 4**i) for i in range(13)), float(1 << 30))
 
 registry: CollectorRegistry = REGISTRY
 
-REQUEST_TOTAL = Counter(
+REQUEST_TOTAL = promlite.Counter(
     "inference_objective_request_total",
     "[ALPHA] Counter of inference objective requests broken out for each model and target model.",
     [*M, "priority"],
 )
-REQUEST_ERROR_TOTAL = Counter(
+REQUEST_ERROR_TOTAL = promlite.Counter(
     "inference_objective_request_error_total",
     "[ALPHA] Counter of inference objective requests errors broken out for each model and target model.",
     [*M, "error_code"],
 )
-REQUEST_DURATION = Histogram(
+REQUEST_DURATION = promlite.Histogram(
     "inference_objective_request_duration_seconds",
     "[ALPHA] Inference objective response latency distribution in seconds for each model and target model.",
     M,
     buckets=LATENCY_BUCKETS,
 )
-REQUEST_SIZES = Histogram(
+REQUEST_SIZES = promlite.Histogram(
     "inference_objective_request_sizes",
     "[ALPHA] Inference objective requests size distribution in bytes for each model and target model.",
     M,
     buckets=SIZE_BUCKETS,
 )
-RUNNING_REQUESTS = Gauge(
+RUNNING_REQUESTS = promlite.Gauge(
     "inference_objective_running_requests",
     "[ALPHA] Inference objective number of running requests in each model.",
     ["model_name"],
@@ -76,17 +79,18 @@ POOL_PER_POD_QUEUE = Gauge(
     "[ALPHA] The total number of requests pending in the model server queue for each underlying pod.",
     ["name", "model_server_pod"],
 )
-SCHEDULER_E2E = Histogram(
+SCHEDULER_E2E = promlite.Histogram(
     "inference_extension_scheduler_e2e_duration_seconds",
     "[ALPHA] End-to-end scheduling latency distribution in seconds.",
     buckets=SCHEDULER_BUCKETS,
 )
-SCHEDULER_ATTEMPTS = Counter(
+
+SCHEDULER_ATTEMPTS = promlite.Counter(
     "inference_extension_scheduler_attempts_total",
     "[ALPHA] Total number of scheduling attempts.",
     ["status", "target_model_name", "pod_name", "namespace", "port"],
 )
-PLUGIN_DURATION = Histogram(
+PLUGIN_DURATION = promlite.Histogram(
     "inference_extension_plugin_duration_seconds",
     "[ALPHA] Plugin latency distribution in seconds for each extension point, plugin type and plugin name.",
     ["extension_point", "plugin_type", "plugin_name"],
@@ -108,21 +112,25 @@ DATALAYER_EXTRACT_ERRORS = Counter(
     ["source_type", "extractor_type"],
 )
 
+promlite.register(
+    REQUEST_TOTAL,
+    REQUEST_ERROR_TOTAL,
+    REQUEST_DURATION,
+    REQUEST_SIZES,
+    RUNNING_REQUESTS,
+    SCHEDULER_E2E,
+    SCHEDULER_ATTEMPTS,
+    PLUGIN_DURATION,
+)
 
-_children: dict[tuple[int, tuple[str, ...]], object] = {}
-
-
-def child(metric: Counter | Gauge | Histogram, *labels: str) -> object:
-    """The labelled child of ``metric``, cached: ``labels()`` validates and locks on every call."""
-    key = (id(metric), labels)
-    c = _children.get(key)
-    if c is None:
-        c = _children[key] = metric.labels(*labels)
-    return c
+_plugin_children: dict[tuple[str, int], promlite.HistogramChild] = {}
 
 
 def observe_plugin(extension_point: str, plugin: object, seconds: float) -> None:
     """The scheduler's plugin timer: ``inference_extension_plugin_duration_seconds``."""
-    name = getattr(plugin, "name", "")
-    type_name = getattr(plugin, "type_name", "")
-    child(PLUGIN_DURATION, extension_point, type_name, name).observe(seconds)  # type: ignore[attr-defined]
+    key = (extension_point, id(plugin))  # plugins live as long as the process
+    c = _plugin_children.get(key)
+    if c is None:
+        labels = (extension_point, getattr(plugin, "type_name", ""), getattr(plugin, "name", ""))
+        c = _plugin_children[key] = PLUGIN_DURATION.labels(*labels)
+    c.observe(seconds)

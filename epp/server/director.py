@@ -174,20 +174,14 @@ class Director:
         metrics.SCHEDULER_E2E.observe(time.perf_counter() - t0)
         primary = result.primary if result is not None and err is None else None
         if primary is None or not primary.target_endpoints:
-            metrics.child(metrics.SCHEDULER_ATTEMPTS, "failure", target, "", "", "").inc()  # type: ignore[attr-defined]
+            metrics.SCHEDULER_ATTEMPTS.labels("failure", target, "", "", "").inc()
             reason = err if err is not None else "scheduler returned no result for the primary profile"
             raise InferenceError(ErrorCode.RESOURCE_EXHAUSTED, f"failed to find target endpoint: {reason}")
         assert result is not None
         chosen = primary.target_endpoints
         first = chosen[0].metadata
-        metrics.child(  # type: ignore[attr-defined]
-            metrics.SCHEDULER_ATTEMPTS,
-            "success",
-            target,
-            first.pod_name or first.name,
-            first.namespace,
-            str(first.port),
-        ).inc()
+        pod = first.pod_name or first.name
+        metrics.SCHEDULER_ATTEMPTS.labels("success", target, pod, first.namespace, str(first.port)).inc()
 
         for plugin in hooks.pre_request:
             t0 = time.perf_counter()

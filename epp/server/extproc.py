@@ -217,9 +217,9 @@ class _Stream:
         self.started = True
         if routing.request is not None:
             r = routing.request
-            metrics.child(metrics.REQUEST_TOTAL, r.incoming_model, r.target_model, str(r.priority)).inc()  # type: ignore[attr-defined]
-            metrics.child(metrics.REQUEST_SIZES, r.incoming_model, r.target_model).observe(len(routing.body))  # type: ignore[attr-defined]
-            metrics.child(metrics.RUNNING_REQUESTS, r.incoming_model).inc()  # type: ignore[attr-defined]
+            metrics.REQUEST_TOTAL.labels(r.incoming_model, r.target_model, str(r.priority)).inc()
+            metrics.REQUEST_SIZES.labels(r.incoming_model, r.target_model).observe(len(routing.body))
+            metrics.RUNNING_REQUESTS.labels(r.incoming_model).inc()
         if self.req_mode == BUFFERED and not self.header_only:
             return replies.request_body_reply(common, routing.destination)
         return replies.request_headers_reply(common, routing.destination)
@@ -322,14 +322,14 @@ class _Stream:
         if self.error is not None:
             model = request.incoming_model if request else ""
             target = request.target_model if request else ""
-            metrics.child(metrics.REQUEST_ERROR_TOTAL, model, target, self.error.code.text).inc()  # type: ignore[attr-defined]
+            metrics.REQUEST_ERROR_TOTAL.labels(model, target, self.error.code.text).inc()
         if routing is None or not self.started:
             return
         self.started = False
         self.director.finish(routing)
         if request is not None:
-            metrics.child(metrics.RUNNING_REQUESTS, request.incoming_model).dec()  # type: ignore[attr-defined]
-            metrics.child(metrics.REQUEST_DURATION, request.incoming_model, request.target_model).observe(  # type: ignore[attr-defined]
+            metrics.RUNNING_REQUESTS.labels(request.incoming_model).dec()
+            metrics.REQUEST_DURATION.labels(request.incoming_model, request.target_model).observe(
                 time.monotonic() - self.t_received
             )
 

@@ -36,7 +36,7 @@ def header_mutation(set_headers: Mapping[str, str], remove: Iterable[str] = ()) 
 
 def destination_metadata(destination: str) -> Struct:
     md = Struct()
-    md.update({DESTINATION_NAMESPACE: {DESTINATION_HEADER: destination}})
+    md.fields[DESTINATION_NAMESPACE].struct_value.fields[DESTINATION_HEADER].string_value = destination
     return md
 
 

@@ -8,23 +8,24 @@ Both live in the default Prometheus registry, like ``epp.metrics``.
 
 from __future__ import annotations
 
-from prometheus_client import Counter
+from epp import promlite
 
 DECODE_ONLY = "decode-only"
 PREFILL_DECODE = "prefill-decode"
 ENCODE_DECODE = "encode-decode"
 ENCODE_PREFILL_DECODE = "encode-prefill-decode"
 
-DISAGG_DECISION_TOTAL = Counter(
+DISAGG_DECISION_TOTAL = promlite.Counter(
     "llm_d_inference_scheduler_disagg_decision_total",
     "[ALPHA] Total number of disaggregation routing decisions made",
     ["model_name", "decision_type"],
 )
-PD_DECISION_TOTAL = Counter(
+PD_DECISION_TOTAL = promlite.Counter(
     "llm_d_inference_scheduler_pd_decision_total",
     "[ALPHA] Total number of P/D disaggregation decisions made",
     ["model_name", "decision_type"],
 )
+promlite.register(DISAGG_DECISION_TOTAL, PD_DECISION_TOTAL)
 
 
 def decision_type(encode_used: bool, prefill_used: bool) -> str:
