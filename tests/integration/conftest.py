@@ -144,6 +144,9 @@ class Epp:
         """Rewrite the discovery file atomically (write a temporary file, rename it over)."""
         write_endpoints(self.endpoints_file, sims)
 
+    def set_endpoints_with_labels(self, sims: Sequence[Sim], labels: Mapping[str, Mapping[str, str]]) -> None:
+        write_endpoints(self.endpoints_file, sims, labels)
+
     def stop(self) -> None:
         self.child.stop()
 
@@ -151,7 +154,11 @@ class Epp:
         return request(f"http://127.0.0.1:{self.metrics_port}/metrics").body.decode()
 
 
-def write_endpoints(path: Path, sims: Sequence[Sim]) -> None:
+def write_endpoints(
+    path: Path, sims: Sequence[Sim], labels: Mapping[str, Mapping[str, str]] | None = None
+) -> None:
+    """The file-discovery file for ``sims``; ``labels`` maps a sim name to its endpoint labels."""
+    labels = labels or {}
     doc = {
         "endpoints": [
             {
@@ -159,7 +166,7 @@ def write_endpoints(path: Path, sims: Sequence[Sim]) -> None:
                 "namespace": "default",
                 "address": "127.0.0.1",
                 "port": str(s.port),
-                "labels": {},
+                "labels": dict(labels.get(s.name, {})),
             }
             for s in sims
         ]
@@ -236,16 +243,26 @@ class Rig:
             )
         return started
 
-    def start_epp(self, sims: Sequence[Sim], *, name: str = "epp", extra: Sequence[str] = ()) -> Epp:
+    def start_epp(
+        self,
+        sims: Sequence[Sim],
+        *,
+        name: str = "epp",
+        extra: Sequence[str] = (),
+        config: Mapping[str, Any] | None = None,
+        labels: Mapping[str, Mapping[str, str]] | None = None,
+    ) -> Epp:
+        """The EPP over ``sims`` (file discovery), with an optional scheduling ``config`` document."""
         endpoints_file = self.log_dir / f"{name}-endpoints.yaml"
-        write_endpoints(endpoints_file, sims)
+        write_endpoints(endpoints_file, sims, labels)
         grpc_port, health_port, metrics_port = stack.free_port(), stack.free_port(), stack.free_port()
-        config = yaml.safe_dump(stack.epp_config(endpoints_file), sort_keys=False)
+        document = stack.epp_config(endpoints_file, dict(config) if config is not None else None)
+        config_text = yaml.safe_dump(document, sort_keys=False)
         argv = stack.serve_argv(
             grpc_port=grpc_port,
             health_port=health_port,
             metrics_port=metrics_port,
-            config_text=config,
+            config_text=config_text,
             extra=["--log-level", "warning", *extra],
         )
         child = self.supervisor.start(name, argv)
