@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 PYTHON := $(BIN)/python
 
-.PHONY: install run test test-unit test-integration lint bench-cpu clean
+.PHONY: install run test test-unit test-integration lint bench-cpu bench-sched clean
 
 install: $(VENV)/.installed
 
@@ -33,6 +33,9 @@ lint: install
 
 bench-cpu: install
 	$(PYTHON) bench/cpu_per_request.py
+
+bench-sched: install
+	$(PYTHON) bench/sched.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache

@@ -7,9 +7,8 @@ Configurations (built directly from plugin classes, not through the config loade
 * ``default``: the default profile: ``queue-scorer`` w2 + ``kv-cache-utilization-scorer`` w2 +
   ``prefix-cache-scorer`` w3 (with ``approx-prefix-cache-producer``), ``max-score-picker``,
   ``single-profile-handler``.
-* ``pd``: a prefill/decode configuration. ``build_pd`` is a placeholder for the owner of
-  ``disagg-profile-handler`` to fill; the row is skipped while it returns None or while the type is
-  not registered.
+* ``pd``: the sample prefill/decode configuration with the default scorers in both profiles,
+  ``prefix-based-pd-decider`` and ``disagg-profile-handler`` (loaded through the config loader).
 
 Setup per endpoint count: endpoints with random queue lengths and KV utilisation; a prefix index
 warmed with unrelated prompts on every endpoint plus, on a few endpoints, the benchmark prompt's
@@ -32,6 +31,7 @@ from dataclasses import dataclass
 
 import orjson
 
+from epp.config import load_config
 from epp.framework import (
     ApiKind,
     CycleState,
@@ -97,7 +97,10 @@ def make_endpoints(n: int, rnd: random.Random) -> list[Endpoint]:
     return [
         Endpoint(
             EndpointMetadata(
-                f"vllm-{i // 2}-rank-{i % 2}", f"10.{i // 65536}.{(i // 256) % 256}.{i % 256}", 8000
+                f"vllm-{i // 2}-rank-{i % 2}",
+                f"10.{i // 65536}.{(i // 256) % 256}.{i % 256}",
+                8000,
+                labels={"llm-d.ai/role": "prefill" if i % 2 == 0 else "decode"},
             ),
             Metrics(
                 waiting_queue_size=rnd.randint(0, 20),
@@ -125,16 +128,35 @@ def build_default() -> Setup:
     return Setup("default", [producer], scheduler, [producer])
 
 
-def build_pd() -> Setup | None:
-    """Placeholder: the P/D configuration (prefill + decode profiles, ``disagg-profile-handler``).
+PD_CONFIG = """
+apiVersion: llm-d.ai/v1alpha1
+kind: EndpointPickerConfig
+plugins:
+- {type: prefix-based-pd-decider, parameters: {nonCachedTokens: 16}}
+- {type: disagg-profile-handler, parameters: {deciders: {prefill: prefix-based-pd-decider}}}
+- {type: prefill-filter}
+- {type: decode-filter}
+- {type: prefix-cache-scorer}
+- {type: queue-scorer}
+- {type: kv-cache-utilization-scorer}
+schedulingProfiles:
+- name: prefill
+  plugins: [{pluginRef: prefill-filter}, {pluginRef: prefix-cache-scorer, weight: 3},
+            {pluginRef: queue-scorer, weight: 2}, {pluginRef: kv-cache-utilization-scorer, weight: 2}]
+- name: decode
+  plugins: [{pluginRef: decode-filter}, {pluginRef: prefix-cache-scorer, weight: 3},
+            {pluginRef: queue-scorer, weight: 2}, {pluginRef: kv-cache-utilization-scorer, weight: 2}]
+"""
 
-    To be filled by the owner of ``disagg-profile-handler``: two profiles (``prefill`` with
-    ``prefill-filter``, ``decode`` with ``decode-filter``, each with the default scorers and a
-    ``max-score-picker``), a decider (e.g. ``prefix-based-pd-decider``), the handler, and PreRequest
-    plugins = [approx producer, handler]. Endpoints then need ``llm-d.ai/role`` labels. Returning
-    None skips the row.
+
+def build_pd() -> Setup:
+    """The sample P/D configuration (scheduling.md §3.6) with the default scorers, via the loader.
+
+    Endpoints alternate ``llm-d.ai/role`` prefill/decode; the decider disaggregates when at least
+    16 prompt tokens are not cached on the chosen decode endpoint, so both profiles usually run.
     """
-    return None
+    cfg = load_config(PD_CONFIG)
+    return Setup("pd", list(cfg.producers), cfg.scheduler, list(cfg.pre_request))
 
 
 BUILDERS: dict[str, tuple[Callable[[], Setup | None], str | None]] = {
