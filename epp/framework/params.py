@@ -76,6 +76,15 @@ def _check(value: Any, hint: Any, where: str) -> Any:
     return value
 
 
+def ensure_valid(params: Any) -> None:
+    """Raise ``ConfigError`` for parameters built directly (not through ``decode_params``)."""
+    validate = getattr(params, "validate", None)
+    problem = validate() if validate is not None else None
+    if problem:
+        field_name, _, reason = problem.partition(": ")
+        raise ConfigError(field_name if reason else "", reason or problem)
+
+
 def decode_params(cls: type, raw: Any, where: str) -> Any:
     """Build ``cls`` (a Params dataclass) from raw YAML parameters; ``where`` prefixes error paths."""
     if raw is None:

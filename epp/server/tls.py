@@ -8,14 +8,15 @@ from pathlib import Path
 import grpc
 
 
-def _self_signed() -> tuple[bytes, bytes]:
+def self_signed_pem(common_name: str = "epp") -> tuple[bytes, bytes]:
+    """A fresh EC key and self-signed certificate, as PEM ``(key, cert)``."""
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes, serialization
     from cryptography.hazmat.primitives.asymmetric import ec
     from cryptography.x509.oid import NameOID
 
     key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.ORGANIZATION_NAME, "epp self-signed")])
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
     now = datetime.datetime.now(datetime.UTC)
     cert = (
         x509.CertificateBuilder()
@@ -39,5 +40,5 @@ def server_credentials(cert_path: str | None) -> grpc.ServerCredentials:
         base = Path(cert_path)
         key, cert = (base / "tls.key").read_bytes(), (base / "tls.crt").read_bytes()
     else:
-        key, cert = _self_signed()
+        key, cert = self_signed_pem()
     return grpc.ssl_server_credentials([(key, cert)])

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import datetime
 import ssl
 import time
 from collections.abc import AsyncIterator, Callable
@@ -20,6 +19,7 @@ from epp.framework import ConfigError, Endpoint, EndpointMetadata, Metrics
 from epp.framework.params import decode_params
 from epp.plugins.datalayer.core_metrics_extractor import CoreMetricsExtractor, CoreMetricsExtractorParams
 from epp.plugins.datalayer.metrics_data_source import HttpError, MetricsDataSource, MetricsDataSourceParams
+from epp.server.tls import self_signed_pem
 
 INTERVAL = 0.02
 MODEL = 'engine="0",model_name="meta-llama/Llama-3.1-8B-Instruct"'
@@ -354,31 +354,10 @@ async def test_https_with_insecure_skip_verify(tmp_path: Path) -> None:
 
 
 def _self_signed_context(tmp_path: Path) -> ssl.SSLContext:
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
-
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "metrics.test")])
-    now = datetime.datetime.now(datetime.UTC)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(days=1))
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .sign(key, hashes.SHA256())
-    )
+    key, cert = self_signed_pem("metrics.test")
     cert_file, key_file = tmp_path / "cert.pem", tmp_path / "key.pem"
-    cert_file.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    key_file.write_bytes(
-        key.private_bytes(
-            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-        )
-    )
+    cert_file.write_bytes(cert)
+    key_file.write_bytes(key)
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     context.load_cert_chain(cert_file, key_file)
     return context

@@ -41,8 +41,9 @@ import structlog
 
 from epp.datalayer.promtext import Selector, info_labels, lora_info
 from epp.datalayer.scraper import ExtractResult
-from epp.framework import ConfigError, Endpoint, Extractor, Metrics, register
+from epp.framework import Endpoint, Extractor, Metrics, register
 from epp.framework.interfaces import Handle
+from epp.framework.params import ensure_valid
 
 log = structlog.get_logger("epp.datalayer.extractor")
 
@@ -166,10 +167,7 @@ class CoreMetricsExtractor(Extractor):
     def __init__(self, name: str, params: CoreMetricsExtractorParams, handle: Handle | None = None) -> None:
         super().__init__(name, params, handle)
         self.params: CoreMetricsExtractorParams = params
-        problem = params.validate()
-        if problem:
-            field_name, _, reason = problem.partition(": ")
-            raise ConfigError(field_name, reason)
+        ensure_valid(params)  # also when constructed directly, not through the loader
         configs = dict(BUILTIN_ENGINES)
         for cfg in params.engine_configs:
             configs[cfg.name] = _merge(configs.get(cfg.name), cfg)

@@ -63,6 +63,7 @@ from epp.framework import (
     register,
 )
 from epp.framework.attributes import PREFIX_CACHE_MATCH_INFO_KEY
+from epp.framework.params import ensure_valid
 from epp.plugins.deciders._base import SupportsDisaggregate
 from epp.plugins.profile_handlers import _metrics
 from epp.plugins.profile_handlers.disagg_headers import set_disagg_headers
@@ -200,10 +201,7 @@ class DisaggProfileHandler(ProfileHandler, PreRequest):
 
     def __init__(self, name: str, params: DisaggParams, handle: Handle | None = None) -> None:
         super().__init__(name, params, handle)
-        problem = params.validate()
-        if problem:
-            key, _, reason = problem.partition(": ")
-            raise ConfigError(key, reason)
+        ensure_valid(params)  # also when constructed directly, not through the loader
         self.decode_profile = params.profiles.decode
         self.prefill_profile = params.profiles.prefill
         self.encode_profile = params.profiles.encode

@@ -51,6 +51,7 @@ from epp.framework import (
     register,
 )
 from epp.framework.attributes import PREFIX_CACHE_MATCH_INFO_KEY
+from epp.framework.params import ensure_valid
 from epp.plugins.deciders._base import SupportsDisaggregate
 from epp.plugins.profile_handlers import _metrics
 from epp.plugins.profile_handlers.data_parallel import rewrite_to_primary_port, validate_port
@@ -83,10 +84,7 @@ class PdProfileHandler(ProfileHandler):
 
     def __init__(self, name: str, params: PdParams, handle: Handle | None = None) -> None:
         super().__init__(name, params, handle)
-        problem = params.validate()
-        if problem:
-            key, _, reason = problem.partition(": ")
-            raise ConfigError(key, reason)
+        ensure_valid(params)  # also when constructed directly, not through the loader
         decider_name = params.decider_plugin_name
         plugin = handle.plugin(decider_name) if handle is not None else None
         if plugin is None:
