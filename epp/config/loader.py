@@ -160,8 +160,38 @@ def load_document(
     environ: Mapping[str, str] | None = None,
 ) -> LoadedConfig:
     """Load an already parsed document (a dict as produced by YAML)."""
-    doc = decode_document(raw)
+    doc = decode_document(_with_default_scheduling(raw))
     return _Loader(doc, source, endpoints, os.environ if environ is None else environ).load()
+
+
+def _with_default_scheduling(raw: Any) -> Any:
+    """Give a config that declares no scheduling at all the default scheduling.
+
+    Differs from the reference on purpose: there, a config without profiles gets one profile of
+    whatever filters, scorers and pickers it declares, so a file that only sets up discovery (or a
+    data source) routes at random. Users expect the default profile (queue-scorer x2,
+    kv-cache-utilization-scorer x2, prefix-cache-scorer x3), which is what an empty config gets.
+    Applies only when there are no ``schedulingProfiles`` and no filter, scorer, picker or profile
+    handler among the plugins.
+    """
+    if not isinstance(raw, dict) or raw.get("schedulingProfiles"):
+        return raw
+    plugins = raw.get("plugins") or []
+    if not isinstance(plugins, list) or not all(isinstance(p, dict) for p in plugins):
+        return raw  # malformed: let strict decoding report it
+    scheduling_kinds = (Filter, Scorer, Picker, ProfileHandler)
+    for p in plugins:
+        cls = registry.lookup(str(p.get("type", "")))
+        if cls is not None and issubclass(cls, scheduling_kinds):
+            return raw
+    default = d.default_document()
+    taken = {p.get("name") or p.get("type") for p in plugins}
+    added = []
+    for p in default["plugins"]:
+        cls = registry.lookup(p["type"])
+        if cls is not None and issubclass(cls, (*scheduling_kinds, DataProducer)) and p["type"] not in taken:
+            added.append(p)
+    return {**raw, "plugins": [*plugins, *added], "schedulingProfiles": default["schedulingProfiles"]}
 
 
 class _Handle:

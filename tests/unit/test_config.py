@@ -1094,6 +1094,7 @@ plugins:
 - {name: h2, type: test-hooks}
 - {name: p1, type: test-pre-request}
 - {name: h1, type: test-hooks}
+- {type: random-picker}
 """
     )
     assert [p.name for p in cfg.pre_request] == ["h2", "p1", "h1"]
@@ -1206,7 +1207,7 @@ def test_missing_producer_type_only_warns() -> None:
 
 
 def test_producers_run_after_the_producers_they_consume_from() -> None:
-    cfg = load("plugins:\n- {type: test-producer-a}\n- {type: test-producer-b}\n")
+    cfg = load("plugins:\n- {type: test-producer-a}\n- {type: test-producer-b}\n- {type: random-picker}\n")
     assert [p.name for p in cfg.producers] == ["test-producer-b", "test-producer-a"]
 
 
@@ -1269,3 +1270,20 @@ def test_quantities(text: Any, value: int) -> None:
 def test_durations(text: str, seconds: float) -> None:
     d = parse_duration(text, "x")
     assert d is not None and d.seconds == pytest.approx(seconds)
+
+
+def test_a_config_without_any_scheduling_gets_the_default_profile() -> None:
+    """Only data-layer plugins: the default scheduling, not a random pick (differs from the reference)."""
+    cfg = load("plugins: [{type: metrics-data-source}]\n")
+    summary = profile_summary(cfg)["default"]
+    assert summary["scorers"] == [
+        ("queue-scorer", 2.0),
+        ("kv-cache-utilization-scorer", 2.0),
+        ("prefix-cache-scorer", 3.0),
+    ]
+    assert [p.type_name for p in cfg.producers] == ["approx-prefix-cache-producer"]
+
+
+def test_a_config_with_its_own_scorer_but_no_profiles_keeps_the_reference_behaviour() -> None:
+    cfg = load("plugins: [{type: kv-cache-utilization-scorer}]\n")
+    assert profile_summary(cfg)["default"]["scorers"] == [("kv-cache-utilization-scorer", 1.0)]
