@@ -1,15 +1,31 @@
 """EPP CPU per request and requests/s through a real Envoy (``make bench-cpu``).
 
-For each body mode (BUFFERED and FULL_DUPLEX_STREAMED by default) the script starts the local stack
-of ``epp run`` on free ports (3 simulators answering at once: no prefill, no inter-token delay, one
-output token; the EPP with its default scheduling config; Envoy), warms it up, then R times sends N
-non-streaming ~1 KB chat requests from a separate load-generator process with C concurrent
-connections and reads the EPP's CPU time from ``/proc/<pid>/stat`` (utime + stime) before and after:
+What runs (every port is a free one, every Envoy gets ``--use-dynamic-base-id``):
 
-    EPP CPU µs per request = delta(utime + stime) / N
+* the backends, started once: by default (``--backend static``) B listeners of ONE extra Envoy
+  (``--concurrency 1``) answering with ``direct_response``: ``POST /v1/...`` -> a small fixed
+  OpenAI chat.completion, ``GET /metrics`` -> a small fixed vLLM metrics page (so the EPP's scraper
+  works), ``GET /health`` and ``GET /v1/models``. Nearly free, they leave the machine's cores to the
+  processes under test. ``--backend sim`` uses B ``epp sim`` processes instead (no prefill, no
+  inter-token delay, one output token), as ``epp run`` does; being Python they take much CPU.
+* per body mode (BUFFERED and FULL_DUPLEX_STREAMED by default) and target: the target and a front
+  Envoy with the bootstrap of ``epp.envoy_config.envoy_bootstrap`` (fail-closed, that body mode):
+
+  - ``epp``: ``epp serve`` with its default scheduling config and the backends in a file-discovery
+    endpoints file;
+  - ``stub`` (``--with-stub``, on by default): ``bench/extproc_stub.py``, a minimal ext_proc server
+    on the same gRPC stack that routes every request to the first backend: the gRPC/Envoy floor.
+
+For each target the script warms the stack up, measures its idle CPU, then R times sends N
+non-streaming ~1 KB chat requests from a separate load-generator process with C concurrent
+connections and reads the target's CPU time (utime + stime of all its threads, from
+``/proc/<pid>/stat``) before and after:
+
+    CPU µs per request = delta(utime + stime) / completed requests
 
 The load generator is ``wrk`` with a Lua POST script when ``wrk`` is on PATH (one thread), otherwise
-this script itself in ``--loadgen`` mode (aiohttp on uvloop). The medians over the R runs are printed.
+this script itself in ``--loadgen`` mode (aiohttp on uvloop). The table shows the medians over the R
+runs; ``EPP - stub`` is the EPP's own work per request above the floor every ext_proc server pays.
 """
 
 from __future__ import annotations
@@ -19,6 +35,7 @@ import asyncio
 import json
 import os
 import re
+import shlex
 import shutil
 import signal
 import statistics
@@ -26,13 +43,19 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from epp import stack
+import yaml
+
+from epp import envoy_config, stack
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+MODEL = "demo"
 SIM_ARGS = [
     "--time-to-first-token",
     "0",
@@ -44,6 +67,8 @@ SIM_ARGS = [
     "1024",
 ]
 PATH = "/v1/chat/completions"
+STUB_SCRIPT = Path(__file__).with_name("extproc_stub.py")
+READY_TIMEOUT = 60.0
 
 
 # ------------------------------------------------------------------------------------- measuring
@@ -54,6 +79,16 @@ def cpu_seconds(pid: int) -> float:
     text = Path(f"/proc/{pid}/stat").read_text()
     fields = text[text.rindex(")") + 2 :].split()  # the command name may contain spaces
     return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+
+
+def total_cpu_seconds(pids: Sequence[int]) -> float:
+    return sum(cpu_seconds(pid) for pid in pids)
+
+
+def machine_ticks() -> tuple[int, int]:
+    """(steal, total) clock ticks of all CPUs from ``/proc/stat``: time the hypervisor took away."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
+    return fields[7], sum(fields)
 
 
 def idle_cpu_rate(pid: int, seconds: float) -> float:
@@ -67,12 +102,20 @@ def idle_cpu_rate(pid: int, seconds: float) -> float:
 
 def chat_body(size: int = 1024) -> bytes:
     """A non-streaming chat request of about ``size`` bytes."""
-    base = {"model": "demo", "max_tokens": 1, "messages": [{"role": "user", "content": ""}]}
+    base = {"model": MODEL, "max_tokens": 1, "messages": [{"role": "user", "content": ""}]}
     filler = size - len(json.dumps(base))
     base["messages"][0]["content"] = ("The quick brown fox jumps over the lazy dog. " * (size // 40 + 1))[
         : max(filler, 0)
     ]
     return json.dumps(base).encode()
+
+
+def cpu_count() -> int:
+    """What ``nproc`` prints: the CPUs this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        return os.cpu_count() or 0
 
 
 @dataclass
@@ -105,28 +148,69 @@ end
 """
 
 
-def run_wrk(url: str, body_file: Path, requests: int, connections: int, workdir: Path) -> LoadResult:
-    """Run wrk (one thread) until it has ``requests`` responses.
+class LoadGenerator:
+    """``wrk`` (one thread, stopped by its Lua script after N responses) or the Python fallback."""
 
-    wrk is duration-based: the Lua script stops its thread after ``requests`` responses and drops a
-    marker file; this function then sends SIGINT, on which wrk prints its summary and exits.
-    """
-    marker = workdir / "wrk.done"
-    marker.unlink(missing_ok=True)
-    script = workdir / "post.lua"
-    script.write_text(WRK_SCRIPT % {"body": body_file, "requests": requests, "marker": marker})
-    argv = ["wrk", "-t1", f"-c{connections}", "-d3600s", "--timeout", "30s", "-s", str(script), url]
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        while not marker.exists() and proc.poll() is None:
-            time.sleep(0.01)
-        proc.send_signal(signal.SIGINT)
-        out, _ = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    return parse_wrk(out)
+    def __init__(self, tool: str, body_file: Path, connections: int, workdir: Path) -> None:
+        self.tool = tool
+        self.body_file = body_file
+        self.connections = connections
+        self.workdir = workdir
+
+    def argv(self, url: str, requests: int) -> list[str]:
+        """The exact command line of one run (for wrk it also writes the Lua script it names)."""
+        if self.tool == "wrk":
+            script = self.workdir / f"post-{requests}.lua"
+            script.write_text(
+                WRK_SCRIPT % {"body": self.body_file, "requests": requests, "marker": self._marker}
+            )
+            c = self.connections
+            return ["wrk", "-t1", f"-c{c}", "-d3600s", "--timeout", "30s", "-s", str(script), url]
+        return [
+            sys.executable,
+            str(Path(__file__).resolve()),
+            "--loadgen",
+            url,
+            str(self.body_file),
+            str(requests),
+            str(self.connections),
+        ]
+
+    @property
+    def _marker(self) -> Path:
+        return self.workdir / "wrk.done"
+
+    def run(self, url: str, requests: int, alive: Callable[[], None]) -> LoadResult:
+        """One run; ``alive()`` raises when a process of the stack died (checked while waiting)."""
+        argv = self.argv(url, requests)
+        timeout = 60.0 + requests / 100.0  # far slower than any healthy stack
+        if self.tool == "wrk":
+            return self._run_wrk(argv, timeout, alive)
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+        if proc.returncode != 0:
+            raise RuntimeError(f"load generator failed ({proc.returncode}):\n{proc.stderr.strip()}")
+        data = json.loads(proc.stdout.strip().splitlines()[-1])
+        return LoadResult(data["completed"], data["errors"], data["seconds"])
+
+    def _run_wrk(self, argv: list[str], timeout: float, alive: Callable[[], None]) -> LoadResult:
+        """wrk is duration-based: the Lua script stops its thread after N responses and drops a
+        marker file; then SIGINT makes wrk print its summary and exit."""
+        self._marker.unlink(missing_ok=True)
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        deadline = time.monotonic() + timeout
+        try:
+            while not self._marker.exists() and proc.poll() is None:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"wrk did not get its responses within {timeout:.0f} s")
+                alive()
+                time.sleep(0.01)
+            proc.send_signal(signal.SIGINT)
+            out, _ = proc.communicate(timeout=60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        return parse_wrk(out)
 
 
 def parse_wrk(out: str) -> LoadResult:
@@ -141,13 +225,6 @@ def parse_wrk(out: str) -> LoadResult:
         errors += sum(int(g) for g in socket_errors.groups())
     total = int(done.group(1))
     return LoadResult(total - (int(bad.group(1)) if bad else 0), errors, float(done.group(2)) * scale)
-
-
-def run_python_loadgen(url: str, body_file: Path, requests: int, connections: int) -> LoadResult:
-    argv = [sys.executable, __file__, "--loadgen", url, str(body_file), str(requests), str(connections)]
-    out = subprocess.run(argv, capture_output=True, text=True, check=True).stdout
-    data = json.loads(out.strip().splitlines()[-1])
-    return LoadResult(data["completed"], data["errors"], data["seconds"])
 
 
 async def _loadgen(url: str, body: bytes, requests: int, connections: int) -> dict[str, Any]:
@@ -193,144 +270,512 @@ def loadgen_main(argv: list[str]) -> int:
     return 0
 
 
+# -------------------------------------------------------------------------------- static backends
+
+
+CHAT_COMPLETION = json.dumps(
+    {
+        "id": "chatcmpl-bench",
+        "object": "chat.completion",
+        "created": 1700000000,
+        "model": MODEL,
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": "Hi"},
+                "logprobs": None,
+                "finish_reason": "length",
+            }
+        ],
+        "usage": {"prompt_tokens": 230, "completion_tokens": 1, "total_tokens": 231},
+    },
+    separators=(",", ":"),
+)
+METRICS_PAGE = f"""\
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{{model_name="{MODEL}"}} 0
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{{model_name="{MODEL}"}} 0
+# TYPE vllm:kv_cache_usage_perc gauge
+vllm:kv_cache_usage_perc{{model_name="{MODEL}"}} 0.1
+# TYPE vllm:cache_config_info gauge
+vllm:cache_config_info{{block_size="16",num_gpu_blocks="1024"}} 1
+"""
+MODELS_LIST = json.dumps(
+    {"object": "list", "data": [{"id": MODEL, "object": "model", "owned_by": "bench"}]},
+    separators=(",", ":"),
+)
+_TYPE = "type.googleapis.com/envoy.extensions"
+
+
+def _direct(match: dict[str, Any], body: str, content_type: str, status: int = 200) -> dict[str, Any]:
+    route: dict[str, Any] = {"match": match, "direct_response": {"status": status}}
+    if body:
+        route["direct_response"]["body"] = {"inline_string": body}
+        route["response_headers_to_add"] = [
+            {
+                "header": {"key": "content-type", "value": content_type},
+                "append_action": "OVERWRITE_IF_EXISTS_OR_ADD",
+            }
+        ]
+    return route
+
+
+def backend_routes() -> dict[str, Any]:
+    post = {"name": ":method", "string_match": {"exact": "POST"}}
+    get = {"name": ":method", "string_match": {"exact": "GET"}}
+    routes = [
+        _direct({"prefix": "/v1/", "headers": [post]}, CHAT_COMPLETION, "application/json"),
+        _direct({"path": "/metrics", "headers": [get]}, METRICS_PAGE, "text/plain; version=0.0.4"),
+        _direct({"path": "/v1/models", "headers": [get]}, MODELS_LIST, "application/json"),
+        _direct({"path": "/health"}, "", ""),
+        _direct({"prefix": "/"}, "", "", status=404),
+    ]
+    return {"name": "backend", "virtual_hosts": [{"name": "backend", "domains": ["*"], "routes": routes}]}
+
+
+def backend_bootstrap(ports: Sequence[int], admin_port: int) -> dict[str, Any]:
+    """One Envoy, one listener per backend port, every answer a ``direct_response``.
+
+    A buffer filter holds each request until its body is complete, so the answer never comes
+    before the request has ended (an HTTP/1.1 connection would then be closed, not reused).
+    """
+    hcm = {
+        "@type": f"{_TYPE}.filters.network.http_connection_manager.v3.HttpConnectionManager",
+        "stat_prefix": "backend",
+        "codec_type": "AUTO",
+        "route_config": backend_routes(),
+        "http_filters": [
+            {
+                "name": "envoy.filters.http.buffer",
+                "typed_config": {
+                    "@type": f"{_TYPE}.filters.http.buffer.v3.Buffer",
+                    "max_request_bytes": 16 << 20,
+                },
+            },
+            {
+                "name": "envoy.filters.http.router",
+                "typed_config": {"@type": f"{_TYPE}.filters.http.router.v3.Router"},
+            },
+        ],
+    }
+    listeners = [
+        {
+            "name": f"backend-{i}",
+            "address": {"socket_address": {"address": "127.0.0.1", "port_value": port}},
+            "filter_chains": [
+                {"filters": [{"name": "envoy.filters.network.http_connection_manager", "typed_config": hcm}]}
+            ],
+        }
+        for i, port in enumerate(ports)
+    ]
+    return {
+        "admin": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": admin_port}}},
+        "overload_manager": envoy_config.overload_manager(),
+        "static_resources": {"listeners": listeners},
+    }
+
+
+def envoy_argv(config: Path, concurrency: int = 0) -> list[str]:
+    argv = [envoy_config.envoy_binary(), "-c", str(config), "--log-level", "warning"]
+    argv.append("--use-dynamic-base-id")  # several Envoys run at once
+    if concurrency:
+        argv += ["--concurrency", str(concurrency)]
+    return argv
+
+
+# ----------------------------------------------------------------------------------------- stacks
+
+
+class StartupError(RuntimeError):
+    """A process of the benchmark exited or never became ready; carries its log tail."""
+
+
+def free_ports(count: int) -> list[int]:
+    """``count`` distinct ports that are free right now."""
+    ports: list[int] = []
+    while len(ports) < count:
+        port = stack.free_port()
+        if port not in ports:
+            ports.append(port)
+    return ports
+
+
+def post_ok(url: str, body: bytes) -> Callable[[], bool]:
+    def check() -> bool:
+        request = urllib.request.Request(url, data=body, headers={"content-type": "application/json"})
+        try:
+            with urllib.request.urlopen(request, timeout=2.0) as resp:
+                resp.read()
+                return bool(resp.status == 200)
+        except (OSError, ValueError):
+            return False
+
+    return check
+
+
+def http_ok(url: str) -> Callable[[], bool]:
+    return lambda: stack.http_status(url) == 200
+
+
+def check_alive(children: Sequence[stack.Child]) -> None:
+    for child in children:
+        if not child.running():
+            raise StartupError(_exit_message(child))
+
+
+def _exit_message(child: stack.Child) -> str:
+    text = f"{child.name} exited with status {child.returncode()}"
+    tail = child.tail(20)
+    if tail:
+        text += f"\n--- last lines of {child.log_path} ---\n{tail}"
+    return text
+
+
+def wait_ready(checks: Sequence[tuple[str, Callable[[], bool]]], children: Sequence[stack.Child]) -> None:
+    for what, check in checks:
+        try:
+            stack.wait_until(what, check, timeout=READY_TIMEOUT, children=children)
+        except stack.ChildExited as e:
+            raise StartupError(f"{_exit_message(e.child)}\n(while waiting for {what})") from None
+        except TimeoutError as e:
+            tails = "".join(
+                f"\n--- {c.name} ({c.log_path}) ---\n{c.tail(10)}" for c in children if c.tail(10)
+            )
+            raise StartupError(f"{e}{tails}") from None
+
+
+class Backends:
+    """The model servers every target routes to: one static Envoy, or ``epp sim`` processes."""
+
+    def __init__(self, kind: str, count: int, workdir: Path) -> None:
+        self.kind = kind
+        self.ports = free_ports(count)
+        self.supervisor = stack.Supervisor(workdir / "logs")
+        self.workdir = workdir
+
+    @property
+    def children(self) -> list[stack.Child]:
+        return self.supervisor.children
+
+    @property
+    def pids(self) -> list[int]:
+        return [c.pid for c in self.children]
+
+    def start(self) -> None:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        if self.kind == "static":
+            admin = free_ports(1)[0]
+            config = self.workdir / "backend-envoy.yaml"
+            config.write_text(envoy_config.render(backend_bootstrap(self.ports, admin)))
+            self.supervisor.start("backend-envoy", envoy_argv(config, concurrency=1))
+            checks = [("backend Envoy", http_ok(f"http://127.0.0.1:{admin}/ready"))]
+            checks += [(f"backend :{p}", http_ok(f"http://127.0.0.1:{p}/metrics")) for p in self.ports]
+        else:
+            for i, port in enumerate(self.ports):
+                self.supervisor.start(f"sim-{i}", stack.sim_argv(port, f"sim-{i}", MODEL, SIM_ARGS))
+            checks = [(f"sim :{p}", http_ok(f"http://127.0.0.1:{p}/health")) for p in self.ports]
+        wait_ready(checks, self.children)
+
+    def describe(self) -> str:
+        where = ", ".join(f"127.0.0.1:{p}" for p in self.ports)
+        if self.kind == "static":
+            return f"{len(self.ports)} direct_response listeners of one Envoy (--concurrency 1): {where}"
+        return f"{len(self.ports)} epp sim processes: {where}"
+
+    def __enter__(self) -> Backends:
+        try:
+            self.start()
+        except BaseException:
+            self.supervisor.stop_all()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.supervisor.stop_all()
+
+
+class Target:
+    """The measured ext_proc server (``epp`` or ``stub``) behind its own front Envoy."""
+
+    def __init__(
+        self, kind: str, mode: str, backends: Backends, workdir: Path, body: bytes, front_concurrency: int
+    ) -> None:
+        self.kind = kind
+        self.mode = mode
+        self.backends = backends
+        self.workdir = workdir
+        self.body = body
+        self.front_concurrency = front_concurrency
+        self.port, self.admin_port, self.grpc_port, self.health_port, self.metrics_port = free_ports(5)
+        self.supervisor = stack.Supervisor(workdir / "logs")
+        self.server: stack.Child | None = None
+        self.envoy: stack.Child | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}{PATH}"
+
+    @property
+    def children(self) -> list[stack.Child]:
+        return [*self.supervisor.children, *self.backends.children]
+
+    def alive(self) -> None:
+        check_alive(self.children)
+
+    def start(self) -> None:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        checks: list[tuple[str, Callable[[], bool]]]
+        if self.kind == "epp":
+            endpoints = self.workdir / "endpoints.yaml"
+            stack.write_endpoints(endpoints, self.backends.ports)
+            config_text = yaml.safe_dump(stack.epp_config(endpoints), sort_keys=False)
+            argv = stack.serve_argv(
+                grpc_port=self.grpc_port,
+                health_port=self.health_port,
+                metrics_port=self.metrics_port,
+                config_text=config_text,
+            )
+            self.server = self.supervisor.start("epp", argv)
+            checks = [("EPP readiness", lambda: stack.grpc_serving(self.health_port))]
+        else:
+            destination = f"127.0.0.1:{self.backends.ports[0]}"
+            argv = [
+                sys.executable,
+                str(STUB_SCRIPT),
+                "--port",
+                str(self.grpc_port),
+                "--destination",
+                destination,
+            ]
+            self.server = self.supervisor.start("stub", argv)
+            checks = [("ext_proc stub", lambda: stack.port_in_use(self.grpc_port))]
+        bootstrap = envoy_config.envoy_bootstrap(
+            listen_port=self.port,
+            admin_port=self.admin_port,
+            extproc_port=self.grpc_port,
+            body_mode=self.mode,
+        )
+        config = self.workdir / "envoy.yaml"
+        config.write_text(envoy_config.render(bootstrap))
+        self.envoy = self.supervisor.start("envoy", envoy_argv(config, self.front_concurrency))
+        checks += [
+            ("front Envoy", http_ok(f"http://127.0.0.1:{self.admin_port}/ready")),
+            (f"POST {PATH} through Envoy", post_ok(self.url, self.body)),
+        ]
+        wait_ready(checks, self.children)
+
+    def __enter__(self) -> Target:
+        try:
+            self.start()
+        except BaseException:
+            self.supervisor.stop_all()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.supervisor.stop_all()
+
+
 # ------------------------------------------------------------------------------------------ bench
 
 
 @dataclass
 class RunResult:
-    mode: str
     rps: float
-    epp_us: float
-    epp_net_us: float
-    envoy_us: float
+    cpu_us: float  # the target's CPU per completed request
+    net_us: float  # the same minus its idle rate over the run
+    envoy_us: float  # the front Envoy's
+    backend_us: float  # all backend processes'
     completed: int
     errors: int
+    steal: float  # % of the machine's CPU time the hypervisor took during the run
 
 
-def _stack_options(mode: str, sims: int) -> stack.StackOptions:
-    base = _consecutive_free_ports(sims)
-    return stack.StackOptions(
-        sims=sims,
-        sim_base_port=base,
-        sim_args=list(SIM_ARGS),
-        port=stack.free_port(),
-        admin_port=stack.free_port(),
-        grpc_port=stack.free_port(),
-        health_port=stack.free_port(),
-        metrics_port=stack.free_port(),
-        body_mode=mode,
-    )
+@dataclass
+class Summary:
+    rps: float
+    cpu_us: float
+    net_us: float
+    errors: int
+
+    @classmethod
+    def of(cls, results: Sequence[RunResult]) -> Summary:
+        return cls(
+            statistics.median(r.rps for r in results),
+            statistics.median(r.cpu_us for r in results),
+            statistics.median(r.net_us for r in results),
+            sum(r.errors for r in results),
+        )
 
 
-def _consecutive_free_ports(count: int) -> int:
-    for _ in range(50):
-        base = stack.free_port()
-        if base + count < 65536 and not any(stack.port_in_use(base + i) for i in range(count)):
-            return base
-    raise RuntimeError("no block of free ports")
-
-
-def bench_mode(mode: str, args: argparse.Namespace, workdir: Path, body_file: Path) -> list[RunResult]:
-    opts = _stack_options(mode, args.sims)
-    url = f"http://127.0.0.1:{opts.port}{PATH}"
+def bench_target(
+    kind: str,
+    mode: str,
+    args: argparse.Namespace,
+    backends: Backends,
+    loadgen: LoadGenerator,
+    workdir: Path,
+    body: bytes,
+) -> list[RunResult]:
+    label = f"{mode:<21} {kind:<4}"
     results: list[RunResult] = []
-    with stack.LocalStack(opts, workdir / mode) as local:
-        assert local.epp is not None and local.envoy is not None
-        load(url, body_file, args.warmup, args.concurrency, args.tool, workdir)
-        idle = idle_cpu_rate(local.epp.pid, args.idle_seconds)
-        print(f"  {mode:<21} idle EPP CPU (metrics scraping etc.): {idle * 100:.1f} % of a core", flush=True)
+    with Target(kind, mode, backends, workdir / mode / kind, body, args.front_concurrency) as target:
+        assert target.server is not None and target.envoy is not None
+        server, envoy = target.server.pid, target.envoy.pid
+        print(f"  {label} load: {shlex.join(loadgen.argv(target.url, args.requests))}", flush=True)
+        if args.warmup > 0:
+            loadgen.run(target.url, args.warmup, target.alive)
+        idle = idle_cpu_rate(server, args.idle_seconds)
+        print(f"  {label} idle CPU (background work): {idle * 100:.1f} % of a core", flush=True)
         for run in range(1, args.runs + 1):
-            epp0, envoy0, t0 = cpu_seconds(local.epp.pid), cpu_seconds(local.envoy.pid), time.monotonic()
-            res = load(url, body_file, args.requests, args.concurrency, args.tool, workdir)
+            t0 = time.monotonic()
+            s0, e0, b0 = cpu_seconds(server), cpu_seconds(envoy), total_cpu_seconds(backends.pids)
+            steal0, ticks0 = machine_ticks()
+            res = loadgen.run(target.url, args.requests, target.alive)
+            s1, e1, b1 = cpu_seconds(server), cpu_seconds(envoy), total_cpu_seconds(backends.pids)
+            steal1, ticks1 = machine_ticks()
             wall = time.monotonic() - t0
-            epp_cpu = cpu_seconds(local.epp.pid) - epp0
-            envoy_cpu = cpu_seconds(local.envoy.pid) - envoy0
-            n = max(res.completed + res.errors, 1)
+            target.alive()
+            n = max(res.completed, 1)
             result = RunResult(
-                mode,
                 res.rps,
-                epp_cpu / n * 1e6,
-                max(epp_cpu - idle * wall, 0.0) / n * 1e6,
-                envoy_cpu / n * 1e6,
+                (s1 - s0) / n * 1e6,
+                max(s1 - s0 - idle * wall, 0.0) / n * 1e6,
+                (e1 - e0) / n * 1e6,
+                (b1 - b0) / n * 1e6,
                 res.completed,
                 res.errors,
+                (steal1 - steal0) / max(ticks1 - ticks0, 1) * 100,
             )
             results.append(result)
             print(
-                f"  {mode:<21} run {run}: {result.rps:8.0f} req/s   EPP {result.epp_us:6.0f} µs/req "
-                f"({result.epp_net_us:.0f} above idle)   Envoy {result.envoy_us:5.0f} µs/req   "
-                f"({res.completed} ok, {res.errors} errors, {res.seconds:.1f} s)",
+                f"  {label} run {run}: {result.rps:7.0f} req/s   {kind} {result.cpu_us:5.0f} µs/req "
+                f"({result.net_us:.0f} above idle)   front Envoy {result.envoy_us:4.0f}   "
+                f"backends {result.backend_us:4.0f} µs/req   "
+                f"({res.completed} ok, {res.errors} errors, {res.seconds:.1f} s, steal {result.steal:.0f} %)",
                 flush=True,
             )
     return results
 
 
-def load(url: str, body_file: Path, requests: int, connections: int, tool: str, workdir: Path) -> LoadResult:
-    if tool == "wrk":
-        return run_wrk(url, body_file, requests, connections, workdir)
-    return run_python_loadgen(url, body_file, requests, connections)
+def print_table(
+    rows: Sequence[tuple[str, Summary, Summary | None]], runs: int, backend: str, nproc: int
+) -> None:
+    print(
+        f"\nmedian of {runs} runs, {backend} backends, nproc {nproc} (CPU: utime+stime per completed request)"
+    )
+    header = (
+        f"{'body mode':<22}{'EPP req/s':>10}{'EPP µs/req':>12}{'above idle':>12}"
+        f"{'stub req/s':>12}{'stub µs/req':>13}{'EPP - stub':>12}"
+    )
+    print(header)
+    for mode, epp, stub in rows:
+        line = f"{mode:<22}{epp.rps:>10.0f}{epp.cpu_us:>12.0f}{epp.net_us:>12.0f}"
+        if stub is None:
+            line += f"{'-':>12}{'-':>13}{'-':>12}"
+        else:
+            line += f"{stub.rps:>12.0f}{stub.cpu_us:>13.0f}{epp.cpu_us - stub.cpu_us:>12.0f}"
+        print(line)
+    errors = sum(epp.errors + (stub.errors if stub else 0) for _, epp, stub in rows)
+    if errors:
+        print(f"warning: {errors} failed requests during the measured runs (see the per-run lines)")
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add = parser.add_argument
+    add("-n", "--requests", type=int, default=20000, help="requests per run (default 20000)")
+    add("-c", "--concurrency", type=int, default=32, help="concurrent connections (default 32)")
+    add("-r", "--runs", type=int, default=3, help="runs per mode and target; the median is reported (3)")
+    add("--warmup", type=int, default=1000, help="requests before measuring (default 1000)")
+    add(
+        "--idle-seconds",
+        type=float,
+        default=3.0,
+        help="idle CPU of the target measured before its runs (default 3 s)",
+    )
+    add(
+        "--backend",
+        choices=["static", "sim"],
+        default="static",
+        help="static: direct_response listeners of one Envoy (default); sim: epp sim processes",
+    )
+    add("--backends", "--sims", dest="backends", type=int, default=3, help="number of backends (default 3)")
+    add(
+        "--with-stub",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also measure bench/extproc_stub.py behind the same Envoy front (default on)",
+    )
+    add(
+        "--front-concurrency",
+        type=int,
+        default=0,
+        help="front Envoy --concurrency (default: Envoy's own, one worker per CPU)",
+    )
+    add("--body-bytes", type=int, default=1024, help="request body size (default 1024)")
+    add(
+        "--modes",
+        nargs="+",
+        default=["BUFFERED", "FULL_DUPLEX_STREAMED"],
+        choices=["BUFFERED", "FULL_DUPLEX_STREAMED"],
+    )
+    add(
+        "--tool",
+        choices=["auto", "wrk", "python"],
+        default="auto",
+        help="load generator (default: wrk if on PATH)",
+    )
+    add("--keep-logs", action="store_true", help="keep the work directory (logs, configs) on success")
+    args = parser.parse_args(argv)
+    if args.backends < 1 or args.requests < 1 or args.runs < 1:
+        parser.error("--backends, --requests and --runs must be at least 1")
+    if args.tool == "auto":
+        args.tool = "wrk" if shutil.which("wrk") else "python"
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["--loadgen"]:
         return loadgen_main(argv[1:])
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("-n", "--requests", type=int, default=20000, help="requests per run (default 20000)")
-    parser.add_argument(
-        "-c", "--concurrency", type=int, default=32, help="concurrent connections (default 32)"
-    )
-    parser.add_argument("-r", "--runs", type=int, default=3, help="runs per mode; the median is reported (3)")
-    parser.add_argument("--warmup", type=int, default=1000, help="requests before measuring (default 1000)")
-    parser.add_argument(
-        "--idle-seconds", type=float, default=3.0, help="idle EPP CPU measured before the runs (default 3 s)"
-    )
-    parser.add_argument("--sims", type=int, default=3, help="simulated model servers (default 3)")
-    parser.add_argument("--body-bytes", type=int, default=1024, help="request body size (default 1024)")
-    parser.add_argument(
-        "--modes",
-        nargs="+",
-        default=["BUFFERED", "FULL_DUPLEX_STREAMED"],
-        choices=["BUFFERED", "FULL_DUPLEX_STREAMED"],
-    )
-    parser.add_argument(
-        "--tool",
-        choices=["auto", "wrk", "python"],
-        default="auto",
-        help="load generator (default: wrk if on PATH)",
-    )
-    args = parser.parse_args(argv)
-    if args.tool == "auto":
-        args.tool = "wrk" if shutil.which("wrk") else "python"
+    args = parse_args(argv)
     workdir = Path(tempfile.mkdtemp(prefix="epp-bench-"))
+    body = chat_body(args.body_bytes)
     body_file = workdir / "body.json"
-    body_file.write_bytes(chat_body(args.body_bytes))
+    body_file.write_bytes(body)
+    loadgen = LoadGenerator(args.tool, body_file, args.concurrency, workdir)
+    nproc = cpu_count()
+    targets = ["epp", "stub"] if args.with_stub else ["epp"]
+    print(f"command: {shlex.join([sys.executable, *sys.argv])}")
     print(
-        f"EPP CPU per request: {args.requests} requests x {args.runs} runs, {args.concurrency} connections, "
-        f"{len(body_file.read_bytes())}-byte chat bodies, load generator: {args.tool}, logs: {workdir}",
+        f"nproc: {nproc}; {args.requests} requests x {args.runs} runs per mode and target "
+        f"({', '.join(targets)}), {args.concurrency} connections, {len(body)}-byte chat bodies, "
+        f"load generator: {args.tool}, work dir: {workdir}",
         flush=True,
     )
-    summary: list[tuple[str, float, float, float, float]] = []
+    rows: list[tuple[str, Summary, Summary | None]] = []
     try:
-        for mode in args.modes:
-            results = bench_mode(mode, args, workdir, body_file)
-            summary.append(
-                (
-                    mode,
-                    statistics.median(r.rps for r in results),
-                    statistics.median(r.epp_us for r in results),
-                    statistics.median(r.epp_net_us for r in results),
-                    statistics.median(r.envoy_us for r in results),
-                )
-            )
-    except (RuntimeError, TimeoutError, subprocess.CalledProcessError) as e:
+        with Backends(args.backend, args.backends, workdir / "backends") as backends:
+            print(f"backends: {backends.describe()}", flush=True)
+            for mode in args.modes:
+                summaries = {
+                    kind: Summary.of(bench_target(kind, mode, args, backends, loadgen, workdir, body))
+                    for kind in targets
+                }
+                rows.append((mode, summaries["epp"], summaries.get("stub")))
+    except (StartupError, RuntimeError, TimeoutError, OSError, subprocess.SubprocessError) as e:
         print(f"error: {e}\nlogs in {workdir}", file=sys.stderr)
         return 1
-    print(f"\nmedian of {args.runs} runs")
-    print(f"{'body mode':<22}{'req/s':>10}{'EPP µs/req':>14}{'above idle':>12}{'Envoy µs/req':>15}")
-    for mode, rps, epp_us, net_us, envoy_us in summary:
-        print(f"{mode:<22}{rps:>10.0f}{epp_us:>14.0f}{net_us:>12.0f}{envoy_us:>15.0f}")
-    shutil.rmtree(workdir, ignore_errors=True)
+    except KeyboardInterrupt:
+        print(f"interrupted; logs in {workdir}", file=sys.stderr)
+        return 130
+    print_table(rows, args.runs, args.backend, nproc)
+    if args.keep_logs:
+        print(f"logs in {workdir}")
+    else:
+        shutil.rmtree(workdir, ignore_errors=True)
     return 0
 
 

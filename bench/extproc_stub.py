@@ -1,0 +1,184 @@
+"""A minimal ext_proc server: the gRPC/Envoy floor the EPP's CPU per request is compared with.
+
+It does what Envoy needs for the EPP's routing and nothing else: no parsing, no scheduling, no
+metrics. Every request goes to the fixed ``--destination`` (``ip:port``). Per ext_proc stream (one
+HTTP request), with the request body mode taken from ``protocol_config`` as the EPP does:
+
+* request headers: BUFFERED -> an empty ``HeadersResponse``; FULL_DUPLEX_STREAMED -> nothing until
+  the body has ended; headers with ``end_of_stream`` (no body, e.g. GET) -> the routing reply at once;
+* request body with ``end_of_stream`` (or the request trailers): the routing reply, i.e. the
+  ``x-gateway-destination-endpoint`` header mutation, ``clear_route_cache`` and the ``envoy.lb``
+  dynamic metadata. BUFFERED: one ``BodyResponse`` carrying it. FULL_DUPLEX_STREAMED: a
+  ``HeadersResponse`` carrying it, then the buffered body as one ``streamed_response`` piece;
+* response headers: an empty ``HeadersResponse``;
+* response body and trailers: passed through unchanged.
+
+Same ``grpc.aio`` server, ``context.read()``/``context.write()`` loop, xds-protos message classes
+and uvloop as the EPP, so the difference between the two is the EPP's own work.
+
+Run: ``python bench/extproc_stub.py --port 9102 --destination 127.0.0.1:8000``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+import sys
+from typing import Any
+
+import grpc
+from envoy.config.core.v3.base_pb2 import HeaderValue, HeaderValueOption
+from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
+from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
+from google.protobuf.struct_pb2 import Struct
+
+DESTINATION_HEADER = "x-gateway-destination-endpoint"
+LB_NAMESPACE = "envoy.lb"
+# ProcessingMode.BodySendMode values
+BUFFERED, FULL_DUPLEX_STREAMED = 2, 4
+
+
+def routing_common(destination: str) -> ep.CommonResponse:
+    mutation = ep.HeaderMutation(
+        set_headers=[
+            HeaderValueOption(header=HeaderValue(key=DESTINATION_HEADER, raw_value=destination.encode()))
+        ]
+    )
+    return ep.CommonResponse(clear_route_cache=True, header_mutation=mutation)
+
+
+def destination_metadata(destination: str) -> Struct:
+    md = Struct()
+    md.fields[LB_NAMESPACE].struct_value.fields[DESTINATION_HEADER].string_value = destination
+    return md
+
+
+class StubProcessor(ep_grpc.ExternalProcessorServicer):
+    """Routes every request to one destination; the replies that never change are built once."""
+
+    def __init__(self, destination: str) -> None:
+        common, metadata = routing_common(destination), destination_metadata(destination)
+        self.route_headers = ep.ProcessingResponse(
+            request_headers=ep.HeadersResponse(response=common), dynamic_metadata=metadata
+        )
+        self.route_body = ep.ProcessingResponse(
+            request_body=ep.BodyResponse(response=common), dynamic_metadata=metadata
+        )
+        self.continue_request_headers = ep.ProcessingResponse(request_headers=ep.HeadersResponse())
+        self.continue_response_headers = ep.ProcessingResponse(response_headers=ep.HeadersResponse())
+        self.continue_response_body = ep.ProcessingResponse(response_body=ep.BodyResponse())
+        self.request_trailers = ep.ProcessingResponse(request_trailers=ep.TrailersResponse())
+        self.response_trailers = ep.ProcessingResponse(response_trailers=ep.TrailersResponse())
+
+    async def Process(self, request_iterator: Any, context: grpc.aio.ServicerContext) -> None:
+        read, write = context.read, context.write
+        req_mode = resp_mode = FULL_DUPLEX_STREAMED
+        chunks: list[bytes] = []
+        routed = False
+        while True:
+            req = await read()
+            if req is grpc.aio.EOF:
+                return
+            which = req.WhichOneof("request")
+            if which == "request_headers":
+                if req.HasField("protocol_config"):
+                    req_mode = req.protocol_config.request_body_mode
+                    resp_mode = req.protocol_config.response_body_mode
+                if req.request_headers.end_of_stream:
+                    routed = True
+                    await write(self.route_headers)
+                elif req_mode == BUFFERED:
+                    await write(self.continue_request_headers)
+            elif which == "request_body":
+                body = req.request_body
+                if req_mode == BUFFERED:
+                    if body.end_of_stream:
+                        routed = True
+                        await write(self.route_body)
+                    else:
+                        await write(ep.ProcessingResponse(request_body=ep.BodyResponse()))
+                    continue
+                chunks.append(body.body)
+                if body.end_of_stream:
+                    routed = True
+                    await write(self.route_headers)
+                    await write(_streamed_request_body(chunks, end_of_stream=True))
+                    chunks = []
+            elif which == "request_trailers":
+                if not routed and req_mode == FULL_DUPLEX_STREAMED:
+                    routed = True
+                    await write(self.route_headers)
+                    await write(_streamed_request_body(chunks, end_of_stream=False))
+                    chunks = []
+                await write(self.request_trailers)
+            elif which == "response_headers":
+                await write(self.continue_response_headers)
+            elif which == "response_body":
+                if resp_mode == FULL_DUPLEX_STREAMED:
+                    piece = ep.StreamedBodyResponse(
+                        body=req.response_body.body, end_of_stream=req.response_body.end_of_stream
+                    )
+                    mutation = ep.BodyMutation(streamed_response=piece)
+                    await write(
+                        ep.ProcessingResponse(
+                            response_body=ep.BodyResponse(response=ep.CommonResponse(body_mutation=mutation))
+                        )
+                    )
+                else:
+                    await write(self.continue_response_body)
+            elif which == "response_trailers":
+                await write(self.response_trailers)
+
+
+def _streamed_request_body(chunks: list[bytes], end_of_stream: bool) -> ep.ProcessingResponse:
+    body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+    mutation = ep.BodyMutation(
+        streamed_response=ep.StreamedBodyResponse(body=body, end_of_stream=end_of_stream)
+    )
+    return ep.ProcessingResponse(
+        request_body=ep.BodyResponse(response=ep.CommonResponse(body_mutation=mutation))
+    )
+
+
+async def serve(host: str, port: int, destination: str) -> None:
+    limit = 11 << 20  # as the EPP: a BUFFERED body arrives (and may go back) in one message
+    server = grpc.aio.server(
+        options=[
+            ("grpc.so_reuseport", 0),
+            ("grpc.max_receive_message_length", limit),
+            ("grpc.max_send_message_length", limit),
+            ("grpc.max_concurrent_streams", 100_000),
+        ]
+    )
+    ep_grpc.add_ExternalProcessorServicer_to_server(StubProcessor(destination), server)
+    server.add_insecure_port(f"{host}:{port}")
+    await server.start()
+    print(f"ext_proc stub on {host}:{port}, every request to {destination}", flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    await server.stop(1)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--host", default="127.0.0.1", help="listen address (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=9002, help="ext_proc port (default 9002)")
+    parser.add_argument("--destination", required=True, metavar="IP:PORT", help="where every request goes")
+    args = parser.parse_args(argv)
+    try:
+        import uvloop
+
+        factory: Any = uvloop.new_event_loop
+    except ImportError:
+        factory = None
+    with asyncio.Runner(loop_factory=factory) as runner:
+        runner.run(serve(args.host, args.port, args.destination))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
