@@ -66,11 +66,23 @@ class StreamOptions:
 
 
 def _headers(msg: ep.HttpHeaders) -> dict[str, str]:
-    out = {}
+    return {
+        h.key: h.raw_value.decode("utf-8", "replace") if h.raw_value else h.value for h in msg.headers.headers
+    }
+
+
+def _is_event_stream(msg: ep.HttpHeaders) -> bool:
+    """Whether the response's content-type is SSE, without building the header map."""
     for h in msg.headers.headers:
-        raw = h.raw_value
-        out[h.key] = raw.decode("utf-8", "replace") if raw else h.value
-    return out
+        if h.key == "content-type":
+            return b"text/event-stream" in h.raw_value or "text/event-stream" in h.value
+    return False
+
+
+# Replies that never change, built once.
+_RESPONSE_HEADERS_DEBUG = replies.response_headers_reply({"x-went-into-resp-headers": "true"})
+_RESPONSE_HEADERS_PLAIN = replies.response_headers_reply({})
+_CONTINUE_REQUEST_HEADERS = replies.request_headers_reply()
 
 
 def _struct_value(v: Any) -> Any:
@@ -160,7 +172,7 @@ class _Stream:
                 "unsupported ext_proc request_body_mode: use FULL_DUPLEX_STREAMED or BUFFERED",
             )
         if self.req_mode == BUFFERED:
-            return [replies.request_headers_reply()]
+            return [_CONTINUE_REQUEST_HEADERS]
         return []
 
     async def on_request_body(self, req: ep.ProcessingRequest) -> list[ep.ProcessingResponse]:
@@ -227,6 +239,14 @@ class _Stream:
     # --- response path -----------------------------------------------------------------------
 
     def on_response_headers(self, req: ep.ProcessingRequest) -> list[ep.ProcessingResponse]:
+        opts, routing = self.opts, self.routing
+        if not opts.response_header and not opts.response_body and not (routing and routing.body_changed):
+            # Nothing looks at the response: only note whether its body will be an event stream.
+            request = routing.request if routing is not None else None
+            self.resp_streaming = bool(request is not None and request.stream) or _is_event_stream(
+                req.response_headers
+            )
+            return [_RESPONSE_HEADERS_DEBUG if opts.debug_response_header else _RESPONSE_HEADERS_PLAIN]
         headers = _headers(req.response_headers)
         status = headers.get(":status") or headers.get("status") or "0"
         self.response = response = ResponseInfo(
