@@ -86,6 +86,7 @@ class EppServer:
             self.store.subscribe(on_remove=self._endpoint_removed)
         self.health = Health()
         self._stop = asyncio.Event()
+        self._hurry = asyncio.Event()
         scheduler = cfg.scheduler
         assert isinstance(scheduler, Scheduler)
         scheduler.timer = metrics.observe_plugin
@@ -118,6 +119,9 @@ class EppServer:
         )
 
     def stop(self) -> None:
+        """First call: graceful shutdown. A second call (Ctrl-C twice) skips the drain delay."""
+        if self._stop.is_set():
+            self._hurry.set()
         self._stop.set()
 
     def _endpoint_removed(self, endpoint: Endpoint) -> None:
@@ -170,7 +174,10 @@ class EppServer:
         await self.health.set_ready(False)
         # Keep serving while Envoy's health checks notice NOT_SERVING (fail-open setups move to the
         # fallback route), then stop accepting streams and let in-flight ones finish.
-        await asyncio.sleep(opts.drain_delay)
+        try:
+            await asyncio.wait_for(self._hurry.wait(), opts.drain_delay)
+        except TimeoutError:
+            pass
         await server.stop(opts.grace_period)
         if self.scraper is not None:
             await self.scraper.stop()
