@@ -28,49 +28,25 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass
-from typing import Protocol, cast, runtime_checkable
+from typing import cast
 
 import structlog
 
 from epp.datalayer.store import EndpointStore
-from epp.framework.endpoint import Endpoint, Metrics
-from epp.framework.interfaces import DataSource, Extractor
+from epp.framework.endpoint import Endpoint
+from epp.framework.interfaces import (
+    DataSource,
+    Extractor,
+    MetricsExtractor,
+    Poller,
+    PollingSource,
+)
 from epp.metrics import DATALAYER_EXTRACT_ERRORS, DATALAYER_POLL_ERRORS
 
 log = structlog.get_logger("epp.datalayer.scraper")
 
 DEFAULT_INTERVAL = 0.05
 DEFAULT_TIMEOUT = 1.0
-
-
-@dataclass(slots=True, frozen=True)
-class ExtractResult:
-    """What an extractor made of one body: a new snapshot (None = nothing extracted) and errors."""
-
-    metrics: Metrics | None
-    errors: tuple[str, ...] = ()
-
-
-class Poller(Protocol):
-    """A per-endpoint connection to a polled source; ``poll`` calls never overlap."""
-
-    async def poll(self) -> bytes: ...
-
-    def close(self) -> None: ...
-
-
-@runtime_checkable
-class PollingSource(Protocol):
-    """What the scraper needs of a ``DataSource``: per-endpoint pollers (``metrics-data-source``)."""
-
-    def poller(self, endpoint: Endpoint) -> Poller: ...
-
-
-@runtime_checkable
-class MetricsExtractor(Protocol):
-    """What the scraper needs of an ``Extractor``: body -> metrics (``core-metrics-extractor``)."""
-
-    def extract(self, endpoint: Endpoint, body: bytes) -> ExtractResult: ...
 
 
 def is_stale(endpoint: Endpoint, threshold: float, now: float | None = None) -> bool:

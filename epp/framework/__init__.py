@@ -6,10 +6,12 @@ from epp.framework.interfaces import (
     Admitter,
     DataProducer,
     DataSource,
+    Decider,
     EndpointDiscovery,
     EndpointNotifier,
     EndpointStateHolder,
     Extractor,
+    ExtractResult,
     Filter,
     Handle,
     NoParams,
@@ -23,6 +25,7 @@ from epp.framework.interfaces import (
     ResponseBodyProcessor,
     ResponseHeaderProcessor,
     Scorer,
+    SupportsDisaggregate,
 )
 from epp.framework.registry import register
 from epp.framework.request import ApiKind, LLMRequest, RequestBody
@@ -41,12 +44,14 @@ __all__ = [
     "CycleState",
     "DataProducer",
     "DataSource",
+    "Decider",
     "Endpoint",
     "EndpointDiscovery",
     "EndpointMetadata",
     "EndpointNotifier",
     "EndpointStateHolder",
     "ErrorCode",
+    "ExtractResult",
     "Extractor",
     "Filter",
     "Handle",
@@ -70,5 +75,6 @@ __all__ = [
     "SchedulingResult",
     "ScoredEndpoint",
     "Scorer",
+    "SupportsDisaggregate",
     "register",
 ]

@@ -18,7 +18,7 @@ from collections.abc import Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
-from epp.framework.endpoint import Endpoint, EndpointMetadata
+from epp.framework.endpoint import Endpoint, EndpointMetadata, Metrics
 from epp.framework.errors import InferenceError
 from epp.framework.request import LLMRequest, RequestBody
 from epp.framework.results import (
@@ -186,6 +186,25 @@ class RequestDone(Plugin, abc.ABC):
     def request_done(self, request: LLMRequest, result: SchedulingResult) -> None: ...
 
 
+@runtime_checkable
+class SupportsDisaggregate(Protocol):
+    """A decider: should a request also go through a disaggregated stage (remote prefill/encode)?
+
+    Asked by the disaggregation profile handlers after the decode endpoint was picked; it may read
+    per-request endpoint data from the cycle state. Must be cheap and must not raise.
+    """
+
+    def disaggregate(self, cycle: CycleState, request: LLMRequest, decode_endpoint: Endpoint) -> bool: ...
+
+
+class Decider(Plugin, abc.ABC):
+    """Base class of decider plugins (``SupportsDisaggregate`` is what handlers check)."""
+
+    @abc.abstractmethod
+    def disaggregate(self, cycle: CycleState, request: LLMRequest, decode_endpoint: Endpoint) -> bool:
+        """True when the stage this decider guards should run for ``request``."""
+
+
 # --- request handling -------------------------------------------------------------------------
 
 
@@ -240,3 +259,33 @@ class DataSource(Plugin):
 
 class Extractor(Plugin):
     """Turns a data source's output into endpoint metrics (e.g. ``core-metrics-extractor``)."""
+
+
+@dataclass(slots=True, frozen=True)
+class ExtractResult:
+    """What an extractor made of one body: a new snapshot (None = nothing extracted) and errors."""
+
+    metrics: Metrics | None
+    errors: tuple[str, ...] = ()
+
+
+class Poller(Protocol):
+    """A per-endpoint connection to a polled source; ``poll`` calls never overlap."""
+
+    async def poll(self) -> bytes: ...
+
+    def close(self) -> None: ...
+
+
+@runtime_checkable
+class PollingSource(Protocol):
+    """What the scraper needs of a ``DataSource``: per-endpoint pollers (``metrics-data-source``)."""
+
+    def poller(self, endpoint: Endpoint) -> Poller: ...
+
+
+@runtime_checkable
+class MetricsExtractor(Protocol):
+    """What the scraper needs of an ``Extractor``: body -> metrics (``core-metrics-extractor``)."""
+
+    def extract(self, endpoint: Endpoint, body: bytes) -> ExtractResult: ...

@@ -40,9 +40,8 @@ from types import MappingProxyType
 import structlog
 
 from epp.datalayer.promtext import Selector, info_labels, lora_info
-from epp.datalayer.scraper import ExtractResult
 from epp.framework import Endpoint, Extractor, Metrics, register
-from epp.framework.interfaces import Handle
+from epp.framework.interfaces import ExtractResult, Handle
 from epp.framework.params import ensure_valid
 
 log = structlog.get_logger("epp.datalayer.extractor")

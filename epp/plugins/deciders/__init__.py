@@ -5,6 +5,6 @@ resolves it through the factory handle). ``Decider`` is the base class of the bu
 third-party deciders only need a ``disaggregate(cycle, request, decode_endpoint) -> bool`` method.
 """
 
-from epp.plugins.deciders._base import Decider, SupportsDisaggregate
+from epp.framework.interfaces import Decider, SupportsDisaggregate
 
 __all__ = ["Decider", "SupportsDisaggregate"]

@@ -8,7 +8,7 @@ decider of ``disagg-profile-handler``.
 from __future__ import annotations
 
 from epp.framework import CycleState, Endpoint, LLMRequest, register
-from epp.plugins.deciders._base import Decider
+from epp.framework.interfaces import Decider
 
 
 @register

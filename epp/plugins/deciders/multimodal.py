@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from epp.framework import ApiKind, CycleState, Endpoint, LLMRequest, register
-from epp.plugins.deciders._base import Decider
+from epp.framework.interfaces import Decider
 
 MULTIMODAL_BLOCK_TYPES = frozenset({"image_url", "video_url", "input_audio"})
 

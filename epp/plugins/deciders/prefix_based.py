@@ -34,7 +34,7 @@ import structlog
 
 from epp.framework import ApiKind, CycleState, Endpoint, LLMRequest, RequestBody, register
 from epp.framework.attributes import PREFIX_CACHE_MATCH_INFO_KEY, PrefixCacheMatchInfo
-from epp.plugins.deciders._base import Decider
+from epp.framework.interfaces import Decider
 
 log = structlog.get_logger("epp.deciders")
 

@@ -63,8 +63,8 @@ from epp.framework import (
     register,
 )
 from epp.framework.attributes import PREFIX_CACHE_MATCH_INFO_KEY
+from epp.framework.interfaces import SupportsDisaggregate
 from epp.framework.params import ensure_valid
-from epp.plugins.deciders._base import SupportsDisaggregate
 from epp.plugins.profile_handlers import _metrics
 from epp.plugins.profile_handlers.disagg_headers import set_disagg_headers
 

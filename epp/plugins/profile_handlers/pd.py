@@ -51,8 +51,8 @@ from epp.framework import (
     register,
 )
 from epp.framework.attributes import PREFIX_CACHE_MATCH_INFO_KEY
+from epp.framework.interfaces import SupportsDisaggregate
 from epp.framework.params import ensure_valid
-from epp.plugins.deciders._base import SupportsDisaggregate
 from epp.plugins.profile_handlers import _metrics
 from epp.plugins.profile_handlers.data_parallel import rewrite_to_primary_port, validate_port
 from epp.plugins.profile_handlers.disagg import DECODE_FAILED, has_endpoints, mark_skipped
