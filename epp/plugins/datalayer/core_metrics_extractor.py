@@ -39,10 +39,10 @@ from types import MappingProxyType
 
 import structlog
 
-from epp.datalayer.promtext import Selector, info_labels, lora_info
 from epp.framework import Endpoint, Extractor, Metrics, register
 from epp.framework.interfaces import ExtractResult, Handle
 from epp.framework.params import ensure_valid
+from epp.plugins.datalayer.promtext import Selector, info_labels, lora_info
 
 log = structlog.get_logger("epp.datalayer.extractor")
 
