@@ -18,7 +18,12 @@ _EMPTY: Mapping[str, Any] = MappingProxyType({})
 
 @dataclass(slots=True, frozen=True)
 class EndpointMetadata:
-    """Identity and addressing of one endpoint. ``name`` is unique within ``namespace``."""
+    """Identity and addressing of one endpoint. ``name`` is unique within ``namespace``.
+
+    ``key`` (``namespace/name``: the identity used by the store, the prefix index and session
+    tokens) and ``hostport`` (``ip:port``, IPv6 bracketed, as written into the destination header)
+    are computed once at construction: plugins read them per request.
+    """
 
     name: str
     address: str
@@ -27,18 +32,13 @@ class EndpointMetadata:
     pod_name: str = ""
     labels: Mapping[str, str] = field(default_factory=dict)
     metrics_host: str = ""  # "host:port" to scrape; defaults to address:port
+    key: str = field(init=False, repr=False, compare=False)
+    hostport: str = field(init=False, repr=False, compare=False)
 
-    @property
-    def key(self) -> str:
-        """``namespace/name``: the identity used by the store, the prefix index and session tokens."""
-        return f"{self.namespace}/{self.name}"
-
-    @property
-    def hostport(self) -> str:
-        """``ip:port``, with IPv6 addresses bracketed, as written into the destination header."""
-        if ":" in self.address:
-            return f"[{self.address}]:{self.port}"
-        return f"{self.address}:{self.port}"
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "key", f"{self.namespace}/{self.name}")
+        host = f"[{self.address}]" if ":" in self.address else self.address
+        object.__setattr__(self, "hostport", f"{host}:{self.port}")
 
     @property
     def metrics_hostport(self) -> str:

@@ -58,7 +58,6 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import cast
 
 import xxhash
 
@@ -193,7 +192,6 @@ class ApproxPrefixCacheProducer(DataProducer, PreRequest):
         self.index = PrefixIndex()
         _prefix_metrics.track_index(self.index)
         self._seeds: dict[tuple[str, str], int] = {}
-        self._keys: dict[Endpoint, str] = {}  # endpoint (identity) -> key, saves an f-string per use
         self._next_sweep = time.monotonic() + SWEEP_INTERVAL_SECONDS
 
     # --- request path -------------------------------------------------------------------------
@@ -217,11 +215,7 @@ class ApproxPrefixCacheProducer(DataProducer, PreRequest):
             c: PrefixCacheMatchInfo(c, total, bs) for c in set(counts.values())
         }
         info_of[None] = zero
-        cached = list(map(self._keys.get, endpoints))
-        if None in cached:
-            keys = [k if k is not None else self._key(e) for e, k in zip(endpoints, cached, strict=True)]
-        else:
-            keys = cast("list[str]", cached)
+        keys = [e.metadata.key for e in endpoints]
         cycle[PREFIX_CACHE_MATCH_INFO_KEY] = dict(
             zip(endpoints, map(info_of.__getitem__, map(counts.get, keys)), strict=True)
         )
@@ -232,13 +226,13 @@ class ApproxPrefixCacheProducer(DataProducer, PreRequest):
         if state is None or primary is None or not primary.target_endpoints:
             return
         target = primary.target_endpoints[0]
-        target_key = self._key(target)
+        target_key = target.metadata.key
         if state.hashes:
             self.index.add(state.hashes, target_key, self._capacity_for(target))
             prefill = result.profile_results.get(PREFILL_PROFILE)
             if prefill is not None and prefill.target_endpoints:
                 pt = prefill.target_endpoints[0]
-                pk = self._key(pt)
+                pk = pt.metadata.key
                 if pk != target_key:
                     self.index.add(state.hashes, pk, self._capacity_for(pt))
         block_bytes = state.block_size_tokens * CHARS_PER_TOKEN
@@ -284,24 +278,14 @@ class ApproxPrefixCacheProducer(DataProducer, PreRequest):
                 return n
         return self._lru_capacity
 
-    def _key(self, endpoint: Endpoint) -> str:
-        k = self._keys.get(endpoint)
-        if k is None:
-            k = self._keys[endpoint] = endpoint.metadata.key
-        return k
-
     def remove_endpoint(self, key: str) -> int:
         """Drop an endpoint's entries now (e.g. from a store ``on_remove`` listener)."""
-        self._keys = {e: k for e, k in self._keys.items() if k != key}
         return self.index.remove_endpoint(key)
 
     def _sweep(self, now: float) -> None:
-        """Drop index entries and cached keys of endpoints that left the pool."""
+        """Drop index entries of endpoints that left the pool (when nobody calls ``remove_endpoint``)."""
         self._next_sweep = now + SWEEP_INTERVAL_SECONDS
         live = list(self._handle.endpoints()) if self._handle is not None else []
         if not live:
-            self._keys.clear()  # re-filled lazily; keeps removed Endpoint objects from piling up
-            return
-        live_set = set(live)
-        self._keys = {e: k for e, k in self._keys.items() if e in live_set}
+            return  # unknown (no handle, or an empty pool): keep the index
         self.index.retain({e.metadata.key for e in live})

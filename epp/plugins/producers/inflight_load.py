@@ -144,7 +144,6 @@ class InFlightLoadProducer(DataProducer, PreRequest, ResponseHeaderProcessor, Re
         super().__init__(name, params, handle)
         self._handle = handle
         self._counters: dict[str, _Counter] = {}
-        self._keys: dict[Endpoint, str] = {}  # endpoint (identity) -> key, saves an f-string per use
         self._outstanding = 0  # unreleased charges; 0 means every counter is 0
         self._state_key = f"{self.type_name}/{name}"
         self._next_sweep = time.monotonic() + SWEEP_INTERVAL_SECONDS
@@ -159,13 +158,9 @@ class InFlightLoadProducer(DataProducer, PreRequest, ResponseHeaderProcessor, Re
             cycle[INFLIGHT_LOAD_KEY] = dict.fromkeys(endpoints, _ZERO)
             return
         counters = self._counters
-        keys = self._keys
         out: dict[Endpoint, InFlightLoad] = {}
         for e in endpoints:
-            k = keys.get(e)
-            if k is None:
-                k = keys[e] = e.metadata.key
-            c = counters.get(k)
+            c = counters.get(e.metadata.key)
             out[e] = c.load if c is not None else _ZERO
         cycle[INFLIGHT_LOAD_KEY] = out
 
@@ -208,9 +203,7 @@ class InFlightLoadProducer(DataProducer, PreRequest, ResponseHeaderProcessor, Re
     # --- helpers ------------------------------------------------------------------------------
 
     def _counter(self, endpoint: Endpoint) -> _Counter:
-        k = self._keys.get(endpoint)
-        if k is None:
-            k = self._keys[endpoint] = endpoint.metadata.key
+        k = endpoint.metadata.key
         c = self._counters.get(k)
         if c is None:
             c = self._counters[k] = _Counter()
@@ -219,17 +212,13 @@ class InFlightLoadProducer(DataProducer, PreRequest, ResponseHeaderProcessor, Re
     def remove_endpoint(self, key: str) -> None:
         """Drop an endpoint's counters now (e.g. from a store ``on_remove`` listener)."""
         self._counters.pop(key, None)
-        self._keys = {e: k for e, k in self._keys.items() if k != key}
 
     def _sweep(self, now: float) -> None:
-        """Drop counters and cached keys of endpoints that left the pool."""
+        """Drop counters of endpoints that left the pool (when nobody calls ``remove_endpoint``)."""
         self._next_sweep = now + SWEEP_INTERVAL_SECONDS
         live = list(self._handle.endpoints()) if self._handle is not None else []
         if not live:
-            self._keys.clear()  # re-filled lazily; keeps removed Endpoint objects from piling up
-            return
-        live_set = set(live)
+            return  # unknown (no handle, or an empty pool): keep the counters
         live_keys = {e.metadata.key for e in live}
-        self._keys = {e: k for e, k in self._keys.items() if e in live_set}
         for k in [k for k in self._counters if k not in live_keys]:
             del self._counters[k]
