@@ -7,8 +7,8 @@ import asyncio
 import signal
 from dataclasses import fields
 
-from epp.sim.engine import SimConfig
-from epp.sim.server import SimServer
+from epp.sim.engine import FAILURE_TYPES, ROLES, SimConfig
+from epp.sim.server import SimCluster
 
 _DEFAULTS = SimConfig()
 
@@ -51,7 +51,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=_non_negative_float,
         default=d.time_to_first_token,
         metavar="MS",
-        help="prefill time in ms (default %(default)s)",
+        help="prefill overhead in ms, paid by every request (default %(default)s)",
+    )
+    add(
+        "--prefill-time-per-token",
+        type=_non_negative_float,
+        default=d.prefill_time_per_token,
+        metavar="MS",
+        help="prefill time per uncached prompt token in ms (default %(default)s)",
+    )
+    add(
+        "--time-to-first-token-std-dev",
+        type=_non_negative_float,
+        default=d.time_to_first_token_std_dev,
+        metavar="MS",
+        help="standard deviation of the prefill overhead in ms (default %(default)s)",
     )
     add(
         "--inter-token-latency",
@@ -59,6 +73,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=d.inter_token_latency,
         metavar="MS",
         help="time between output tokens in ms (default %(default)s)",
+    )
+    add(
+        "--inter-token-latency-std-dev",
+        type=_non_negative_float,
+        default=d.inter_token_latency_std_dev,
+        metavar="MS",
+        help="standard deviation of the inter-token latency in ms (default %(default)s)",
+    )
+    add(
+        "--time-factor-under-load",
+        type=_non_negative_float,
+        default=d.time_factor_under_load,
+        help="extra slowdown of TTFT and ITL with a full batch: latency x (1 + factor x (running - 1)"
+        " / (max-num-seqs - 1)) (default %(default)s)",
     )
     add(
         "--max-tokens",
@@ -84,8 +112,51 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--max-loras",
         type=_non_negative_int,
         default=d.max_loras,
-        help="max_lora reported in vllm:lora_requests_info (default %(default)s)",
+        help="LoRA adapters loaded at once (default %(default)s)",
     )
+    add(
+        "--lora-modules",
+        nargs="+",
+        default=list(d.lora_modules),
+        metavar="NAME",
+        help="LoRA adapters served on top of --model (requests name them as their model)",
+    )
+    add(
+        "--lora-load-time",
+        type=_non_negative_float,
+        default=d.lora_load_time,
+        metavar="MS",
+        help="time to load an adapter into a slot in ms (default %(default)s)",
+    )
+    add(
+        "--failure-injection-rate",
+        type=_probability,
+        default=d.failure_injection_rate,
+        help="fraction of inference requests answered with an injected error (default %(default)s)",
+    )
+    add(
+        "--failure-types",
+        nargs="+",
+        choices=FAILURE_TYPES,
+        default=list(d.failure_types),
+        metavar="TYPE",
+        help=f"errors injected, drawn uniformly: {', '.join(FAILURE_TYPES)} (default all)",
+    )
+    add(
+        "--role",
+        choices=ROLES,
+        default=d.role,
+        help="disaggregation role: prefill answers kv_transfer_params, decode skips remotely"
+        " prefilled prompts, both does both (default %(default)s)",
+    )
+    add(
+        "--data-parallel-size",
+        type=_positive_int,
+        default=d.data_parallel_size,
+        metavar="N",
+        help="independent engines (ranks) on consecutive ports from --port (default %(default)s)",
+    )
+    add("--seed", type=int, default=d.seed, help="random seed for jitter and failure injection")
     add(
         "--time-scale",
         type=_non_negative_float,
@@ -97,7 +168,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def config_from_args(args: argparse.Namespace) -> SimConfig:
     """The :class:`SimConfig` described by parsed flags (missing attributes keep their defaults)."""
     values = {f.name: getattr(args, f.name) for f in fields(SimConfig) if hasattr(args, f.name)}
-    values["served_model_names"] = tuple(values.get("served_model_names") or ())
+    for name in ("served_model_names", "lora_modules"):
+        values[name] = tuple(values.get(name) or ())
+    if "failure_types" in values:
+        values["failure_types"] = tuple(values["failure_types"])
     return SimConfig(**values)
 
 
@@ -113,7 +187,7 @@ async def serve(config: SimConfig, stop: asyncio.Event | None = None) -> None:
     loop = asyncio.get_running_loop()
     installed = _install_signal_handlers(loop, stop)
     try:
-        async with SimServer(config):
+        async with SimCluster(config):
             await stop.wait()
     finally:
         for sig in installed:
@@ -153,6 +227,13 @@ def _checked_int(text: str, minimum: int, what: str) -> int:
         raise argparse.ArgumentTypeError(f"{text!r} is not {what}") from None
     if value < minimum:
         raise argparse.ArgumentTypeError(f"{text!r} is not {what}")
+    return value
+
+
+def _probability(text: str) -> float:
+    value = _non_negative_float(text)
+    if value > 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number in 0..1")
     return value
 
 

@@ -1,10 +1,17 @@
-"""The simulated vLLM engine: admission, FIFO waiting queue, running slots, token timing and counters.
+"""The simulated vLLM engine: admission, FIFO waiting queue, running slots, KV cache, LoRA, timing.
 
 This module knows nothing about HTTP. A request is admitted with :meth:`Engine.submit` (which raises
-:class:`QueueFullError` when the waiting queue is at its cap), then :meth:`Engine.tokens` waits for a
-running slot, simulates prefill (time to first token) and decode (inter-token latency) and yields the
-generated tokens. :meth:`Engine.abort` releases whatever the request holds (queue place or running slot)
-and is idempotent, so callers put it in a ``finally`` and client disconnects never leak a slot.
+:class:`QueueFullError` when it would have to wait and the waiting queue is at its cap), then
+:meth:`Engine.tokens` waits until it is scheduled, simulates prefill (time to first token) and decode
+(inter-token latency) and yields the generated tokens. :meth:`Engine.abort` releases whatever the
+request holds (queue place, running slot, KV blocks) and is idempotent, so callers put it in a
+``finally`` and client disconnects never leak anything.
+
+Scheduling is FIFO: the head of the queue runs when a slot is free (at most ``max_num_seqs`` running)
+and its prompt gets KV blocks (:mod:`epp.sim.kvcache`); if the blocks do not fit, the queue waits. A
+request for a LoRA adapter that cannot be loaded yet (:mod:`epp.sim.lora`) is skipped, as vLLM does, and
+the requests behind it may run. The time to first token is computed when a request is scheduled, from
+its uncached prompt tokens and the batch size (:mod:`epp.sim.latency`), and kept on the sequence.
 
 Metrics are not stored separately: :meth:`Engine.snapshot` reads the real current state, so what
 ``/metrics`` reports is exactly what the engine is doing.
@@ -15,18 +22,24 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import enum
-import math
+import random
 import time
 from collections import deque
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Iterable
 from dataclasses import dataclass, field
 
-CHARS_PER_TOKEN = 4
-"""Token estimate used for prompts given as text: about four characters per token."""
+from epp.sim.kvcache import Allocation, KVCache, block_hashes, hash_seed
+from epp.sim.latency import ITL_BUCKETS, QUEUE_TIME_BUCKETS, TTFT_BUCKETS, Histogram, LatencyModel
+from epp.sim.lora import LoraSlots
+from epp.sim.tokens import CHARS_PER_TOKEN as CHARS_PER_TOKEN
+from epp.sim.tokens import estimate_tokens as estimate_tokens
 
 FINISH_STOP = "stop"
 FINISH_LENGTH = "length"
 FINISH_REASONS = (FINISH_STOP, FINISH_LENGTH)
+
+ROLES = ("both", "prefill", "decode")
+FAILURE_TYPES = ("rate_limit", "server_error", "invalid_request", "model_not_found")
 
 _VOCABULARY = (
     "The", " quick", " brown", " fox", " jumps", " over", " the", " lazy", " dog", ".",
@@ -50,25 +63,58 @@ class SimConfig:
     max_num_seqs: int = 5
     max_waiting: int = 1000
     time_to_first_token: float = 10.0
+    prefill_time_per_token: float = 0.0
     inter_token_latency: float = 2.0
+    time_factor_under_load: float = 1.0
+    time_to_first_token_std_dev: float = 0.0
+    inter_token_latency_std_dev: float = 0.0
     max_tokens: int = 16
     kv_cache_size: int = 1024
     block_size: int = 16
+    lora_modules: tuple[str, ...] = ()
     max_loras: int = 1
+    lora_load_time: float = 10.0
+    failure_injection_rate: float = 0.0
+    failure_types: tuple[str, ...] = FAILURE_TYPES
+    role: str = "both"
+    data_parallel_size: int = 1
+    seed: int | None = None
     time_scale: float = 1.0
 
     def __post_init__(self) -> None:
         self.served_model_names = tuple(self.served_model_names)
+        self.lora_modules = tuple(dict.fromkeys(self.lora_modules))
+        self.failure_types = tuple(self.failure_types)
         _require(0 <= self.port <= 65535, "port must be in 0..65535")
         _require(bool(self.model), "model must not be empty")
-        for name in ("max_num_seqs", "max_tokens", "kv_cache_size", "block_size"):
+        for name in ("max_num_seqs", "max_tokens", "kv_cache_size", "block_size", "data_parallel_size"):
             _require(getattr(self, name) >= 1, f"{name} must be >= 1")
-        for name in ("max_waiting", "max_loras", "time_to_first_token", "inter_token_latency", "time_scale"):
+        for name in (
+            "max_waiting",
+            "max_loras",
+            "time_to_first_token",
+            "prefill_time_per_token",
+            "inter_token_latency",
+            "time_factor_under_load",
+            "time_to_first_token_std_dev",
+            "inter_token_latency_std_dev",
+            "lora_load_time",
+            "time_scale",
+        ):
             _require(getattr(self, name) >= 0, f"{name} must be >= 0")
+        _require(0 <= self.failure_injection_rate <= 1, "failure_injection_rate must be in 0..1")
+        _require(bool(self.failure_types), "failure_types must not be empty")
+        unknown = sorted(set(self.failure_types) - set(FAILURE_TYPES))
+        _require(not unknown, f"failure_types: unknown {unknown}; known: {', '.join(FAILURE_TYPES)}")
+        _require(self.role in ROLES, f"role must be one of {', '.join(ROLES)}")
+        _require(not self.lora_modules or self.max_loras >= 1, "max_loras must be >= 1 with lora_modules")
+        clash = set(self.lora_modules) & set(self.model_names)
+        _require(not clash, f"lora_modules must differ from the served model names: {sorted(clash)}")
+        _require(self.port + self.data_parallel_size - 1 <= 65535, "data-parallel ports must be <= 65535")
 
     @property
     def model_names(self) -> tuple[str, ...]:
-        """Every name the server answers to: the model first, then the extra served names."""
+        """Every base-model name the server answers to: the model first, then the extra served names."""
         return tuple(dict.fromkeys((self.model, *self.served_model_names)))
 
     @property
@@ -88,11 +134,6 @@ class SimConfig:
 def _require(condition: bool, message: str) -> None:
     if not condition:
         raise ValueError(message)
-
-
-def estimate_tokens(text: str) -> int:
-    """Approximate token count of a text (four characters per token, rounded up)."""
-    return math.ceil(len(text) / CHARS_PER_TOKEN)
 
 
 def token_text(index: int) -> str:
@@ -121,18 +162,46 @@ class RequestSpec:
     prompt_tokens: int
     max_tokens: int | None = None
     """The client's output limit; ``None`` means the configured default length, finishing with ``stop``."""
+    prompt: tuple[str, ...] = ()
+    """The prompt's tokens (see :mod:`epp.sim.tokens`); empty means unknown content, never cached."""
+    remote_prefill: bool = False
+    """The KV of the prompt comes from a remote prefill worker: no local prefill cost."""
+
+    @classmethod
+    def of(
+        cls,
+        request_id: str,
+        model: str,
+        prompt: tuple[str, ...] | list[str],
+        max_tokens: int | None = None,
+        *,
+        remote_prefill: bool = False,
+    ) -> RequestSpec:
+        """A spec whose prompt content is known (so prefix caching applies)."""
+        tokens = tuple(prompt)
+        return cls(request_id, model, len(tokens), max_tokens, tokens, remote_prefill)
 
 
 @dataclass(slots=True, eq=False)
 class Sequence:
-    """A request admitted into the engine, with its live progress."""
+    """A request admitted into the engine, with its live progress and its modelled timing."""
 
     spec: RequestSpec
     output_tokens: int
     finish_reason: str
+    lora: str | None = None
+    block_hashes: list[int] = field(default_factory=list, repr=False)
     state: SeqState = SeqState.WAITING
     generated_tokens: int = 0
     cached_tokens: int = 0
+    """Prompt tokens found in the prefix cache (``usage.prompt_tokens_details.cached_tokens``)."""
+    uncached_tokens: int = 0
+    """Prompt tokens whose prefill cost was paid locally."""
+    ttft_ms: float = 0.0
+    """Modelled time to first token (unscaled ms, LoRA load included), set when scheduled."""
+    lora_load_ms: float = 0.0
+    arrival: float = 0.0
+    allocation: Allocation | None = field(default=None, repr=False)
     granted: asyncio.Future[None] | None = field(default=None, repr=False)
 
     @property
@@ -154,16 +223,25 @@ class Token:
 
 @dataclass(slots=True)
 class EngineCounters:
-    """Monotonic counters, as exposed by vLLM's ``*_total`` metrics."""
+    """Monotonic counters, as exposed by vLLM's ``*_total`` metrics (prefix cache ones in tokens)."""
 
     prompt_tokens: int = 0
     generation_tokens: int = 0
     prefix_cache_queries: int = 0
     prefix_cache_hits: int = 0
     request_success: dict[str, int] = field(default_factory=lambda: dict.fromkeys(FINISH_REASONS, 0))
+    time_to_first_token: Histogram = field(default_factory=lambda: Histogram(TTFT_BUCKETS))
+    inter_token_latency: Histogram = field(default_factory=lambda: Histogram(ITL_BUCKETS))
+    request_queue_time: Histogram = field(default_factory=lambda: Histogram(QUEUE_TIME_BUCKETS))
 
     def copy(self) -> EngineCounters:
-        return dataclasses.replace(self, request_success=dict(self.request_success))
+        return dataclasses.replace(
+            self,
+            request_success=dict(self.request_success),
+            time_to_first_token=self.time_to_first_token.copy(),
+            inter_token_latency=self.inter_token_latency.copy(),
+            request_queue_time=self.request_queue_time.copy(),
+        )
 
 
 @dataclass(slots=True, frozen=True)
@@ -184,39 +262,72 @@ class Engine:
 
     def __init__(self, config: SimConfig) -> None:
         self.config = config
+        self.kv = KVCache(config.kv_cache_size, config.block_size)
+        self.loras = LoraSlots(config.max_loras)
+        self.latency = LatencyModel(
+            time_to_first_token=config.time_to_first_token,
+            prefill_time_per_token=config.prefill_time_per_token,
+            inter_token_latency=config.inter_token_latency,
+            time_factor_under_load=config.time_factor_under_load,
+            max_num_seqs=config.max_num_seqs,
+            time_to_first_token_std_dev=config.time_to_first_token_std_dev,
+            inter_token_latency_std_dev=config.inter_token_latency_std_dev,
+            rng=random.Random(config.seed),
+        )
         self._running: dict[Sequence, None] = {}  # insertion-ordered set
         self._waiting: deque[Sequence] = deque()
         self._counters = EngineCounters()
 
     def submit(self, spec: RequestSpec) -> Sequence:
-        """Admit a request: it runs at once if a slot is free, else it queues.
+        """Admit a request: it runs at once if it can be scheduled, else it queues.
 
         Raises :class:`QueueFullError` when it would have to wait and the queue is full.
         """
-        # Requests only wait while every slot is busy, so a full running set means this one would wait.
-        if len(self._running) >= self.config.max_num_seqs and len(self._waiting) >= self.config.max_waiting:
-            raise QueueFullError(f"waiting queue is full ({self.config.max_waiting} requests)")
-        seq = Sequence(spec=spec, output_tokens=self._output_tokens(spec), finish_reason=_finish_reason(spec))
-        seq.granted = asyncio.get_running_loop().create_future()
+        lora = spec.model if spec.model in self.config.lora_modules else None
+        seq = Sequence(
+            spec=spec,
+            output_tokens=self._output_tokens(spec),
+            finish_reason=_finish_reason(spec),
+            lora=lora,
+            block_hashes=block_hashes(
+                spec.prompt, self.config.block_size, hash_seed(lora or self.config.model)
+            ),
+        )
+        loop = asyncio.get_running_loop()
+        seq.arrival = loop.time()
+        seq.granted = loop.create_future()
         self._waiting.append(seq)
         self._schedule()
+        if seq.state is SeqState.WAITING and len(self._waiting) > self.config.max_waiting:
+            self._waiting.remove(seq)
+            seq.state = SeqState.FINISHED
+            seq.granted.cancel()
+            raise QueueFullError(f"waiting queue is full ({self.config.max_waiting} requests)")
         return seq
 
     async def tokens(self, seq: Sequence) -> AsyncGenerator[Token, None]:
-        """Wait for a running slot, then yield the generated tokens with simulated timing."""
+        """Wait to be scheduled, then yield the generated tokens with simulated timing."""
+        loop = asyncio.get_running_loop()
         try:
             if seq.granted is not None:
                 await seq.granted
-            await asyncio.sleep(self.config.delay_seconds(self.config.time_to_first_token))
+            await asyncio.sleep(self.config.delay_seconds(seq.ttft_ms))
             self._counters.prompt_tokens += seq.spec.prompt_tokens
+            last = loop.time()
+            self._counters.time_to_first_token.observe(last - seq.arrival)
             for index in range(seq.output_tokens):
                 if index:
-                    await asyncio.sleep(self.config.delay_seconds(self.config.inter_token_latency))
+                    await asyncio.sleep(self.config.delay_seconds(self.latency.itl_ms(len(self._running))))
+                    now = loop.time()
+                    self._counters.inter_token_latency.observe(now - last)
+                    last = now
                 seq.generated_tokens += 1
                 self._counters.generation_tokens += 1
-                last = index == seq.output_tokens - 1
+                if seq.allocation is not None:
+                    self.kv.grow(seq.allocation, seq.spec.prompt_tokens + seq.generated_tokens)
+                final = index == seq.output_tokens - 1
                 yield Token(
-                    index=index, text=token_text(index), finish_reason=seq.finish_reason if last else None
+                    index=index, text=token_text(index), finish_reason=seq.finish_reason if final else None
                 )
             self._finish(seq)
         finally:
@@ -227,31 +338,62 @@ class Engine:
         self._release(seq)
 
     def snapshot(self) -> EngineSnapshot:
-        """The real current state: queue lengths, KV usage and counters."""
-        kv_tokens = sum(seq.kv_tokens for seq in self._running)
+        """The real current state: queue lengths, KV usage, LoRA adapters and counters."""
         return EngineSnapshot(
             running=len(self._running),
             waiting=len(self._waiting),
-            kv_cache_usage=min(1.0, kv_tokens / self.config.kv_capacity_tokens),
-            running_lora_adapters=(),
-            waiting_lora_adapters=(),
+            kv_cache_usage=min(1.0, self.kv.usage),
+            running_lora_adapters=_adapters(self._running),
+            waiting_lora_adapters=_adapters(self._waiting),
             counters=self._counters.copy(),
             timestamp=time.time(),
         )
+
+    @property
+    def waiting(self) -> tuple[Sequence, ...]:
+        return tuple(self._waiting)
+
+    @property
+    def running(self) -> tuple[Sequence, ...]:
+        return tuple(self._running)
 
     def _output_tokens(self, spec: RequestSpec) -> int:
         return spec.max_tokens if spec.max_tokens is not None else self.config.max_tokens
 
     def _schedule(self) -> None:
-        """Move waiting requests to running, in FIFO order, while slots are free."""
-        while self._waiting and len(self._running) < self.config.max_num_seqs:
-            seq = self._waiting.popleft()
-            seq.state = SeqState.RUNNING
-            self._running[seq] = None
-            self._counters.prefix_cache_queries += seq.spec.prompt_tokens
-            self._counters.prefix_cache_hits += seq.cached_tokens
-            if seq.granted is not None and not seq.granted.done():
-                seq.granted.set_result(None)
+        """Start waiting requests in FIFO order while slots and KV blocks allow.
+
+        The queue stops at a request whose prompt does not fit in the KV cache; a request whose LoRA
+        adapter cannot be loaded yet is passed over.
+        """
+        for seq in list(self._waiting):
+            if len(self._running) >= self.config.max_num_seqs:
+                return
+            if seq.lora is not None and not self.loras.can_acquire(seq.lora, self._busy_adapters()):
+                continue
+            allocation = self.kv.allocate(seq.block_hashes, seq.spec.prompt_tokens)
+            if allocation is None:
+                return
+            loaded = seq.lora is not None and self.loras.acquire(seq.lora, self._busy_adapters())
+            self._start(seq, allocation, lora_loaded=bool(loaded))
+
+    def _start(self, seq: Sequence, allocation: Allocation, *, lora_loaded: bool) -> None:
+        self._waiting.remove(seq)
+        seq.state = SeqState.RUNNING
+        seq.allocation = allocation
+        self._running[seq] = None
+        seq.cached_tokens = allocation.hit_tokens
+        seq.uncached_tokens = 0 if seq.spec.remote_prefill else seq.spec.prompt_tokens - seq.cached_tokens
+        seq.lora_load_ms = self.config.lora_load_time if lora_loaded else 0.0
+        seq.ttft_ms = seq.lora_load_ms + self.latency.ttft_ms(seq.uncached_tokens, len(self._running))
+        self._counters.prefix_cache_queries += seq.spec.prompt_tokens
+        self._counters.prefix_cache_hits += seq.cached_tokens
+        self._counters.request_queue_time.observe(asyncio.get_running_loop().time() - seq.arrival)
+        if seq.granted is not None and not seq.granted.done():
+            seq.granted.set_result(None)
+
+    def _busy_adapters(self) -> set[str]:
+        return {seq.lora for seq in self._running if seq.lora is not None}
 
     def _finish(self, seq: Sequence) -> None:
         if seq.state is not SeqState.RUNNING:
@@ -264,12 +406,19 @@ class Engine:
             self._waiting.remove(seq)
         elif seq.state is SeqState.RUNNING:
             del self._running[seq]
+            if seq.allocation is not None:
+                self.kv.free(seq.allocation)
         else:
             return
         seq.state = SeqState.FINISHED
         if seq.granted is not None and not seq.granted.done():
             seq.granted.cancel()
         self._schedule()
+
+
+def _adapters(seqs: Iterable[Sequence]) -> tuple[str, ...]:
+    """The distinct LoRA adapters of some sequences, in order of first appearance."""
+    return tuple(dict.fromkeys(seq.lora for seq in seqs if seq.lora is not None))
 
 
 def _finish_reason(spec: RequestSpec) -> str:

@@ -12,6 +12,8 @@ shape ``{"error": {"message", "type", "param", "code"}}``.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import random
 import time
 import uuid
 from collections import deque
@@ -23,7 +25,7 @@ import orjson
 import structlog
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from epp.sim.engine import (
@@ -34,10 +36,11 @@ from epp.sim.engine import (
     Sequence,
     SimConfig,
     Token,
-    estimate_tokens,
 )
+from epp.sim.latency import Histogram
+from epp.sim.tokens import chat_tokens, id_tokens, text_tokens
 
-__all__ = ["SimConfig", "SimServer", "build_app"]
+__all__ = ["SimCluster", "SimConfig", "SimServer", "build_app", "rank_configs"]
 
 log = structlog.get_logger("epp.sim")
 
@@ -46,6 +49,7 @@ MAX_BODY_BYTES = 64 * 1024 * 1024
 POD_HEADER = "x-inference-pod"
 NAMESPACE_HEADER = "x-inference-namespace"
 PORT_HEADER = "x-inference-port"
+FORCE_ERROR_HEADER = "x-sim-force-error"
 JSON_CONTENT_TYPE = "application/json"
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -161,6 +165,7 @@ ENGINE_KEY = web.AppKey("engine", Engine)
 JOURNAL_KEY = web.AppKey("journal", RequestJournal)
 REGISTRY_KEY = web.AppKey("registry", CollectorRegistry)
 CREATED_KEY = web.AppKey("created", int)
+RNG_KEY = web.AppKey("rng", random.Random)
 
 
 # --------------------------------------------------------------------------- request parsing
@@ -172,10 +177,26 @@ class InferenceRequest:
 
     chat: bool
     model: str
-    prompt_tokens: int
+    prompt: tuple[str, ...]
     max_tokens: int | None
     stream: bool
     include_usage: bool
+    kv_transfer_params: dict[str, Any] | None = None
+
+    @property
+    def prompt_tokens(self) -> int:
+        return len(self.prompt)
+
+    @property
+    def remote_prefill(self) -> bool:
+        """The prompt's KV comes from a remote prefill worker (``do_remote_prefill`` or remote block ids)."""
+        params = self.kv_transfer_params or {}
+        return params.get("do_remote_prefill") is True or params.get("remote_block_ids") is not None
+
+    @property
+    def remote_decode(self) -> bool:
+        """A prefill-only request whose KV a remote decode worker will fetch."""
+        return (self.kv_transfer_params or {}).get("do_remote_decode") is True
 
 
 def decode_body(raw: bytes) -> dict[str, Any]:
@@ -190,15 +211,18 @@ def decode_body(raw: bytes) -> dict[str, Any]:
 
 def parse_request(body: dict[str, Any], config: SimConfig, *, chat: bool) -> InferenceRequest:
     """Validate the body (400 on bad fields), then the model (404 when not served)."""
-    prompt_tokens = _chat_prompt_tokens(body) if chat else _completion_prompt_tokens(body)
+    prompt = _chat_prompt(body) if chat else _completion_prompt(body)
     max_tokens = _max_tokens(body, chat=chat)
     stream = _optional_bool(body, "stream")
     options = body.get("stream_options")
     if options is not None and not isinstance(options, dict):
         raise bad_request("stream_options must be an object", "stream_options")
     include_usage = stream and _optional_bool(options or {}, "include_usage", param="stream_options")
+    kv_transfer_params = body.get("kv_transfer_params")
+    if kv_transfer_params is not None and not isinstance(kv_transfer_params, dict):
+        raise bad_request("kv_transfer_params must be an object", "kv_transfer_params")
     model = _model(body, config)
-    return InferenceRequest(chat, model, prompt_tokens, max_tokens, stream, include_usage)
+    return InferenceRequest(chat, model, prompt, max_tokens, stream, include_usage, kv_transfer_params)
 
 
 def _model(body: dict[str, Any], config: SimConfig) -> str:
@@ -207,34 +231,35 @@ def _model(body: dict[str, Any], config: SimConfig) -> str:
         return config.model
     if not isinstance(model, str):
         raise bad_request("model must be a string", "model")
-    if model not in config.model_names:
+    if model not in config.model_names and model not in config.lora_modules:
         raise OpenAIError(404, f"The model `{model}` does not exist.", "NotFoundError", "model")
     return model
 
 
-def _completion_prompt_tokens(body: dict[str, Any]) -> int:
+def _completion_prompt(body: dict[str, Any]) -> tuple[str, ...]:
     prompt = body.get("prompt")
     if isinstance(prompt, str):
-        return estimate_tokens(prompt)
+        return tuple(text_tokens(prompt))
     if isinstance(prompt, list) and prompt:
         if all(isinstance(item, str) for item in prompt):
-            return sum(estimate_tokens(item) for item in prompt)
+            return tuple(token for item in prompt for token in text_tokens(item))
         if all(_is_int(item) for item in prompt):
-            return len(prompt)
+            return tuple(id_tokens(prompt))
         if all(isinstance(item, list) and all(_is_int(tok) for tok in item) for item in prompt):
-            return sum(len(item) for item in prompt)
+            return tuple(token for item in prompt for token in id_tokens(item))
     if prompt is None:
         raise bad_request("prompt is required", "prompt")
     raise bad_request("prompt must be a string, a list of strings or a list of token ids", "prompt")
 
 
-def _chat_prompt_tokens(body: dict[str, Any]) -> int:
+def _chat_prompt(body: dict[str, Any]) -> tuple[str, ...]:
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise bad_request("messages must be a non-empty list", "messages")
     if not all(isinstance(message, dict) for message in messages):
         raise bad_request("every message must be an object", "messages")
-    return estimate_tokens("".join(_message_text(message.get("content")) for message in messages))
+    pairs = [(str(message.get("role", "")), _message_text(message.get("content"))) for message in messages]
+    return tuple(chat_tokens(pairs))
 
 
 def _message_text(content: object) -> str:
@@ -280,6 +305,8 @@ class Completion:
     request: InferenceRequest
     request_id: str
     created: int = field(default_factory=lambda: int(time.time()))
+    kv_transfer_params: dict[str, Any] | None = None
+    """Returned to a prefill request (``do_remote_decode``) so the decoder can fetch the KV."""
 
     @property
     def object_name(self) -> str:
@@ -302,7 +329,10 @@ class Completion:
         """The non-streaming response body."""
         content = {"message": {"role": "assistant", "content": text}} if self.request.chat else {"text": text}
         choice = _choice(content, finish_reason)
-        return self._envelope(self.object_name, [choice]) | {"usage": self.usage(seq)}
+        body = self._envelope(self.object_name, [choice]) | {"usage": self.usage(seq)}
+        if self.kv_transfer_params is not None:
+            body["kv_transfer_params"] = self.kv_transfer_params
+        return body
 
     def role_chunk(self) -> dict[str, Any]:
         """The first chat chunk, announcing the assistant role."""
@@ -316,6 +346,19 @@ class Completion:
 
     def usage_chunk(self, seq: Sequence) -> dict[str, Any]:
         return self._envelope(self.chunk_object_name, []) | {"usage": self.usage(seq)}
+
+    def remote_decode_params(self, seq: Sequence, identity: Identity, config: SimConfig) -> dict[str, Any]:
+        """What a vLLM prefill worker (NIXL connector) returns for its decoder: where the KV blocks are."""
+        blocks = -(-seq.spec.prompt_tokens // config.block_size)
+        return {
+            "do_remote_prefill": True,
+            "do_remote_decode": False,
+            "remote_engine_id": identity.pod,
+            "remote_block_ids": list(range(blocks)),
+            "remote_host": config.host,
+            "remote_port": identity.port,
+            "tp_size": 1,
+        }
 
     def _envelope(self, object_name: str, choices: list[dict[str, Any]]) -> dict[str, Any]:
         return {
@@ -352,20 +395,57 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
 async def _inference(request: web.Request, *, chat: bool) -> web.StreamResponse:
     raw = await request.read()
     request.app[JOURNAL_KEY].record(request, raw)
-    parsed = parse_request(decode_body(raw), request.app[CONFIG_KEY], chat=chat)
+    config = request.app[CONFIG_KEY]
+    failure = injected_failure(request)
+    if failure is not None:
+        raise failure
+    parsed = parse_request(decode_body(raw), config, chat=chat)
     engine = request.app[ENGINE_KEY]
     completion = Completion(parsed, _request_id(request, chat=chat))
-    spec = RequestSpec(completion.request_id, parsed.model, parsed.prompt_tokens, parsed.max_tokens)
+    spec = RequestSpec.of(
+        completion.request_id,
+        parsed.model,
+        parsed.prompt,
+        parsed.max_tokens,
+        remote_prefill=parsed.remote_prefill and config.role != "prefill",
+    )
     try:
         seq = engine.submit(spec)
     except QueueFullError as exc:
         raise OpenAIError(429, str(exc), "TooManyRequestsError") from None
+    if parsed.remote_decode and config.role != "decode":
+        completion.kv_transfer_params = completion.remote_decode_params(seq, identity_of(request), config)
     try:
         if parsed.stream:
             return await _stream(request, engine, seq, completion)
         return await _respond(engine, seq, completion)
     finally:
         engine.abort(seq)
+
+
+_FAILURES: dict[str, tuple[int, str, str]] = {
+    "rate_limit": (429, "Rate limit reached (injected failure)", "TooManyRequestsError"),
+    "server_error": (500, "Internal server error (injected failure)", "InternalServerError"),
+    "invalid_request": (400, "Invalid request (injected failure)", "BadRequestError"),
+    "model_not_found": (404, "The model does not exist (injected failure)", "NotFoundError"),
+}
+
+
+def injected_failure(request: web.Request) -> OpenAIError | None:
+    """The error to answer instead of serving: forced by ``x-sim-force-error`` or drawn at random."""
+    config = request.app[CONFIG_KEY]
+    forced = request.headers.get(FORCE_ERROR_HEADER)
+    if forced is not None:
+        kind = forced.strip().lower()
+        if kind not in _FAILURES:
+            known = ", ".join(_FAILURES)
+            return bad_request(f"Unknown {FORCE_ERROR_HEADER} value {forced!r}; known: {known}")
+    elif config.failure_injection_rate > 0 and request.app[RNG_KEY].random() < config.failure_injection_rate:
+        kind = request.app[RNG_KEY].choice(config.failure_types)
+    else:
+        return None
+    status, message, error_type = _FAILURES[kind]
+    return OpenAIError(status, message, error_type, "model" if kind == "model_not_found" else None)
 
 
 def _request_id(request: web.Request, *, chat: bool) -> str:
@@ -426,6 +506,17 @@ async def models(request: web.Request) -> web.Response:
         }
         for name in config.model_names
     ]
+    data += [
+        {
+            "id": name,
+            "object": "model",
+            "created": created,
+            "owned_by": "vllm",
+            "root": name,
+            "parent": config.model,
+        }
+        for name in config.lora_modules
+    ]
     return _json_response({"object": "list", "data": data})
 
 
@@ -465,6 +556,7 @@ class EngineCollector(Collector):
         yield from _state_gauges(config, snap)
         yield from _info_gauges(config, snap)
         yield from _counters(config, snap)
+        yield from _histograms(config, snap)
 
 
 def _gauge(name: str, doc: str, model: str, value: float) -> GaugeMetricFamily:
@@ -538,6 +630,34 @@ def _counters(config: SimConfig, snap: EngineSnapshot) -> Iterable[Metric]:
     )
 
 
+def _histogram(name: str, doc: str, model: str, histogram: Histogram) -> HistogramMetricFamily:
+    family = HistogramMetricFamily(name, doc, labels=["model_name"])
+    family.add_metric([model], histogram.cumulative(), histogram.total)
+    return family
+
+
+def _histograms(config: SimConfig, snap: EngineSnapshot) -> Iterable[Metric]:
+    model, counters = config.model, snap.counters
+    yield _histogram(
+        "vllm:time_to_first_token_seconds",
+        "Histogram of time to first token in seconds.",
+        model,
+        counters.time_to_first_token,
+    )
+    yield _histogram(
+        "vllm:inter_token_latency_seconds",
+        "Histogram of inter-token latency in seconds.",
+        model,
+        counters.inter_token_latency,
+    )
+    yield _histogram(
+        "vllm:request_queue_time_seconds",
+        "Histogram of time spent in WAITING phase for request.",
+        model,
+        counters.request_queue_time,
+    )
+
+
 # --------------------------------------------------------------------------- application
 
 
@@ -552,6 +672,7 @@ def build_app(config: SimConfig) -> web.Application:
     app[JOURNAL_KEY] = RequestJournal()
     app[REGISTRY_KEY] = registry
     app[CREATED_KEY] = int(time.time())
+    app[RNG_KEY] = random.Random(config.seed)
     app.on_response_prepare.append(add_identity_headers)
     app.router.add_post("/v1/completions", completions)
     app.router.add_post("/v1/chat/completions", chat_completions)
@@ -610,3 +731,42 @@ def _bound_port(runner: web.AppRunner, fallback: int) -> int:
         if isinstance(address, tuple) and len(address) >= 2:
             return int(address[1])
     return fallback
+
+
+def rank_configs(config: SimConfig) -> list[SimConfig]:
+    """One config per data-parallel rank: rank ``i`` listens on ``port + i`` (any free port if 0)."""
+    step = 1 if config.port else 0
+    return [
+        dataclasses.replace(config, port=config.port + rank * step, data_parallel_size=1)
+        for rank in range(config.data_parallel_size)
+    ]
+
+
+class SimCluster:
+    """``data_parallel_size`` independent simulators (ranks), each with its own engine, cache and metrics.
+
+    Usable as ``async with SimCluster(config) as cluster: ... cluster.servers[i].url ...``.
+    """
+
+    def __init__(self, config: SimConfig) -> None:
+        self.config = config
+        self.servers = [SimServer(rank) for rank in rank_configs(config)]
+
+    async def start(self) -> None:
+        try:
+            for server in self.servers:
+                await server.start()
+        except BaseException:
+            await self.stop()
+            raise
+
+    async def stop(self) -> None:
+        for server in reversed(self.servers):
+            await server.stop()
+
+    async def __aenter__(self) -> SimCluster:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        await self.stop()

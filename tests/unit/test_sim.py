@@ -25,6 +25,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from epp.sim.cli import add_arguments, config_from_args, serve
 from epp.sim.engine import Engine, QueueFullError, RequestSpec, SeqState, SimConfig
 from epp.sim.server import SimServer, build_app
+from epp.sim.tokens import CHAT_MESSAGE_OVERHEAD
 
 StartSim = Callable[..., Awaitable[SimServer]]
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
@@ -41,6 +42,7 @@ async def start_sim() -> AsyncIterator[StartSim]:
         options: dict[str, Any] = {
             "port": 0,
             "time_to_first_token": 0.0,
+            "prefill_time_per_token": 0.0,
             "inter_token_latency": 0.0,
         } | overrides
         server = SimServer(SimConfig(**options))
@@ -190,9 +192,9 @@ async def test_chat_honours_max_completion_tokens(
     [choice] = data["choices"]
     assert choice["message"]["role"] == "assistant"
     assert choice["finish_reason"] == "length"
-    assert data["usage"]["prompt_tokens"] == 2
+    assert data["usage"]["prompt_tokens"] == 2 + 2 * CHAT_MESSAGE_OVERHEAD  # 4 characters each, plus overhead
     assert data["usage"]["completion_tokens"] == 4
-    assert data["usage"]["total_tokens"] == 6
+    assert data["usage"]["total_tokens"] == 6 + 2 * CHAT_MESSAGE_OVERHEAD
 
 
 async def test_streaming_completion_chunks_and_usage(
@@ -320,20 +322,21 @@ async def test_disconnect_releases_slot_without_handler_cancellation(session: ai
         await runner.cleanup()
 
 
-async def test_kv_cache_usage_is_running_tokens_over_capacity(
+async def test_kv_cache_usage_is_running_blocks_over_capacity(
     start_sim: StartSim, session: aiohttp.ClientSession
 ) -> None:
     # 10 blocks of 10 tokens; a 40-character prompt is 10 tokens; the next token never comes.
     sim = await start_sim(kv_cache_size=10, block_size=10, inter_token_latency=3_600_000.0)
     stream = await open_stream(session, sim.url, {"prompt": "p" * 40, "max_tokens": 5})
     samples = await scrape(session, sim.url)
-    assert metric(samples, "vllm:kv_cache_usage_perc") == pytest.approx((10 + 1) / 100)
-    big = await open_stream(session, sim.url, {"prompt": "q" * 4000, "max_tokens": 5})
+    assert metric(samples, "vllm:kv_cache_usage_perc") == pytest.approx(2 / 10)  # 11 tokens: 2 blocks
+    big = await open_stream(session, sim.url, {"prompt": "q" * 280, "max_tokens": 5})  # 70 tokens
     samples = await scrape(session, sim.url)
-    assert metric(samples, "vllm:kv_cache_usage_perc") == 1.0
+    assert metric(samples, "vllm:kv_cache_usage_perc") == pytest.approx(10 / 10)  # 2 + 8 blocks
     stream.close()
     big.close()
-    await wait_for_metrics(session, sim.url, queue_is(running=0, waiting=0))
+    samples = await wait_for_metrics(session, sim.url, queue_is(running=0, waiting=0))
+    assert metric(samples, "vllm:kv_cache_usage_perc") == 0  # cached blocks stay but are not in use
 
 
 async def test_info_metrics(start_sim: StartSim, session: aiohttp.ClientSession) -> None:
