@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 PYTHON := $(BIN)/python
 
-.PHONY: install run test test-unit test-integration lint bench-cpu bench-sched clean
+.PHONY: install run test test-unit test-integration lint bench-cpu bench-sched bench-routing clean
 
 install: $(VENV)/.installed
 
@@ -36,6 +36,9 @@ bench-cpu: install
 
 bench-sched: install
 	$(PYTHON) bench/sched.py
+
+bench-routing: install
+	$(PYTHON) bench/routing.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache

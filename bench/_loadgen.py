@@ -1,0 +1,218 @@
+"""Open-loop load generator for ``bench/routing.py`` (and the routing-quality integration test).
+
+Runs in its own process (aiohttp client on uvloop) so that its CPU never competes with the EPP's
+event loop. The workload is fully determined by ``--seed``: G groups of requests that share a long
+system prompt (different varied text per group) followed by a unique user question, a uniformly
+random group per request, and Poisson arrivals at ``--rate`` requests/s. Every request is a
+streaming chat completion with ``stream_options.include_usage``; per request it records the TTFT
+(time from sending to the first SSE ``data:`` chunk), the output tokens (from the usage chunk, else
+the number of content chunks), the serving pod (``x-inference-pod``) and any error.
+
+The result is one JSON document (``{"wall_seconds": ..., "requests": [...]}``) written to
+``--output`` (default stdout)::
+
+    python bench/_loadgen.py --url http://127.0.0.1:8081 --rate 6 --requests 240 --output out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+PATH = "/v1/chat/completions"
+
+# A small vocabulary: the system prompts are random sentences over it (varied text, not one
+# repeated phrase, so every group's prompt is distinct from its first characters on).
+_VOCABULARY = (
+    "account adapter admission affinity allocate analysis answer archive arrival attention backend "
+    "balance batch block boundary budget buffer cache capacity channel chunk cluster compute config "
+    "context counter decode default deploy detail device digest document domain endpoint engine "
+    "estimate event evict expert factor feature filter fleet format gateway gradient graph group "
+    "handler header health history index input kernel latency layer ledger limit listener memory "
+    "metric model module network node number object operator output packet pipeline policy pool "
+    "prefill prefix priority profile prompt protocol queue quota range ratio record region replica "
+    "request resource response route runtime sample schedule scorer segment sequence server session "
+    "shard signal source stream subset system table target tensor thread token topic trace traffic "
+    "update value vector version window worker workload"
+)
+_WORDS = _VOCABULARY.split()
+
+
+def _sentence(rng: random.Random) -> str:
+    words = [rng.choice(_WORDS) for _ in range(rng.randint(8, 16))]
+    return " ".join(words).capitalize() + "."
+
+
+def system_prompt(group: int, chars: int, seed: int) -> str:
+    """About ``chars`` characters of varied text, the same for the same (group, seed)."""
+    rng = random.Random(f"system-{seed}-{group}")
+    parts = [f"You are assistant number {group} of the routing benchmark."]
+    size = len(parts[0])
+    while size < chars:
+        parts.append(_sentence(rng))
+        size += len(parts[-1]) + 1
+    return " ".join(parts)[:chars]
+
+
+@dataclass
+class Planned:
+    index: int
+    group: int
+    at: float  # seconds after the start
+    body: bytes
+
+
+def plan(
+    *, requests: int, groups: int, rate: float, prompt_chars: int, max_tokens: int, model: str, seed: int
+) -> list[Planned]:
+    """The workload: the same arguments always give the same requests at the same offsets."""
+    rng = random.Random(f"plan-{seed}")
+    prompts = [system_prompt(g, prompt_chars, seed) for g in range(groups)]
+    out: list[Planned] = []
+    at = 0.0
+    for i in range(requests):
+        group = rng.randrange(groups)
+        question = f"Question {i} ({rng.getrandbits(48):012x}): {_sentence(rng)} Please explain briefly."
+        body = {
+            "model": model,
+            "messages": [
+                {"role": "system", "content": prompts[group]},
+                {"role": "user", "content": question},
+            ],
+            "max_tokens": max_tokens,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+        out.append(Planned(i, group, at, json.dumps(body).encode()))
+        at += rng.expovariate(rate) if rate > 0 else 0.0
+    return out
+
+
+@dataclass
+class Record:
+    index: int
+    group: int
+    status: int = 0
+    ttft: float | None = None  # seconds
+    latency: float | None = None  # seconds, send to end of stream
+    output_tokens: int = 0
+    pod: str = ""
+    error: str = ""
+    start: float = 0.0  # seconds after the run's start
+    end: float = 0.0
+
+
+async def _one(session: Any, url: str, item: Planned, t0: float, timeout: float) -> Record:
+    import aiohttp
+
+    rec = Record(item.index, item.group)
+    sent = time.perf_counter()
+    rec.start = sent - t0
+    chunks = 0
+    usage_tokens: int | None = None
+    try:
+        async with session.post(
+            url,
+            data=item.body,
+            headers={"content-type": "application/json"},
+            timeout=aiohttp.ClientTimeout(total=timeout),
+        ) as resp:
+            rec.status = resp.status
+            rec.pod = resp.headers.get("x-inference-pod", "")
+            if resp.status != 200:
+                rec.error = f"HTTP {resp.status}: {(await resp.text())[:200]}"
+            else:
+                async for raw in resp.content:
+                    line = raw.strip()
+                    if not line.startswith(b"data:"):
+                        continue
+                    data = line[5:].strip()
+                    if rec.ttft is None:
+                        rec.ttft = time.perf_counter() - sent
+                    if data == b"[DONE]":
+                        continue
+                    chunk = json.loads(data)
+                    if chunk.get("usage"):
+                        usage_tokens = int(chunk["usage"].get("completion_tokens") or 0)
+                    if any((c.get("delta") or {}).get("content") for c in chunk.get("choices") or []):
+                        chunks += 1
+    except (TimeoutError, aiohttp.ClientError, ValueError) as e:
+        rec.error = f"{type(e).__name__}: {e}"[:200]
+    end = time.perf_counter()
+    rec.end = end - t0
+    if not rec.error:
+        rec.latency = end - sent
+        rec.output_tokens = usage_tokens if usage_tokens is not None else chunks
+    return rec
+
+
+async def run(url: str, items: list[Planned], *, timeout: float, connections: int) -> dict[str, Any]:
+    """Send every planned request at its offset (open loop) and collect the records."""
+    import aiohttp
+
+    connector = aiohttp.TCPConnector(limit=connections, force_close=False)
+    async with aiohttp.ClientSession(connector=connector) as session:
+        t0 = time.perf_counter()
+        tasks = []
+        for item in items:
+            delay = t0 + item.at - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            tasks.append(asyncio.create_task(_one(session, url + PATH, item, t0, timeout)))
+        records = await asyncio.gather(*tasks)
+        wall = time.perf_counter() - t0
+    return {"wall_seconds": wall, "requests": [asdict(r) for r in records]}
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add = parser.add_argument
+    add("--url", required=True, help="base URL, e.g. http://127.0.0.1:8081 (the Envoy listener)")
+    add("--rate", type=float, default=6.0, help="Poisson arrival rate, requests/s; 0 sends all at once")
+    add("--requests", type=int, default=240, help="number of requests (default 240)")
+    add("--groups", type=int, default=8, help="groups sharing a system prompt (default 8)")
+    add("--prompt-chars", type=int, default=12000, help="system prompt length in characters (12000)")
+    add("--max-tokens", type=int, default=16, help="max_tokens of every request (default 16)")
+    add("--model", default="demo", help="model name (default demo)")
+    add("--seed", type=int, default=1, help="workload seed (default 1)")
+    add("--timeout", type=float, default=120.0, help="per-request timeout in seconds (default 120)")
+    add("--connections", type=int, default=512, help="connection pool limit (default 512)")
+    add("--output", default="-", help="where to write the JSON result (default stdout)")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    items = plan(
+        requests=args.requests,
+        groups=args.groups,
+        rate=args.rate,
+        prompt_chars=args.prompt_chars,
+        max_tokens=args.max_tokens,
+        model=args.model,
+        seed=args.seed,
+    )
+    coro = run(args.url.rstrip("/"), items, timeout=args.timeout, connections=args.connections)
+    try:
+        import uvloop
+
+        result = uvloop.run(coro)
+    except ImportError:  # pragma: no cover - uvloop is a dependency of the test extra
+        result = asyncio.run(coro)
+    text = json.dumps(result)
+    if args.output == "-":
+        print(text)
+    else:
+        Path(args.output).write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

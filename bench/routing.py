@@ -1,0 +1,428 @@
+"""Routing quality: the EPP's default scheduling against (random) round-robin (``make bench-routing``).
+
+What runs (every port is a free one, every Envoy gets ``--use-dynamic-base-id``), once per config:
+
+* N ``epp sim`` simulators (``--sims``, 4), started fresh for every config so that their prefix
+  caches start cold;
+* ``epp serve`` over them (file discovery) with the config under test:
+
+  - ``round-robin*``: a profile with only ``random-picker`` (epp has no round-robin picker; uniform
+    random choice is the stand-in — the same load spread on average, with no affinity at all);
+  - ``default``: no scheduling config, i.e. the EPP's default profile (queue-scorer x2 +
+    kv-cache-utilization-scorer x2 + prefix-cache-scorer x3, max-score-picker);
+
+* a real Envoy in front (``epp.envoy_config`` bootstrap, FULL_DUPLEX_STREAMED, fail-closed);
+* the load generator ``bench/_loadgen.py`` in a separate process (aiohttp on uvloop): the SAME
+  seeded workload for every config — G groups (``--groups``, 8) of streaming chat requests sharing a
+  long system prompt (``--prompt-tokens``, ~3,000 tokens = 4 characters each) plus a unique question,
+  Poisson arrivals at ``--rate`` requests/s.
+
+The table shows per config the TTFT (mean/p50/p90), output tokens/s and requests/s over the run's
+wall time, errors, and the fleet's prefix-cache hit rate from the simulators' own counters, scraped
+from every sim's ``/metrics`` before and after the run::
+
+    hit rate = sum(delta vllm:prefix_cache_hits_total) / sum(delta vllm:prefix_cache_queries_total)
+
+(both counted in prompt tokens). The simulator models prefix caching only when ``epp sim`` has
+``--prefill-time-per-token`` (its vLLM-like engine); the script checks ``epp sim --help`` and passes
+the engine's flags only when they exist. Extra simulator flags go through ``--sim-args`` (appended
+last, so they override the defaults).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import shlex
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from epp import envoy_config, stack
+
+MODEL = "demo"
+LOADGEN = Path(__file__).with_name("_loadgen.py")
+READY_TIMEOUT = 60.0
+CHARS_PER_TOKEN = 4  # the simulator's (and the EPP's) token estimate
+
+# epp has no round-robin picker: random-picker alone is the closest stand-in (see docs/plugins.md).
+ROUND_ROBIN_LABEL = "round-robin*"
+ROUND_ROBIN_CONFIG: dict[str, Any] = {
+    "plugins": [{"name": "picker", "type": "random-picker"}],
+    "schedulingProfiles": [{"name": "default", "plugins": [{"pluginRef": "picker"}]}],
+}
+CONFIGS: dict[str, dict[str, Any] | None] = {ROUND_ROBIN_LABEL: ROUND_ROBIN_CONFIG, "default": None}
+
+PREFILL_FLAG = "--prefill-time-per-token"
+
+
+# ------------------------------------------------------------------------------------ simulator
+
+
+def sim_help() -> str:
+    out = subprocess.run(
+        stack.python_argv("sim", "--help"), capture_output=True, text=True, timeout=60, check=False
+    )
+    return out.stdout
+
+
+def sim_has_prefix_cache(help_text: str | None = None) -> bool:
+    """True when ``epp sim`` has the vLLM-like engine (prefix cache, per-token prefill)."""
+    return has_flag(sim_help() if help_text is None else help_text, PREFILL_FLAG)
+
+
+def default_sim_args(help_text: str, *, max_tokens: int) -> list[str]:
+    """Simulator flags for the benchmark, limited to the flags this ``epp sim`` has.
+
+    With the vLLM-like engine (time-scale 1): prefill costs 10 ms + 0.3 ms per uncached prompt token,
+    so a cold 3,000-token system prompt takes ~0.9 s and a cached one ~20 ms (only the question and
+    the last partial block are computed); 10 ms per output token; latencies grow up to 2x with a full
+    batch of 4 (``--time-factor-under-load 1``). 768 blocks x 16 tokens = 12,288 tokens of KV cache
+    hold about 4 of the 8 system prompts (~188 blocks each): a simulator that sees every group
+    (random routing) keeps evicting them and, at 6 req/s over 4 sims, runs mostly cold prefills of
+    ~0.9 s each, so requests queue; one that sees 2 groups (prefix routing) keeps them.
+    """
+    flags: list[tuple[str, str]] = [
+        ("--time-to-first-token", "10"),
+        (PREFILL_FLAG, "0.3"),
+        ("--inter-token-latency", "10"),
+        ("--time-factor-under-load", "1"),
+        ("--max-tokens", str(max_tokens)),
+        ("--max-num-seqs", "4"),
+        ("--kv-cache-size", "768"),
+        ("--block-size", "16"),
+    ]
+    return [x for flag, value in flags if has_flag(help_text, flag) for x in (flag, value)]
+
+
+def has_flag(help_text: str, flag: str) -> bool:
+    return re.search(rf"(?<![\w-]){re.escape(flag)}(?![\w-])", help_text) is not None
+
+
+# ------------------------------------------------------------------------------------ metrics
+
+_SAMPLE = re.compile(r"^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{[^}]*\})?\s+(?P<value>\S+)")
+
+
+def counter_sum(text: str, name: str) -> float:
+    """Sum of every sample of ``name`` (all label sets) in a Prometheus text page."""
+    total = 0.0
+    for line in text.splitlines():
+        m = _SAMPLE.match(line)
+        if m and m["name"] == name:
+            total += float(m["value"])
+    return total
+
+
+def scrape_cache(ports: Sequence[int]) -> tuple[float, float]:
+    """(prefix-cache hits, queries) summed over the simulators on ``ports``, in tokens."""
+    hits = queries = 0.0
+    for port in ports:
+        text = _get(f"http://127.0.0.1:{port}/metrics")
+        hits += counter_sum(text, "vllm:prefix_cache_hits_total")
+        queries += counter_sum(text, "vllm:prefix_cache_queries_total")
+    return hits, queries
+
+
+def _get(url: str) -> str:
+    import urllib.request
+
+    with urllib.request.urlopen(url, timeout=5) as resp:
+        return str(resp.read().decode())
+
+
+# ------------------------------------------------------------------------------------- the stack
+
+
+def envoy_argv(config: Path) -> list[str]:
+    # --use-dynamic-base-id: several Envoys (other benchmarks, tests) may run at once.
+    return [envoy_config.envoy_binary(), "-c", str(config), "--log-level", "warning", "--use-dynamic-base-id"]
+
+
+class Stack:
+    """N sims + ``epp serve`` (with ``config``) + Envoy on free ports; all stopped on exit."""
+
+    def __init__(self, workdir: Path, sims: int, sim_args: Sequence[str], config: dict[str, Any] | None):
+        self.workdir = workdir
+        self.supervisor = stack.Supervisor(workdir / "logs")
+        self.sim_ports = [stack.free_port() for _ in range(sims)]
+        self.sim_args = list(sim_args)
+        self.config = config
+        self.port, self.admin_port = stack.free_port(), stack.free_port()
+        self.grpc_port, self.health_port, self.metrics_port = (stack.free_port() for _ in range(3))
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        sup = self.supervisor
+        for i, port in enumerate(self.sim_ports):
+            sup.start(f"sim-{i}", stack.sim_argv(port, f"sim-{i}", MODEL, self.sim_args))
+        endpoints = self.workdir / "endpoints.yaml"
+        stack.write_endpoints(endpoints, self.sim_ports)
+        config_text = yaml.safe_dump(stack.epp_config(endpoints, self.config), sort_keys=False)
+        (self.workdir / "epp-config.yaml").write_text(config_text)
+        sup.start(
+            "epp",
+            stack.serve_argv(
+                grpc_port=self.grpc_port,
+                health_port=self.health_port,
+                metrics_port=self.metrics_port,
+                config_text=config_text,
+                extra=["--log-level", "warning"],
+            ),
+        )
+        bootstrap = envoy_config.envoy_bootstrap(
+            listen_port=self.port, admin_port=self.admin_port, extproc_port=self.grpc_port
+        )
+        envoy_file = self.workdir / "envoy.yaml"
+        envoy_file.write_text(envoy_config.render(bootstrap))
+        sup.start("envoy", envoy_argv(envoy_file))
+        checks: list[tuple[str, Callable[[], bool]]] = [
+            (f"sim-{i} /health", _ok(f"http://127.0.0.1:{p}/health")) for i, p in enumerate(self.sim_ports)
+        ]
+        checks += [
+            ("EPP readiness", lambda: stack.grpc_serving(self.health_port)),
+            ("Envoy /ready", _ok(f"http://127.0.0.1:{self.admin_port}/ready")),
+            ("GET /v1/models through Envoy", _ok(f"{self.url}/v1/models")),
+        ]
+        for what, check in checks:
+            stack.wait_until(what, check, timeout=READY_TIMEOUT, children=sup.children)
+
+    def alive(self) -> None:
+        dead = self.supervisor.exited()
+        if dead is not None:
+            raise RuntimeError(f"{dead.name} exited ({dead.returncode()}):\n{dead.tail(20)}")
+
+    def __enter__(self) -> Stack:
+        try:
+            self.start()
+        except BaseException:
+            self.supervisor.stop_all()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.supervisor.stop_all()
+
+
+def _ok(url: str) -> Callable[[], bool]:
+    return lambda: stack.http_status(url) == 200
+
+
+# ------------------------------------------------------------------------------------------ bench
+
+
+@dataclass
+class Result:
+    label: str
+    requests: int
+    completed: int
+    errors: int
+    ttft_ms: list[float]
+    output_tokens: int
+    wall: float
+    cache_hits: float
+    cache_queries: float
+    groups_spread: float  # mean number of distinct pods a group's requests went to
+    first_error: str = ""
+
+    @property
+    def hit_rate(self) -> float | None:
+        return self.cache_hits / self.cache_queries if self.cache_queries > 0 else None
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """Nearest-rank percentile (``q`` in 0..100); NaN for no values."""
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    rank = max(1, min(len(ordered), int(-(-q * len(ordered) // 100))))
+    return ordered[rank - 1]
+
+
+def loadgen_argv(url: str, args: argparse.Namespace, output: Path) -> list[str]:
+    return [
+        sys.executable,
+        str(LOADGEN),
+        "--url",
+        url,
+        "--rate",
+        str(args.rate),
+        "--requests",
+        str(args.requests),
+        "--groups",
+        str(args.groups),
+        "--prompt-chars",
+        str(args.prompt_tokens * CHARS_PER_TOKEN),
+        "--max-tokens",
+        str(args.max_tokens),
+        "--model",
+        MODEL,
+        "--seed",
+        str(args.seed),
+        "--output",
+        str(output),
+    ]
+
+
+def summarize(label: str, data: dict[str, Any], hits: float, queries: float) -> Result:
+    recs = data["requests"]
+    ok = [r for r in recs if not r["error"]]
+    errors = [r for r in recs if r["error"]]
+    pods: dict[int, set[str]] = {}
+    for r in ok:
+        pods.setdefault(r["group"], set()).add(r["pod"])
+    return Result(
+        label=label,
+        requests=len(recs),
+        completed=len(ok),
+        errors=len(errors),
+        ttft_ms=[r["ttft"] * 1000 for r in ok if r["ttft"] is not None],
+        output_tokens=sum(r["output_tokens"] for r in ok),
+        wall=float(data["wall_seconds"]),
+        cache_hits=hits,
+        cache_queries=queries,
+        groups_spread=statistics.mean(len(p) for p in pods.values()) if pods else 0.0,
+        first_error=errors[0]["error"] if errors else "",
+    )
+
+
+def run_config(
+    label: str, config: dict[str, Any] | None, args: argparse.Namespace, sim_args: list[str], workdir: Path
+) -> Result:
+    with Stack(workdir, args.sims, sim_args, config) as st:
+        h0, q0 = scrape_cache(st.sim_ports)
+        output = workdir / "loadgen.json"
+        argv = loadgen_argv(st.url, args, output)
+        print(f"  {label}: {shlex.join(argv[1:])}", flush=True)
+        t0 = time.monotonic()
+        proc = subprocess.run(argv, check=False, timeout=args.requests / max(args.rate, 0.1) + 300)
+        if proc.returncode != 0:
+            raise RuntimeError(f"load generator exited with status {proc.returncode}")
+        st.alive()
+        h1, q1 = scrape_cache(st.sim_ports)
+        result = summarize(label, json.loads(output.read_text()), h1 - h0, q1 - q0)
+        print(
+            f"  {label}: {result.completed}/{result.requests} ok in {time.monotonic() - t0:.1f} s, "
+            f"{result.errors} errors{f' (first: {result.first_error})' if result.first_error else ''}",
+            flush=True,
+        )
+        return result
+
+
+def _fmt(value: float | None, spec: str) -> str:
+    return "-" if value is None or value != value else format(value, spec)
+
+
+def print_table(results: Sequence[Result]) -> None:
+    rows: list[tuple[str, Callable[[Result], str]]] = [
+        ("TTFT mean (ms)", lambda r: _fmt(statistics.fmean(r.ttft_ms) if r.ttft_ms else None, ".0f")),
+        ("TTFT p50 (ms)", lambda r: _fmt(percentile(r.ttft_ms, 50), ".0f")),
+        ("TTFT p90 (ms)", lambda r: _fmt(percentile(r.ttft_ms, 90), ".0f")),
+        ("output tokens/s", lambda r: _fmt(r.output_tokens / r.wall if r.wall else None, ".1f")),
+        ("requests/s", lambda r: _fmt(r.completed / r.wall if r.wall else None, ".2f")),
+        ("errors", lambda r: f"{r.errors}/{r.requests}"),
+        ("prefix-cache hit rate", lambda r: _fmt(r.hit_rate, ".3f")),
+        ("  (hit / queried tokens)", lambda r: f"{r.cache_hits:.0f}/{r.cache_queries:.0f}"),
+        ("pods per group (mean)", lambda r: _fmt(r.groups_spread, ".2f")),
+    ]
+    width = max(16, *(len(r.label) + 2 for r in results))
+    print(f"\n{'':<26}" + "".join(f"{r.label:>{width}}" for r in results))
+    for name, cell in rows:
+        print(f"{name:<26}" + "".join(f"{cell(r):>{width}}" for r in results))
+    if any(r.label == ROUND_ROBIN_LABEL for r in results):
+        print(f"{ROUND_ROBIN_LABEL}: random-picker only (epp has no round-robin picker)")
+    if not any(r.cache_hits for r in results):
+        print("note: no prefix-cache hits counted: this epp sim does not model prefix caching")
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add = parser.add_argument
+    add("--sims", type=int, default=4, help="number of simulators (default 4)")
+    add("--groups", type=int, default=8, help="groups sharing a system prompt (default 8)")
+    add("--prompt-tokens", type=int, default=3000, help="system prompt length in tokens (default 3000)")
+    add("--rate", type=float, default=6.0, help="Poisson arrival rate in requests/s (default 6)")
+    add("--requests", type=int, default=240, help="requests per config (default 240, ~40 s at 6/s)")
+    add("--max-tokens", type=int, default=16, help="max_tokens per request (default 16)")
+    add("--seed", type=int, default=1, help="workload seed (default 1)")
+    add(
+        "--sim-args",
+        default="",
+        help="extra flags for every simulator, one shell-quoted string (appended after the defaults)",
+    )
+    add("--time-scale", type=float, default=None, help="simulator --time-scale (default: the sim's own)")
+    add(
+        "--configs",
+        nargs="+",
+        default=list(CONFIGS),
+        choices=list(CONFIGS),
+        help="configs to run, in order (default: all)",
+    )
+    add("--keep-logs", action="store_true", help="keep the work directory (logs, configs) on success")
+    args = parser.parse_args(argv)
+    if min(args.sims, args.groups, args.requests, args.prompt_tokens) < 1 or args.rate <= 0:
+        parser.error("--sims, --groups, --requests, --prompt-tokens and --rate must be positive")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    help_text = sim_help()
+    engine = sim_has_prefix_cache(help_text)
+    sim_args = default_sim_args(help_text, max_tokens=args.max_tokens)
+    if args.time_scale is not None:
+        sim_args += ["--time-scale", str(args.time_scale)]
+    sim_args += shlex.split(args.sim_args)
+    workdir = Path(tempfile.mkdtemp(prefix="epp-bench-routing-"))
+    print(f"command: {shlex.join([sys.executable, *sys.argv])}")
+    print(
+        f"{args.sims} sims, {args.groups} groups x ~{args.prompt_tokens}-token system prompt, "
+        f"{args.requests} requests at {args.rate:g} req/s (Poisson, seed {args.seed}), "
+        f"max_tokens {args.max_tokens}, work dir {workdir}"
+    )
+    print(f"sim args: {shlex.join(sim_args)}")
+    if not engine:
+        print(
+            f"note: this epp sim has no {PREFILL_FLAG} (no prefix-cache model): hit counters stay 0 and "
+            "TTFT does not depend on caching; the run only checks the plumbing"
+        )
+    print(
+        f"{ROUND_ROBIN_LABEL}: epp has no round-robin picker; random-picker alone (uniform random choice) "
+        "stands in for it. default: the EPP's default profile (prefix + queue + kv-cache scorers)",
+        flush=True,
+    )
+    results: list[Result] = []
+    try:
+        for label in args.configs:
+            safe = re.sub(r"[^a-z0-9]+", "-", label.lower()).strip("-")
+            results.append(run_config(label, CONFIGS[label], args, sim_args, workdir / safe))
+    except (RuntimeError, TimeoutError, OSError, subprocess.SubprocessError) as e:
+        print(f"error: {e}\nlogs in {workdir}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(f"interrupted; logs in {workdir}", file=sys.stderr)
+        return 130
+    print_table(results)
+    if args.keep_logs:
+        print(f"logs in {workdir}")
+    else:
+        shutil.rmtree(workdir, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
