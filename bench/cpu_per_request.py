@@ -59,6 +59,8 @@ MODEL = "demo"
 SIM_ARGS = [
     "--time-to-first-token",
     "0",
+    "--prefill-time-per-token",
+    "0",
     "--inter-token-latency",
     "0",
     "--max-tokens",

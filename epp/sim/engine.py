@@ -63,7 +63,7 @@ class SimConfig:
     max_num_seqs: int = 5
     max_waiting: int = 1000
     time_to_first_token: float = 10.0
-    prefill_time_per_token: float = 0.0
+    prefill_time_per_token: float = 0.05  # ms per uncached prompt token (~20k tokens/s of prefill)
     inter_token_latency: float = 2.0
     time_factor_under_load: float = 1.0
     time_to_first_token_std_dev: float = 0.0

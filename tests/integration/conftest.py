@@ -34,7 +34,16 @@ BODY_MODES = ("BUFFERED", "FULL_DUPLEX_STREAMED")
 SUBSET_HEADER = "x-test-endpoint-subset"
 MODEL = "demo"
 # Fast simulators: the tests check routing, not latency.
-SIM_ARGS = ("--time-to-first-token", "0", "--inter-token-latency", "0", "--max-tokens", "4")
+SIM_ARGS = (
+    "--time-to-first-token",
+    "0",
+    "--prefill-time-per-token",
+    "0",
+    "--inter-token-latency",
+    "0",
+    "--max-tokens",
+    "4",
+)
 READY_TIMEOUT = 60.0
 LOG_TAIL_LINES = 30
 
