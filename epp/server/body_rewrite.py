@@ -42,6 +42,25 @@ def model_value_span(text: str) -> tuple[int, int] | None:
     return span
 
 
+def replace_existing_model(body: bytes, model: str) -> bytes:
+    """``body`` with its top-level ``model`` set to ``model``; unchanged when it has none or is no JSON."""
+    try:
+        text = body.decode("utf-8")
+        span = model_value_span(text)
+    except ValueError:
+        return body
+    if span is None:
+        return body
+    start, end = span
+    return (text[:start] + json.dumps(model, ensure_ascii=False) + text[end:]).encode()
+
+
+def model_literal_pairs(old: str, new: str) -> tuple[tuple[bytes, bytes], ...]:
+    """Byte replacements of ``"model":"<old>"`` by ``"model":"<new>"`` for the two common spacings."""
+    o, n = json.dumps(old).encode(), json.dumps(new).encode()
+    return ((b'"model":' + o, b'"model":' + n), (b'"model": ' + o, b'"model": ' + n))
+
+
 def replace_model(body: bytes, model: str) -> bytes:
     """Return ``body`` with its top-level ``model`` set to ``model`` (added if absent)."""
     text = body.decode("utf-8")

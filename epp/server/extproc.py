@@ -37,6 +37,7 @@ from epp.framework import (
     ResponseInfo,
 )
 from epp.server import replies
+from epp.server.body_rewrite import model_literal_pairs, replace_existing_model
 from epp.server.director import EPP_OWNED_HEADERS, REQUEST_ID_HEADER, Director, Routing
 
 log = structlog.get_logger("epp.extproc")
@@ -117,6 +118,7 @@ class _Stream:
         "header_only",
         "headers",
         "metadata",
+        "model_pairs",
         "opts",
         "req_mode",
         "request_id_generated",
@@ -147,6 +149,7 @@ class _Stream:
         self.resp_buffer: list[bytes] = []
         self.response: ResponseInfo | None = None
         self.t_received = 0.0
+        self.model_pairs: tuple[tuple[bytes, bytes], ...] | None = None
 
     # --- request path ------------------------------------------------------------------------
 
@@ -314,25 +317,19 @@ class _Stream:
         routing = self.routing
         if routing is None or not routing.body_changed or routing.request is None or not body:
             return body
-        try:
-            from epp.server.body_rewrite import model_value_span, replace_model
-
-            if model_value_span(body.decode("utf-8")) is None:
-                return body
-            return replace_model(body, routing.request.incoming_model)
-        except ValueError:
-            return body
+        return replace_existing_model(body, routing.request.incoming_model)
 
     def _rewrite_chunk(self, chunk: bytes) -> bytes:
         """Streaming response: replace ``"model":"<target>"`` per chunk (both common spacings)."""
         routing = self.routing
         if routing is None or not routing.body_changed or routing.request is None:
             return chunk
-        r = routing.request
-        import json
-
-        t, i = json.dumps(r.target_model).encode(), json.dumps(r.incoming_model).encode()
-        return chunk.replace(b'"model":' + t, b'"model":' + i).replace(b'"model": ' + t, b'"model": ' + i)
+        if self.model_pairs is None:  # computed once per stream
+            r = routing.request
+            self.model_pairs = model_literal_pairs(r.target_model, r.incoming_model)
+        for old, new in self.model_pairs:
+            chunk = chunk.replace(old, new)
+        return chunk
 
     # --- end ---------------------------------------------------------------------------------
 

@@ -323,3 +323,17 @@ async def test_plugin_set_control_header_is_forwarded_even_when_the_client_sent_
     common = out[0].request_headers.response
     assert set_headers(common)["x-prefiller-host-port"] == "10.0.0.9:8000"
     assert "x-prefiller-host-port" not in common.header_mutation.remove_headers
+
+
+async def test_streaming_response_model_is_rewritten_back_per_chunk(harness: Harness) -> None:
+    body = b'{"model":"demo","stream":true,"messages":[{"role":"user","content":"hi"}]}'
+    msgs = [
+        headers_msg({"x-gateway-model-name-rewrite": "demo-lora"}),
+        body_msg(body, True),
+        response_headers_msg({":status": "200", "content-type": "text/event-stream"}),
+        response_body_msg(b'data: {"model":"demo-lora","x":1}\n\n', False),
+        response_body_msg(b'data: {"model": "demo-lora"}\n\ndata: [DONE]\n\n', True),
+    ]
+    out = await harness.exchange(msgs, expect=5)
+    chunks = [r.response_body.response.body_mutation.streamed_response.body for r in out[3:]]
+    assert chunks == [b'data: {"model":"demo","x":1}\n\n', b'data: {"model": "demo"}\n\ndata: [DONE]\n\n']
