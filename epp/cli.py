@@ -72,8 +72,33 @@ def _add_serve(sub: Any) -> None:
     add_bool(p, "--health-checking", False, "also serve gRPC health on the ext_proc port")
     p.add_argument("--config-file", default=None, help="EndpointPickerConfig YAML file")
     p.add_argument("--config-text", default=None, help="EndpointPickerConfig YAML text")
-    p.add_argument("--pool-name", default="", help="InferencePool name (optional with file discovery)")
-    p.add_argument("--pool-namespace", default=os.environ.get("NAMESPACE") or "default")
+    k = p.add_argument_group("Kubernetes discovery (one of --pool-name, --endpoint-selector)")
+    k.add_argument(
+        "--pool-name", default="", help="InferencePool to serve (with file discovery: the pool's name only)"
+    )
+    k.add_argument(
+        "--pool-namespace",
+        default=os.environ.get("NAMESPACE") or "default",
+        help="namespace of the pool and its pods (default: env NAMESPACE, else default)",
+    )
+    k.add_argument("--pool-group", default="inference.networking.k8s.io", help="InferencePool API group")
+    k.add_argument(
+        "--endpoint-selector", default="", help="standalone mode: pods matching this label selector k=v,..."
+    )
+    k.add_argument(
+        "--endpoint-target-ports", default="", help="standalone mode: 1 to 8 ports per pod, comma-separated"
+    )
+    k.add_argument("--kubeconfig", default=None, help="kubeconfig file (default: in-cluster service account)")
+    k.add_argument(
+        "--model-server-metrics-port",
+        type=int,
+        default=None,
+        help="deprecated: scrape metrics from this pod port (only when the pool has one target port)",
+    )
+    add_bool(k, "--ha-enable-leader-election", False, "readiness only on the replica holding the Lease")
+    k.add_argument("--ha-lease-duration", type=parse_duration, default=15.0, help="lease duration (15s)")
+    k.add_argument("--ha-renew-deadline", type=parse_duration, default=10.0, help="renew deadline (10s)")
+    k.add_argument("--ha-retry-period", type=parse_duration, default=2.0, help="retry period (2s)")
     p.add_argument(
         "--refresh-metrics-interval", type=parse_duration, default=0.05, help="scrape period (50ms)"
     )
@@ -98,6 +123,69 @@ def _add_serve(sub: Any) -> None:
     p.set_defaults(func=_serve)
 
 
+def _target_ports(text: str) -> tuple[int, ...]:
+    ports: list[int] = []
+    for part in (p.strip() for p in text.split(",")):
+        if not part:
+            continue
+        if not part.isdigit() or not 1 <= int(part) <= 65535:
+            raise SystemExit(f'error: invalid port number {part} in "endpoint-target-ports"')
+        if int(part) not in ports:
+            ports.append(int(part))
+    if not 1 <= len(ports) <= 8:
+        raise SystemExit('error: flag "endpoint-target-ports" should have length from 1 to 8')
+    return tuple(ports)
+
+
+def _standalone_pool_name(pod_name: str) -> str:
+    """The Deployment's name from POD_NAME (``<deployment>-<replicaset hash>-<suffix>``)."""
+    parts = pod_name.split("-")
+    return "-".join(parts[:-2]) if len(parts) > 2 else pod_name or "epp"
+
+
+def _kube_options(args: argparse.Namespace, file_discovery: bool) -> Any:
+    """The Kubernetes options, or None with file discovery; ``SystemExit`` on conflicting flags."""
+    from epp.k8s.pool_discovery import parse_endpoint_selector
+    from epp.k8s.runtime import KubeOptions
+
+    if file_discovery:
+        if args.endpoint_selector:
+            raise SystemExit(
+                "error: dataLayer.discovery and --endpoint-selector are both set; "
+                "use exactly one endpoint source"
+            )
+        if args.ha_enable_leader_election:
+            raise SystemExit("error: --ha-enable-leader-election needs Kubernetes discovery (--pool-name)")
+        return None
+    if bool(args.pool_name) == bool(args.endpoint_selector):
+        raise SystemExit("error: either pool-name or endpoint-selector must be set")
+    opts = KubeOptions(
+        namespace=args.pool_namespace,
+        pool_name=args.pool_name,
+        pool_group=args.pool_group,
+        kubeconfig=args.kubeconfig,
+        metrics_port=args.model_server_metrics_port,
+        leader_election=args.ha_enable_leader_election,
+        lease_duration=args.ha_lease_duration,
+        renew_deadline=args.ha_renew_deadline,
+        retry_period=args.ha_retry_period,
+        pod_name=os.environ.get("POD_NAME", ""),
+    )
+    if args.endpoint_selector:
+        try:
+            opts.selector = parse_endpoint_selector(args.endpoint_selector)
+        except ValueError as e:
+            raise SystemExit(f'error: invalid "endpoint-selector": {e}') from None
+        opts.target_ports = _target_ports(args.endpoint_target_ports)
+    elif args.endpoint_target_ports:
+        raise SystemExit('error: "endpoint-target-ports" is only used with "endpoint-selector"')
+    if opts.leader_election and not opts.lease_duration > opts.renew_deadline > opts.retry_period > 0:
+        raise SystemExit(
+            "error: leader election needs --ha-lease-duration > --ha-renew-deadline > --ha-retry-period > 0"
+        )
+    return opts
+
+
 def _serve(args: argparse.Namespace) -> int:
     from epp import logs
     from epp.datalayer.store import EndpointStore
@@ -106,13 +194,10 @@ def _serve(args: argparse.Namespace) -> int:
     logs.configure(args.log_level)
     store = EndpointStore()
     cfg = _load(*_config_text(args), endpoints=store.endpoints)
-    if cfg.discovery is None:
-        print(
-            "error: no endpoint source: set dataLayer.discovery to a file-discovery plugin "
-            "(Kubernetes InferencePool discovery with --pool-name is not available in this version)",
-            file=sys.stderr,
-        )
-        return 2
+    kube_opts = _kube_options(args, file_discovery=cfg.discovery is not None)
+    pool_name = args.pool_name
+    if not pool_name and args.endpoint_selector:
+        pool_name = _standalone_pool_name(os.environ.get("POD_NAME", ""))
     opts = ServeOptions(
         grpc_port=args.grpc_port,
         grpc_health_port=args.grpc_health_port,
@@ -121,7 +206,7 @@ def _serve(args: argparse.Namespace) -> int:
         secure_serving=args.secure_serving,
         cert_path=args.cert_path,
         health_checking=args.health_checking,
-        pool_name=args.pool_name or "epp",
+        pool_name=pool_name or "epp",
         pool_namespace=args.pool_namespace,
         refresh_metrics_interval=args.refresh_metrics_interval,
         refresh_prometheus_metrics_interval=args.refresh_prometheus_metrics_interval,
@@ -134,10 +219,23 @@ def _serve(args: argparse.Namespace) -> int:
     )
 
     async def main() -> None:
-        await EppServer(cfg, opts, store).run()
+        kube = None
+        if kube_opts is not None:
+            from epp.k8s.client import KubeConfigError
+            from epp.k8s.runtime import KubeRuntime
+
+            try:
+                kube = await KubeRuntime.build(
+                    kube_opts, pool_name=opts.pool_name, app_protocols=cfg.parser.supported_app_protocols()
+                )
+            except KubeConfigError as e:
+                raise SystemExit(f"error: {e}") from None
+        await EppServer(cfg, opts, store, kube=kube).run()
 
     try:
         run_async(main)
+    except SystemExit:
+        raise
     except Exception as e:
         import structlog
 

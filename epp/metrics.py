@@ -96,6 +96,11 @@ PLUGIN_DURATION = promlite.Histogram(
     ["extension_point", "plugin_type", "plugin_name"],
     buckets=PLUGIN_BUCKETS,
 )
+MODEL_REWRITE_DECISIONS = promlite.Counter(
+    "inference_extension_model_rewrite_decisions_total",
+    "[ALPHA] Total number of inference model rewrite decisions.",
+    ["model_rewrite_name", "model_name", "target_model"],
+)
 INFO = Gauge(
     "inference_extension_info",
     "[ALPHA] General information of the current build of Inference Extension.",
@@ -121,6 +126,7 @@ promlite.register(
     SCHEDULER_E2E,
     SCHEDULER_ATTEMPTS,
     PLUGIN_DURATION,
+    MODEL_REWRITE_DECISIONS,
 )
 
 _plugin_children: dict[tuple[str, int], promlite.HistogramChild] = {}

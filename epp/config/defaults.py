@@ -14,6 +14,10 @@ The same rule applies to the other system defaults (flow-control policies, the
 ``utilization-detector`` saturation detector): the loader instantiates a default only when its type
 is registered. The parser is the exception: a working EPP needs one, so a missing ``openai-parser``
 is a configuration error on ``parser.pluginRef``.
+
+The saturation detector is not part of this document: without a ``saturationDetector`` section the
+loader uses the ``utilization-detector`` instance declared under ``plugins`` or creates one with the
+defaults (queue 5, KV 0.8, staleness 200ms), for legacy admission only (it is no filter there).
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ DEFAULT_PROFILE_NAME = "default"
 SINGLE_PROFILE_HANDLER = "single-profile-handler"
 DEFAULT_PICKER = "max-score-picker"
 DEFAULT_PARSER = "openai-parser"
-DEFAULT_SATURATION_DETECTOR = "utilization-detector"
+DEFAULT_SATURATION_DETECTOR = "utilization-detector"  # epp.plugins.saturation.utilization_detector
 METRICS_DATA_SOURCE = "metrics-data-source"
 CORE_METRICS_EXTRACTOR = "core-metrics-extractor"
 PREFIX_CACHE_SCORER = "prefix-cache-scorer"

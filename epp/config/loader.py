@@ -9,11 +9,12 @@ dotted path of the offending element and the reference's message text:
    ``Params``, then ``cls(name, params, handle)``. The handle resolves plugins declared *earlier*
    (that is why deciders precede the disagg handler) and the current endpoints.
 3. Validate profile names and references, then apply the system defaults: a ``default`` profile
-   holding every filter, scorer and picker when there are no profiles; ``single-profile-handler``
-   for exactly one profile without a handler; a picker (the first picker instance, else a new
-   ``max-score-picker``) for profiles without one; weight 1.0 for weightless scorers; flow-control
-   policies, the parser, the saturation detector and the metrics data source. Defaults whose type is
-   not registered in this build are skipped, except the parser, which is required.
+   holding every filter, scorer and picker (saturation detectors excepted) when there are no
+   profiles; ``single-profile-handler`` for exactly one profile without a handler; a picker (the
+   first picker instance, else a new ``max-score-picker``) for profiles without one; weight 1.0 for
+   weightless scorers; flow-control policies, the parser, the saturation detector (default
+   ``utilization-detector``, not used as a filter) and the metrics data source. Defaults whose type
+   is not registered in this build are skipped, except the parser, which is required.
 4. Create producers for consumed-but-unproduced data keys (§1.8), forwarding the consumer's matching
    parameters (quirk D5), and order producers so that each runs after the producers it consumes
    from (otherwise in ``plugins:`` order).
@@ -74,6 +75,7 @@ from epp.framework.interfaces import (
     RequestDone,
     ResponseBodyProcessor,
     ResponseHeaderProcessor,
+    SaturationDetector,
     Scorer,
 )
 from epp.framework.params import decode_params, yaml_key
@@ -96,7 +98,7 @@ class LoadedConfig:
     discovery: EndpointDiscovery | None
     data_sources: list[tuple[DataSource, list[Extractor]]]
     feature_gates: frozenset[str]
-    saturation_detector: Plugin | None = None
+    saturation_detector: SaturationDetector | None = None
     pre_request: list[PreRequest] = field(default_factory=list)
     producers: list[DataProducer] = field(default_factory=list)
     admitters: list[Admitter] = field(default_factory=list)
@@ -182,7 +184,8 @@ def _with_default_scheduling(raw: Any) -> Any:
     scheduling_kinds = (Filter, Scorer, Picker, ProfileHandler)
     for p in plugins:
         cls = registry.lookup(str(p.get("type", "")))
-        if cls is not None and issubclass(cls, scheduling_kinds):
+        # A saturation detector (also a Filter) declared to tune admission is not scheduling.
+        if cls is not None and issubclass(cls, scheduling_kinds) and not issubclass(cls, SaturationDetector):
             return raw
     default = d.default_document()
     taken = {p.get("name") or p.get("type") for p in plugins}
@@ -392,10 +395,13 @@ class _Loader:
     def _apply_scheduling_defaults(self) -> None:
         profiles = self.doc.scheduling_profiles
         if not profiles:
+            # Differs from the reference, which also puts saturation detectors (they are filters)
+            # into the implicit profile: a detector declared to tune admission should not start
+            # filtering endpoints unless a profile references it.
             refs = [
                 ProfilePluginSpec(name, None, self.specs[name].path)
                 for name, p in self.plugins.items()
-                if isinstance(p, Filter | Scorer | Picker)
+                if isinstance(p, Filter | Scorer | Picker) and not isinstance(p, SaturationDetector)
             ]
             profiles.append(ProfileSpec(d.DEFAULT_PROFILE_NAME, refs, "schedulingProfiles[0]"))
         if len(profiles) == 1 and not any(isinstance(p, ProfileHandler) for p in self.plugins.values()):
@@ -516,19 +522,21 @@ class _Loader:
             )
         return plugin
 
-    def _resolve_saturation_detector(self) -> Plugin | None:
+    def _resolve_saturation_detector(self) -> SaturationDetector | None:
         """The saturation detector, auto-created only when the ref is exactly ``utilization-detector``.
 
-        Its kind is not checked: the framework has no SaturationDetector interface yet.
+        Without a ``saturationDetector`` section the ref defaults to ``utilization-detector``: an
+        instance of that name declared under ``plugins`` is used (with its parameters), otherwise
+        one is created with the defaults. It is not added to any profile, so it is not a filter.
         """
         ref = self.doc.saturation_detector
         if ref is None:
+            ref = self.doc.saturation_detector = RefSpec(d.DEFAULT_SATURATION_DETECTOR, "saturationDetector")
             if d.DEFAULT_SATURATION_DETECTOR not in self.plugins:
                 if registry.lookup(d.DEFAULT_SATURATION_DETECTOR) is None:
-                    return None  # not in this build yet: no saturation detector
+                    self.doc.saturation_detector = None
+                    return None  # not in this build: no saturation detector, no legacy shedding
                 self._add_default(d.DEFAULT_SATURATION_DETECTOR, "saturation detector")
-            self.doc.saturation_detector = RefSpec(d.DEFAULT_SATURATION_DETECTOR, "saturationDetector")
-            return self.plugins[d.DEFAULT_SATURATION_DETECTOR]
         where = f"{ref.path}.pluginRef"
         if not ref.plugin_ref:
             raise ConfigError(where, "saturation detector plugin reference is empty")
@@ -538,8 +546,16 @@ class _Loader:
                 ref.plugin_ref == d.DEFAULT_SATURATION_DETECTOR
                 and registry.lookup(ref.plugin_ref) is not None
             ):
-                return self._add_default(d.DEFAULT_SATURATION_DETECTOR, "saturation detector")
-            raise ConfigError(where, f"saturation detector references undefined plugin '{ref.plugin_ref}'")
+                plugin = self._add_default(d.DEFAULT_SATURATION_DETECTOR, "saturation detector")
+            else:
+                raise ConfigError(
+                    where, f"saturation detector references undefined plugin '{ref.plugin_ref}'"
+                )
+        if not isinstance(plugin, SaturationDetector):
+            raise ConfigError(
+                where,
+                f"plugin '{ref.plugin_ref}' is not a fwkfc.SaturationDetector (type {plugin.type_name})",
+            )
         return plugin
 
     # --- data layer ---------------------------------------------------------------------------

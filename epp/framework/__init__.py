@@ -24,6 +24,7 @@ from epp.framework.interfaces import (
     RequestDone,
     ResponseBodyProcessor,
     ResponseHeaderProcessor,
+    SaturationDetector,
     Scorer,
     SupportsDisaggregate,
 )
@@ -71,6 +72,7 @@ __all__ = [
     "ResponseBodyProcessor",
     "ResponseHeaderProcessor",
     "ResponseInfo",
+    "SaturationDetector",
     "SchedulingError",
     "SchedulingResult",
     "ScoredEndpoint",

@@ -205,6 +205,22 @@ class Decider(Plugin, abc.ABC):
         """True when the stage this decider guards should run for ``request``."""
 
 
+# --- admission --------------------------------------------------------------------------------
+
+
+class SaturationDetector(Plugin, abc.ABC):
+    """Reports how saturated a set of endpoints is, for admission (and flow control).
+
+    ``saturation`` returns a non-negative number where ``>= 1.0`` means saturated: the legacy
+    admission check drops sheddable requests (priority < 0) when the candidates' saturation reaches
+    1.0. It is called per sheddable request, so it must be cheap, and must not raise. Selected by
+    ``saturationDetector.pluginRef`` (default ``utilization-detector``).
+    """
+
+    @abc.abstractmethod
+    def saturation(self, endpoints: Sequence[Endpoint]) -> float: ...
+
+
 # --- request handling -------------------------------------------------------------------------
 
 
@@ -217,6 +233,10 @@ class Parser(Plugin, abc.ABC):
 
     @abc.abstractmethod
     def parse_request(self, body: bytes, headers: Mapping[str, str]) -> RequestBody | None: ...
+
+    def supported_app_protocols(self) -> tuple[str, ...]:
+        """InferencePool ``appProtocol`` values this parser serves; readiness is off for others."""
+        return ("http", "kubernetes.io/h2c")
 
 
 # --- data layer -------------------------------------------------------------------------------

@@ -25,6 +25,7 @@ from epp.plugins.profile_handlers import disagg as disagg
 from epp.plugins.profile_handlers import disagg_headers as disagg_headers
 from epp.plugins.profile_handlers import pd as pd
 from epp.plugins.profile_handlers import single
+from epp.plugins.saturation import utilization_detector as utilization_detector
 from epp.plugins.scorers import active_request as active_request
 from epp.plugins.scorers import context_length_aware as context_length_aware
 from epp.plugins.scorers import kv_cache_utilization, queue

@@ -1,10 +1,14 @@
 """``epp serve``: wire the configuration, the data layer and the gRPC servers together.
 
-Start-up order: health server (NOT_SERVING) and Prometheus endpoint -> endpoint discovery initial
-load (a failure exits non-zero) -> metrics scraping -> ext_proc server -> readiness SERVING.
-SIGINT/SIGTERM: readiness goes NOT_SERVING; after ``--drain-delay`` (time for Envoy's health checks
-to notice) the ext_proc server stops accepting streams and lets in-flight ones finish for
-``--grace-period`` seconds; then the data layer stops.
+Start-up order: health server (NOT_SERVING) and Prometheus endpoint -> the endpoint source
+(file discovery: initial load, a failure exits non-zero; Kubernetes: the InferencePool/pod
+reflectors, the objective/rewrite watchers and leader election start in the background) ->
+metrics scraping -> ext_proc server. Readiness is SERVING while every condition of
+:mod:`epp.server.health` holds (pool synced, leader when electing, server up).
+SIGINT/SIGTERM: readiness goes NOT_SERVING and a held Lease is released (a standby takes over);
+after ``--drain-delay`` (time for Envoy's health checks to notice) the ext_proc server stops
+accepting streams and lets in-flight ones finish for ``--grace-period`` seconds; then the data
+layer stops.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import signal
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import grpc
 import structlog
@@ -30,6 +35,9 @@ from epp.server.director import Director, DirectorHooks
 from epp.server.extproc import ExternalProcessor, StreamOptions
 from epp.server.health import Health
 from epp.server.tls import server_credentials
+
+if TYPE_CHECKING:
+    from epp.k8s.runtime import KubeRuntime
 
 log = structlog.get_logger("epp.serve")
 
@@ -75,16 +83,24 @@ def _bind(server: grpc.aio.Server, address: str, opts: ServeOptions) -> None:
 class EppServer:
     """The running EPP; ``run()`` serves until ``stop()`` or a signal."""
 
-    def __init__(self, cfg: LoadedConfig, opts: ServeOptions, store: EndpointStore | None = None) -> None:
+    def __init__(
+        self,
+        cfg: LoadedConfig,
+        opts: ServeOptions,
+        store: EndpointStore | None = None,
+        *,
+        kube: KubeRuntime | None = None,
+    ) -> None:
         self.cfg = cfg
         self.opts = opts
         self.store = store or EndpointStore()
+        self.kube = kube
         self._state_holders = [p for p in cfg.plugins.values() if isinstance(p, EndpointStateHolder)]
         if (
             self._state_holders
         ):  # release per-endpoint plugin state (prefix index, counters) with the endpoint
             self.store.subscribe(on_remove=self._endpoint_removed)
-        self.health = Health()
+        self.health = Health(leader_election=kube is not None and kube.leader is not None)
         self._stop = asyncio.Event()
         self._hurry = asyncio.Event()
         scheduler = cfg.scheduler
@@ -98,6 +114,9 @@ class EppServer:
             scheduler,
             DirectorHooks(cfg.producers, cfg.admitters, cfg.pre_request, cfg.request_done),
             use_subset_hint=not opts.disable_endpoint_subset_filter,
+            saturation_detector=cfg.saturation_detector,
+            objectives=kube.objectives if kube is not None else None,
+            rewrites=kube.rewrites if kube is not None else None,
         )
         self.stream_options = StreamOptions(
             max_body_bytes=opts.max_request_body_bytes,
@@ -124,6 +143,13 @@ class EppServer:
             self._hurry.set()
         self._stop.set()
 
+    def _pool_status(self, ready: bool, reason: str) -> None:
+        self.store.synced = ready
+        self.health.set_condition_soon("pool", ready, reason)
+
+    def _leadership(self, leader: bool) -> None:
+        self.health.set_condition_soon("leader", leader, "" if leader else "not the leader")
+
     def _endpoint_removed(self, endpoint: Endpoint) -> None:
         for holder in self._state_holders:
             holder.remove_endpoint(endpoint.metadata.key)
@@ -140,10 +166,18 @@ class EppServer:
         await health_server.start()
 
         discovery = cfg.discovery
-        if discovery is not None:
-            await discovery.start(self.store)
-        self.store.synced = True
-        log.info("endpoints loaded", count=len(self.store))
+        kube = self.kube
+        if kube is not None:
+            kube.discovery.on_status = self._pool_status
+            if kube.leader is not None:
+                kube.leader.on_change = self._leadership
+            await kube.start(self.store)
+        else:
+            if discovery is not None:
+                await discovery.start(self.store)
+            self.store.synced = True
+            await self.health.set_condition("pool", True)
+            log.info("endpoints loaded", count=len(self.store))
         if self.scraper is not None:
             self.scraper.start()
         self.pool_gauges.start()
@@ -172,6 +206,8 @@ class EppServer:
 
         log.info("shutting down", drain_delay_s=opts.drain_delay, grace_s=opts.grace_period)
         await self.health.set_ready(False)
+        if kube is not None and kube.leader is not None:
+            await kube.leader.stop()  # release the Lease now: a standby takes over during our drain
         # Keep serving while Envoy's health checks notice NOT_SERVING (fail-open setups move to the
         # fallback route), then stop accepting streams and let in-flight ones finish.
         try:
@@ -182,7 +218,9 @@ class EppServer:
         if self.scraper is not None:
             await self.scraper.stop()
         await self.pool_gauges.stop()
-        if discovery is not None:
+        if kube is not None:
+            await kube.stop()
+        elif discovery is not None:
             await discovery.stop()
         await self.health.shutdown()
         await health_server.stop(0)

@@ -1,13 +1,20 @@
 """The director: from a parsed request to a routing decision.
 
-Order of steps (scheduling.md §0, protocol.md §3.3): parse -> model (required) and rewrite header
--> objective/priority -> candidates (subset hint) -> data producers (400 ms budget, errors logged)
--> admitters -> scheduler (profile handler decides) -> PreRequest plugins -> body to forward.
+Order of steps (scheduling.md §0, protocol.md §3.3): parse -> model (required) and rewrite (header,
+then an InferenceModelRewrite rule for the incoming model, which overrides the header) ->
+InferenceObjective priority -> candidates (subset hint) -> legacy admission (sheddable requests
+dropped when the candidates are saturated) -> data producers (400 ms budget, errors logged) ->
+admitters -> scheduler (profile handler decides) -> PreRequest plugins -> body to forward.
 Requests without a body (GET) and parser skips go to a random candidate instead.
 
-Status codes: 400 bad body or no model, 503 no candidate endpoint (also for GET with an empty
-pool, where the reference answers 500 — quirk Q3), 429 when scheduling found no endpoint, the
-admitter's own code for a denial (quirk D4; the reference always answers 500).
+Status codes: 400 bad body or no model, 429 for a sheddable request (priority < 0) while the
+saturation detector reports >= 1.0 over the candidates (checked before the empty-candidates case,
+as in the reference, so a sheddable request to an empty pool is shed), 503 no candidate endpoint
+(also for GET with an empty pool, where the reference answers 500 — quirk Q3), 429 when scheduling
+found no endpoint, the admitter's own code for a denial (quirk D4; the reference always answers 500).
+
+The objective and rewrite stores (filled by the Kubernetes watchers) and the saturation detector are
+optional: without them every priority is 0, only the rewrite header applies, and nothing is shed.
 """
 
 from __future__ import annotations
@@ -23,6 +30,8 @@ from typing import Any
 import structlog
 
 from epp import metrics
+from epp.datalayer.objectives import ObjectiveStore
+from epp.datalayer.rewrites import RewriteStore
 from epp.datalayer.store import EndpointStore
 from epp.framework import (
     Admitter,
@@ -35,6 +44,7 @@ from epp.framework import (
     Parser,
     PreRequest,
     RequestDone,
+    SaturationDetector,
     SchedulingResult,
 )
 from epp.scheduling import Scheduler
@@ -49,6 +59,8 @@ FAIRNESS_HEADER = "x-gateway-inference-fairness-id"
 MODEL_REWRITE_HEADER = "x-gateway-model-name-rewrite"
 DEFAULT_FAIRNESS_ID = "default-flow"
 PRODUCERS_BUDGET_SECONDS = 0.4
+SATURATED = 1.0  # legacy admission: saturation at or above this drops sheddable requests
+SHED_MESSAGE = "system saturated, sheddable request dropped"
 
 # Request headers only the EPP may write. A client-sent copy is consumed here and never forwarded
 # (quirk Q1: the reference forwards them); one present after PreRequest was set by a plugin.
@@ -94,13 +106,21 @@ class Director:
         scheduler: Scheduler,
         hooks: DirectorHooks | None = None,
         use_subset_hint: bool = True,
+        *,
+        saturation_detector: SaturationDetector | None = None,
+        objectives: ObjectiveStore | None = None,
+        rewrites: RewriteStore | None = None,
+        rng: random.Random | None = None,
     ) -> None:
         self.store = store
         self.parser = parser
         self.scheduler = scheduler
         self.hooks = hooks or DirectorHooks()
         self.use_subset_hint = use_subset_hint
-        self._rng = random.Random()
+        self.saturation_detector = saturation_detector
+        self.objectives = objectives
+        self.rewrites = rewrites
+        self._rng = rng or random.Random()
 
     # --- candidates ------------------------------------------------------------------------
 
@@ -139,6 +159,14 @@ class Director:
         if not isinstance(incoming, str) or not incoming:
             raise InferenceError(ErrorCode.BAD_REQUEST, "model not found in request body")
         target = headers.get(MODEL_REWRITE_HEADER) or incoming
+        if self.rewrites is not None:  # a rule for the incoming model overrides the header
+            choice = self.rewrites.choose(incoming, self._rng)
+            if choice is not None:
+                target, rewrite_name = choice
+                metrics.MODEL_REWRITE_DECISIONS.labels(rewrite_name, incoming, target).inc()
+        objective = headers.get(OBJECTIVE_HEADER, "")
+        objectives = self.objectives
+        priority = objectives.priority(objective) if objectives is not None and objective else 0
 
         request = LLMRequest(
             request_id=headers.get(REQUEST_ID_HEADER) or str(uuid.uuid4()),
@@ -146,8 +174,8 @@ class Director:
             headers=headers,
             incoming_model=incoming,
             target_model=target,
-            priority=0,  # InferenceObjective priorities arrive with Kubernetes discovery
-            objective=headers.get(OBJECTIVE_HEADER, ""),
+            priority=priority,
+            objective=objective,
             fairness_id=headers.get(FAIRNESS_HEADER) or DEFAULT_FAIRNESS_ID,
             request_size_bytes=len(raw),
         )
@@ -155,6 +183,8 @@ class Director:
             headers.pop(key, None)
 
         candidates = self.candidates(metadata)
+        if priority < 0 and self._saturated(candidates):
+            raise InferenceError(ErrorCode.RESOURCE_EXHAUSTED, SHED_MESSAGE)
         if not candidates:
             raise InferenceError(
                 ErrorCode.SERVICE_UNAVAILABLE, "failed to find endpoint candidates for serving the request"
@@ -202,6 +232,21 @@ class Director:
             result=result,
             cycle=cycle,
         )
+
+    def _saturated(self, candidates: list[Endpoint]) -> bool:
+        """Legacy admission (scheduling.md §5.1), asked only for sheddable requests.
+
+        A detector that raises admits the request (logged): shedding is an optimisation, and a
+        broken detector must not turn into dropped traffic.
+        """
+        detector = self.saturation_detector
+        if detector is None:
+            return False
+        try:
+            return detector.saturation(candidates) >= SATURATED
+        except Exception as e:
+            log.warning("saturation detector failed", plugin=detector.typed_name, error=str(e))
+            return False
 
     async def _produce(self, cycle: CycleState, request: LLMRequest, candidates: list[Endpoint]) -> None:
         """Run the producers in order within one shared budget; failures are logged, never fatal.

@@ -2,12 +2,22 @@
 
 Service names ``""`` (overall), ``liveness``, ``readiness`` and
 ``envoy.service.ext_proc.v3.ExternalProcessor``. ``liveness`` is SERVING as soon as the process
-runs; the others become SERVING once the endpoint store finished its initial load (the reference's
-"datastore synced"), and go NOT_SERVING during graceful shutdown.
+runs. The others are SERVING only while every readiness condition holds:
+
+* ``pool`` — the endpoint source finished its initial load (file discovery) or the InferencePool was
+  found, its pods listed and its ``appProtocol`` is supported (the reference's "datastore synced");
+* ``leader`` — with ``--ha-enable-leader-election``, this replica holds the Lease (always true
+  otherwise);
+* ``serving`` — the ext_proc server is up and not shutting down (graceful shutdown turns it off).
+
+``reasons()`` tells which condition is missing (logged on every change, for operators).
 """
 
 from __future__ import annotations
 
+import asyncio
+
+import structlog
 from grpc_health.v1 import health_pb2
 from grpc_health.v1._async import HealthServicer
 
@@ -17,19 +27,54 @@ READY_SERVICES = ("", "readiness", EXTPROC_SERVICE)
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 
+log = structlog.get_logger("epp.health")
+
 
 class Health:
-    def __init__(self) -> None:
+    def __init__(self, *, leader_election: bool = False) -> None:
         self.servicer = HealthServicer()
+        self._conditions: dict[str, tuple[bool, str]] = {
+            "pool": (False, "endpoints not loaded yet"),
+            "leader": (not leader_election, "not the leader" if leader_election else ""),
+            "serving": (False, "ext_proc server not started"),
+        }
+        self._published: bool | None = None
+        self._lock = asyncio.Lock()
+
+    @property
+    def ready(self) -> bool:
+        return all(ok for ok, _ in self._conditions.values())
+
+    def reasons(self) -> list[str]:
+        return [f"{name}: {why}" for name, (ok, why) in self._conditions.items() if not ok]
 
     async def start(self) -> None:
         await self.servicer.set("liveness", SERVING)
-        for name in READY_SERVICES:
-            await self.servicer.set(name, NOT_SERVING)
+        await self._publish()
+
+    async def set_condition(self, name: str, ok: bool, reason: str = "") -> None:
+        if name not in self._conditions:
+            raise KeyError(name)
+        self._conditions[name] = (ok, reason)
+        await self._publish()
+
+    def set_condition_soon(self, name: str, ok: bool, reason: str = "") -> None:
+        """For synchronous callers (discovery, leader election) running on the event loop."""
+        asyncio.get_running_loop().create_task(self.set_condition(name, ok, reason))
 
     async def set_ready(self, ready: bool) -> None:
-        for name in READY_SERVICES:
-            await self.servicer.set(name, SERVING if ready else NOT_SERVING)
+        """The server's own condition: up and not draining."""
+        await self.set_condition("serving", ready, "" if ready else "shutting down or not started")
+
+    async def _publish(self) -> None:
+        async with self._lock:  # publish in order; the final state always wins
+            ready = self.ready
+            if ready == self._published:
+                return
+            self._published = ready
+            for name in READY_SERVICES:
+                await self.servicer.set(name, SERVING if ready else NOT_SERVING)
+            log.info("readiness", serving=ready, missing=self.reasons())
 
     async def shutdown(self) -> None:
         await self.servicer.enter_graceful_shutdown()

@@ -117,10 +117,11 @@ class Sim:
     name: str
     port: int
     child: Child
+    host: str = "127.0.0.1"
 
     @property
     def address(self) -> str:
-        return f"127.0.0.1:{self.port}"
+        return f"{self.host}:{self.port}"
 
     @property
     def url(self) -> str:
@@ -234,13 +235,18 @@ class Rig:
         self.supervisor = Supervisor(self.log_dir)
         _ACTIVE_RIGS.append(self)
 
-    def start_sims(self, count: int, *, prefix: str = "sim") -> list[Sim]:
+    def start_sims(
+        self, count: int, *, prefix: str = "sim", hosts: Sequence[str] = (), port: int = 0
+    ) -> list[Sim]:
+        """``count`` sims on free ports of 127.0.0.1, or on ``hosts[i]:port`` (pods with one IP each)."""
         started = []
-        for _ in range(count):
+        for i in range(count):
             name = f"{prefix}-{len(self.sims)}"
-            port = stack.free_port()
-            child = self.supervisor.start(name, stack.sim_argv(port, name, MODEL, SIM_ARGS))
-            sim = Sim(name, port, child)
+            host = hosts[i] if hosts else "127.0.0.1"
+            sim_port = port or stack.free_port()
+            argv = stack.sim_argv(sim_port, name, MODEL, [*SIM_ARGS, "--host", host])
+            child = self.supervisor.start(name, argv)
+            sim = Sim(name, sim_port, child, host)
             self.sims.append(sim)
             started.append(sim)
         for sim in started:
@@ -260,12 +266,21 @@ class Rig:
         extra: Sequence[str] = (),
         config: Mapping[str, Any] | None = None,
         labels: Mapping[str, Mapping[str, str]] | None = None,
+        file_discovery: bool = True,
+        wait_ready: bool = True,
     ) -> Epp:
-        """The EPP over ``sims`` (file discovery), with an optional scheduling ``config`` document."""
+        """The EPP over ``sims`` (file discovery), with an optional scheduling ``config`` document.
+
+        ``file_discovery=False`` leaves the endpoint source to ``extra`` (Kubernetes flags);
+        ``wait_ready=False`` returns once the health port answers, ready or not.
+        """
         endpoints_file = self.log_dir / f"{name}-endpoints.yaml"
-        write_endpoints(endpoints_file, sims, labels)
         grpc_port, health_port, metrics_port = stack.free_port(), stack.free_port(), stack.free_port()
-        document = stack.epp_config(endpoints_file, dict(config) if config is not None else None)
+        if file_discovery:
+            write_endpoints(endpoints_file, sims, labels)
+            document = stack.epp_config(endpoints_file, dict(config) if config is not None else None)
+        else:
+            document = {"apiVersion": "llm-d.ai/v1alpha1", "kind": "EndpointPickerConfig", **(config or {})}
         config_text = yaml.safe_dump(document, sort_keys=False)
         argv = stack.serve_argv(
             grpc_port=grpc_port,
@@ -278,7 +293,7 @@ class Rig:
         epp = Epp(child, grpc_port, health_port, metrics_port, endpoints_file)
         stack.wait_until(
             f"{name} readiness (gRPC health)",
-            lambda: stack.grpc_serving(epp.health_port),
+            lambda: stack.grpc_serving(epp.health_port, "readiness" if wait_ready else "liveness"),
             timeout=READY_TIMEOUT,
             children=[epp.child],
         )

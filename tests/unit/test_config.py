@@ -406,6 +406,15 @@ def test_default_configuration(text: str | None) -> None:
     }
     assert cfg.scheduler.handler.type_name == "single-profile-handler"
     assert cfg.parser.type_name == "openai-parser"
+    detector = cfg.saturation_detector
+    assert detector is cfg.plugins["utilization-detector"]
+    assert detector.type_name == "utilization-detector"
+    assert encode_params(detector.params) == {
+        "queueDepthThreshold": 5,
+        "kvCacheUtilThreshold": 0.8,
+        "metricsStalenessThreshold": "200ms",
+        "headroom": 0.0,
+    }
     assert cfg.feature_gates == frozenset()
     assert cfg.discovery is None
     assert cfg.warnings == []
@@ -626,6 +635,12 @@ def test_reference_samples_load(name: str) -> None:
     if name == "admitter":
         assert [a.type_name for a in cfg.admitters] == ["probabilistic-admitter"]
         assert cfg.saturation_detector is cfg.plugins["utilization-detector"]
+        assert encode_params(cfg.saturation_detector.params) == {
+            "queueDepthThreshold": 999999999,
+            "kvCacheUtilThreshold": 1.0,
+            "metricsStalenessThreshold": "200ms",
+            "headroom": 0.0,
+        }
     if name in ("pd", "epd"):
         assert "disagg-profile-handler" in [p.name for p in cfg.pre_request]
 
@@ -654,6 +669,18 @@ def test_effective_yaml_of_the_default_round_trips_and_fills_defaults() -> None:
     picker = next(p for p in doc["plugins"] if p["name"] == "max-score-picker")
     assert picker["parameters"] == {"maxNumOfEndpoints": 1}
     assert doc["parser"] == {"pluginRef": "openai-parser"}
+    assert doc["saturationDetector"] == {"pluginRef": "utilization-detector"}
+    detector = next(p for p in doc["plugins"] if p["name"] == "utilization-detector")
+    assert detector == {
+        "name": "utilization-detector",
+        "type": "utilization-detector",
+        "parameters": {
+            "queueDepthThreshold": 5,
+            "kvCacheUtilThreshold": 0.8,
+            "metricsStalenessThreshold": "200ms",
+            "headroom": 0.0,
+        },
+    }
     assert load_config(effective, environ=NO_ENV).effective_yaml() == effective
 
 
@@ -855,6 +882,11 @@ VALIDATION_CASES: list[tuple[str, str, str]] = [
         "saturationDetector: {pluginRef: nope}\n",
         "saturationDetector.pluginRef",
         "saturation detector references undefined plugin 'nope'",
+    ),
+    (
+        "plugins: [{type: queue-scorer}]\nsaturationDetector: {pluginRef: queue-scorer}\n",
+        "saturationDetector.pluginRef",
+        "plugin 'queue-scorer' is not a fwkfc.SaturationDetector",
     ),
     # data layer
     (

@@ -51,10 +51,37 @@ async def test_live_before_ready_then_ready_once_endpoints_loaded(
         "readiness": NOT_SERVING,
         NAMES[3]: NOT_SERVING,
     }
-    await h.set_ready(True)
+    await h.set_ready(True)  # the server is up, but the pool has not synced
+    assert (await _statuses(stub))["readiness"] == NOT_SERVING
+    assert h.reasons() == ["pool: endpoints not loaded yet"]
+    await h.set_condition("pool", True)
     assert set((await _statuses(stub)).values()) == {SERVING}
     await h.set_ready(False)
     assert (await _statuses(stub))["readiness"] == NOT_SERVING
+
+
+async def test_with_leader_election_readiness_needs_leadership_and_liveness_does_not() -> None:
+    h = Health(leader_election=True)
+    server = grpc.aio.server()
+    health_pb2_grpc.add_HealthServicer_to_server(h.servicer, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    await h.start()
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        await h.set_condition("pool", True)
+        await h.set_ready(True)
+        statuses = await _statuses(stub)
+        assert statuses["liveness"] == SERVING and statuses["readiness"] == NOT_SERVING
+        assert statuses[NAMES[3]] == NOT_SERVING
+        assert h.reasons() == ["leader: not the leader"]
+        await h.set_condition("leader", True)
+        assert set((await _statuses(stub)).values()) == {SERVING}
+        await h.set_condition("leader", False, "not the leader")
+        assert (await _statuses(stub))[NAMES[3]] == NOT_SERVING
+        with pytest.raises(KeyError):
+            await h.set_condition("bogus", True)
+    await server.stop(0)
 
 
 def test_sigterm_turns_readiness_off_and_keeps_serving_during_the_drain(tmp_path: Path) -> None:

@@ -1,0 +1,152 @@
+"""InferenceObjective priorities, looked up per request by objective name.
+
+The Kubernetes watcher (``epp.k8s``) hands raw InferenceObjective objects
+(``inference.networking.x-k8s.io/v1alpha2``, as Kubernetes serialises them: camelCase dicts) to
+``ObjectiveStore``; the director reads ``priority(name)`` for the value of the
+``x-gateway-inference-objective`` header (scheduling.md §1.6, §4.1):
+
+* an object is kept, by ``metadata.name`` only, when its ``spec.poolRef`` names this pool: same
+  ``name`` and same ``group`` (an empty or missing group means ``inference.networking.k8s.io``);
+  otherwise that name is deleted (the object may have moved to another pool);
+* ``spec.priority`` is an int32, optional (missing or null → 0); higher is more important,
+  negative means sheddable;
+* an object marked for deletion (``metadata.deletionTimestamp``) is deleted;
+* an unknown name has priority 0.
+
+A malformed object (no name, a non-integer or out-of-range priority, a poolRef that is not a
+mapping) is skipped with a warning naming the object and the field; its name, when known, is
+removed, so the store never keeps a version the cluster no longer has. Nothing here raises.
+
+Lookups are one dict access. Writers replace whole entries (``replace_all`` swaps in a new dict),
+so a reader never sees a half-applied relist.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import structlog
+
+log = structlog.get_logger("epp.datalayer.objectives")
+
+DEFAULT_POOL_GROUP = "inference.networking.k8s.io"
+INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
+
+
+def object_name(obj: Any) -> str:
+    """``metadata.name`` of a raw object, or "" when it has none (for log messages and keys)."""
+    if not isinstance(obj, Mapping):
+        return ""
+    meta = obj.get("metadata")
+    name = meta.get("name") if isinstance(meta, Mapping) else None
+    return name if isinstance(name, str) else ""
+
+
+def is_being_deleted(obj: Mapping[str, Any]) -> bool:
+    meta = obj.get("metadata")
+    return isinstance(meta, Mapping) and bool(meta.get("deletionTimestamp"))
+
+
+def pool_ref_matches(
+    spec: Mapping[str, Any], pool_name: str, pool_group: str, kind: str, name: str
+) -> bool | None:
+    """Whether ``spec.poolRef`` names this pool; None (after a warning) when it is malformed.
+
+    A missing poolRef names no pool (False). ``group`` defaults to ``inference.networking.k8s.io``.
+    """
+    ref = spec.get("poolRef")
+    if ref is None:
+        return False
+    if not isinstance(ref, Mapping):
+        log.warning(f"skipping malformed {kind}", object=name, field="spec.poolRef", reason="not a mapping")
+        return None
+    ref_name = ref.get("name")
+    group = ref.get("group")
+    if not isinstance(ref_name, str) or (group is not None and not isinstance(group, str)):
+        bad = "spec.poolRef.name" if not isinstance(ref_name, str) else "spec.poolRef.group"
+        log.warning(f"skipping malformed {kind}", object=name, field=bad, reason="not a string")
+        return None
+    return ref_name == pool_name and (group or DEFAULT_POOL_GROUP) == pool_group
+
+
+def _priority(spec: Mapping[str, Any], name: str) -> int | None:
+    raw = spec.get("priority")
+    if raw is None:
+        return 0
+    integral = isinstance(raw, int) or (isinstance(raw, float) and raw.is_integer())
+    if isinstance(raw, bool) or not integral:
+        reason = f"expected an integer, got {raw!r}"
+    elif not INT32_MIN <= raw <= INT32_MAX:
+        reason = f"out of the int32 range: {raw!r}"
+    else:
+        return int(raw)
+    log.warning("skipping malformed InferenceObjective", object=name, field="spec.priority", reason=reason)
+    return None
+
+
+class ObjectiveStore:
+    """Objective name → priority for the objectives of one InferencePool."""
+
+    __slots__ = ("_priorities", "pool_group", "pool_name")
+
+    def __init__(self, pool_name: str, pool_group: str = DEFAULT_POOL_GROUP) -> None:
+        self.pool_name = pool_name
+        self.pool_group = pool_group or DEFAULT_POOL_GROUP
+        self._priorities: dict[str, int] = {}
+
+    def _parse(self, obj: Any) -> tuple[str, int | None]:
+        """``(name, priority)``: priority None = not for this pool, deleted, or malformed."""
+        name = object_name(obj)
+        if not name:
+            log.warning("skipping malformed InferenceObjective", object="", field="metadata.name")
+            return "", None
+        if is_being_deleted(obj):
+            return name, None
+        spec = obj.get("spec")
+        if spec is None:
+            spec = {}
+        if not isinstance(spec, Mapping):
+            log.warning(
+                "skipping malformed InferenceObjective", object=name, field="spec", reason="not a mapping"
+            )
+            return name, None
+        if not pool_ref_matches(spec, self.pool_name, self.pool_group, "InferenceObjective", name):
+            return name, None
+        return name, _priority(spec, name)
+
+    def upsert_object(self, obj: Mapping[str, Any]) -> None:
+        """Add or update an objective; one for another pool (or malformed) deletes its name."""
+        name, priority = self._parse(obj)
+        if not name:
+            return
+        if priority is None:
+            self._priorities.pop(name, None)
+        else:
+            self._priorities[name] = priority
+
+    def delete(self, name: str) -> None:
+        self._priorities.pop(name, None)
+
+    def replace_all(self, objs: Iterable[Mapping[str, Any]]) -> None:
+        """After a relist: exactly the given objects (those for this pool) remain."""
+        fresh: dict[str, int] = {}
+        for obj in objs:
+            name, priority = self._parse(obj)
+            if name and priority is not None:
+                fresh[name] = priority
+        self._priorities = fresh
+
+    def priority(self, name: str) -> int:
+        """The objective's priority; 0 for an unknown (or empty) name."""
+        return self._priorities.get(name, 0)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._priorities
+
+    def __len__(self) -> int:
+        return len(self._priorities)
+
+    def snapshot(self) -> dict[str, int]:
+        """A copy of name → priority (debugging, tests)."""
+        return dict(self._priorities)

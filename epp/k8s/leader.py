@@ -1,0 +1,242 @@
+"""Leader election on a ``coordination.k8s.io/v1`` Lease (``--ha-enable-leader-election``).
+
+Every replica runs discovery and metrics scraping all the time, so its endpoint store, prefix
+index and metrics are warm; only readiness follows leadership (gRPC health ``readiness`` and
+``envoy.service.ext_proc.v3.ExternalProcessor`` are SERVING on the leader only, ``liveness``
+always), so Envoy sends streams to the leader and a new leader routes at full quality at once.
+
+Algorithm (client-go's lease lock, with the same defaults: lease 15 s, renew deadline 10 s,
+retry period 2 s):
+
+* every ``retry_period`` (+0 to 20 % jitter when not leading) read the Lease; create it if missing;
+* a Lease held by another identity is taken only once it has **not changed for
+  leaseDurationSeconds as observed by this replica's monotonic clock** (no trust in clock sync);
+  an empty ``holderIdentity`` (a released lease) is taken at once;
+* taking or renewing is a ``PUT`` carrying the read ``resourceVersion``: a concurrent writer gets
+  ``409 Conflict``, so two replicas can never both succeed for the same version;
+* the leader renews every ``retry_period``; if it could not renew for ``renew_deadline`` it steps
+  down (readiness NOT_SERVING) and keeps competing. Unlike controller-runtime, the process does not
+  exit on lost leadership: its state stays warm for the next term.
+* ``stop()`` (graceful shutdown) releases a held lease (empty holder, duration 1 s) so that a
+  standby takes over within one retry period instead of a lease duration.
+
+The Lease is named ``epp-<namespace>-<pool>.gateway-api-inference-extension.sigs.k8s.io`` by
+default, in the pool's namespace; the identity is ``<POD_NAME>_<random>``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import random
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import aiohttp
+import structlog
+from kubernetes_asyncio import client
+
+from epp.k8s.resources import ApiError, read_json
+
+log = structlog.get_logger("epp.k8s.leader")
+
+
+def lease_name(namespace: str, pool: str) -> str:
+    return f"epp-{namespace}-{pool}.gateway-api-inference-extension.sigs.k8s.io"
+
+
+def new_identity(pod_name: str = "") -> str:
+    return f"{pod_name or 'epp'}_{uuid.uuid4()}"
+
+
+def _micro_time(now: datetime.datetime) -> str:
+    return now.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+class LeaderElector:
+    def __init__(
+        self,
+        api: client.ApiClient,
+        namespace: str,
+        name: str,
+        identity: str,
+        *,
+        lease_duration: float = 15.0,
+        renew_deadline: float = 10.0,
+        retry_period: float = 2.0,
+        on_change: Callable[[bool], None] | None = None,
+    ) -> None:
+        if not lease_duration > renew_deadline > retry_period > 0:
+            raise ValueError(
+                "leader election needs lease duration > renew deadline > retry period > 0, got "
+                f"{lease_duration}s, {renew_deadline}s, {retry_period}s"
+            )
+        self.api = api
+        self.namespace = namespace
+        self.name = name
+        self.identity = identity
+        self.lease_duration = lease_duration
+        self.renew_deadline = renew_deadline
+        self.retry_period = retry_period
+        self.on_change = on_change
+        self.is_leader = False
+        self.transitions = 0  # leadership changes seen by this replica (for logs and tests)
+        self._observed: tuple[Any, ...] | None = None
+        self._observed_at = 0.0
+        self._last_renew = 0.0
+        self._task: asyncio.Task[None] | None = None
+        self._rng = random.Random()
+        self._coord: Any = client.CoordinationV1Api(api)  # raw responses: untyped by the stubs
+
+    # --- lifecycle -----------------------------------------------------------------------------
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._run(), name="leader-election")
+
+    async def stop(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            try:
+                await task
+            except asyncio.CancelledError:
+                pass
+        if self.is_leader:
+            await self._release()
+            self._set_leader(False)
+
+    # --- the loop -------------------------------------------------------------------------------
+
+    async def _run(self) -> None:
+        log.info("leader election started", lease=f"{self.namespace}/{self.name}", identity=self.identity)
+        while True:
+            try:
+                ok = await self._try_acquire_or_renew()
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # API server unreachable, 5xx, RBAC: retry; the deadline decides
+                log.warning("lease update failed", error=str(e) or type(e).__name__)
+                ok = False
+            now = time.monotonic()
+            if ok:
+                self._last_renew = now
+                self._set_leader(True)
+            elif self.is_leader and now - self._last_renew >= self.renew_deadline:
+                log.warning("could not renew the lease within the renew deadline; stepping down")
+                self._set_leader(False)
+            delay = self.retry_period if self.is_leader else self.retry_period * self._rng.uniform(1.0, 1.2)
+            await asyncio.sleep(delay)
+
+    def _set_leader(self, leader: bool) -> None:
+        if leader == self.is_leader:
+            return
+        self.is_leader = leader
+        self.transitions += 1
+        log.info("leadership changed", leader=leader, identity=self.identity)
+        if self.on_change is not None:
+            self.on_change(leader)
+
+    def _timeout(self) -> aiohttp.ClientTimeout:
+        return aiohttp.ClientTimeout(total=max(0.5, min(self.renew_deadline - self.retry_period, 5.0)))
+
+    async def _read(self) -> dict[str, Any] | None:
+        resp = await self._coord.read_namespaced_lease(
+            self.name, self.namespace, _preload_content=False, _request_timeout=self._timeout()
+        )
+        try:
+            return await read_json(resp)
+        except ApiError as e:
+            if e.status == 404:
+                return None
+            raise
+
+    async def _try_acquire_or_renew(self) -> bool:
+        now = datetime.datetime.now(datetime.UTC)
+        lease = await self._read()
+        if lease is None:
+            body = {
+                "apiVersion": "coordination.k8s.io/v1",
+                "kind": "Lease",
+                "metadata": {"name": self.name, "namespace": self.namespace},
+                "spec": self._spec(now, acquire_time=now, transitions=0),
+            }
+            return await self._write(
+                self._coord.create_namespaced_lease(
+                    self.namespace, body, _preload_content=False, _request_timeout=self._timeout()
+                )
+            )
+        spec = lease.get("spec") or {}
+        holder = spec.get("holderIdentity") or ""
+        record = (
+            holder,
+            spec.get("renewTime"),
+            spec.get("leaseDurationSeconds"),
+            spec.get("leaseTransitions"),
+        )
+        mono = time.monotonic()
+        if record != self._observed:
+            self._observed, self._observed_at = record, mono
+        if holder and holder != self.identity:
+            duration = float(spec.get("leaseDurationSeconds") or self.lease_duration)
+            if mono < self._observed_at + duration:
+                if self.is_leader:  # someone else holds it now: we lost it
+                    self._set_leader(False)
+                return False
+        mine = holder == self.identity
+        transitions = int(spec.get("leaseTransitions") or 0) + (0 if mine else 1)
+        acquire = spec.get("acquireTime") if mine else None
+        lease["spec"] = self._spec(now, acquire_time=acquire or now, transitions=transitions)
+        return await self._write(
+            self._coord.replace_namespaced_lease(
+                self.name, self.namespace, lease, _preload_content=False, _request_timeout=self._timeout()
+            )
+        )
+
+    def _spec(self, now: datetime.datetime, *, acquire_time: Any, transitions: int) -> dict[str, Any]:
+        acquire = _micro_time(acquire_time) if isinstance(acquire_time, datetime.datetime) else acquire_time
+        return {
+            "holderIdentity": self.identity,
+            "leaseDurationSeconds": max(1, round(self.lease_duration)),
+            "acquireTime": acquire,
+            "renewTime": _micro_time(now),
+            "leaseTransitions": transitions,
+        }
+
+    async def _write(self, request: Any) -> bool:
+        """True when the create/replace succeeded; a 409 (lost race or stale version) is False."""
+        try:
+            lease = await read_json(await request)
+        except ApiError as e:
+            if e.status == 409:
+                return False
+            raise
+        spec = lease.get("spec") or {}
+        self._observed = (
+            spec.get("holderIdentity") or "",
+            spec.get("renewTime"),
+            spec.get("leaseDurationSeconds"),
+            spec.get("leaseTransitions"),
+        )
+        self._observed_at = time.monotonic()
+        return True
+
+    async def _release(self) -> None:
+        try:
+            lease = await self._read()
+            if lease is None or (lease.get("spec") or {}).get("holderIdentity") != self.identity:
+                return
+            now = _micro_time(datetime.datetime.now(datetime.UTC))
+            lease["spec"].update(
+                {"holderIdentity": "", "leaseDurationSeconds": 1, "renewTime": now, "acquireTime": now}
+            )
+            await self._write(
+                self._coord.replace_namespaced_lease(
+                    self.name, self.namespace, lease, _preload_content=False, _request_timeout=self._timeout()
+                )
+            )
+            log.info("lease released", identity=self.identity)
+        except Exception as e:  # shutting down anyway: the lease expires on its own
+            log.warning("could not release the lease", error=str(e) or type(e).__name__)

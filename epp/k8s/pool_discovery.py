@@ -1,0 +1,245 @@
+"""Kubernetes endpoint discovery: an InferencePool (``--pool-name``) or a label selector
+(``--endpoint-selector``/``--endpoint-target-ports``, standalone mode) decides which pods serve.
+
+* **Pool mode.** A reflector watches the one InferencePool (``fieldSelector metadata.name=<pool>``,
+  API ``<--pool-group>/v1``). When it appears, or its ``spec.selector.matchLabels`` /
+  ``spec.targetPorts`` change, the pod reflector is (re)started with the pool's selector: its list
+  diff is the full resync (ready pods added, stale endpoints and orphaned ranks removed). A pool that
+  is deleted (or marked for deletion), or whose spec is invalid, empties the endpoint store.
+* **Standalone mode.** The selector and ports come from the command line; only pods are watched.
+
+Readiness is reported through ``on_status(ready, reason)``: ready once the pool was found and its
+pods listed (the reference's "datastore synced"), and the pool's ``appProtocol`` is one the parser
+supports. ``start`` returns at once (a missing pool is waited for, NOT_SERVING, as the reference
+does); the reflectors run until ``stop``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Collection, Mapping
+from typing import Any
+
+import structlog
+from kubernetes_asyncio import client
+
+from epp.framework import EndpointNotifier
+from epp.k8s.pods import PodEndpoints, PoolSpec, parse_target_ports
+from epp.k8s.reflector import Reflector
+from epp.k8s.resources import POD, POOL_GROUP, inference_pool
+
+log = structlog.get_logger("epp.k8s.pool")
+
+StatusCallback = Callable[[bool, str], None]
+DEFAULT_APP_PROTOCOLS = frozenset({"http", "kubernetes.io/h2c"})
+
+
+def parse_pool_spec(pool: Mapping[str, Any]) -> PoolSpec:
+    """The pool's selector, ports and app protocol; ``ValueError`` naming the bad field."""
+    spec = pool.get("spec")
+    if not isinstance(spec, dict):
+        raise ValueError("spec: missing")
+    selector = spec.get("selector")
+    labels = selector.get("matchLabels") if isinstance(selector, dict) else None
+    if not isinstance(labels, dict) or not labels:
+        raise ValueError("spec.selector.matchLabels: must be a non-empty map")
+    ports = spec.get("targetPorts")
+    if not isinstance(ports, list):
+        raise ValueError("spec.targetPorts: must be a list")
+    try:
+        numbers = parse_target_ports([p.get("number") if isinstance(p, dict) else p for p in ports])
+    except ValueError as e:
+        raise ValueError(f"spec.targetPorts: {e}") from None
+    protocol = spec.get("appProtocol") or "http"
+    return PoolSpec(
+        selector={str(k): str(v) for k, v in labels.items()},
+        target_ports=numbers,
+        app_protocol=str(protocol),
+    )
+
+
+def parse_endpoint_selector(text: str) -> dict[str, str]:
+    """``k=v,k2=v2`` (``--endpoint-selector``); ``ValueError`` on anything else."""
+    out: dict[str, str] = {}
+    for part in text.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        key, sep, value = part.partition("=")
+        key, value = key.strip(), value.strip().lstrip("=")  # accept k==v as well
+        if not sep or not key:
+            raise ValueError(f'invalid label selector term "{part}": expected key=value')
+        out[key] = value
+    if not out:
+        raise ValueError("empty label selector")
+    return out
+
+
+class PoolDiscovery:
+    """The endpoint source for Kubernetes; see the module docstring."""
+
+    def __init__(
+        self,
+        api: client.ApiClient,
+        namespace: str,
+        *,
+        pool_name: str = "",
+        pool_group: str = POOL_GROUP,
+        spec: PoolSpec | None = None,
+        metrics_port: int | None = None,
+        app_protocols: Collection[str] = DEFAULT_APP_PROTOCOLS,
+    ) -> None:
+        if bool(pool_name) == (spec is not None):
+            raise ValueError("either pool-name or endpoint-selector must be set")
+        self.api = api
+        self.namespace = namespace
+        self.pool_name = pool_name
+        self.pool_group = pool_group
+        self.static_spec = spec
+        self.metrics_port = metrics_port
+        self.app_protocols = frozenset(app_protocols)
+        self.on_status: StatusCallback | None = None
+        self.ready = False
+        self.reason = "not started"
+        self.pods: PodEndpoints | None = None
+        self.pod_reflector: Reflector | None = None
+        self.pool_reflector: Reflector | None = None
+        self._pool_seen = False
+
+    @property
+    def mode(self) -> str:
+        return "inferencepool" if self.pool_name else "standalone"
+
+    # --- EndpointSource ------------------------------------------------------------------------
+
+    async def start(self, notifier: EndpointNotifier) -> None:
+        self.pods = PodEndpoints(
+            notifier, self.namespace, metrics_port=self.metrics_port, on_synced=self._pods_synced
+        )
+        self.pod_reflector = Reflector(self.api, POD, self.namespace, self.pods)
+        if self.static_spec is not None:
+            self._set_status(False, "listing pods")
+            await self._apply_spec(self.static_spec)
+            return
+        self._set_status(False, f"waiting for InferencePool {self.namespace}/{self.pool_name}")
+        self.pool_reflector = Reflector(
+            self.api,
+            inference_pool(self.pool_group),
+            self.namespace,
+            _PoolHandler(self),
+            field_selector=f"metadata.name={self.pool_name}",
+        )
+        self.pool_reflector.start()
+
+    async def stop(self) -> None:
+        if self.pool_reflector is not None:
+            await self.pool_reflector.stop()
+            handler = self.pool_reflector.handler
+            if isinstance(handler, _PoolHandler):
+                await handler.cancel()
+        if self.pod_reflector is not None:
+            await self.pod_reflector.stop()
+
+    # --- state changes -------------------------------------------------------------------------
+
+    def _set_status(self, ready: bool, reason: str) -> None:
+        if (ready, reason) == (self.ready, self.reason):
+            return
+        self.ready, self.reason = ready, reason
+        log.info("pool status", ready=ready, reason=reason, mode=self.mode)
+        if self.on_status is not None:
+            self.on_status(ready, reason)
+
+    def _pods_synced(self) -> None:
+        assert self.pods is not None
+        spec = self.pods.spec
+        if spec is None or self.pod_reflector is None or not self.pod_reflector.synced:
+            return
+        if spec.app_protocol not in self.app_protocols:
+            self._set_status(False, f'appProtocol "{spec.app_protocol}" is not supported by the parser')
+            return
+        self._set_status(True, f"synced: {self.pods.endpoint_count} endpoints")
+
+    async def _apply_spec(self, spec: PoolSpec | None) -> None:
+        assert self.pods is not None and self.pod_reflector is not None
+        previous = self.pods.spec
+        self.pods.set_spec(spec)
+        if spec is None:
+            await self.pod_reflector.stop()
+            self.pods.clear()
+            self.pod_reflector.cache.clear()
+            self.pod_reflector.resource_version = ""
+            return
+        if previous is None or previous.label_selector != spec.label_selector:
+            log.info("watching pods", selector=spec.label_selector, ports=list(spec.target_ports))
+            await self.pod_reflector.restart(label_selector=spec.label_selector)
+        elif previous != spec and self.pod_reflector.synced:
+            self._pods_synced()  # ports or protocol changed: endpoints were re-derived in set_spec
+
+    # --- pool events (from _PoolHandler, in the pool reflector's task) ---------------------------
+
+    async def pool_changed(self, pool: dict[str, Any] | None) -> None:
+        if pool is None or (pool.get("metadata") or {}).get("deletionTimestamp"):
+            if self._pool_seen or pool is not None:
+                log.warning("InferencePool deleted; clearing endpoints", pool=self.pool_name)
+            self._pool_seen = pool is not None
+            self._set_status(False, f"InferencePool {self.namespace}/{self.pool_name} not found")
+            await self._apply_spec(None)
+            return
+        self._pool_seen = True
+        try:
+            spec = parse_pool_spec(pool)
+        except ValueError as e:
+            log.error(
+                "invalid InferencePool; no endpoints until it is fixed", pool=self.pool_name, error=str(e)
+            )
+            self._set_status(False, f"invalid InferencePool: {e}")
+            await self._apply_spec(None)
+            return
+        if self.pods is not None and self.pods.spec == spec and self.ready:
+            return
+        if self.pods is not None and self.pods.spec is None:
+            self._set_status(False, "listing pods")
+        await self._apply_spec(spec)
+
+
+class _PoolHandler:
+    """Adapts the pool reflector's synchronous callbacks to the discovery's async changes, in order."""
+
+    def __init__(self, discovery: PoolDiscovery) -> None:
+        self.discovery = discovery
+        self._pending: list[dict[str, Any] | None] = []
+        self._task: asyncio.Task[None] | None = None
+
+    def on_upsert(self, obj: dict[str, Any]) -> None:
+        self._submit(obj)
+
+    def on_delete(self, obj: dict[str, Any]) -> None:
+        self._submit(None)
+
+    def on_synced(self) -> None:
+        reflector = self.discovery.pool_reflector
+        if reflector is not None and not reflector.cache:
+            self._submit(None)
+
+    def _submit(self, pool: dict[str, Any] | None) -> None:
+        self._pending.append(pool)
+        if self._task is None or self._task.done():
+            self._task = asyncio.get_running_loop().create_task(self._drain())
+
+    async def _drain(self) -> None:
+        while self._pending:
+            pool = self._pending.pop(0)
+            try:
+                await self.discovery.pool_changed(pool)
+            except Exception as e:  # never leave later pool changes unapplied
+                log.error("applying an InferencePool change failed", error=repr(e))
+
+    async def cancel(self) -> None:
+        self._pending.clear()
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass

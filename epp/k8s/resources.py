@@ -1,0 +1,98 @@
+"""The Kubernetes kinds epp reads, and the one call that lists or watches them.
+
+Requests go through kubernetes-asyncio's generated API (authentication, TLS, URL building) with
+``_preload_content=False``: list bodies and watch streams are read as raw JSON, so objects stay
+plain dicts (no model deserialisation) and watch lines are split by the reflector itself.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+import orjson
+from kubernetes_asyncio import client
+
+POOL_GROUP = "inference.networking.k8s.io"
+ALPHA_GROUP = "inference.networking.x-k8s.io"
+
+
+@dataclass(frozen=True, slots=True)
+class Kind:
+    group: str  # "" = the core group
+    version: str
+    plural: str
+    kind: str
+
+    @property
+    def api_version(self) -> str:
+        return f"{self.group}/{self.version}" if self.group else self.version
+
+
+POD = Kind("", "v1", "pods", "Pod")
+INFERENCE_OBJECTIVE = Kind(ALPHA_GROUP, "v1alpha2", "inferenceobjectives", "InferenceObjective")
+INFERENCE_MODEL_REWRITE = Kind(ALPHA_GROUP, "v1alpha2", "inferencemodelrewrites", "InferenceModelRewrite")
+LEASE = Kind("coordination.k8s.io", "v1", "leases", "Lease")
+
+
+def inference_pool(group: str = POOL_GROUP) -> Kind:
+    """The InferencePool kind (API version v1) in ``--pool-group``."""
+    return Kind(group, "v1", "inferencepools", "InferencePool")
+
+
+class ApiError(Exception):
+    """A non-2xx answer (or an ERROR watch event): the HTTP code and the Status message."""
+
+    def __init__(self, status: int, message: str, reason: str = "") -> None:
+        super().__init__(f"{status} {reason}: {message}" if reason else f"{status}: {message}")
+        self.status = status
+        self.reason = reason
+        self.message = message
+
+
+def status_error(status: int, body: bytes) -> ApiError:
+    """An ``ApiError`` from a Kubernetes ``Status`` body (or whatever text the server sent)."""
+    try:
+        doc = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return ApiError(status, body[:200].decode(errors="replace"))
+    if not isinstance(doc, dict):
+        return ApiError(status, str(doc)[:200])
+    return ApiError(int(doc.get("code") or status), str(doc.get("message", "")), str(doc.get("reason", "")))
+
+
+async def call(api: client.ApiClient, kind: Kind, namespace: str, **params: Any) -> aiohttp.ClientResponse:
+    """List (or, with ``watch=True``, watch) ``kind`` in ``namespace``; the raw, unread response."""
+    # The library's stubs describe the preloaded (model) results; unpreloaded it is the raw response.
+    if kind.group == "":
+        if kind.plural != "pods":
+            raise ValueError(f"core kind {kind.kind} is not supported")
+        core: Any = client.CoreV1Api(api)
+        return await core.list_namespaced_pod(namespace, _preload_content=False, **params)
+    custom: Any = client.CustomObjectsApi(api)
+    return await custom.list_namespaced_custom_object(
+        kind.group, kind.version, namespace, kind.plural, _preload_content=False, **params
+    )
+
+
+async def read_json(resp: aiohttp.ClientResponse) -> dict[str, Any]:
+    """The response body as a JSON object; ``ApiError`` for a non-2xx status. Releases the response."""
+    try:
+        body = await resp.read()
+    finally:
+        resp.release()
+    if not 200 <= resp.status < 300:
+        raise status_error(resp.status, body)
+    doc = orjson.loads(body)
+    if not isinstance(doc, dict):
+        raise ApiError(resp.status, "response is not a JSON object")
+    return doc
+
+
+def name_of(obj: dict[str, Any]) -> str:
+    return str((obj.get("metadata") or {}).get("name", ""))
+
+
+def version_of(obj: dict[str, Any]) -> str:
+    return str((obj.get("metadata") or {}).get("resourceVersion", ""))

@@ -1,0 +1,113 @@
+"""Everything ``epp serve`` runs against a cluster, built from the command line.
+
+``KubeOptions`` mirrors the reference's flags (``--pool-name``/``--pool-namespace``/``--pool-group``,
+``--endpoint-selector``/``--endpoint-target-ports``, ``--ha-enable-leader-election``...);
+``KubeRuntime.build`` makes the API client, the endpoint discovery, the InferenceObjective and
+InferenceModelRewrite watchers (InferencePool mode only, as the reference) and the leader elector.
+The server starts and stops them (``start``/``stop``) around its own lifetime.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from dataclasses import dataclass, field
+
+import structlog
+from kubernetes_asyncio import client
+
+from epp.datalayer.objectives import ObjectiveStore
+from epp.datalayer.rewrites import RewriteStore
+from epp.framework import EndpointNotifier
+from epp.k8s.alpha import AlphaWatchers
+from epp.k8s.client import api_client
+from epp.k8s.leader import LeaderElector, lease_name, new_identity
+from epp.k8s.pods import PoolSpec
+from epp.k8s.pool_discovery import DEFAULT_APP_PROTOCOLS, PoolDiscovery
+from epp.k8s.resources import POOL_GROUP
+
+log = structlog.get_logger("epp.k8s")
+
+
+@dataclass(slots=True)
+class KubeOptions:
+    namespace: str = "default"
+    pool_name: str = ""  # InferencePool mode
+    pool_group: str = POOL_GROUP
+    selector: dict[str, str] = field(default_factory=dict)  # standalone mode
+    target_ports: tuple[int, ...] = ()
+    kubeconfig: str | None = None
+    metrics_port: int | None = None  # --model-server-metrics-port (one target port only)
+    leader_election: bool = False
+    lease_name: str = ""  # default: lease_name(namespace, pool)
+    lease_duration: float = 15.0
+    renew_deadline: float = 10.0
+    retry_period: float = 2.0
+    pod_name: str = ""  # POD_NAME: the leader identity's prefix
+
+
+@dataclass(slots=True)
+class KubeRuntime:
+    api: client.ApiClient
+    discovery: PoolDiscovery
+    alpha: AlphaWatchers | None = None
+    leader: LeaderElector | None = None
+    objectives: ObjectiveStore | None = None
+    rewrites: RewriteStore | None = None
+
+    @classmethod
+    async def build(
+        cls, opts: KubeOptions, *, pool_name: str, app_protocols: Collection[str] = DEFAULT_APP_PROTOCOLS
+    ) -> KubeRuntime:
+        """``pool_name`` is the pool's identity (the InferencePool, or the standalone pool's name)."""
+        api = await api_client(opts.kubeconfig)
+        if opts.pool_name:
+            discovery = PoolDiscovery(
+                api,
+                opts.namespace,
+                pool_name=opts.pool_name,
+                pool_group=opts.pool_group,
+                metrics_port=opts.metrics_port,
+                app_protocols=app_protocols,
+            )
+            objectives: ObjectiveStore | None = ObjectiveStore(
+                pool_name=opts.pool_name, pool_group=opts.pool_group
+            )
+            rewrites: RewriteStore | None = RewriteStore(pool_name=opts.pool_name, pool_group=opts.pool_group)
+            alpha: AlphaWatchers | None = AlphaWatchers(
+                api, opts.namespace, objectives=objectives, rewrites=rewrites
+            )
+        else:
+            spec = PoolSpec(selector=opts.selector, target_ports=opts.target_ports)
+            discovery = PoolDiscovery(
+                api, opts.namespace, spec=spec, metrics_port=opts.metrics_port, app_protocols=app_protocols
+            )
+            objectives = rewrites = None
+            alpha = None
+            log.info("standalone mode: InferenceObjective and InferenceModelRewrite are not watched")
+        leader = None
+        if opts.leader_election:
+            leader = LeaderElector(
+                api,
+                opts.namespace,
+                opts.lease_name or lease_name(opts.namespace, pool_name),
+                new_identity(opts.pod_name),
+                lease_duration=opts.lease_duration,
+                renew_deadline=opts.renew_deadline,
+                retry_period=opts.retry_period,
+            )
+        return cls(api, discovery, alpha, leader, objectives, rewrites)
+
+    async def start(self, notifier: EndpointNotifier) -> None:
+        await self.discovery.start(notifier)
+        if self.alpha is not None:
+            self.alpha.start()
+        if self.leader is not None:
+            self.leader.start()
+
+    async def stop(self) -> None:
+        if self.leader is not None:
+            await self.leader.stop()  # first: a standby takes over while we drain
+        if self.alpha is not None:
+            await self.alpha.stop()
+        await self.discovery.stop()
+        await self.api.close()

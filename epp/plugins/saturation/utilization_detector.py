@@ -1,0 +1,200 @@
+"""``utilization-detector``: pool saturation from queue depth and KV-cache use (legacy admission).
+
+Type: ``utilization-detector``. A ``SaturationDetector`` (the default one: the configuration loader
+instantiates it when ``saturationDetector`` is not set) and a ``Filter`` (used as a filter only when
+a scheduling profile references it).
+
+Parameters (defaults):
+
+* ``queueDepthThreshold`` (5, must be > 0): waiting requests at which an endpoint counts as full;
+* ``kvCacheUtilThreshold`` (0.8, must be in (0, 1]): KV-cache use at which an endpoint counts as full;
+* ``metricsStalenessThreshold`` (``"200ms"``, a Go duration string, must be > 0): metrics older than
+  this are not trusted;
+* ``headroom`` (0.0, must be >= 0; a warning is logged above 1.0, which looks like a percentage):
+  burst allowance of the filter.
+
+Invalid values are reported together, for example
+``invalid utilization detector configuration: queueDepthThreshold must be strictly positive, got 0``.
+
+Saturation (``saturation(endpoints)``): no endpoints → 1.0; otherwise the unweighted mean over the
+endpoints of ``max(waiting_queue_size / queueDepthThreshold, kv_cache_usage / kvCacheUtilThreshold)``,
+where an endpoint whose metrics were never scraped (``update_time == 0``) or are older than
+``metricsStalenessThreshold`` counts 1.0. The result is not capped: ``>= 1.0`` means saturated, and
+the director then drops sheddable requests (priority < 0) with 429.
+
+Filter: keeps endpoints with fresh metrics, ``q < queueDepthThreshold * (1 + headroom)`` and
+``kv < kvCacheUtilThreshold * (1 + headroom)``; fails open: when that would drop every endpoint,
+the input is returned unchanged (decision D12; the limit on KV is not capped at 1.0).
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import structlog
+
+from epp.framework import (
+    CycleState,
+    Endpoint,
+    Filter,
+    Handle,
+    LLMRequest,
+    SaturationDetector,
+    register,
+)
+from epp.framework.params import ensure_valid
+
+log = structlog.get_logger("epp.plugins.utilization_detector")
+
+DEFAULT_QUEUE_DEPTH_THRESHOLD = 5
+DEFAULT_KV_CACHE_UTIL_THRESHOLD = 0.8
+DEFAULT_METRICS_STALENESS_THRESHOLD = "200ms"
+
+_GO_DURATION_PART = re.compile(r"(\d+\.?\d*|\.\d+)(ns|us|µs|μs|ms|s|m|h)")
+_UNIT_SECONDS = {
+    "ns": 1e-9,
+    "us": 1e-6,
+    "µs": 1e-6,  # U+00B5 MICRO SIGN
+    "μs": 1e-6,  # U+03BC GREEK SMALL LETTER MU
+    "ms": 1e-3,
+    "s": 1.0,
+    "m": 60.0,
+    "h": 3600.0,
+}
+
+
+def parse_go_duration(text: str) -> float | None:
+    """Seconds of a Go duration string (``"200ms"``, ``"1.5s"``, ``"1m30s"``, ``"-2s"``, ``"0"``).
+
+    Returns None when ``text`` is not a valid Go duration (a bare number other than 0 needs a unit).
+    """
+    s = text.strip()
+    sign = 1.0
+    if s[:1] in ("+", "-"):
+        sign = -1.0 if s[0] == "-" else 1.0
+        s = s[1:]
+    if s == "0":
+        return 0.0
+    if not s:
+        return None
+    pos, total = 0, 0.0
+    for m in _GO_DURATION_PART.finditer(s):
+        if m.start() != pos:
+            return None
+        total += float(m.group(1)) * _UNIT_SECONDS[m.group(2)]
+        pos = m.end()
+    if pos != len(s):
+        return None
+    return sign * total
+
+
+@dataclass(slots=True, frozen=True)
+class UtilizationDetectorParams:
+    queue_depth_threshold: int = DEFAULT_QUEUE_DEPTH_THRESHOLD
+    kv_cache_util_threshold: float = DEFAULT_KV_CACHE_UTIL_THRESHOLD
+    metrics_staleness_threshold: str = DEFAULT_METRICS_STALENESS_THRESHOLD
+    headroom: float = 0.0
+
+    @property
+    def staleness_seconds(self) -> float:
+        """``metricsStalenessThreshold`` in seconds (only meaningful once validated)."""
+        return parse_go_duration(self.metrics_staleness_threshold) or 0.0
+
+    def validate(self) -> str | None:
+        problems: list[tuple[str, str]] = []
+        if self.queue_depth_threshold <= 0:
+            problems.append(
+                (
+                    "queueDepthThreshold",
+                    f"queueDepthThreshold must be strictly positive, got {self.queue_depth_threshold}",
+                )
+            )
+        if not 0.0 < self.kv_cache_util_threshold <= 1.0:
+            problems.append(
+                (
+                    "kvCacheUtilThreshold",
+                    f"kvCacheUtilThreshold must be in (0, 1], got {self.kv_cache_util_threshold:g}",
+                )
+            )
+        staleness = parse_go_duration(self.metrics_staleness_threshold)
+        if staleness is None:
+            problems.append(
+                (
+                    "metricsStalenessThreshold",
+                    f'metricsStalenessThreshold must be a duration such as "200ms", '
+                    f"got {self.metrics_staleness_threshold!r}",
+                )
+            )
+        elif staleness <= 0:
+            problems.append(
+                (
+                    "metricsStalenessThreshold",
+                    "metricsStalenessThreshold must be strictly positive, "
+                    f"got {self.metrics_staleness_threshold}",
+                )
+            )
+        if self.headroom < 0:
+            problems.append(("headroom", f"headroom must be non-negative, got {self.headroom:g}"))
+        if not problems:
+            return None
+        reasons = "; ".join(reason for _, reason in problems)
+        return f"{problems[0][0]}: invalid utilization detector configuration: {reasons}"
+
+
+@register
+class UtilizationDetector(SaturationDetector, Filter):
+    type_name = "utilization-detector"
+    Params = UtilizationDetectorParams
+    params: UtilizationDetectorParams
+
+    def __init__(
+        self, name: str, params: UtilizationDetectorParams | None = None, handle: Handle | None = None
+    ) -> None:
+        params = params if params is not None else UtilizationDetectorParams()
+        ensure_valid(params)
+        super().__init__(name, params, handle)
+        self._queue = float(params.queue_depth_threshold)
+        self._kv = params.kv_cache_util_threshold
+        self._staleness = params.staleness_seconds
+        self._queue_limit = self._queue * (1.0 + params.headroom)
+        self._kv_limit = self._kv * (1.0 + params.headroom)
+        if params.headroom > 1.0:
+            log.warning(
+                "unusually high headroom configured; verify the value is a fraction, not a percentage",
+                plugin=self.typed_name,
+                headroom=params.headroom,
+                effective_burst=f"{params.headroom * 100:.0f}%",
+            )
+
+    def saturation(self, endpoints: Sequence[Endpoint]) -> float:
+        if not endpoints:
+            return 1.0
+        now = time.monotonic()
+        staleness, q_t, kv_t = self._staleness, self._queue, self._kv
+        total = 0.0
+        for e in endpoints:
+            m = e.metrics
+            updated = m.update_time
+            if updated <= 0.0 or now - updated > staleness:
+                total += 1.0
+                continue
+            q = m.waiting_queue_size / q_t
+            kv = m.kv_cache_usage_percent / kv_t
+            total += q if q > kv else kv
+        return total / len(endpoints)
+
+    def filter(self, cycle: CycleState, request: LLMRequest, endpoints: list[Endpoint]) -> list[Endpoint]:
+        now = time.monotonic()
+        staleness, q_limit, kv_limit = self._staleness, self._queue_limit, self._kv_limit
+        kept = []
+        for e in endpoints:
+            m = e.metrics
+            updated = m.update_time
+            if updated <= 0.0 or now - updated > staleness:
+                continue
+            if m.waiting_queue_size < q_limit and m.kv_cache_usage_percent < kv_limit:
+                kept.append(e)
+        return kept or endpoints  # fail open (D12)
