@@ -562,6 +562,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """CLI: print a bootstrap, or regenerate the checked-in reference files with ``--write DIR``."""
     parser = argparse.ArgumentParser(prog="python -m epp.envoy_config", description=__doc__.split("\n")[0])
     parser.add_argument("--write", metavar="DIR", help="write the reference bootstraps into DIR")
+    parser.add_argument("--listen-host", default="127.0.0.1", help="listener address (0.0.0.0 in a pod)")
     parser.add_argument("--listen-port", type=int, default=8081)
     parser.add_argument("--admin-port", type=int, default=19000)
     parser.add_argument("--extproc-host", default="127.0.0.1")
@@ -569,6 +570,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--body-mode", choices=BODY_MODES, default="FULL_DUPLEX_STREAMED")
     parser.add_argument("--response-body-mode", choices=BODY_MODES, default="NONE")
     parser.add_argument("--fail-open", action="store_true")
+    parser.add_argument("--access-log", action="store_true", help="log every request to stdout")
     parser.add_argument("--fallback-endpoint", action="append", default=[], metavar="IP:PORT")
     parser.add_argument("--subset-hint-header")
     parser.add_argument("--tls", action="store_true")
@@ -589,7 +591,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     sys.stdout.write(
         render(
             envoy_bootstrap(
+                listen_host=args.listen_host,
                 listen_port=args.listen_port,
+                access_log=args.access_log,
                 admin_port=args.admin_port,
                 extproc_host=args.extproc_host,
                 extproc_port=args.extproc_port,

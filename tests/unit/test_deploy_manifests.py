@@ -73,6 +73,7 @@ STANDALONE_ENVOY_HEADER = (
     "# Generated from epp.envoy_config.envoy_bootstrap() for the standalone sidecar: Envoy listens on\n"
     "# 0.0.0.0:8081 and calls the EPP over TLS at 127.0.0.1:9002. Do not edit by hand; regenerate with\n"
     "#   python -m tests.unit.test_deploy_manifests\n"
+    "# (the same bootstrap: python -m epp.envoy_config --listen-host 0.0.0.0 --tls --access-log)\n"
 )
 
 
@@ -668,6 +669,11 @@ def test_standalone_envoy_bootstrap_has_not_drifted() -> None:
     )
     data = one("standalone", "ConfigMap", "epp-standalone-envoy")["data"]
     assert data == {"envoy.yaml": standalone_envoy_text()}
+
+
+def test_the_envoy_config_command_prints_the_sidecar_bootstrap(capsys: pytest.CaptureFixture[str]) -> None:
+    assert ec.main(["--listen-host", "0.0.0.0", "--tls", "--access-log"]) == 0
+    assert STANDALONE_ENVOY_HEADER + capsys.readouterr().out == standalone_envoy_text()
 
 
 def test_envoy_accepts_the_standalone_bootstrap() -> None:
