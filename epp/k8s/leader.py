@@ -113,6 +113,10 @@ class LeaderElector:
     async def _run(self) -> None:
         log.info("leader election started", lease=f"{self.namespace}/{self.name}", identity=self.identity)
         while True:
+            if self.is_leader and time.monotonic() - self._last_renew >= self.renew_deadline:
+                # e.g. the process was frozen: stop serving before anything else, then compete again
+                log.warning("the lease was not renewed within the renew deadline; stepping down")
+                self._set_leader(False)
             try:
                 ok = await self._try_acquire_or_renew()
             except asyncio.CancelledError:

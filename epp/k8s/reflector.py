@@ -51,6 +51,14 @@ class ReflectorHandler(Protocol):
     def on_synced(self) -> None: ...
 
 
+def _trim(obj: dict[str, Any]) -> dict[str, Any]:
+    """Drop ``metadata.managedFields`` (server-side-apply bookkeeping, often most of an object's size)."""
+    meta = obj.get("metadata")
+    if isinstance(meta, dict):
+        meta.pop("managedFields", None)
+    return obj
+
+
 class _Gone(Exception):
     """The watch's resourceVersion is too old: list again."""
 
@@ -182,7 +190,7 @@ class Reflector:
                 version = str(meta.get("resourceVersion", ""))
             for obj in page.get("items") or ():
                 if isinstance(obj, dict) and name_of(obj):
-                    items[name_of(obj)] = obj
+                    items[name_of(obj)] = _trim(obj)
             token = str(meta.get("continue") or "")
             if not token:
                 break
@@ -261,6 +269,7 @@ class Reflector:
                 self.resource_version = version
             return
         name = name_of(obj)
+        _trim(obj)
         if kind in ("ADDED", "MODIFIED"):
             prev = self.cache.get(name)
             if prev is None or version_of(prev) != version:

@@ -90,3 +90,56 @@ dataLayer:
     )
     assert out.returncode == 1
     assert "missing.yaml" in out.stderr
+
+
+FILE_DISCOVERY = (
+    "apiVersion: llm-d.ai/v1alpha1\nkind: EndpointPickerConfig\nplugins:\n"
+    "- {name: f, type: file-discovery, parameters: {path: /nonexistent}}\n"
+    "dataLayer: {discovery: {pluginRef: f}}\n"
+)
+
+
+def test_serve_names_the_endpoint_source_problems_before_serving() -> None:
+    cases = [
+        ((), "either pool-name or endpoint-selector must be set"),
+        (("--pool-name", "p", "--endpoint-selector", "app=x"), "either pool-name or endpoint-selector"),
+        (("--endpoint-selector", "app=x"), 'flag "endpoint-target-ports" should have length from 1 to 8'),
+        (
+            ("--endpoint-selector", "app=x", "--endpoint-target-ports", "8000,99999"),
+            'invalid port number 99999 in "endpoint-target-ports"',
+        ),
+        (("--endpoint-selector", "app", "--endpoint-target-ports", "8000"), "expected key=value"),
+        (("--pool-name", "p", "--endpoint-target-ports", "8000"), 'only used with "endpoint-selector"'),
+        (
+            ("--pool-name", "p", "--ha-enable-leader-election", "--ha-renew-deadline=20s"),
+            "--ha-lease-duration > --ha-renew-deadline",
+        ),
+    ]
+    for args, message in cases:
+        out = epp("serve", "--secure-serving=false", "--config-text", "", *args)
+        assert out.returncode != 0 and message in out.stderr, (args, out.stderr[-500:])
+    out = epp("serve", "--config-text", FILE_DISCOVERY, "--endpoint-selector", "app=x")
+    assert out.returncode != 0 and "use exactly one endpoint source" in out.stderr
+    out = epp("serve", "--config-text", FILE_DISCOVERY, "--ha-enable-leader-election")
+    assert out.returncode != 0 and "needs Kubernetes discovery" in out.stderr
+
+
+def test_serve_without_any_cluster_configuration_says_how_to_fix_it(tmp_path: Path) -> None:
+    env_file = tmp_path / "missing-kubeconfig"
+    out = subprocess.run(
+        [sys.executable, "-m", "epp", "serve", "--secure-serving=false", "--pool-name", "p"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "KUBECONFIG": str(env_file)},
+    )
+    assert out.returncode != 0
+    assert "no Kubernetes configuration" in out.stderr and "--kubeconfig" in out.stderr
+
+
+def test_standalone_pool_name_comes_from_the_deployment_of_pod_name() -> None:
+    from epp.cli import _standalone_pool_name
+
+    assert _standalone_pool_name("vllm-epp-5d8f9c7b6-x2x4q") == "vllm-epp"
+    assert _standalone_pool_name("epp") == "epp"
+    assert _standalone_pool_name("") == "epp"
