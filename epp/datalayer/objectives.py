@@ -17,13 +17,13 @@ A malformed object (no name, a non-integer or out-of-range priority, a poolRef t
 mapping) is skipped with a warning naming the object and the field; its name, when known, is
 removed, so the store never keeps a version the cluster no longer has. Nothing here raises.
 
-Lookups are one dict access. Writers replace whole entries (``replace_all`` swaps in a new dict),
-so a reader never sees a half-applied relist.
+Lookups are one dict access. The Kubernetes reflector feeds it object by object (a relist arrives
+as the diff of upserts and deletes), from the same event loop that reads it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import structlog
@@ -127,15 +127,6 @@ class ObjectiveStore:
 
     def delete(self, name: str) -> None:
         self._priorities.pop(name, None)
-
-    def replace_all(self, objs: Iterable[Mapping[str, Any]]) -> None:
-        """After a relist: exactly the given objects (those for this pool) remain."""
-        fresh: dict[str, int] = {}
-        for obj in objs:
-            name, priority = self._parse(obj)
-            if name and priority is not None:
-                fresh[name] = priority
-        self._priorities = fresh
 
     def priority(self, name: str) -> int:
         """The objective's priority; 0 for an unknown (or empty) name."""

@@ -23,6 +23,7 @@ import time
 
 import structlog
 
+from epp.background import BackgroundTask
 from epp.datalayer.scraper import is_stale
 from epp.datalayer.store import EndpointStore
 from epp.metrics import POOL_AVG_KV, POOL_AVG_QUEUE, POOL_AVG_RUNNING, POOL_PER_POD_QUEUE, POOL_READY_PODS
@@ -50,7 +51,7 @@ class PoolGauges:
         self.interval = interval
         self.staleness = staleness
         self._per_pod: set[str] = set()
-        self._task: asyncio.Task[None] | None = None
+        self._task = BackgroundTask("pool gauges", self._run)
 
     def refresh(self, now: float | None = None) -> None:
         """Compute and set every gauge once from the store's current endpoints."""
@@ -81,14 +82,10 @@ class PoolGauges:
         self._per_pod = current
 
     def start(self) -> None:
-        if self._task is None:
-            self._task = asyncio.get_running_loop().create_task(self._run(), name="pool gauges")
+        self._task.start()
 
     async def stop(self) -> None:
-        task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
+        await self._task.stop()
 
     async def _run(self) -> None:
         while True:

@@ -290,16 +290,6 @@ class RewriteStore:
         if self._objects.pop(name, None) is not None:
             self._reindex()
 
-    def replace_all(self, objs: Iterable[Mapping[str, Any]]) -> None:
-        """After a relist: exactly the given objects (those for this pool) remain."""
-        fresh: dict[str, _ParsedRewrite] = {}
-        for obj in objs:
-            name, parsed = self._parse(obj)
-            if name and parsed is not None:
-                fresh[name] = parsed
-        self._objects = fresh
-        self._reindex()
-
     def rule_for(self, model: str) -> RewriteRule | None:
         """The rule that applies to ``model`` (exact beats generic), or None."""
         exact, generic = self._index

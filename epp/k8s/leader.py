@@ -38,6 +38,7 @@ import aiohttp
 import structlog
 from kubernetes_asyncio import client
 
+from epp.background import BackgroundTask
 from epp.k8s.resources import ApiError, read_json
 
 log = structlog.get_logger("epp.k8s.leader")
@@ -86,24 +87,17 @@ class LeaderElector:
         self._observed: tuple[Any, ...] | None = None
         self._observed_at = 0.0
         self._last_renew = 0.0
-        self._task: asyncio.Task[None] | None = None
+        self._task = BackgroundTask("leader-election", self._run)
         self._rng = random.Random()
         self._coord: Any = client.CoordinationV1Api(api)  # raw responses: untyped by the stubs
 
     # --- lifecycle -----------------------------------------------------------------------------
 
     def start(self) -> None:
-        if self._task is None:
-            self._task = asyncio.get_running_loop().create_task(self._run(), name="leader-election")
+        self._task.start()
 
     async def stop(self) -> None:
-        task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            try:
-                await task
-            except asyncio.CancelledError:
-                pass
+        await self._task.stop()
         if self.is_leader:
             await self._release()
             self._set_leader(False)

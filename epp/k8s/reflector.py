@@ -33,6 +33,7 @@ import orjson
 import structlog
 from kubernetes_asyncio import client
 
+from epp.background import BackgroundTask
 from epp.k8s.resources import ApiError, Kind, call, name_of, read_json, status_error, version_of
 
 log = structlog.get_logger("epp.k8s")
@@ -89,26 +90,17 @@ class Reflector:
         self.synced = False
         self.lists = 0  # completed lists (first sync + relists), for logs and tests
         self.last_error = ""
-        self._task: asyncio.Task[None] | None = None
+        self._task = BackgroundTask(f"reflector-{kind.plural}", self._run)
         self._rng = random.Random()
         self._log = log.bind(kind=kind.kind, namespace=namespace)
 
     # --- lifecycle ---------------------------------------------------------------------------
 
     def start(self) -> None:
-        if self._task is None or self._task.done():
-            self._task = asyncio.get_running_loop().create_task(
-                self._run(), name=f"reflector-{self.kind.plural}"
-            )
+        self._task.start()
 
     async def stop(self) -> None:
-        task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            try:
-                await task
-            except asyncio.CancelledError:
-                pass
+        await self._task.stop()
 
     async def restart(self, *, label_selector: str | None = None) -> None:
         """Apply a new selector: stop the watch and list again (the diff removes non-matching objects)."""

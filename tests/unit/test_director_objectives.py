@@ -142,7 +142,8 @@ def store() -> EndpointStore:
 @pytest.fixture
 def objectives() -> ObjectiveStore:
     o = ObjectiveStore(pool_name=POOL)
-    o.replace_all([objective("critical", 10), objective("batch", -1), objective("standard", 0)])
+    for obj in (objective("critical", 10), objective("batch", -1), objective("standard", 0)):
+        o.upsert_object(obj)
     return o
 
 

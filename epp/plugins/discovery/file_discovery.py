@@ -65,6 +65,7 @@ import orjson
 import structlog
 import yaml
 
+from epp.background import BackgroundTask
 from epp.framework import ConfigError, EndpointDiscovery, EndpointMetadata, EndpointNotifier, register
 from epp.framework.interfaces import Handle
 
@@ -122,7 +123,7 @@ class FileDiscovery(EndpointDiscovery):
         self._loaded: frozenset[str] = frozenset()
         self._content: bytes | None = None
         self._signature: _Signature | None = None
-        self._task: asyncio.Task[None] | None = None
+        self._task = BackgroundTask(f"watch {self.path}", self._watch)
 
     @property
     def loaded_keys(self) -> frozenset[str]:
@@ -139,13 +140,10 @@ class FileDiscovery(EndpointDiscovery):
             raise FileDiscoveryError(f"file-discovery: initial load failed: {e}") from e
         self._apply(result, content, signature)
         if self.params.watch_file:
-            self._task = asyncio.get_running_loop().create_task(self._watch(), name=f"watch {self.path}")
+            self._task.start()
 
     async def stop(self) -> None:
-        task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
+        await self._task.stop()
 
     # --- loading --------------------------------------------------------------------------------
 
