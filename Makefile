@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 PYTHON := $(BIN)/python
 
-.PHONY: install run test test-unit test-integration lint bench-cpu bench-sched bench-routing clean
+.PHONY: install run test test-unit test-integration lint bench-cpu bench-sched bench-routing bench-kube clean
 
 install: $(VENV)/.installed
 
@@ -39,6 +39,9 @@ bench-sched: install
 
 bench-routing: install
 	$(PYTHON) bench/routing.py
+
+bench-kube: install
+	$(PYTHON) bench/kube.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache

@@ -1,7 +1,8 @@
 """The endpoint store: the single place discovery writes endpoints to and the scheduler reads from.
 
 Discovery calls ``upsert``/``delete`` (one task, causal order). Readers call ``endpoints()``, which
-returns a tuple rebuilt only when the set changes, so a request gets the current list in O(1).
+returns a tuple rebuilt on the first read after a change, so a request gets the current list in O(1)
+and a burst of changes (an initial sync of thousands of pods) costs one rebuild, not one per change.
 Listeners (the metrics scraper, plugins holding per-endpoint state) are told about additions and
 removals so that per-endpoint resources are started and released.
 """
@@ -22,7 +23,7 @@ Listener = Callable[[Endpoint], None]
 class EndpointStore:
     def __init__(self) -> None:
         self._by_key: dict[str, Endpoint] = {}
-        self._snapshot: tuple[Endpoint, ...] = ()
+        self._snapshot: tuple[Endpoint, ...] | None = ()
         self._on_add: list[Listener] = []
         self._on_remove: list[Listener] = []
         self.synced = False  # set once discovery finished its initial load
@@ -36,12 +37,12 @@ class EndpointStore:
                 return
             if current.metadata.metrics_hostport == metadata.metrics_hostport:
                 current.metadata = metadata  # labels or names changed: keep metrics and counters
-                self._rebuild()
+                self._snapshot = None
                 return
             self.delete(metadata.key)  # the address changed: it is a different server
         endpoint = Endpoint(metadata=metadata)
         self._by_key[metadata.key] = endpoint
-        self._rebuild()
+        self._snapshot = None
         log.info("endpoint added", endpoint=metadata.key, address=metadata.hostport)
         for listener in self._on_add:
             listener(endpoint)
@@ -50,7 +51,7 @@ class EndpointStore:
         endpoint = self._by_key.pop(key, None)
         if endpoint is None:
             return
-        self._rebuild()
+        self._snapshot = None
         log.info("endpoint removed", endpoint=key, address=endpoint.hostport)
         for listener in self._on_remove:
             listener(endpoint)
@@ -61,7 +62,10 @@ class EndpointStore:
     # --- readers ---------------------------------------------------------------------------
 
     def endpoints(self) -> tuple[Endpoint, ...]:
-        return self._snapshot
+        snapshot = self._snapshot
+        if snapshot is None:
+            snapshot = self._snapshot = tuple(self._by_key.values())
+        return snapshot
 
     def get(self, key: str) -> Endpoint | None:
         return self._by_key.get(key)
@@ -75,10 +79,7 @@ class EndpointStore:
         """Register listeners; ``on_add`` is called at once for endpoints already present."""
         if on_add is not None:
             self._on_add.append(on_add)
-            for endpoint in self._snapshot:
+            for endpoint in self.endpoints():
                 on_add(endpoint)
         if on_remove is not None:
             self._on_remove.append(on_remove)
-
-    def _rebuild(self) -> None:
-        self._snapshot = tuple(self._by_key.values())
