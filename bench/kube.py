@@ -182,7 +182,8 @@ def main() -> int:
     args = parser.parse_args()
     logs.configure("warning")
     print(
-        f"Kubernetes discovery (fake API server in a child process, {args.ranks} rank(s) per pod), EPP-side CPU:"
+        f"Kubernetes discovery (fake API server in a child process, {args.ranks} rank(s) per pod), "
+        "EPP-side CPU:"
     )
     print(
         f"{'pods':>6} {'sync wall':>10} {'sync CPU':>9} {'CPU/pod':>8} {'CPU/event':>10} {'relist CPU':>11}"
