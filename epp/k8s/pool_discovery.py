@@ -35,10 +35,17 @@ DEFAULT_APP_PROTOCOLS = frozenset({"http", "kubernetes.io/h2c"})
 
 
 def parse_pool_spec(pool: Mapping[str, Any]) -> PoolSpec:
-    """The pool's selector, ports and app protocol; ``ValueError`` naming the bad field."""
+    """The pool's selector, ports and app protocol; ``ValueError`` naming the bad field.
+
+    v1: ``spec.selector.matchLabels`` and ``spec.targetPorts[].number``. The pre-GA v1alpha2 pool
+    (``--pool-group inference.networking.x-k8s.io``) has a flat ``spec.selector`` map and one
+    ``spec.targetPortNumber``; both shapes are read.
+    """
     spec = pool.get("spec")
     if not isinstance(spec, dict):
         raise ValueError("spec: missing")
+    if "targetPortNumber" in spec and "targetPorts" not in spec:
+        return _parse_v1alpha2(spec)
     selector = spec.get("selector")
     labels = selector.get("matchLabels") if isinstance(selector, dict) else None
     if not isinstance(labels, dict) or not labels:
@@ -56,6 +63,17 @@ def parse_pool_spec(pool: Mapping[str, Any]) -> PoolSpec:
         target_ports=numbers,
         app_protocol=str(protocol),
     )
+
+
+def _parse_v1alpha2(spec: Mapping[str, Any]) -> PoolSpec:
+    labels = spec.get("selector")
+    if not isinstance(labels, dict) or not labels:
+        raise ValueError("spec.selector: must be a non-empty map")
+    try:
+        ports = parse_target_ports([spec.get("targetPortNumber")])
+    except ValueError as e:
+        raise ValueError(f"spec.targetPortNumber: {e}") from None
+    return PoolSpec(selector={str(k): str(v) for k, v in labels.items()}, target_ports=ports)
 
 
 def parse_endpoint_selector(text: str) -> dict[str, str]:

@@ -38,8 +38,9 @@ LEASE = Kind("coordination.k8s.io", "v1", "leases", "Lease")
 
 
 def inference_pool(group: str = POOL_GROUP) -> Kind:
-    """The InferencePool kind (API version v1) in ``--pool-group``."""
-    return Kind(group, "v1", "inferencepools", "InferencePool")
+    """The InferencePool kind in ``--pool-group``: API version v1, or v1alpha2 for the pre-GA group
+    ``inference.networking.x-k8s.io`` (clusters still running the older CRDs)."""
+    return Kind(group, "v1alpha2" if group == ALPHA_GROUP else "v1", "inferencepools", "InferencePool")
 
 
 class ApiError(Exception):

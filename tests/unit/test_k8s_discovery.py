@@ -419,3 +419,19 @@ async def test_reflector_pages_lists_and_retries_server_errors(kube: FakeKube, a
         assert len(pages) == 2 + 3  # two answered 500 (retried with backoff), then three pages
     finally:
         await reflector.stop()
+
+
+async def test_pre_ga_v1alpha2_inferencepool_with_pool_group_x_k8s(kube: FakeKube, watch: Any) -> None:
+    kube.create(
+        {
+            "apiVersion": ALPHA_API,
+            "kind": "InferencePool",
+            "metadata": {"name": "pool", "namespace": NS},
+            "spec": {"selector": {"app": "vllm"}, "targetPortNumber": 8000, "extensionRef": {"name": "epp"}},
+        }
+    )
+    kube.create(pod_obj("a", "10.0.0.1"))
+    w = await watch(pool_group="inference.networking.x-k8s.io")
+    await w.until(lambda: w.discovery.ready)
+    assert w.hostports() == {"10.0.0.1:8000"} and w.names() == {"ns/a-rank-0"}
+    assert any("/apis/inference.networking.x-k8s.io/v1alpha2/" in path for _, path, _ in kube.requests)

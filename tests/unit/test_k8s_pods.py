@@ -165,3 +165,10 @@ def test_endpoint_selector_syntax() -> None:
         parse_endpoint_selector("app")
     with pytest.raises(ValueError, match="empty"):
         parse_endpoint_selector(" , ")
+
+
+def test_parse_v1alpha2_pool_spec() -> None:
+    spec = parse_pool_spec({"spec": {"selector": {"app": "vllm"}, "targetPortNumber": 8000}})
+    assert spec.selector == {"app": "vllm"} and spec.target_ports == (8000,)
+    with pytest.raises(ValueError, match=r"spec.targetPortNumber: invalid port number 0"):
+        parse_pool_spec({"spec": {"selector": {"app": "vllm"}, "targetPortNumber": 0}})
