@@ -154,6 +154,12 @@ class Reflector:
                 self.last_error = f"{type(e).__name__}: {e}"
                 self._log.info("watch connection lost; reconnecting", error=self.last_error, attempt=failures)
                 await asyncio.sleep(self._backoff(failures))
+            except Exception as e:  # never let the loop die: a dead reflector would freeze the pool
+                failures += 1
+                self.last_error = f"{type(e).__name__}: {e}"
+                self._log.exception("unexpected list/watch failure; listing again", error=self.last_error)
+                self.resource_version = ""
+                await asyncio.sleep(self._backoff(failures))
 
     def _backoff(self, failures: int) -> float:
         delay = min(BACKOFF_MAX, BACKOFF_MIN * (2 ** max(0, failures - 1)))

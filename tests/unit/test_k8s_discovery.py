@@ -97,13 +97,20 @@ class Watcher:
         return {e.hostport for e in self.store.endpoints()}
 
     async def until(self, predicate: Callable[[], bool], timeout: float = 10.0) -> None:
-        deadline = asyncio.get_running_loop().time() + timeout
-        while not predicate():
-            if asyncio.get_running_loop().time() > deadline:
-                raise AssertionError(
-                    f"timed out; endpoints={sorted(self.names())} status={self.statuses[-3:]}"
-                )
-            await asyncio.sleep(0.02)
+        await until(
+            predicate, timeout, lambda: f"endpoints={sorted(self.names())} status={self.statuses[-3:]}"
+        )
+
+
+async def until(
+    predicate: Callable[[], bool], timeout: float = 10.0, state: Callable[[], str] = lambda: ""
+) -> None:
+    """Poll ``predicate`` (the watch is asynchronous); AssertionError with ``state()`` on timeout."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not predicate():
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"timed out; {state()}")
+        await asyncio.sleep(0.02)
 
 
 @pytest.fixture
@@ -280,10 +287,7 @@ async def test_objectives_and_rewrites_follow_their_objects(kube: FakeKube, api:
     watchers = AlphaWatchers(api, NS, objectives=objectives, rewrites=rewrites)
     watchers.start()
     try:
-        for _ in range(500):
-            if objectives.priority("batch") == -1:
-                break
-            await asyncio.sleep(0.02)
+        await until(lambda: objectives.priority("batch") == -1)
         assert objectives.priority("batch") == -1
         kube.create(
             {
@@ -304,16 +308,10 @@ async def test_objectives_and_rewrites_follow_their_objects(kube: FakeKube, api:
         import random
 
         rng = random.Random(1)
-        for _ in range(500):
-            if rewrites.choose("llama", rng) is not None:
-                break
-            await asyncio.sleep(0.02)
+        await until(lambda: rewrites.choose("llama", rng) is not None)
         assert rewrites.choose("llama", rng) == ("llama-v2", "rw")
         kube.delete(ALPHA_API, "InferenceObjective", NS, "batch")
-        for _ in range(500):
-            if objectives.priority("batch") == 0:
-                break
-            await asyncio.sleep(0.02)
+        await until(lambda: objectives.priority("batch") == 0)
         assert objectives.priority("batch") == 0
     finally:
         await watchers.stop()
@@ -408,10 +406,7 @@ async def test_reflector_pages_lists_and_retries_server_errors(kube: FakeKube, a
     reflector = Reflector(api, POD, NS, rec, page_size=2)
     reflector.start()
     try:
-        for _ in range(500):
-            if rec.synced:
-                break
-            await asyncio.sleep(0.02)
+        await until(lambda: rec.synced)
         assert rec.synced == 1
         assert sorted(name for _, name in rec.events) == [f"p{i}" for i in range(5)]
         pages = [q for m, p, q in kube.requests if m == "GET" and p.endswith("/pods") and "watch" not in q]
@@ -435,3 +430,33 @@ async def test_pre_ga_v1alpha2_inferencepool_with_pool_group_x_k8s(kube: FakeKub
     await w.until(lambda: w.discovery.ready)
     assert w.hostports() == {"10.0.0.1:8000"} and w.names() == {"ns/a-rank-0"}
     assert any("/apis/inference.networking.x-k8s.io/v1alpha2/" in path for _, path, _ in kube.requests)
+
+
+async def test_reflector_survives_an_unexpected_error_and_relists(
+    kube: FakeKube, api: client.ApiClient
+) -> None:
+    from epp.k8s.reflector import Reflector
+
+    rec = _Recorder()
+    reflector = Reflector(api, POD, NS, rec)
+    original = reflector._event
+    failures: list[bytes] = []
+
+    def flaky(line: bytes) -> None:
+        if not failures:
+            failures.append(line)
+            raise RuntimeError("a bug in event handling")
+        original(line)
+
+    reflector._event = flaky  # type: ignore[method-assign]
+    reflector.start()
+    try:
+        await until(lambda: rec.synced >= 1)
+        kube.create(pod_obj("a", "10.0.0.1"))
+        await until(lambda: rec.synced >= 2 and ("upsert", "a") in rec.events)  # listed again
+        assert len(failures) == 1 and reflector.lists == 2
+        kube.create(pod_obj("b", "10.0.0.2"))
+        await until(lambda: ("upsert", "b") in rec.events)
+        assert rec.events.count(("upsert", "a")) == 1  # the relist did not repeat it
+    finally:
+        await reflector.stop()
