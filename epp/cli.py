@@ -99,6 +99,12 @@ def _add_serve(sub: Any) -> None:
     k.add_argument("--ha-lease-duration", type=parse_duration, default=15.0, help="lease duration (15s)")
     k.add_argument("--ha-renew-deadline", type=parse_duration, default=10.0, help="renew deadline (10s)")
     k.add_argument("--ha-retry-period", type=parse_duration, default=2.0, help="retry period (2s)")
+    k.add_argument(
+        "--ha-advertise-address",
+        default=None,
+        help="host:port where standbys reach this replica's state stream (default: $POD_IP, else the "
+        "host's address, and --grpc-health-port)",
+    )
     p.add_argument(
         "--refresh-metrics-interval", type=parse_duration, default=0.05, help="scrape period (50ms)"
     )
@@ -143,6 +149,22 @@ def _standalone_pool_name(pod_name: str) -> str:
     return "-".join(parts[:-2]) if len(parts) > 2 else pod_name or "epp"
 
 
+def _advertise_address(args: argparse.Namespace) -> str:
+    """``--ha-advertise-address``, else ``$POD_IP`` (downward API) or the host's address, with the
+    health port (where the replication stream is served)."""
+    if args.ha_advertise_address is not None:
+        return str(args.ha_advertise_address)
+    host = os.environ.get("POD_IP", "")
+    if not host:
+        import socket
+
+        try:
+            host = socket.gethostbyname(socket.gethostname())
+        except OSError:
+            return ""
+    return f"[{host}]:{args.grpc_health_port}" if ":" in host else f"{host}:{args.grpc_health_port}"
+
+
 def _kube_options(args: argparse.Namespace, file_discovery: bool) -> Any:
     """The Kubernetes options, or None with file discovery; ``SystemExit`` on conflicting flags."""
     from epp.k8s.pool_discovery import parse_endpoint_selector
@@ -170,6 +192,7 @@ def _kube_options(args: argparse.Namespace, file_discovery: bool) -> Any:
         renew_deadline=args.ha_renew_deadline,
         retry_period=args.ha_retry_period,
         pod_name=os.environ.get("POD_NAME", ""),
+        advertise_address=_advertise_address(args) if args.ha_enable_leader_election else "",
     )
     if args.endpoint_selector:
         try:

@@ -273,6 +273,25 @@ class EndpointStateHolder(Protocol):
     def remove_endpoint(self, key: str) -> None: ...
 
 
+@runtime_checkable
+class ReplicatedState(Protocol):
+    """A plugin whose learned state standby replicas mirror (``--ha-enable-leader-election``).
+
+    With leader election every replica calls ``start_recording()`` once; from then on the plugin
+    keeps the updates its request hooks make (JSON-serialisable values, e.g. "these block hashes
+    now live on endpoint k") until ``take_updates()`` drains them. The leader ships them to the
+    standbys, which ``apply_updates`` them, so a new leader starts with the learned state (e.g. the
+    prefix index) instead of an empty one. Instances are matched by plugin name (replicas run the
+    same configuration). Recording must cost nothing until ``start_recording``.
+    """
+
+    def start_recording(self) -> None: ...
+
+    def take_updates(self) -> list[Any]: ...
+
+    def apply_updates(self, updates: list[Any]) -> None: ...
+
+
 class DataSource(Plugin):
     """A polled data source configured under ``dataLayer.sources`` (e.g. ``metrics-data-source``)."""
 

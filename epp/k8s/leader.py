@@ -21,7 +21,10 @@ retry period 2 s):
   standby takes over within one retry period instead of a lease duration.
 
 The Lease is named ``epp-<namespace>-<pool>.gateway-api-inference-extension.sigs.k8s.io`` by
-default, in the pool's namespace; the identity is ``<POD_NAME>_<random>``.
+default, in the pool's namespace; the identity is ``<POD_NAME>_<random>``. The leader also writes
+its replication address (``--ha-advertise-address``) into the annotation
+``epp.llm-d.ai/replication-address``; standbys read it as ``leader_address`` and follow the
+leader's learned state from there (``epp.server.replication``).
 """
 
 from __future__ import annotations
@@ -42,6 +45,8 @@ from epp.background import BackgroundTask
 from epp.k8s.resources import ApiError, read_json
 
 log = structlog.get_logger("epp.k8s.leader")
+
+ADDRESS_ANNOTATION = "epp.llm-d.ai/replication-address"
 
 
 def lease_name(namespace: str, pool: str) -> str:
@@ -68,6 +73,7 @@ class LeaderElector:
         renew_deadline: float = 10.0,
         retry_period: float = 2.0,
         on_change: Callable[[bool], None] | None = None,
+        advertise: str = "",
     ) -> None:
         if not lease_duration > renew_deadline > retry_period > 0:
             raise ValueError(
@@ -82,6 +88,8 @@ class LeaderElector:
         self.renew_deadline = renew_deadline
         self.retry_period = retry_period
         self.on_change = on_change
+        self.advertise = advertise
+        self.leader_address: str | None = None  # another replica's, while it leads
         self.is_leader = False
         self.transitions = 0  # leadership changes seen by this replica (for logs and tests)
         self._observed: tuple[Any, ...] | None = None
@@ -155,10 +163,11 @@ class LeaderElector:
         now = datetime.datetime.now(datetime.UTC)
         lease = await self._read()
         if lease is None:
+            self.leader_address = None
             body = {
                 "apiVersion": "coordination.k8s.io/v1",
                 "kind": "Lease",
-                "metadata": {"name": self.name, "namespace": self.namespace},
+                "metadata": self._annotate({"name": self.name, "namespace": self.namespace}),
                 "spec": self._spec(now, acquire_time=now, transitions=0),
             }
             return await self._write(
@@ -177,7 +186,12 @@ class LeaderElector:
         mono = time.monotonic()
         if record != self._observed:
             self._observed, self._observed_at = record, mono
+        if not holder:
+            self.leader_address = None  # released: nobody leads until it is taken
         if holder and holder != self.identity:
+            annotations = (lease.get("metadata") or {}).get("annotations") or {}
+            address = annotations.get(ADDRESS_ANNOTATION) or None
+            self.leader_address = address if address != self.advertise else None
             duration = float(spec.get("leaseDurationSeconds") or self.lease_duration)
             if mono < self._observed_at + duration:
                 if self.is_leader:  # someone else holds it now: we lost it
@@ -187,6 +201,7 @@ class LeaderElector:
         transitions = int(spec.get("leaseTransitions") or 0) + (0 if mine else 1)
         acquire = spec.get("acquireTime") if mine else None
         lease["spec"] = self._spec(now, acquire_time=acquire or now, transitions=transitions)
+        lease["metadata"] = self._annotate(lease.get("metadata") or {})
         return await self._write(
             self._coord.replace_namespaced_lease(
                 self.name, self.namespace, lease, _preload_content=False, _request_timeout=self._timeout()
@@ -203,6 +218,13 @@ class LeaderElector:
             "leaseTransitions": transitions,
         }
 
+    def _annotate(self, metadata: dict[str, Any]) -> dict[str, Any]:
+        if self.advertise:
+            annotations = dict(metadata.get("annotations") or {})
+            annotations[ADDRESS_ANNOTATION] = self.advertise
+            metadata["annotations"] = annotations
+        return metadata
+
     async def _write(self, request: Any) -> bool:
         """True when the create/replace succeeded; a 409 (lost race or stale version) is False."""
         try:
@@ -211,6 +233,7 @@ class LeaderElector:
             if e.status == 409:
                 return False
             raise
+        self.leader_address = None  # we hold it now
         spec = lease.get("spec") or {}
         self._observed = (
             spec.get("holderIdentity") or "",
@@ -230,6 +253,7 @@ class LeaderElector:
             lease["spec"].update(
                 {"holderIdentity": "", "leaseDurationSeconds": 1, "renewTime": now, "acquireTime": now}
             )
+            ((lease.get("metadata") or {}).get("annotations") or {}).pop(ADDRESS_ANNOTATION, None)
             await self._write(
                 self._coord.replace_namespaced_lease(
                     self.name, self.namespace, lease, _preload_content=False, _request_timeout=self._timeout()

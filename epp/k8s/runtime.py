@@ -43,6 +43,7 @@ class KubeOptions:
     renew_deadline: float = 10.0
     retry_period: float = 2.0
     pod_name: str = ""  # POD_NAME: the leader identity's prefix
+    advertise_address: str = ""  # where standbys reach this replica's replication stream
 
 
 @dataclass(slots=True)
@@ -94,6 +95,7 @@ class KubeRuntime:
                 lease_duration=opts.lease_duration,
                 renew_deadline=opts.renew_deadline,
                 retry_period=opts.retry_period,
+                advertise=opts.advertise_address,
             )
         return cls(api, discovery, alpha, leader, objectives, rewrites)
 

@@ -29,11 +29,12 @@ from epp.config import LoadedConfig
 from epp.datalayer.pool_gauges import PoolGauges
 from epp.datalayer.scraper import MetricsScraper
 from epp.datalayer.store import EndpointStore
-from epp.framework import Endpoint, EndpointStateHolder
+from epp.framework import Endpoint, EndpointStateHolder, ReplicatedState
 from epp.scheduling import Scheduler
 from epp.server.director import Director, DirectorHooks
 from epp.server.extproc import ExternalProcessor, StreamOptions
 from epp.server.health import Health
+from epp.server.replication import ReplicationFollower, ReplicationHub
 from epp.server.tls import server_credentials
 
 if TYPE_CHECKING:
@@ -143,6 +144,20 @@ class EppServer:
             self._hurry.set()
         self._stop.set()
 
+    def _replication(self) -> tuple[ReplicationHub, ReplicationFollower] | None:
+        """With leader election: standbys mirror the leader's learned plugin state (prefix index)."""
+        leader = self.kube.leader if self.kube is not None else None
+        if leader is None:
+            return None
+        plugins = {n: p for n, p in self.cfg.plugins.items() if isinstance(p, ReplicatedState)}
+        if not plugins:
+            return None
+        if not leader.advertise:
+            log.warning("no --ha-advertise-address: standbys will not mirror the leader's prefix index")
+        hub = ReplicationHub(plugins)
+        follower = ReplicationFollower(plugins, lambda: None if leader.is_leader else leader.leader_address)
+        return hub, follower
+
     def _pool_status(self, ready: bool, reason: str) -> None:
         self.store.synced = ready
         self.health.set_condition_soon("pool", ready, reason)
@@ -161,6 +176,9 @@ class EppServer:
 
         health_server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
         health_pb2_grpc.add_HealthServicer_to_server(self.health.servicer, health_server)
+        replication = self._replication()
+        if replication is not None:
+            replication[0].add_to_server(health_server)  # the leader's stream to the standbys
         health_server.add_insecure_port(f"{opts.bind_address}:{opts.grpc_health_port}")
         await self.health.start()
         await health_server.start()
@@ -180,6 +198,9 @@ class EppServer:
             log.info("endpoints loaded", count=len(self.store))
         if self.scraper is not None:
             self.scraper.start()
+        if replication is not None:
+            for part in replication:
+                part.start()
         self.pool_gauges.start()
 
         server = grpc.aio.server(options=_grpc_options(opts.max_request_body_bytes))
@@ -218,6 +239,9 @@ class EppServer:
         if self.scraper is not None:
             await self.scraper.stop()
         await self.pool_gauges.stop()
+        if replication is not None:
+            for part in replication:
+                await part.stop()
         if kube is not None:
             await kube.stop()
         elif discovery is not None:

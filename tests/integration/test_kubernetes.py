@@ -265,3 +265,51 @@ def test_two_replicas_elect_one_leader_and_fail_over(
         "epp-inference-pool.gateway-api-inference-extension.sigs.k8s.io",
     )
     assert lease is not None and lease["spec"]["leaseTransitions"] >= 2
+
+
+def _indexer_size(epp: Epp) -> float:
+    for line in epp.metrics().splitlines():
+        if line.startswith("inference_extension_prefix_indexer_size"):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def test_a_new_leader_routes_known_prefixes_where_the_old_leader_did(
+    rig: Rig, kube: FakeKube, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("POD_IP", "127.0.0.1")  # the advertised replication address: POD_IP:health port
+    port = stack.free_port()
+    sims = rig.start_sims(3, prefix="pod", hosts=HOSTS, port=port)
+    kube.create(pool_obj(port))
+    for sim in sims:
+        kube.create(pod_obj(sim))
+    extra = kube_args(kube, tmp_path, "--pool-name", "pool", *HA, "--ha-retry-period=0.2s")
+    a = rig.start_epp([], name="epp-a", file_discovery=False, wait_ready=False, extra=extra)
+    b = rig.start_epp([], name="epp-b", file_discovery=False, wait_ready=False, extra=extra)
+    leader, standby = _leader(a, b)
+    via_leader = rig.start_envoy(leader, name="envoy-leader")
+    via_standby = rig.start_envoy(standby, name="envoy-standby")
+
+    shared = ["".join(f"group {g} shared system prompt, part {i}. " for i in range(60)) for g in range(6)]
+
+    def ask(envoy: Envoy, group: int) -> str:
+        body = json.dumps(
+            {
+                "model": MODEL,
+                "max_tokens": 2,
+                "messages": [{"role": "user", "content": shared[group] + marker()}],
+            }
+        ).encode()
+        resp = envoy.post("/v1/chat/completions", body)
+        assert resp.status == 200, resp.body[:200]
+        return resp.headers["x-inference-pod"]
+
+    home = {g: ask(via_leader, g) for g in range(6)}
+    for g in range(6):  # the old leader keeps each group where it sent it
+        assert ask(via_leader, g) == home[g]
+    eventually(lambda: _indexer_size(standby) == _indexer_size(leader) > 0, "the standby's index to catch up")
+
+    os.kill(leader.child.pid, signal.SIGTERM)
+    eventually(lambda: _ready(standby), "the standby to take over")
+    moved = {g: pod for g in range(6) if (pod := ask(via_standby, g)) != home[g]}
+    assert not moved, f"groups routed elsewhere after the failover: {moved} (homes {home})"

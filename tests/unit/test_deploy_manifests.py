@@ -462,6 +462,9 @@ def test_epp_probes_ports_env_and_image(name: str) -> None:
         env = env_names(container)
         assert env["NAMESPACE"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.namespace"}}
         assert env["POD_NAME"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+        if "--ha-enable-leader-election" in container["args"] or "POD_IP" in env:
+            # the advertised replication address of a leader-elected replica (POD_IP:9003)
+            assert env["POD_IP"]["valueFrom"] == {"fieldRef": {"fieldPath": "status.podIP"}}
         assert container["image"] == EPP_IMAGE
         annotations = deployment["spec"]["template"]["metadata"]["annotations"]
         assert annotations["prometheus.io/port"] == "9090"

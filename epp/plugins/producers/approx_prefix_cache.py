@@ -52,12 +52,16 @@ Deliberate differences from the reference:
   microseconds, and the next request sees it deterministically.
 * Eviction order inside one prompt is tail first (see ``_prefix_index``).
 * ``maxPrefixBlocksToMatch: 0`` means "no cap" (as in current llm-d) rather than "hash nothing".
+* With leader election the index is replicated (``ReplicatedState``): the leader records each
+  ``add`` and the standbys apply them, so a new leader starts with the index the old one built
+  (the reference's standbys start empty and re-learn every prefix with a cache miss).
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import xxhash
 
@@ -192,6 +196,7 @@ class ApproxPrefixCacheProducer(DataProducer, PreRequest):
         self.index = PrefixIndex()
         _prefix_metrics.track_index(self.index)
         self._seeds: dict[tuple[str, str], int] = {}
+        self._outbox: list[tuple[list[int], str, int]] | None = None  # HA: updates for the standbys
         self._next_sweep = time.monotonic() + SWEEP_INTERVAL_SECONDS
 
     # --- request path -------------------------------------------------------------------------
@@ -228,13 +233,20 @@ class ApproxPrefixCacheProducer(DataProducer, PreRequest):
         target = primary.target_endpoints[0]
         target_key = target.metadata.key
         if state.hashes:
-            self.index.add(state.hashes, target_key, self._capacity_for(target))
+            capacity = self._capacity_for(target)
+            self.index.add(state.hashes, target_key, capacity)
+            outbox = self._outbox
+            if outbox is not None:
+                outbox.append((state.hashes, target_key, capacity))
             prefill = result.profile_results.get(PREFILL_PROFILE)
             if prefill is not None and prefill.target_endpoints:
                 pt = prefill.target_endpoints[0]
                 pk = pt.metadata.key
                 if pk != target_key:
-                    self.index.add(state.hashes, pk, self._capacity_for(pt))
+                    capacity = self._capacity_for(pt)
+                    self.index.add(state.hashes, pk, capacity)
+                    if outbox is not None:
+                        outbox.append((state.hashes, pk, capacity))
         block_bytes = state.block_size_tokens * CHARS_PER_TOKEN
         _prefix_metrics.record_match(
             state.counts.get(target_key, 0) * block_bytes, len(state.hashes) * block_bytes
@@ -277,6 +289,25 @@ class ApproxPrefixCacheProducer(DataProducer, PreRequest):
             if n > 0:
                 return n
         return self._lru_capacity
+
+    # --- ReplicatedState (HA standbys mirror the leader's index) --------------------------------
+
+    def start_recording(self) -> None:
+        if self._outbox is None:
+            self._outbox = []
+
+    def take_updates(self) -> list[Any]:
+        outbox = self._outbox
+        if not outbox:
+            return []
+        self._outbox = []
+        return outbox
+
+    def apply_updates(self, updates: list[Any]) -> None:
+        """``[hashes, endpoint key, capacity]`` records from the leader, in its order."""
+        add = self.index.add
+        for hashes, key, capacity in updates:
+            add(hashes, key, capacity)
 
     def remove_endpoint(self, key: str) -> int:
         """Drop an endpoint's entries now (e.g. from a store ``on_remove`` listener)."""

@@ -1,0 +1,113 @@
+"""Warm standbys: the leader's prefix-index updates reach a follower over the replication stream."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+
+import grpc
+import pytest
+
+from epp.framework import ReplicatedState
+from epp.server.replication import ReplicationFollower, ReplicationHub
+from tests.unit.test_prefix_cache import SMALL, completion, endpoints, infos, producer, route
+
+PROMPT = "You are a helpful assistant. " * 8 + "Question one?"
+
+
+async def until(predicate: Callable[[], bool], timeout: float = 10.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not predicate():
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError("timed out")
+        await asyncio.sleep(0.01)
+
+
+@pytest.fixture
+async def leader_server() -> AsyncIterator[tuple[ReplicationHub, str, object]]:
+    leader_plugin = producer(**SMALL)
+    hub = ReplicationHub({"prefix": leader_plugin}, interval=0.01)
+    server = grpc.aio.server()
+    hub.add_to_server(server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    hub.start()
+    yield hub, f"127.0.0.1:{port}", leader_plugin
+    await hub.stop()
+    await server.stop(0)
+
+
+def test_the_prefix_producer_is_a_replicated_state_that_records_only_when_asked() -> None:
+    plugin = producer(**SMALL)
+    assert isinstance(plugin, ReplicatedState)
+    assert plugin.take_updates() == []
+
+
+async def test_recording_starts_only_when_asked_and_updates_drain_once() -> None:
+    plugin = producer(**SMALL)
+    eps = endpoints(2)
+    await route(plugin, completion(PROMPT), eps, eps[0])
+    assert plugin.take_updates() == []  # not recording: nothing kept
+    plugin.start_recording()
+    await route(plugin, completion(PROMPT + " more"), eps, eps[1])
+    (update,) = plugin.take_updates()
+    assert update[1] == eps[1].metadata.key and len(update[0]) > 3
+    assert plugin.take_updates() == []
+
+
+async def test_follower_mirrors_the_leaders_index(leader_server: tuple[ReplicationHub, str, object]) -> None:
+    hub, address, leader_plugin = leader_server
+    standby_plugin = producer(**SMALL)
+    follower = ReplicationFollower({"prefix": standby_plugin}, lambda: address, recheck=0.1)
+    follower.start()
+    try:
+        await until(lambda: hub.followers == 1)
+        eps = endpoints(3)
+        for i, target in enumerate(eps):  # the leader routes three prompt groups
+            await route(leader_plugin, completion(f"group {i}: " + PROMPT), eps, target)  # type: ignore[arg-type]
+        await until(lambda: standby_plugin.index.size() == leader_plugin.index.size() > 0)  # type: ignore[attr-defined]
+        # the standby now predicts the same endpoint for each group
+        for i, target in enumerate(eps):
+            cycle = await route(
+                standby_plugin, completion(f"group {i}: " + PROMPT + " next turn"), eps, target
+            )
+            matches = infos(cycle, eps)
+            best = max(range(3), key=lambda j: matches[j][0])
+            assert best == i and matches[i][0] > 0, matches
+        assert follower.batches_applied >= 1 and hub.batches_sent >= 1
+    finally:
+        await follower.stop()
+
+
+async def test_follower_stops_following_when_it_leads_and_reconnects_after_a_leader_restart(
+    leader_server: tuple[ReplicationHub, str, object],
+) -> None:
+    hub, address, _ = leader_server
+    target: list[str | None] = [address]
+    follower = ReplicationFollower({"prefix": producer(**SMALL)}, lambda: target[0], recheck=0.05)
+    follower.start()
+    try:
+        await until(lambda: follower.following == address and hub.followers == 1)
+        target[0] = None  # we became the leader
+        await until(lambda: follower.following is None and hub.followers == 0)
+        target[0] = "127.0.0.1:1"  # a leader that is not reachable: retried, never crashes
+        await asyncio.sleep(0.3)
+        assert follower.following is None
+        target[0] = address
+        await until(lambda: follower.following == address and hub.followers == 1)
+    finally:
+        await follower.stop()
+
+
+async def test_a_slow_follower_loses_old_batches_not_the_leader(
+    leader_server: tuple[ReplicationHub, str, object],
+) -> None:
+    hub, _, leader_plugin = leader_server
+    await hub.stop()  # drive flushes by hand
+    queue: asyncio.Queue[bytes] = asyncio.Queue(2)
+    hub._followers.add(queue)
+    eps = endpoints(2)
+    for i in range(4):
+        await route(leader_plugin, completion(f"{i} " + PROMPT), eps, eps[0])  # type: ignore[arg-type]
+        hub.flush()
+    assert queue.qsize() == 2 and hub.batches_dropped == 2 and hub.batches_sent == 4
