@@ -14,7 +14,7 @@ discovery are asynchronous. Nothing here imports the server.
 from __future__ import annotations
 
 import abc
-from collections.abc import Mapping, MutableMapping, Sequence
+from collections.abc import Iterator, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
@@ -281,8 +281,10 @@ class ReplicatedState(Protocol):
     keeps the updates its request hooks make (JSON-serialisable values, e.g. "these block hashes
     now live on endpoint k") until ``take_updates()`` drains them. The leader ships them to the
     standbys, which ``apply_updates`` them, so a new leader starts with the learned state (e.g. the
-    prefix index) instead of an empty one. Instances are matched by plugin name (replicas run the
-    same configuration). Recording must cost nothing until ``start_recording``.
+    prefix index) instead of an empty one. A standby that connects gets ``reset_replica()`` and then
+    the leader's ``snapshot_updates()`` before the live updates. Instances are matched by plugin
+    name (replicas run the same configuration). Recording must cost nothing until
+    ``start_recording``.
     """
 
     def start_recording(self) -> None: ...
@@ -290,6 +292,14 @@ class ReplicatedState(Protocol):
     def take_updates(self) -> list[Any]: ...
 
     def apply_updates(self, updates: list[Any]) -> None: ...
+
+    def snapshot_updates(self) -> Iterator[list[Any]]:
+        """The current state as batches of updates (for a standby that just connected)."""
+        ...
+
+    def reset_replica(self) -> None:
+        """Forget the state before a snapshot is applied (standby side)."""
+        ...
 
 
 class DataSource(Plugin):

@@ -9,15 +9,17 @@ leader would start with an empty index and send every known prefix to an arbitra
 * ``ReplicationHub`` (every replica; only the leader has updates) drains them every 50 ms and sends
   one batch to each connected follower over gRPC on the health port:
   ``/epp.replication.v1.Replication/Follow``, server streaming, each message an orjson object
-  ``{"<plugin name>": [update, ...]}``. A follower that cannot keep up loses its oldest batches
-  (bounded queue; counted), never slowing the leader;
+  ``{"<plugin name>": [update, ...]}``. A new follower first gets ``{"$reset": true}`` and a
+  snapshot of the current state (``snapshot_updates``, in batches), then the live batches. A
+  follower that cannot keep up loses its oldest live batches (bounded queue; counted), never
+  slowing the leader;
 * ``ReplicationFollower`` (every replica) connects to the leader's advertised address (from the
   Lease, see ``epp.k8s.leader``) while it is not the leader itself, applies each batch, and
   reconnects with backoff when the stream breaks or the leader changes.
 
-Updates are applied in the leader's order. A follower that connects late starts from that moment
-(no snapshot): the index is an LRU of recent traffic, so it converges within the traffic of one
-LRU's lifetime. Nothing here runs per request: the request hooks only append to a list.
+Updates are applied in the leader's order, so a follower's state equals the leader's (a record the
+snapshot already contains may be applied again: ``add`` is idempotent but for recency). Nothing
+here runs per request: the request hooks only append to a list.
 """
 
 from __future__ import annotations
@@ -40,6 +42,8 @@ SERVICE = "epp.replication.v1.Replication"
 METHOD = f"/{SERVICE}/Follow"
 FLUSH_INTERVAL = 0.05
 QUEUE_BATCHES = 512  # per follower; about 25 s of batches at the flush interval
+RESET_KEY = "$reset"
+RESET = orjson.dumps({RESET_KEY: True})
 
 
 def _identity(b: bytes) -> bytes:
@@ -102,9 +106,16 @@ class ReplicationHub:
 
     async def _follow(self, request: bytes, context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
         queue: asyncio.Queue[bytes] = asyncio.Queue(QUEUE_BATCHES)
-        self._followers.add(queue)
+        self._followers.add(queue)  # from now on, live batches queue up behind the snapshot
         log.info("standby following", peer=context.peer(), followers=len(self._followers))
         try:
+            snapshot = [RESET] + [
+                orjson.dumps({name: part})
+                for name, plugin in self.plugins.items()
+                for part in plugin.snapshot_updates()
+            ]
+            for message in snapshot:
+                yield message
             while True:
                 yield await queue.get()
         finally:
@@ -126,7 +137,7 @@ class ReplicationFollower:
         self.leader_address = leader_address
         self.recheck = recheck
         self.batches_applied = 0
-        self.following: str | None = None
+        self.following: str | None = None  # the leader whose stream is being received
         self._task = BackgroundTask("replication follower", self._run)
         self._rng = random.Random()
 
@@ -160,9 +171,7 @@ class ReplicationFollower:
             call = channel.unary_stream(
                 METHOD, request_serializer=_identity, response_deserializer=_identity
             )(b"")
-            self.following = address
-            log.info("following the leader", leader=address)
-            reader = asyncio.get_running_loop().create_task(self._read(call))
+            reader = asyncio.get_running_loop().create_task(self._read(call, address))
             try:
                 while True:
                     done, _ = await asyncio.wait({reader}, timeout=self.recheck)
@@ -176,11 +185,21 @@ class ReplicationFollower:
                 reader.cancel()
                 await asyncio.gather(reader, return_exceptions=True)
 
-    async def _read(self, call: Any) -> None:
+    async def _read(self, call: Any, address: str) -> None:
         async for data in call:
+            if self.following != address:  # the first message (the reset) proves the stream is up
+                self.following = address
+                log.info("following the leader", leader=address)
             self._apply(orjson.loads(data))
 
-    def _apply(self, batch: dict[str, list[Any]]) -> None:
+    def _apply(self, batch: dict[str, Any]) -> None:
+        if batch.get(RESET_KEY):
+            for name, replica in self.plugins.items():
+                try:
+                    replica.reset_replica()
+                except Exception:
+                    log.exception("resetting replicated state failed", plugin=name)
+            return
         for name, updates in batch.items():
             plugin = self.plugins.get(name)
             if plugin is None:

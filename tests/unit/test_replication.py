@@ -111,3 +111,45 @@ async def test_a_slow_follower_loses_old_batches_not_the_leader(
         await route(leader_plugin, completion(f"{i} " + PROMPT), eps, eps[0])  # type: ignore[arg-type]
         hub.flush()
     assert queue.qsize() == 2 and hub.batches_dropped == 2 and hub.batches_sent == 4
+
+
+def test_index_export_rebuilds_the_same_index_lru_order_included() -> None:
+    from epp.plugins.producers._prefix_index import PrefixIndex
+
+    src = PrefixIndex()
+    src.add([1, 2, 3, 4], "a", 5)
+    src.add([3, 9], "b", 3)
+    src.add([7, 8], "a", 5)  # a's LRU overflows: 4 and 3 are evicted (tail first)
+    src.add([2], "a", 5)  # touch
+    dst = PrefixIndex()
+    dst.add([42], "stale", 1)
+    dst.clear()
+    for hashes, key, capacity in src.export(chunk=2):
+        dst.add(hashes, key, capacity)
+    assert list(dst.export()) == list(src.export())
+    assert dst.size() == src.size() and dst.hash_count() == src.hash_count()
+    assert dst.match([1, 2]) == src.match([1, 2]) and dst.holders(3) == src.holders(3)
+    # the next eviction drops the same entry on both
+    src.add([100], "a", 5)
+    dst.add([100], "a", 5)
+    assert list(dst.export()) == list(src.export())
+
+
+async def test_a_late_follower_gets_a_snapshot_first(
+    leader_server: tuple[ReplicationHub, str, object],
+) -> None:
+    _, address, leader_plugin = leader_server
+    eps = endpoints(3)
+    for i, target in enumerate(eps):  # state built before anyone follows
+        await route(leader_plugin, completion(f"early {i}: " + PROMPT), eps, target)  # type: ignore[arg-type]
+    standby_plugin = producer(**SMALL)
+    await route(standby_plugin, completion("stale standby state " + PROMPT), eps, eps[0])
+    follower = ReplicationFollower({"prefix": standby_plugin}, lambda: address, recheck=0.1)
+    follower.start()
+    try:
+        index, mirror = leader_plugin.index, standby_plugin.index  # type: ignore[attr-defined]
+        await until(lambda: list(mirror.export()) == list(index.export()))
+        await route(leader_plugin, completion("late: " + PROMPT), eps, eps[2])  # type: ignore[arg-type]
+        await until(lambda: list(mirror.export()) == list(index.export()))
+    finally:
+        await follower.stop()

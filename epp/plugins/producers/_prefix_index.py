@@ -30,7 +30,7 @@ Not thread-safe: it is used from the event loop only (scheduling and PreRequest 
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 __all__ = ["PrefixIndex"]
 
@@ -113,6 +113,15 @@ class PrefixIndex:
         lru = self._lrus.get(key)
         return len(lru.entries) if lru is not None else 0
 
+    def export(self, chunk: int = 8192) -> Iterator[tuple[list[int], str, int]]:
+        """The whole index as ``add`` arguments that rebuild it in an empty index, LRU order
+        included: per endpoint, its hashes oldest first in chunks of ``chunk``, each chunk newest
+        first (``add`` inserts last to first)."""
+        for key, lru in self._lrus.items():
+            hashes = list(lru.entries)
+            for i in range(0, len(hashes), chunk):
+                yield hashes[i : i + chunk][::-1], key, lru.capacity
+
     def capacity(self, key: str) -> int | None:
         """The fixed LRU capacity of endpoint ``key``, or None when it has no LRU yet."""
         lru = self._lrus.get(key)
@@ -152,6 +161,11 @@ class PrefixIndex:
                 self._unlink(evicted, key)
                 added -= 1
         self._size += added
+
+    def clear(self) -> None:
+        self._holders.clear()
+        self._lrus.clear()
+        self._size = 0
 
     def remove_endpoint(self, key: str) -> int:
         """Forget everything endpoint ``key`` holds; returns the number of entries dropped."""

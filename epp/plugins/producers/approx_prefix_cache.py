@@ -60,6 +60,7 @@ Deliberate differences from the reference:
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -308,6 +309,13 @@ class ApproxPrefixCacheProducer(DataProducer, PreRequest):
         add = self.index.add
         for hashes, key, capacity in updates:
             add(hashes, key, capacity)
+
+    def snapshot_updates(self) -> Iterator[list[Any]]:
+        for hashes, key, capacity in self.index.export():
+            yield [[hashes, key, capacity]]
+
+    def reset_replica(self) -> None:
+        self.index.clear()
 
     def remove_endpoint(self, key: str) -> int:
         """Drop an endpoint's entries now (e.g. from a store ``on_remove`` listener)."""
