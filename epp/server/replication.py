@@ -42,6 +42,7 @@ SERVICE = "epp.replication.v1.Replication"
 METHOD = f"/{SERVICE}/Follow"
 FLUSH_INTERVAL = 0.05
 QUEUE_BATCHES = 512  # per follower; about 25 s of batches at the flush interval
+MAX_FOLLOWERS = 16  # standbys of one pool; more connections are refused (the port is unauthenticated)
 RESET_KEY = "$reset"
 RESET = orjson.dumps({RESET_KEY: True})
 
@@ -105,17 +106,18 @@ class ReplicationHub:
                 log.exception("replication flush failed")
 
     async def _follow(self, request: bytes, context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
+        if len(self._followers) >= MAX_FOLLOWERS:
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, f"at most {MAX_FOLLOWERS} followers")
         queue: asyncio.Queue[bytes] = asyncio.Queue(QUEUE_BATCHES)
         self._followers.add(queue)  # from now on, live batches queue up behind the snapshot
         log.info("standby following", peer=context.peer(), followers=len(self._followers))
         try:
-            snapshot = [RESET] + [
-                orjson.dumps({name: part})
-                for name, plugin in self.plugins.items()
-                for part in plugin.snapshot_updates()
-            ]
-            for message in snapshot:
-                yield message
+            # The snapshot is produced lazily, one chunk per message: each write yields to the
+            # event loop, so a large index never stalls the requests the leader is routing.
+            yield RESET
+            for name, plugin in self.plugins.items():
+                for part in plugin.snapshot_updates():
+                    yield orjson.dumps({name: part})
             while True:
                 yield await queue.get()
         finally:

@@ -153,3 +153,25 @@ async def test_a_late_follower_gets_a_snapshot_first(
         await until(lambda: list(mirror.export()) == list(index.export()))
     finally:
         await follower.stop()
+
+
+async def test_followers_beyond_the_limit_are_refused(
+    leader_server: tuple[ReplicationHub, str, object], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from epp.server import replication
+
+    hub, address, _ = leader_server
+    monkeypatch.setattr(replication, "MAX_FOLLOWERS", 1)
+    first = ReplicationFollower({"prefix": producer(**SMALL)}, lambda: address, recheck=0.1)
+    first.start()
+    try:
+        await until(lambda: hub.followers == 1)
+        async with grpc.aio.insecure_channel(address) as channel:
+            call = channel.unary_stream(replication.METHOD)(b"")
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                async for _ in call:
+                    pass
+            assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert hub.followers == 1
+    finally:
+        await first.stop()

@@ -117,7 +117,7 @@ class PrefixIndex:
         """The whole index as ``add`` arguments that rebuild it in an empty index, LRU order
         included: per endpoint, its hashes oldest first in chunks of ``chunk``, each chunk newest
         first (``add`` inserts last to first)."""
-        for key, lru in self._lrus.items():
+        for key, lru in list(self._lrus.items()):  # the caller may interleave adds between chunks
             hashes = list(lru.entries)
             for i in range(0, len(hashes), chunk):
                 yield hashes[i : i + chunk][::-1], key, lru.capacity
