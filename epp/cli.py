@@ -100,6 +100,11 @@ def _add_serve(sub: Any) -> None:
     k.add_argument("--ha-renew-deadline", type=parse_duration, default=10.0, help="renew deadline (10s)")
     k.add_argument("--ha-retry-period", type=parse_duration, default=2.0, help="retry period (2s)")
     k.add_argument(
+        "--ha-lease-name",
+        default="",
+        help="Lease to elect on (default epp-<namespace>-<pool>.gateway-api-inference-extension.sigs.k8s.io)",
+    )
+    k.add_argument(
         "--ha-advertise-address",
         default=None,
         help="host:port where standbys reach this replica's state stream (default: $POD_IP, else the "
@@ -161,6 +166,14 @@ def _advertise_address(args: argparse.Namespace) -> str:
         try:
             host = socket.gethostbyname(socket.gethostname())
         except OSError:
+            host = ""
+        if not host or host.startswith("127."):
+            # another replica can't reach us there (nor should it follow itself): no replication
+            print(
+                "warning: no POD_IP and no routable host address: standbys will not mirror the "
+                "leader's prefix index (set --ha-advertise-address)",
+                file=sys.stderr,
+            )
             return ""
     return f"[{host}]:{args.grpc_health_port}" if ":" in host else f"{host}:{args.grpc_health_port}"
 
@@ -181,6 +194,11 @@ def _kube_options(args: argparse.Namespace, file_discovery: bool) -> Any:
         return None
     if bool(args.pool_name) == bool(args.endpoint_selector):
         raise SystemExit("error: either pool-name or endpoint-selector must be set")
+    if not args.pool_namespace:
+        raise SystemExit('error: "pool-namespace" must not be empty')
+    port = args.model_server_metrics_port
+    if port is not None and not 1 <= port <= 65535:
+        raise SystemExit(f'error: invalid port number {port} in "model-server-metrics-port"')
     opts = KubeOptions(
         namespace=args.pool_namespace,
         pool_name=args.pool_name,
@@ -191,6 +209,7 @@ def _kube_options(args: argparse.Namespace, file_discovery: bool) -> Any:
         lease_duration=args.ha_lease_duration,
         renew_deadline=args.ha_renew_deadline,
         retry_period=args.ha_retry_period,
+        lease_name=args.ha_lease_name,
         pod_name=os.environ.get("POD_NAME", ""),
         advertise_address=_advertise_address(args) if args.ha_enable_leader_election else "",
     )

@@ -14,9 +14,13 @@ retry period 2 s):
   an empty ``holderIdentity`` (a released lease) is taken at once;
 * taking or renewing is a ``PUT`` carrying the read ``resourceVersion``: a concurrent writer gets
   ``409 Conflict``, so two replicas can never both succeed for the same version;
-* the leader renews every ``retry_period``; if it could not renew for ``renew_deadline`` it steps
-  down (readiness NOT_SERVING) and keeps competing. Unlike controller-runtime, the process does not
-  exit on lost leadership: its state stays warm for the next term.
+* the leader renews every ``retry_period``; a renewal counts from the moment its request was sent
+  and every attempt is cut at the renew deadline, so a leader that could not renew for
+  ``renew_deadline`` steps down (readiness NOT_SERVING) before a standby can take the lease
+  (``lease duration > renew deadline``), and keeps competing. Unlike controller-runtime, the
+  process does not exit on lost leadership: its state stays warm for the next term.
+* only a replica that can serve competes (``can_lead``: its pool has synced); a leader that stops
+  being able to serve releases the lease to a ready standby.
 * ``stop()`` (graceful shutdown) releases a held lease (empty holder, duration 1 s) so that a
   standby takes over within one retry period instead of a lease duration.
 
@@ -31,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+import math
 import random
 import time
 import uuid
@@ -88,6 +93,7 @@ class LeaderElector:
         self.renew_deadline = renew_deadline
         self.retry_period = retry_period
         self.on_change = on_change
+        self.can_lead: Callable[[], bool] = lambda: True  # e.g. "the pool has synced"
         self.advertise = advertise
         self.leader_address: str | None = None  # another replica's, while it leads
         self.is_leader = False
@@ -106,9 +112,13 @@ class LeaderElector:
 
     async def stop(self) -> None:
         await self._task.stop()
-        if self.is_leader:
+        if self.is_leader or self._holds_lease():
             await self._release()
-            self._set_leader(False)
+        self._set_leader(False)
+
+    def _holds_lease(self) -> bool:
+        """The Lease, as last read or written, names this replica (even after a step-down)."""
+        return self._observed is not None and self._observed[0] == self.identity
 
     # --- the loop -------------------------------------------------------------------------------
 
@@ -119,16 +129,25 @@ class LeaderElector:
                 # e.g. the process was frozen: stop serving before anything else, then compete again
                 log.warning("the lease was not renewed within the renew deadline; stepping down")
                 self._set_leader(False)
+            if not self.can_lead():
+                # not ready to serve (pool not synced): never hold the lease while a ready standby waits
+                if self.is_leader or self._holds_lease():
+                    log.info("not ready to serve; giving up the lease")
+                    await self._release()
+                self._set_leader(False)
+                await asyncio.sleep(self.retry_period)
+                continue
+            started = time.monotonic()
             try:
                 ok = await self._try_acquire_or_renew()
             except asyncio.CancelledError:
                 raise
-            except Exception as e:  # API server unreachable, 5xx, RBAC: retry; the deadline decides
+            except Exception as e:  # API server unreachable, 5xx, RBAC, deadline: retry
                 log.warning("lease update failed", error=str(e) or type(e).__name__)
                 ok = False
             now = time.monotonic()
             if ok:
-                self._last_renew = now
+                self._last_renew = started  # the renewal is as old as its request, not its answer
                 self._set_leader(True)
             elif self.is_leader and now - self._last_renew >= self.renew_deadline:
                 log.warning("could not renew the lease within the renew deadline; stepping down")
@@ -146,7 +165,12 @@ class LeaderElector:
             self.on_change(leader)
 
     def _timeout(self) -> aiohttp.ClientTimeout:
-        return aiohttp.ClientTimeout(total=max(0.5, min(self.renew_deadline - self.retry_period, 5.0)))
+        """Per request. A leader's requests never outlive its renew deadline (client-go bounds the
+        renewal alike): a slow API server must not keep a stale leader serving past it."""
+        total = min(self.renew_deadline - self.retry_period, 5.0)
+        if self.is_leader:
+            total = min(total, self._last_renew + self.renew_deadline - time.monotonic())
+        return aiohttp.ClientTimeout(total=max(0.05, total))
 
     async def _read(self) -> dict[str, Any] | None:
         resp = await self._coord.read_namespaced_lease(
@@ -212,17 +236,20 @@ class LeaderElector:
         acquire = _micro_time(acquire_time) if isinstance(acquire_time, datetime.datetime) else acquire_time
         return {
             "holderIdentity": self.identity,
-            "leaseDurationSeconds": max(1, round(self.lease_duration)),
+            "leaseDurationSeconds": max(1, math.ceil(self.lease_duration)),
             "acquireTime": acquire,
             "renewTime": _micro_time(now),
             "leaseTransitions": transitions,
         }
 
     def _annotate(self, metadata: dict[str, Any]) -> dict[str, Any]:
+        """Our replication address on the Lease (or none: never leave a previous holder's there)."""
+        annotations = dict(metadata.get("annotations") or {})
         if self.advertise:
-            annotations = dict(metadata.get("annotations") or {})
             annotations[ADDRESS_ANNOTATION] = self.advertise
-            metadata["annotations"] = annotations
+        else:
+            annotations.pop(ADDRESS_ANNOTATION, None)
+        metadata["annotations"] = annotations
         return metadata
 
     async def _write(self, request: Any) -> bool:

@@ -17,6 +17,7 @@ does); the reflectors run until ``stop``.
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
@@ -76,17 +77,36 @@ def _parse_v1alpha2(spec: Mapping[str, Any]) -> PoolSpec:
     return PoolSpec(selector={str(k): str(v) for k, v in labels.items()}, target_ports=ports)
 
 
+_LABEL_NAME = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?")
+_LABEL_PREFIX = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+
+
+def _valid_label_key(key: str) -> bool:
+    prefix, slash, name = key.rpartition("/")
+    if slash and not (len(prefix) <= 253 and _LABEL_PREFIX.fullmatch(prefix)):
+        return False
+    return bool(_LABEL_NAME.fullmatch(name))
+
+
 def parse_endpoint_selector(text: str) -> dict[str, str]:
-    """``k=v,k2=v2`` (``--endpoint-selector``); ``ValueError`` on anything else."""
+    """``k=v,k2=v2`` (``--endpoint-selector``, equality only, Kubernetes label syntax);
+    ``ValueError`` naming the bad term otherwise, so a typo fails at start-up instead of selecting
+    nothing (or being refused by the API server on every retry)."""
     out: dict[str, str] = {}
     for part in text.split(","):
         part = part.strip()
         if not part:
             continue
         key, sep, value = part.partition("=")
-        key, value = key.strip(), value.strip().lstrip("=")  # accept k==v as well
+        key, value = key.strip(), value.strip()
+        if value.startswith("="):
+            value = value[1:].strip()  # k==v means k=v
         if not sep or not key:
             raise ValueError(f'invalid label selector term "{part}": expected key=value')
+        if not _valid_label_key(key):
+            raise ValueError(f'invalid label key "{key}" in "{part}" (only key=value terms are supported)')
+        if value and not _LABEL_NAME.fullmatch(value):
+            raise ValueError(f'invalid label value "{value}" in "{part}"')
         out[key] = value
     if not out:
         raise ValueError("empty label selector")
@@ -188,7 +208,7 @@ class PoolDiscovery:
             self.pod_reflector.cache.clear()
             self.pod_reflector.resource_version = ""
             return
-        if previous is None or previous.label_selector != spec.label_selector:
+        if previous is None or self.pod_reflector.label_selector != spec.label_selector:
             log.info("watching pods", selector=spec.label_selector, ports=list(spec.target_ports))
             await self.pod_reflector.restart(label_selector=spec.label_selector)
         elif previous != spec and self.pod_reflector.synced:
@@ -214,7 +234,8 @@ class PoolDiscovery:
             self._set_status(False, f"invalid InferencePool: {e}")
             await self._apply_spec(None)
             return
-        if self.pods is not None and self.pods.spec == spec and self.ready:
+        applied = self.pod_reflector is not None and self.pod_reflector.label_selector == spec.label_selector
+        if self.pods is not None and self.pods.spec == spec and self.ready and applied:
             return
         if self.pods is not None and self.pods.spec is None:
             self._set_status(False, "listing pods")
@@ -247,7 +268,9 @@ class _PoolHandler:
 
     async def _drain(self) -> None:
         while self._pending:
-            pool = self._pending.pop(0)
+            # each event carries the whole pool: only the newest matters (no relist per stale spec)
+            pool = self._pending[-1]
+            self._pending.clear()
             try:
                 await self.discovery.pool_changed(pool)
             except Exception as e:  # never leave later pool changes unapplied

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import time
 from typing import Any, Protocol
 
 import aiohttp
@@ -42,6 +43,13 @@ BACKOFF_MIN = 0.2
 BACKOFF_MAX = 10.0
 MISSING_RETRY = 30.0  # a kind whose CRD is not installed is looked for again this often
 WATCH_TIMEOUT = (240, 360)  # server-side watch timeout range in seconds (jittered so replicas spread)
+# A watch silent for this long is treated as dead and resumed from its resourceVersion: API servers
+# send bookmarks about once a minute, so a healthy idle watch is never cut, and a connection that
+# died without a FIN (a vanished node, a NAT timeout) is noticed in 90 s, not at the 4-6 min end.
+WATCH_SILENCE = 90.0
+QUICK_WATCH_END = 1.0  # a watch ending sooner than this without any event counts as a failure
+# Lists: a stalled API server or a half-open pooled connection must not hang discovery forever.
+LIST_TIMEOUT = aiohttp.ClientTimeout(total=120, connect=10, sock_connect=10, sock_read=30)
 
 
 class ReflectorHandler(Protocol):
@@ -120,8 +128,13 @@ class Reflector:
                 if not self.resource_version:
                     await self._list()
                     failures = 0
+                started = time.monotonic()
                 if await self._watch():
                     failures = 0
+                elif time.monotonic() - started < QUICK_WATCH_END:
+                    # ended at once without a single event (a proxy cutting watches?): don't spin
+                    failures += 1
+                    await asyncio.sleep(self._backoff(failures))
             except asyncio.CancelledError:
                 raise
             except _Gone as e:
@@ -182,6 +195,7 @@ class Reflector:
             params["limit"] = self.page_size
             if token:
                 params["_continue"] = token
+            params["_request_timeout"] = LIST_TIMEOUT
             page = await read_json(await call(self.api, self.kind, self.namespace, **params))
             meta = page.get("metadata") or {}
             if not version:
@@ -224,7 +238,7 @@ class Reflector:
             resource_version=self.resource_version,
             allow_watch_bookmarks=True,
             timeout_seconds=timeout,
-            _request_timeout=aiohttp.ClientTimeout(connect=10, sock_connect=10, sock_read=timeout + 30),
+            _request_timeout=aiohttp.ClientTimeout(connect=10, sock_connect=10, sock_read=WATCH_SILENCE),
             **params,
         )
         healthy = False

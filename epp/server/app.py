@@ -154,7 +154,7 @@ class EppServer:
             return None
         if not leader.advertise:
             log.warning("no --ha-advertise-address: standbys will not mirror the leader's prefix index")
-        hub = ReplicationHub(plugins)
+        hub = ReplicationHub(plugins, is_leader=lambda: leader.is_leader)
         follower = ReplicationFollower(plugins, lambda: None if leader.is_leader else leader.leader_address)
         return hub, follower
 
@@ -185,66 +185,74 @@ class EppServer:
 
         discovery = cfg.discovery
         kube = self.kube
-        if kube is not None:
-            kube.discovery.on_status = self._pool_status
-            if kube.leader is not None:
-                kube.leader.on_change = self._leadership
-            await kube.start(self.store)
-        else:
-            if discovery is not None:
-                await discovery.start(self.store)
-            self.store.synced = True
-            await self.health.set_condition("pool", True)
-            log.info("endpoints loaded", count=len(self.store))
-        if self.scraper is not None:
-            self.scraper.start()
-        if replication is not None:
-            for part in replication:
-                part.start()
-        self.pool_gauges.start()
-
-        server = grpc.aio.server(options=_grpc_options(opts.max_request_body_bytes))
-        ep_grpc.add_ExternalProcessorServicer_to_server(
-            ExternalProcessor(self.director, self.stream_options), server
-        )
-        if opts.health_checking:
-            health_pb2_grpc.add_HealthServicer_to_server(self.health.servicer, server)
-        _bind(server, f"{opts.bind_address}:{opts.grpc_port}", opts)
-        await server.start()
-        await self.health.set_ready(True)
-        log.info(
-            "epp serving",
-            grpc_port=opts.grpc_port,
-            health_port=opts.grpc_health_port,
-            metrics_port=opts.metrics_port,
-            tls=opts.secure_serving,
-        )
-
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, self.stop)
-        await self._stop.wait()
-
-        log.info("shutting down", drain_delay_s=opts.drain_delay, grace_s=opts.grace_period)
-        await self.health.set_ready(False)
-        if kube is not None and kube.leader is not None:
-            await kube.leader.stop()  # release the Lease now: a standby takes over during our drain
-        # Keep serving while Envoy's health checks notice NOT_SERVING (fail-open setups move to the
-        # fallback route), then stop accepting streams and let in-flight ones finish.
+        server: grpc.aio.Server | None = None
         try:
-            await asyncio.wait_for(self._hurry.wait(), opts.drain_delay)
-        except TimeoutError:
-            pass
-        await server.stop(opts.grace_period)
-        if self.scraper is not None:
-            await self.scraper.stop()
-        await self.pool_gauges.stop()
-        if replication is not None:
-            for part in replication:
-                await part.stop()
-        if kube is not None:
-            await kube.stop()
-        elif discovery is not None:
-            await discovery.stop()
-        await self.health.shutdown()
-        await health_server.stop(0)
+            if kube is not None:
+                kube.discovery.on_status = self._pool_status
+                if kube.leader is not None:
+                    kube.leader.on_change = self._leadership
+                    pool = kube.discovery
+                    kube.leader.can_lead = lambda: pool.ready  # a replica that can't serve never leads
+                await kube.start(self.store)
+            else:
+                if discovery is not None:
+                    await discovery.start(self.store)
+                self.store.synced = True
+                await self.health.set_condition("pool", True)
+                log.info("endpoints loaded", count=len(self.store))
+            if self.scraper is not None:
+                self.scraper.start()
+            if replication is not None:
+                for part in replication:
+                    part.start()
+            self.pool_gauges.start()
+
+            server = grpc.aio.server(options=_grpc_options(opts.max_request_body_bytes))
+            ep_grpc.add_ExternalProcessorServicer_to_server(
+                ExternalProcessor(self.director, self.stream_options), server
+            )
+            if opts.health_checking:
+                health_pb2_grpc.add_HealthServicer_to_server(self.health.servicer, server)
+            _bind(server, f"{opts.bind_address}:{opts.grpc_port}", opts)
+            await server.start()
+            await self.health.set_ready(True)
+            log.info(
+                "epp serving",
+                grpc_port=opts.grpc_port,
+                health_port=opts.grpc_health_port,
+                metrics_port=opts.metrics_port,
+                tls=opts.secure_serving,
+            )
+
+            loop = asyncio.get_running_loop()
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.add_signal_handler(sig, self.stop)
+            await self._stop.wait()
+
+            log.info("shutting down", drain_delay_s=opts.drain_delay, grace_s=opts.grace_period)
+            await self.health.set_ready(False)
+            if kube is not None and kube.leader is not None:
+                await kube.leader.stop()  # release the Lease now: a standby takes over during our drain
+            # Keep serving while Envoy's health checks notice NOT_SERVING (fail-open setups move to
+            # the fallback route), then stop accepting streams and let in-flight ones finish.
+            try:
+                await asyncio.wait_for(self._hurry.wait(), opts.drain_delay)
+            except TimeoutError:
+                pass
+        finally:
+            # Also after a failed start-up (a port in use, bad TLS files): release the Lease, close
+            # the API client and stop every task, so the process exits cleanly with its error.
+            if server is not None:
+                await server.stop(opts.grace_period)
+            if self.scraper is not None:
+                await self.scraper.stop()
+            await self.pool_gauges.stop()
+            if replication is not None:
+                for part in replication:
+                    await part.stop()
+            if kube is not None:
+                await kube.stop()
+            elif discovery is not None:
+                await discovery.stop()
+            await self.health.shutdown()
+            await health_server.stop(0)

@@ -39,6 +39,7 @@ class Health:
             "serving": (False, "ext_proc server not started"),
         }
         self._published: bool | None = None
+        self._pending: set[asyncio.Task[None]] = set()
         self._lock = asyncio.Lock()
 
     @property
@@ -60,7 +61,9 @@ class Health:
 
     def set_condition_soon(self, name: str, ok: bool, reason: str = "") -> None:
         """For synchronous callers (discovery, leader election) running on the event loop."""
-        asyncio.get_running_loop().create_task(self.set_condition(name, ok, reason))
+        task = asyncio.get_running_loop().create_task(self.set_condition(name, ok, reason))
+        self._pending.add(task)  # keep a reference until it ran (the loop holds only weak ones)
+        task.add_done_callback(self._pending.discard)
 
     async def set_ready(self, ready: bool) -> None:
         """The server's own condition: up and not draining."""

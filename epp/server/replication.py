@@ -9,10 +9,10 @@ leader would start with an empty index and send every known prefix to an arbitra
 * ``ReplicationHub`` (every replica; only the leader has updates) drains them every 50 ms and sends
   one batch to each connected follower over gRPC on the health port:
   ``/epp.replication.v1.Replication/Follow``, server streaming, each message an orjson object
-  ``{"<plugin name>": [update, ...]}``. A new follower first gets ``{"$reset": true}`` and a
-  snapshot of the current state (``snapshot_updates``, in batches), then the live batches. A
-  follower that cannot keep up loses its oldest live batches (bounded queue; counted), never
-  slowing the leader;
+  ``{"<plugin name>": [update, ...]}`` of at most 1 MiB. A new follower first gets
+  ``{"$reset": true}`` and a snapshot of the current state (``snapshot_updates``, in batches), then
+  the live batches. Only the leader serves the stream. A follower more than 32 MiB behind is cut
+  off (it reconnects and resyncs from a snapshot), never slowing the leader or diverging;
 * ``ReplicationFollower`` (every replica) connects to the leader's advertised address (from the
   Lease, see ``epp.k8s.leader``) while it is not the leader itself, applies each batch, and
   reconnects with backoff when the stream breaks or the leader changes.
@@ -41,7 +41,8 @@ log = structlog.get_logger("epp.replication")
 SERVICE = "epp.replication.v1.Replication"
 METHOD = f"/{SERVICE}/Follow"
 FLUSH_INTERVAL = 0.05
-QUEUE_BATCHES = 512  # per follower; about 25 s of batches at the flush interval
+MAX_PENDING_BYTES = 32 << 20  # per follower: one that falls further behind is cut off and resyncs
+MAX_MESSAGE_BYTES = 1 << 20  # batches are split below gRPC's 4 MiB default message limit
 MAX_FOLLOWERS = 16  # standbys of one pool; more connections are refused (the port is unauthenticated)
 RESET_KEY = "$reset"
 RESET = orjson.dumps({RESET_KEY: True})
@@ -51,15 +52,46 @@ def _identity(b: bytes) -> bytes:
     return b
 
 
-class ReplicationHub:
-    """Drains the replicated plugins and fans the batches out to the connected followers."""
+def encode(name: str, updates: list[Any], limit: int = MAX_MESSAGE_BYTES) -> list[bytes]:
+    """``{name: updates}`` as messages of at most ``limit`` bytes (halving; one update is never split)."""
+    data = orjson.dumps({name: updates})
+    if len(data) <= limit or len(updates) <= 1:
+        return [data]
+    half = len(updates) // 2
+    return encode(name, updates[:half], limit) + encode(name, updates[half:], limit)
 
-    def __init__(self, plugins: Mapping[str, ReplicatedState], *, interval: float = FLUSH_INTERVAL) -> None:
+
+class _Follower:
+    """One connected standby: its pending messages (``None`` = cut off: it fell too far behind)."""
+
+    __slots__ = ("pending_bytes", "queue")
+
+    def __init__(self) -> None:
+        self.queue: asyncio.Queue[bytes | None] = asyncio.Queue()
+        self.pending_bytes = 0
+
+
+class ReplicationHub:
+    """Drains the replicated plugins and fans the batches out to the connected followers.
+
+    Only the leader serves the stream (``is_leader``): a replica that restarted in place under the
+    leader's address, or a standby, answers FAILED_PRECONDITION instead of resetting the standbys'
+    warm state with its own empty one.
+    """
+
+    def __init__(
+        self,
+        plugins: Mapping[str, ReplicatedState],
+        *,
+        is_leader: Callable[[], bool] = lambda: True,
+        interval: float = FLUSH_INTERVAL,
+    ) -> None:
         self.plugins = dict(plugins)
+        self.is_leader = is_leader
         self.interval = interval
         self.batches_sent = 0
-        self.batches_dropped = 0
-        self._followers: set[asyncio.Queue[bytes]] = set()
+        self.followers_cut = 0
+        self._followers: set[_Follower] = set()
         self._task = BackgroundTask("replication hub", self._run)
         for plugin in self.plugins.values():
             plugin.start_recording()
@@ -82,19 +114,27 @@ class ReplicationHub:
 
     def flush(self) -> None:
         """Drain every plugin once and queue the batch for each follower (also called by tests)."""
-        batch = {}
+        messages: list[bytes] = []
         for name, plugin in self.plugins.items():
             updates = plugin.take_updates()
             if updates:
-                batch[name] = updates
-        if not batch or not self._followers:
+                messages += encode(name, updates)
+        if not messages or not self._followers:
             return  # nobody to tell: updates are dropped, the standbys are not listening
-        data = orjson.dumps(batch)
-        for queue in self._followers:
-            if queue.full():
-                queue.get_nowait()
-                self.batches_dropped += 1
-            queue.put_nowait(data)
+        size = sum(map(len, messages))
+        for follower in self._followers:
+            if follower.pending_bytes < 0:
+                continue  # already cut off
+            if follower.pending_bytes + size > MAX_PENDING_BYTES:
+                # Dropping batches would leave it silently different from the leader: cut it off,
+                # it reconnects and starts again from a snapshot.
+                follower.pending_bytes = -1
+                follower.queue.put_nowait(None)
+                self.followers_cut += 1
+                continue
+            follower.pending_bytes += size
+            for message in messages:
+                follower.queue.put_nowait(message)
         self.batches_sent += 1
 
     async def _run(self) -> None:
@@ -106,10 +146,12 @@ class ReplicationHub:
                 log.exception("replication flush failed")
 
     async def _follow(self, request: bytes, context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
+        if not self.is_leader():
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, "not the leader")
         if len(self._followers) >= MAX_FOLLOWERS:
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, f"at most {MAX_FOLLOWERS} followers")
-        queue: asyncio.Queue[bytes] = asyncio.Queue(QUEUE_BATCHES)
-        self._followers.add(queue)  # from now on, live batches queue up behind the snapshot
+        follower = _Follower()
+        self._followers.add(follower)  # from now on, live batches queue up behind the snapshot
         log.info("standby following", peer=context.peer(), followers=len(self._followers))
         try:
             # The snapshot is produced lazily, one chunk per message: each write yields to the
@@ -117,11 +159,18 @@ class ReplicationHub:
             yield RESET
             for name, plugin in self.plugins.items():
                 for part in plugin.snapshot_updates():
-                    yield orjson.dumps({name: part})
+                    for message in encode(name, part):
+                        yield message
             while True:
-                yield await queue.get()
+                live = await follower.queue.get()
+                if live is None:
+                    log.warning("standby fell behind; cutting it off to resync", peer=context.peer())
+                    await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "fell behind; resync")
+                    return
+                follower.pending_bytes -= len(live)
+                yield live
         finally:
-            self._followers.discard(queue)
+            self._followers.discard(follower)
             log.info("standby left", peer=context.peer(), followers=len(self._followers))
 
 
@@ -169,7 +218,8 @@ class ReplicationFollower:
             await asyncio.sleep(min(5.0, 0.1 * 2 ** min(failures, 6)) * self._rng.uniform(0.8, 1.2))
 
     async def _follow(self, address: str) -> None:
-        async with grpc.aio.insecure_channel(address) as channel:
+        options = [("grpc.max_receive_message_length", 64 << 20)]
+        async with grpc.aio.insecure_channel(address, options=options) as channel:
             call = channel.unary_stream(
                 METHOD, request_serializer=_identity, response_deserializer=_identity
             )(b"")

@@ -110,6 +110,9 @@ def test_serve_names_the_endpoint_source_problems_before_serving() -> None:
         ),
         (("--endpoint-selector", "app", "--endpoint-target-ports", "8000"), "expected key=value"),
         (("--pool-name", "p", "--endpoint-target-ports", "8000"), 'only used with "endpoint-selector"'),
+        (("--pool-name", "p", "--pool-namespace", ""), '"pool-namespace" must not be empty'),
+        (("--pool-name", "p", "--model-server-metrics-port", "0"), 'invalid port number 0 in "model-server'),
+        (("--endpoint-selector", "app!=x", "--endpoint-target-ports", "8000"), 'invalid label key "app!"'),
         (
             ("--pool-name", "p", "--ha-enable-leader-election", "--ha-renew-deadline=20s"),
             "--ha-lease-duration > --ha-renew-deadline",

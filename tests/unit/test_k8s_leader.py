@@ -126,3 +126,45 @@ async def test_leader_steps_down_when_it_cannot_renew(kube: FakeKube, apis: list
 def test_invalid_timings_are_rejected() -> None:
     with pytest.raises(ValueError, match="lease duration > renew deadline > retry period"):
         LeaderElector(None, NS, LEASE, "x", lease_duration=5, renew_deadline=10, retry_period=2)  # type: ignore[arg-type]
+
+
+async def test_a_replica_that_cannot_serve_never_leads_and_a_leader_that_stops_hands_over(
+    kube: FakeKube, apis: list[client.ApiClient]
+) -> None:
+    a, b = elector(apis[0], "a"), elector(apis[1], "b")
+    ready = {"a": False, "b": True}
+    a.can_lead = lambda: ready["a"]
+    b.can_lead = lambda: ready["b"]
+    a.start()
+    await asyncio.sleep(0.4)
+    assert not a.is_leader and kube.get("coordination.k8s.io/v1", "Lease", NS, LEASE) is None
+    ready["a"] = True
+    await until(lambda: a.is_leader)
+    b.start()
+    await asyncio.sleep(0.3)
+    assert not b.is_leader
+    ready["a"] = False  # e.g. its pool can no longer be listed: it releases, the ready one leads
+    took = await until(lambda: b.is_leader and not a.is_leader, timeout=1.0)  # far below the lease
+    assert holder(kube) == "b", took
+    await a.stop()
+    await b.stop()
+
+
+async def test_the_replication_address_follows_the_holder(
+    kube: FakeKube, apis: list[client.ApiClient]
+) -> None:
+    from epp.k8s.leader import ADDRESS_ANNOTATION
+
+    a = LeaderElector(apis[0], NS, LEASE, "a", lease_duration=1.5, renew_deadline=1.0, retry_period=0.1,
+                      advertise="10.0.0.1:9003")  # fmt: skip
+    b = LeaderElector(apis[1], NS, LEASE, "b", lease_duration=1.5, renew_deadline=1.0, retry_period=0.1)
+    a.start()
+    await until(lambda: a.is_leader)
+    b.start()
+    await until(lambda: b.leader_address == "10.0.0.1:9003")
+    await a.stop()  # released: the standby no longer points anywhere
+    await until(lambda: b.is_leader)
+    lease = kube.get("coordination.k8s.io/v1", "Lease", NS, LEASE)
+    assert lease is not None and ADDRESS_ANNOTATION not in (lease["metadata"].get("annotations") or {})
+    assert b.leader_address is None
+    await b.stop()

@@ -165,6 +165,10 @@ def test_endpoint_selector_syntax() -> None:
         parse_endpoint_selector("app")
     with pytest.raises(ValueError, match="empty"):
         parse_endpoint_selector(" , ")
+    assert parse_endpoint_selector("app.kubernetes.io/name=vllm") == {"app.kubernetes.io/name": "vllm"}
+    for bad, what in [("app!=x", "label key"), ("a=b=c", "label value"), ("-a=b", "label key")]:
+        with pytest.raises(ValueError, match=what):
+            parse_endpoint_selector(bad)
 
 
 def test_parse_v1alpha2_pool_spec() -> None:

@@ -6,6 +6,7 @@ import asyncio
 from collections.abc import AsyncIterator, Callable
 
 import grpc
+import orjson
 import pytest
 
 from epp.framework import ReplicatedState
@@ -99,18 +100,61 @@ async def test_follower_stops_following_when_it_leads_and_reconnects_after_a_lea
         await follower.stop()
 
 
-async def test_a_slow_follower_loses_old_batches_not_the_leader(
-    leader_server: tuple[ReplicationHub, str, object],
+async def test_a_follower_that_falls_behind_is_cut_off_to_resync_instead_of_diverging(
+    leader_server: tuple[ReplicationHub, str, object], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    from epp.server import replication
+
     hub, _, leader_plugin = leader_server
     await hub.stop()  # drive flushes by hand
-    queue: asyncio.Queue[bytes] = asyncio.Queue(2)
-    hub._followers.add(queue)
+    monkeypatch.setattr(replication, "MAX_PENDING_BYTES", 600)
+    slow = replication._Follower()
+    hub._followers.add(slow)
     eps = endpoints(2)
-    for i in range(4):
+    for i in range(6):
         await route(leader_plugin, completion(f"{i} " + PROMPT), eps, eps[0])  # type: ignore[arg-type]
         hub.flush()
-    assert queue.qsize() == 2 and hub.batches_dropped == 2 and hub.batches_sent == 4
+    queued = [slow.queue.get_nowait() for _ in range(slow.queue.qsize())]
+    assert queued[-1] is None and all(isinstance(m, bytes) for m in queued[:-1])  # cut, not trimmed
+    assert sum(len(m) for m in queued[:-1] if m) <= 600 and hub.followers_cut == 1
+    hub.flush()  # nothing more is queued for a follower that was cut off
+    assert slow.queue.empty()
+
+
+def test_batches_are_split_below_the_message_limit() -> None:
+    from epp.server.replication import encode
+
+    updates = [[list(range(i, i + 50)), f"ns/e{i}", 100] for i in range(40)]
+    messages = encode("prefix", updates, limit=2000)
+    assert len(messages) > 1 and all(len(m) <= 2000 for m in messages)
+    decoded = [u for m in messages for u in orjson.loads(m)["prefix"]]
+    assert decoded == updates  # order kept, nothing lost or repeated
+    (single,) = encode("prefix", updates[:1], limit=10)  # one update is never split
+    assert orjson.loads(single) == {"prefix": updates[:1]}
+
+
+async def test_only_the_leader_serves_the_stream() -> None:
+    from epp.server import replication
+
+    leading = [False]
+    hub = ReplicationHub({"prefix": producer(**SMALL)}, is_leader=lambda: leading[0])
+    server = grpc.aio.server()
+    hub.add_to_server(server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                async for _ in channel.unary_stream(replication.METHOD)(b""):
+                    pass
+            assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+            leading[0] = True
+            call = channel.unary_stream(replication.METHOD)(b"")
+            first = await call.read()
+            assert orjson.loads(first) == {"$reset": True}
+            call.cancel()
+    finally:
+        await server.stop(0)
 
 
 def test_index_export_rebuilds_the_same_index_lru_order_included() -> None:
