@@ -21,14 +21,13 @@ from typing import Any
 import pytest
 
 from epp import stack
-from tests.fakekube import FakeKube
+from tests.fakekube import FakeKube, objects
 from tests.integration.conftest import MODEL, Envoy, Epp, Rig, Sim, chat_body, marker
 
 pytestmark = pytest.mark.integration
 
 NS = "inference"
-POOL_API = "inference.networking.k8s.io/v1"
-ALPHA_API = "inference.networking.x-k8s.io/v1alpha2"
+POOL_API = objects.POOL_API
 HOSTS = ["127.0.0.11", "127.0.0.12", "127.0.0.13"]
 
 
@@ -39,29 +38,11 @@ def kube() -> Iterator[FakeKube]:
 
 
 def pool_obj(port: int) -> dict[str, Any]:
-    return {
-        "apiVersion": POOL_API,
-        "kind": "InferencePool",
-        "metadata": {"name": "pool", "namespace": NS},
-        "spec": {
-            "selector": {"matchLabels": {"app": "vllm"}},
-            "targetPorts": [{"number": port}],
-            "endpointPickerRef": {"name": "epp", "port": {"number": 9002}},
-        },
-    }
+    return objects.inference_pool(NS, (port,))
 
 
 def pod_obj(sim: Sim, *, ready: bool = True) -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": sim.name, "namespace": NS, "labels": {"app": "vllm"}},
-        "spec": {"containers": [{"name": "vllm", "image": "vllm"}]},
-        "status": {
-            "podIP": sim.host,
-            "conditions": [{"type": "Ready", "status": "True" if ready else "False"}],
-        },
-    }
+    return objects.pod(NS, sim.name, sim.host, ready=ready)
 
 
 def kube_args(kube: FakeKube, tmp_path: Path, *extra: str) -> list[str]:
@@ -132,30 +113,8 @@ def test_objective_priority_and_model_rewrite_from_their_resources(
     (sim,) = rig.start_sims(1, prefix="pod", hosts=HOSTS[:1], port=port)
     kube.create(pool_obj(port))
     kube.create(pod_obj(sim))
-    kube.create(
-        {
-            "apiVersion": ALPHA_API,
-            "kind": "InferenceObjective",
-            "metadata": {"name": "critical", "namespace": NS},
-            "spec": {"priority": 7, "poolRef": {"name": "pool", "group": "inference.networking.k8s.io"}},
-        }
-    )
-    kube.create(
-        {
-            "apiVersion": ALPHA_API,
-            "kind": "InferenceModelRewrite",
-            "metadata": {"name": "alias", "namespace": NS},
-            "spec": {
-                "poolRef": {"name": "pool", "group": "inference.networking.k8s.io"},
-                "rules": [
-                    {
-                        "matches": [{"model": {"type": "Exact", "value": "friendly-name"}}],
-                        "targets": [{"modelRewrite": MODEL, "weight": 100}],
-                    }
-                ],
-            },
-        }
-    )
+    kube.create(objects.objective(NS, "critical", 7))
+    kube.create(objects.model_rewrite(NS, "alias", "friendly-name", {MODEL: 100}))
     epp = rig.start_epp([], file_discovery=False, extra=kube_args(kube, tmp_path, "--pool-name", "pool"))
     envoy = rig.start_envoy(epp, response_body_mode="BUFFERED")
 

@@ -24,46 +24,27 @@ from epp.k8s.client import KubeConfigError, api_client
 from epp.k8s.pods import PoolSpec
 from epp.k8s.pool_discovery import PoolDiscovery
 from epp.k8s.resources import POD, call, read_json
-from tests.fakekube import FakeKube
+from tests.fakekube import FakeKube, objects
 
 NS = "ns"
-POOL_API = "inference.networking.k8s.io/v1"
-ALPHA_API = "inference.networking.x-k8s.io/v1alpha2"
+POOL_API = objects.POOL_API
+ALPHA_API = objects.ALPHA_API
 
 
 def pool_obj(
     name: str = "pool", selector: dict[str, str] | None = None, ports: tuple[int, ...] = (8000,)
 ) -> dict[str, Any]:
-    return {
-        "apiVersion": POOL_API,
-        "kind": "InferencePool",
-        "metadata": {"name": name, "namespace": NS},
-        "spec": {
-            "selector": {"matchLabels": selector or {"app": "vllm"}},
-            "targetPorts": [{"number": p} for p in ports],
-            "endpointPickerRef": {"name": "epp", "port": {"number": 9002}},
-        },
-    }
+    return objects.inference_pool(NS, ports, name=name, selector=selector)
 
 
 def pod_obj(
     name: str, ip: str, *, ready: bool = True, labels: dict[str, str] | None = None
 ) -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "namespace": NS, "labels": labels or {"app": "vllm"}},
-        "spec": {"containers": [{"name": "vllm", "image": "vllm"}]},
-        "status": {
-            "phase": "Running",
-            "podIP": ip,
-            "conditions": [{"type": "Ready", "status": "True" if ready else "False"}],
-        },
-    }
+    return objects.pod(NS, name, ip, ready=ready, labels=labels)
 
 
 def set_ready(kube: FakeKube, name: str, ready: bool) -> None:
-    kube.patch("v1", "Pod", NS, name, {"status": {"conditions": [{"type": "Ready", "status": str(ready)}]}})
+    kube.patch("v1", "Pod", NS, name, objects.readiness_patch(ready))
 
 
 @pytest.fixture
@@ -276,35 +257,13 @@ async def test_standalone_selector_mode_watches_pods_only(kube: FakeKube, watch:
 async def test_objectives_and_rewrites_follow_their_objects(kube: FakeKube, api: client.ApiClient) -> None:
     objectives = ObjectiveStore(pool_name="pool", pool_group="inference.networking.k8s.io")
     rewrites = RewriteStore(pool_name="pool", pool_group="inference.networking.k8s.io")
-    kube.create(
-        {
-            "apiVersion": ALPHA_API,
-            "kind": "InferenceObjective",
-            "metadata": {"name": "batch", "namespace": NS},
-            "spec": {"priority": -1, "poolRef": {"name": "pool", "group": "inference.networking.k8s.io"}},
-        }
-    )
+    kube.create(objects.objective(NS, "batch", -1))
     watchers = AlphaWatchers(api, NS, objectives=objectives, rewrites=rewrites)
     watchers.start()
     try:
         await until(lambda: objectives.priority("batch") == -1)
         assert objectives.priority("batch") == -1
-        kube.create(
-            {
-                "apiVersion": ALPHA_API,
-                "kind": "InferenceModelRewrite",
-                "metadata": {"name": "rw", "namespace": NS},
-                "spec": {
-                    "poolRef": {"name": "pool", "group": "inference.networking.k8s.io"},
-                    "rules": [
-                        {
-                            "matches": [{"model": {"type": "Exact", "value": "llama"}}],
-                            "targets": [{"modelRewrite": "llama-v2", "weight": 1}],
-                        }
-                    ],
-                },
-            }
-        )
+        kube.create(objects.model_rewrite(NS, "rw", "llama", {"llama-v2": 1}))
         import random
 
         rng = random.Random(1)
