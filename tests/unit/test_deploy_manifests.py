@@ -602,6 +602,9 @@ def test_ha_overlay() -> None:
     assert (opts.lease_duration, opts.renew_deadline, opts.retry_period) == (15.0, 10.0, 2.0)
     # Only the leader is Ready: a rollout must not wait for a second Ready pod.
     assert deployment["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"] == "100%"
+    # A new leader is seen Ready within a second of taking the Lease (and a deposed one leaves as fast).
+    probe = epp_container(deployment)["readinessProbe"]
+    assert (probe["periodSeconds"], probe["failureThreshold"]) == (1, 1)
     single = one("inferencepool", "Deployment", "epp")
     assert single["spec"]["replicas"] == 1
     assert not any(a.startswith("--ha-") for a in epp_container(single)["args"])
