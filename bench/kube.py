@@ -25,35 +25,21 @@ from epp import logs
 from epp.datalayer.store import EndpointStore
 from epp.k8s.client import api_client
 from epp.k8s.pool_discovery import PoolDiscovery
-from tests.fakekube import FakeKube
+from tests.fakekube import FakeKube, objects
 
 NS = "bench"
 
 
-def _pod(i: int, ready: bool = True) -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {
-            "name": f"vllm-{i}",
-            "namespace": NS,
-            "labels": {"app": "vllm", "llm-d.ai/role": "decode", "pod-template-hash": "5d8f9c7b6"},
-            "annotations": {"kubectl.kubernetes.io/restartedAt": "2026-12-01T00:00:00Z"},
-        },
-        "spec": {
-            "containers": [{"name": "vllm", "image": "vllm/vllm-openai:v0.11.0", "args": ["--model", "m"]}]
-        },
-        "status": {
-            "phase": "Running",
-            "podIP": f"10.{i // 65536 % 256}.{i // 256 % 256}.{i % 256}",
-            "conditions": [
-                {"type": "Initialized", "status": "True"},
-                {"type": "Ready", "status": "True" if ready else "False"},
-                {"type": "ContainersReady", "status": "True" if ready else "False"},
-                {"type": "PodScheduled", "status": "True"},
-            ],
-        },
-    }
+def _pod(i: int) -> dict[str, Any]:
+    """A Ready pod with the labels, annotations and conditions a real vLLM pod carries."""
+    labels = {"app": "vllm", "llm-d.ai/role": "decode", "pod-template-hash": "5d8f9c7b6"}
+    pod = objects.pod(NS, f"vllm-{i}", f"10.{i // 65536 % 256}.{i // 256 % 256}.{i % 256}", labels=labels)
+    pod["metadata"]["annotations"] = {"kubectl.kubernetes.io/restartedAt": "2026-12-01T00:00:00Z"}
+    pod["spec"]["containers"][0].update(image="vllm/vllm-openai:v0.11.0", args=["--model", "m"])
+    pod["status"]["conditions"] += [
+        {"type": t, "status": "True"} for t in ("Initialized", "ContainersReady", "PodScheduled")
+    ]
+    return pod
 
 
 async def _until(predicate: Any, timeout: float = 120.0) -> None:
@@ -108,18 +94,7 @@ def _cpu() -> float:
 
 async def run(pods: int, ranks: int, flips: int) -> dict[str, float]:
     with _RemoteKube() as kube, tempfile.TemporaryDirectory() as tmp:
-        kube.create(
-            {
-                "apiVersion": "inference.networking.k8s.io/v1",
-                "kind": "InferencePool",
-                "metadata": {"name": "pool", "namespace": NS},
-                "spec": {
-                    "selector": {"matchLabels": {"app": "vllm"}},
-                    "targetPorts": [{"number": 8000 + r} for r in range(ranks)],
-                    "endpointPickerRef": {"name": "epp", "port": {"number": 9002}},
-                },
-            }
-        )
+        kube.create(objects.inference_pool(NS, [8000 + r for r in range(ranks)]))
         for i in range(pods):
             kube.create(_pod(i))
         api = await api_client(str(kube.write_kubeconfig(Path(tmp) / "kubeconfig")))

@@ -301,12 +301,9 @@ class RewriteStore:
 
         None also when the winning rule has no targets (quirk Q10, see the module docstring).
         """
-        exact, generic = self._index
-        rule = exact.get(model)
+        rule = self.rule_for(model)
         if rule is None:
-            rule = generic
-            if rule is None:
-                return None
+            return None
         target = rule.pick(rng)
         if target is None:
             return None

@@ -62,6 +62,16 @@ def new_identity(pod_name: str = "") -> str:
     return f"{pod_name or 'epp'}_{uuid.uuid4()}"
 
 
+def _record(spec: dict[str, Any]) -> tuple[Any, ...]:
+    """What identifies one state of the Lease; a change of it restarts the expiry clock."""
+    return (
+        spec.get("holderIdentity") or "",
+        spec.get("renewTime"),
+        spec.get("leaseDurationSeconds"),
+        spec.get("leaseTransitions"),
+    )
+
+
 def _micro_time(now: datetime.datetime) -> str:
     return now.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
@@ -97,7 +107,6 @@ class LeaderElector:
         self.advertise = advertise
         self.leader_address: str | None = None  # another replica's, while it leads
         self.is_leader = False
-        self.transitions = 0  # leadership changes seen by this replica (for logs and tests)
         self._observed: tuple[Any, ...] | None = None
         self._observed_at = 0.0
         self._last_renew = 0.0
@@ -159,7 +168,6 @@ class LeaderElector:
         if leader == self.is_leader:
             return
         self.is_leader = leader
-        self.transitions += 1
         log.info("leadership changed", leader=leader, identity=self.identity)
         if self.on_change is not None:
             self.on_change(leader)
@@ -201,12 +209,7 @@ class LeaderElector:
             )
         spec = lease.get("spec") or {}
         holder = spec.get("holderIdentity") or ""
-        record = (
-            holder,
-            spec.get("renewTime"),
-            spec.get("leaseDurationSeconds"),
-            spec.get("leaseTransitions"),
-        )
+        record = _record(spec)
         mono = time.monotonic()
         if record != self._observed:
             self._observed, self._observed_at = record, mono
@@ -261,13 +264,7 @@ class LeaderElector:
                 return False
             raise
         self.leader_address = None  # we hold it now
-        spec = lease.get("spec") or {}
-        self._observed = (
-            spec.get("holderIdentity") or "",
-            spec.get("renewTime"),
-            spec.get("leaseDurationSeconds"),
-            spec.get("leaseTransitions"),
-        )
+        self._observed = _record(lease.get("spec") or {})
         self._observed_at = time.monotonic()
         return True
 
