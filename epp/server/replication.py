@@ -159,7 +159,9 @@ class ReplicationHub:
         if self.peer_name is not None and self.peer_name not in peer_names(context.auth_context()):
             self.refused += 1
             log.warning("replication refused: the peer's certificate is not a replica's", peer=context.peer())
-            await context.abort(grpc.StatusCode.PERMISSION_DENIED, f"a replica certificate ({self.peer_name}) is required")
+            await context.abort(
+                grpc.StatusCode.PERMISSION_DENIED, f"a replica certificate ({self.peer_name}) is required"
+            )
         if not self.is_leader():
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, "not the leader")
         if len(self._followers) >= MAX_FOLLOWERS:
