@@ -98,6 +98,7 @@ class EppTls:
 
 
 SDS_CERTIFICATE_FILE = "sds-epp-client-certificate.yaml"
+SDS_HEADER = "# Generated with the Envoy bootstrap (file-based SDS for its TLS to the EPP); do not edit by hand.\n"
 SDS_CA_FILE = "sds-epp-ca.yaml"
 _SECRET_TYPE = f"{_TYPE}.transport_sockets.tls.v3.Secret"
 
@@ -704,7 +705,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             out = Path(args.write_sds)
             out.mkdir(parents=True, exist_ok=True)
             for name, doc in sds_files(tls).items():
-                (out / name).write_text(render(doc))
+                (out / name).write_text(SDS_HEADER + render(doc))
     elif args.write_sds:
         parser.error("--write-sds needs --tls-cert-dir")
     sys.stdout.write(
