@@ -3,11 +3,13 @@
 Envoy verifies the EPP's certificate (CA and name) and presents its own; the EPP requires a client
 certificate signed by its CA (``--grpc-client-ca-file``). Certificates are laid out as Kubernetes
 mounts a Secret (files that are symlinks into ``..data``, swapped atomically on renewal), so the
-renewal tests exercise what a cert-manager rotation does.
+renewal tests exercise what a cert-manager rotation does. The replication port of a real leader serves
+only peers presenting a replica's certificate.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import ssl
@@ -16,11 +18,15 @@ import sys
 import time
 from pathlib import Path
 
+import grpc
 import pytest
 
 from epp import envoy_config, stack
-from epp.server.tls import Authority, KeyPair
+from epp.server.replication import METHOD
+from epp.server.tls import REPLICA_NAME, Authority, KeyPair
+from tests.fakekube import FakeKube, objects
 from tests.integration.conftest import Envoy, Epp, Rig, chat_body, marker
+from tests.integration.test_kubernetes import HA, NS, kube_args
 
 pytestmark = pytest.mark.integration
 
@@ -200,3 +206,60 @@ def test_envoy_picks_up_a_renewed_client_certificate(rig: Rig, ca: Path, tmp_pat
         assert time.monotonic() < deadline, "Envoy did not pick up the renewed client certificate"
         time.sleep(0.5)
     assert envoy.child.running()
+
+
+# --------------------------------------------------------------------- the replication port
+
+
+def _credentials(ca: Path, client: Path | None) -> grpc.ChannelCredentials:
+    """TLS trusting ``ca``'s CA, presenting ``client``'s key pair (none: no client certificate)."""
+    if client is None:
+        return grpc.ssl_channel_credentials((ca / "ca.crt").read_bytes())
+    pair = _pair(client)
+    return grpc.ssl_channel_credentials(pair.ca, private_key=pair.key, certificate_chain=pair.cert)
+
+
+def _first_message(port: int, credentials: grpc.ChannelCredentials | None) -> bytes:
+    """The first message of the replication stream ``Follow`` on 127.0.0.1:``port``."""
+    address = f"127.0.0.1:{port}"
+    channel = (
+        grpc.insecure_channel(address)
+        if credentials is None
+        else grpc.secure_channel(
+            address, credentials, options=[("grpc.ssl_target_name_override", REPLICA_NAME)]
+        )
+    )
+    with channel:
+        call = channel.unary_stream(METHOD)(b"", timeout=10)
+        try:
+            return bytes(next(call))
+        finally:
+            call.cancel()
+
+
+def test_a_leaders_replication_port_serves_replicas_only(rig: Rig, ca: Path, tmp_path: Path) -> None:
+    with FakeKube(bookmark_interval=0.5) as kube:
+        (sim,) = rig.start_sims(1, prefix="pod", hosts=["127.0.0.11"], port=stack.free_port())
+        kube.create(objects.inference_pool(NS, (sim.port,)))
+        kube.create(objects.pod(NS, sim.name, sim.host, ready=True))
+        replication_port = stack.free_port()
+        extra = kube_args(kube, tmp_path, "--pool-name", "pool", *HA, "--ha-retry-period=0.2s")
+        extra += [f"--ha-replication-port={replication_port}", f"--ha-replication-cert-path={ca / 'epp'}"]
+        epp = rig.start_epp([], name="epp-leader", file_discovery=False, extra=extra)  # Ready: it leads
+
+        # a replica's certificate (the EPP's own Secret): served, starting with a reset
+        assert json.loads(_first_message(replication_port, _credentials(ca, ca / "epp"))) == {"$reset": True}
+        refusals = (
+            (None, grpc.StatusCode.UNAVAILABLE),  # plain text
+            (_credentials(ca, None), grpc.StatusCode.UNAVAILABLE),  # TLS without a client certificate
+            (_credentials(ca, ca / "envoy"), grpc.StatusCode.PERMISSION_DENIED),  # same CA, not a replica
+        )
+        for credentials, code in refusals:
+            with pytest.raises(grpc.RpcError) as err:
+                _first_message(replication_port, credentials)
+            assert err.value.code() == code  # type: ignore[attr-defined]
+        # the health port (plain text, for the kubelet's probes) does not serve the stream at all
+        with pytest.raises(grpc.RpcError) as err:
+            _first_message(epp.health_port, None)
+        assert err.value.code() == grpc.StatusCode.UNIMPLEMENTED  # type: ignore[attr-defined]
+        assert stack.grpc_serving(epp.health_port)
