@@ -78,7 +78,7 @@ def _add_serve(sub: Any) -> None:
     p.add_argument(
         "--grpc-client-ca-file",
         default=None,
-        help="PEM CA bundle: ext_proc requires a client certificate it signed (mutual TLS; needs --cert-path)",
+        help="PEM CA bundle: ext_proc requires a client certificate it signed (mTLS; needs --cert-path)",
     )
     add_bool(p, "--health-checking", False, "also serve gRPC health on the ext_proc port")
     p.add_argument("--config-file", default=None, help="EndpointPickerConfig YAML file")

@@ -98,7 +98,7 @@ class EppTls:
 
 
 SDS_CERTIFICATE_FILE = "sds-epp-client-certificate.yaml"
-SDS_HEADER = "# Generated with the Envoy bootstrap (file-based SDS for its TLS to the EPP); do not edit by hand.\n"
+SDS_HEADER = "# Generated with the Envoy bootstrap (file-based SDS for its TLS to the EPP); do not edit.\n"
 SDS_CA_FILE = "sds-epp-ca.yaml"
 _SECRET_TYPE = f"{_TYPE}.transport_sockets.tls.v3.Secret"
 

@@ -8,8 +8,8 @@ leader would start with an empty index and send every known prefix to an arbitra
 * every replica's ``ReplicatedState`` plugins record their updates (``start_recording``);
 * ``ReplicationHub`` (every replica; only the leader has updates) drains them every 50 ms and sends
   one batch to each connected follower over gRPC on the replication port (``--ha-replication-port``,
-  mutual TLS: see below): ``/epp.replication.v1.Replication/Follow``, server streaming, each message an orjson object
-  ``{"<plugin name>": [update, ...]}`` of at most 1 MiB. A new follower first gets
+  mutual TLS: see below): ``/epp.replication.v1.Replication/Follow``, server streaming, each message
+  an orjson object ``{"<plugin name>": [update, ...]}`` of at most 1 MiB. A new follower first gets
   ``{"$reset": true}`` and a snapshot of the current state (``snapshot_updates``, in batches), then
   the live batches. Only the leader serves the stream. A follower more than 32 MiB behind is cut
   off (it reconnects and resyncs from a snapshot), never slowing the leader or diverging;

@@ -22,9 +22,14 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import grpc
 import structlog
+
+if TYPE_CHECKING:
+    from cryptography import x509
+    from cryptography.hazmat.primitives.asymmetric import ec
 
 log = structlog.get_logger("epp.tls")
 
@@ -224,13 +229,13 @@ def peer_names(auth_context: dict[str, list[bytes]]) -> set[str]:
 # ------------------------------------------------------------------- issuing (epp certs)
 
 
-def _new_key():  # type: ignore[no-untyped-def]
+def _new_key() -> ec.EllipticCurvePrivateKey:
     from cryptography.hazmat.primitives.asymmetric import ec
 
     return ec.generate_private_key(ec.SECP256R1())
 
 
-def _key_pem(key) -> bytes:  # type: ignore[no-untyped-def]
+def _key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
     from cryptography.hazmat.primitives import serialization
 
     return key.private_bytes(
@@ -238,7 +243,7 @@ def _key_pem(key) -> bytes:  # type: ignore[no-untyped-def]
     )
 
 
-def _cert_pem(cert) -> bytes:  # type: ignore[no-untyped-def]
+def _cert_pem(cert: x509.Certificate) -> bytes:
     from cryptography.hazmat.primitives import serialization
 
     return bytes(cert.public_bytes(serialization.Encoding.PEM))

@@ -157,11 +157,13 @@ def _served_certificate(port: int, client: Path) -> bytes:
     context.check_hostname = False
     context.load_cert_chain(str(client / "tls.crt"), str(client / "tls.key"))
     context.set_alpn_protocols(["h2"])
-    with socket.create_connection(("127.0.0.1", port), timeout=5) as raw:
-        with context.wrap_socket(raw, server_hostname="epp") as tls:
-            der = tls.getpeercert(binary_form=True)
-            assert der is not None
-            return der
+    with (
+        socket.create_connection(("127.0.0.1", port), timeout=5) as raw,
+        context.wrap_socket(raw, server_hostname="epp") as tls,
+    ):
+        der = tls.getpeercert(binary_form=True)
+        assert der is not None
+        return der
 
 
 def _der(pem: bytes) -> bytes:

@@ -3,12 +3,13 @@
 * Core kinds are validated against the Kubernetes OpenAPI schemas bundled with ``kubernetes-validate``
   (strict: unknown fields fail), for the oldest Kubernetes version the docs support and the newest
   one the validator knows.
-* InferencePool, HTTPRoute and cert-manager's Issuer and Certificate are CRDs the validator does not know. They are checked with jsonschema
-  against the small hand-written schemas below, written from the published API references of
-  InferencePool ``inference.networking.k8s.io/v1`` and HTTPRoute ``gateway.networking.k8s.io/v1``:
-  the fields these manifests use, their types, enums and bounds, and no unknown fields. They are
-  not the upstream CRDs (not vendored here); a server-side dry run against a cluster with the CRDs
-  remains the full check.
+* InferencePool, HTTPRoute and cert-manager's Issuer and Certificate are CRDs the validator does
+  not know. They are checked with jsonschema against the small hand-written schemas below, written
+  from the published API references of InferencePool ``inference.networking.k8s.io/v1``, HTTPRoute
+  ``gateway.networking.k8s.io/v1`` and cert-manager ``cert-manager.io/v1``: the fields these
+  manifests use, their types, enums and bounds, and no unknown fields. They are not the upstream
+  CRDs (not vendored here); a server-side dry run against a cluster with the CRDs remains the full
+  check.
 * Kustomizations are rendered by ``tests/unit/_kustomize.py``, which refuses any kustomize feature it
   does not emulate.
 * The Deployment args parse with ``epp serve``'s own parser, the ConfigMaps' EndpointPickerConfig
@@ -77,7 +78,7 @@ STANDALONE_ENVOY: dict[str, Any] = {
 }
 STANDALONE_ENVOY_HEADER = (
     "# Generated from epp.envoy_config.envoy_bootstrap() for the standalone sidecar: Envoy listens on\n"
-    "# 0.0.0.0:8081 and calls the EPP over mutual TLS at 127.0.0.1:9002. Do not edit by hand; regenerate with\n"
+    "# 0.0.0.0:8081 and calls the EPP over mutual TLS at 127.0.0.1:9002. Do not edit; regenerate with\n"
     "#   python -m tests.unit.test_deploy_manifests\n"
     "# (the same bootstrap: python -m epp.envoy_config --listen-host 0.0.0.0 --access-log\n"
     "#  --tls-cert-dir /etc/envoy-tls --tls-sds-dir /etc/envoy --write-sds deploy/kubernetes/standalone)\n"
