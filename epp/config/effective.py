@@ -1,10 +1,4 @@
-"""Rendering the effective configuration as YAML (``epp check-config``).
-
-The effective document is the loaded one with every system default filled in (profile handler,
-picker, weights, parser, data-layer source, flow-control policies, auto-created producers) and each
-plugin's *effective* parameters (``encode_params`` of its decoded ``Params``, defaults included).
-Loading the rendered text again yields the same effective configuration.
-"""
+"""Rendering the effective configuration as YAML (``epp check-config``): every default filled in."""
 
 from __future__ import annotations
 
