@@ -1,4 +1,4 @@
-"""``data-parallel-profile-handler`` (deprecated): route to a pod's primary port, name the rank in a header."""
+"""``data-parallel-profile-handler`` (deprecated): route to a pod's primary port, the rank in a header."""
 
 from __future__ import annotations
 
