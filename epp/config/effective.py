@@ -112,7 +112,7 @@ def effective_document(doc: ConfigDocument, plugins: Mapping[str, Plugin]) -> di
 
 
 def render_effective(doc: ConfigDocument, plugins: Mapping[str, Plugin]) -> str:
-    """The effective configuration as YAML text."""
+    """The effective configuration as YAML text; loading it again yields the same configuration."""
     return yaml.safe_dump(
         effective_document(doc, plugins), sort_keys=False, default_flow_style=False, allow_unicode=True
     )
