@@ -1,9 +1,7 @@
 """Loading ``EndpointPickerConfig`` files into the runtime objects of the EPP.
 
-``load_config(text)`` parses, validates and instantiates a configuration (``None`` → the default
-one) and returns a ``LoadedConfig``: the scheduler, the plugin instances, the parser, discovery,
-data sources, request-control hooks, warnings and ``effective_yaml()``. Every problem raises
-``ConfigError(field, reason)`` naming the offending element by its dotted path.
+``load_config(text)`` returns a ``LoadedConfig``; every problem raises ``ConfigError(field, reason)``
+naming the offending element by its dotted path.
 """
 
 from epp.config.defaults import default_document

@@ -1,10 +1,4 @@
-"""Rendering the effective configuration as YAML (``epp check-config``).
-
-The effective document is the loaded one with every system default filled in (profile handler,
-picker, weights, parser, data-layer source, flow-control policies, auto-created producers) and each
-plugin's *effective* parameters (``encode_params`` of its decoded ``Params``, defaults included).
-Loading the rendered text again yields the same effective configuration.
-"""
+"""Rendering the effective configuration as YAML (``epp check-config``): every default filled in."""
 
 from __future__ import annotations
 
@@ -118,7 +112,7 @@ def effective_document(doc: ConfigDocument, plugins: Mapping[str, Plugin]) -> di
 
 
 def render_effective(doc: ConfigDocument, plugins: Mapping[str, Plugin]) -> str:
-    """The effective configuration as YAML text."""
+    """The effective configuration as YAML text; loading it again yields the same configuration."""
     return yaml.safe_dump(
         effective_document(doc, plugins), sort_keys=False, default_flow_style=False, allow_unicode=True
     )

@@ -1,32 +1,4 @@
-"""Loading an ``EndpointPickerConfig``: instantiation, system defaults, validation, runtime objects.
-
-Pipeline (scheduling.md §3.2), each step raising ``ConfigError(field, reason)`` with the exact
-dotted path of the offending element and the reference's message text:
-
-1. Parse and strictly decode the document (``epp.config.schema``); no text → the default document
-   (``epp.config.defaults``). Validate ``featureGates``.
-2. Instantiate ``plugins`` in list order: ``registry.lookup(type)``, ``decode_params`` of the typed
-   ``Params``, then ``cls(name, params, handle)``. The handle resolves plugins declared *earlier*
-   (that is why deciders precede the disagg handler) and the current endpoints.
-3. Validate profile names and references, then apply the system defaults: a ``default`` profile
-   holding every filter, scorer and picker (saturation detectors excepted) when there are no
-   profiles; ``single-profile-handler`` for exactly one profile without a handler; a picker (the
-   first picker instance, else a new ``max-score-picker``) for profiles without one; weight 1.0 for
-   weightless scorers; flow-control policies, the parser, the saturation detector (default
-   ``utilization-detector``, not used as a filter) and the metrics data source. Defaults whose type
-   is not registered in this build are skipped, except the parser, which is required.
-4. Create producers for consumed-but-unproduced data keys (§1.8), forwarding the consumer's matching
-   parameters (quirk D5), and order producers so that each runs after the producers it consumes
-   from (otherwise in ``plugins:`` order).
-5. Build the scheduler (each referenced plugin goes into every slot it implements; one picker per
-   profile; exactly one profile handler among all instances), the data-layer sources, discovery,
-   and check the flow-control section when the ``flowControl`` gate is on.
-6. Hook every instance into request control by the interfaces it implements, in ``plugins:`` order
-   (quirk D7: the reference's order is map iteration, i.e. random).
-
-The loader also records the *effective* document (every default filled in), rendered by
-``LoadedConfig.effective_yaml()``.
-"""
+"""Loading an ``EndpointPickerConfig``: instantiation, system defaults, validation, runtime objects."""
 
 from __future__ import annotations
 
@@ -84,7 +56,7 @@ from epp.scheduling import Scheduler, SchedulerProfile, WeightedScorer
 
 EndpointsFn = Callable[[], Sequence[Endpoint]]
 
-# Deprecated environment switch that appends the flowControl gate (scheduling.md §3.1).
+# Deprecated environment switch that appends the flowControl gate.
 FLOW_CONTROL_ENV = "ENABLE_EXPERIMENTAL_FLOW_CONTROL_LAYER"
 
 
@@ -266,6 +238,11 @@ class _Loader:
         self.handle = _Handle(self.plugins, endpoints or _no_endpoints)
 
     def load(self) -> LoadedConfig:
+        """Instantiate ``plugins`` in list order (a factory sees the plugins declared before it),
+        validate the profiles, apply the system defaults (skipping types not registered in this
+        build, except the parser), create missing producers, then build the scheduler, data layer,
+        discovery and flow control. Request-control hooks keep ``plugins:`` order.
+        """
         doc = self.doc
         if doc.api_version == DEPRECATED_API_VERSION:
             self.warnings.append(f"apiVersion '{DEPRECATED_API_VERSION}' is deprecated; use '{API_VERSION}'")
@@ -425,7 +402,7 @@ class _Loader:
                     ref.weight = 1.0
 
     def _assemble_profile(self, prof: ProfileSpec) -> SchedulerProfile:
-        """A profile: each referenced plugin goes into every slot it implements (§1.4)."""
+        """A profile: each referenced plugin goes into every slot it implements."""
         sp = SchedulerProfile(prof.name)
         for ref in prof.plugins:
             plugin = self.plugins[ref.plugin_ref]
@@ -598,7 +575,7 @@ class _Loader:
                 ewhere = f"{ext.path}.pluginRef"
                 extractor = self._lookup_ref(ext.plugin_ref, ewhere, "extractor")
                 if not isinstance(extractor, Extractor):
-                    # Quirk D19: the reference prints the source name here; name the extractor.
+                    # The reference prints the source name here; naming the extractor helps more.
                     raise ConfigError(ewhere, f"the plugin {ext.plugin_ref} is not a fwkdl.ExtractorBase")
                 extractors.append(extractor)
             out.append((source, extractors))
@@ -628,7 +605,7 @@ class _Loader:
             raise ConfigError(where, f'plugin "{ref.plugin_ref}" does not implement EndpointDiscovery')
         return plugin
 
-    # --- data producers (scheduling.md §1.8) -------------------------------------------------
+    # --- data producers -------------------------------------------------------------------
 
     def _create_missing_producers(self) -> None:
         produced: set[str] = set()
@@ -655,7 +632,7 @@ class _Loader:
             produced |= _produces(plugin) | {k for k, t in d.AUTO_PRODUCERS.items() if t == type_name}
 
     def _forwarded_params(self, cls: type[Plugin], consumers: list[str]) -> dict[str, Any]:
-        """Quirk D5: parameters given to a consumer that the auto-created producer understands.
+        """Parameters given to a consumer that the auto-created producer understands.
 
         The reference ignores ``prefix-cache-scorer``'s ``blockSizeTokens`` etc.; users expect them to
         take effect, so they are forwarded to the producer it creates (the first consumer wins).

@@ -1,16 +1,7 @@
 """The raw ``EndpointPickerConfig`` document: dataclasses for each section and strict decoding.
 
-This module only checks the *shape* of a document (scalar types, known fields, quantities and
-durations); instantiating plugins, applying defaults and cross-reference validation live in
-``epp.config.loader``.
-
-Decoding is strict, as in the reference: an unknown top-level or structural field is an error, and so
-is a duplicate mapping key (PyYAML would silently keep the last one). Plugin ``parameters`` stay raw
-here (a mapping or ``None``); each plugin's typed ``Params`` decodes them later.
-
-Every element carries ``path``, the dotted path of its YAML node (``plugins[2]``,
-``schedulingProfiles[0].plugins[1]``), so that later errors name the exact field. Elements added by
-the loader's defaults get the path they have in the effective configuration.
+Only the *shape* is checked here; plugins, defaults and cross-references are ``epp.config.loader``'s.
+Every element carries ``path``, the dotted path of its YAML node, so that errors name the exact field.
 """
 
 from __future__ import annotations
@@ -385,7 +376,11 @@ _FLOW_FIELDS = (
 
 
 def decode_document(raw: Any) -> ConfigDocument:
-    """Decode a parsed document strictly. ``apiVersion`` and ``kind`` are checked here."""
+    """Decode a parsed document strictly. ``apiVersion`` and ``kind`` are checked here.
+
+    An unknown top-level or structural field is an error; plugin ``parameters`` stay raw (a mapping
+    or ``None``) until each plugin's typed ``Params`` decodes them.
+    """
     if not isinstance(raw, dict):
         raise ConfigError("", f"expected a mapping at the top level, got {_kind(raw)}")
     top = _mapping(raw, "", _TOP_FIELDS)

@@ -1,24 +1,7 @@
 """InferenceObjective priorities, looked up per request by objective name.
 
-The Kubernetes watcher (``epp.k8s``) hands raw InferenceObjective objects
-(``inference.networking.x-k8s.io/v1alpha2``, as Kubernetes serialises them: camelCase dicts) to
-``ObjectiveStore``; the director reads ``priority(name)`` for the value of the
-``x-gateway-inference-objective`` header (scheduling.md §1.6, §4.1):
-
-* an object is kept, by ``metadata.name`` only, when its ``spec.poolRef`` names this pool: same
-  ``name`` and same ``group`` (an empty or missing group means ``inference.networking.k8s.io``);
-  otherwise that name is deleted (the object may have moved to another pool);
-* ``spec.priority`` is an int32, optional (missing or null → 0); higher is more important,
-  negative means sheddable;
-* an object marked for deletion (``metadata.deletionTimestamp``) is deleted;
-* an unknown name has priority 0.
-
-A malformed object (no name, a non-integer or out-of-range priority, a poolRef that is not a
-mapping) is skipped with a warning naming the object and the field; its name, when known, is
-removed, so the store never keeps a version the cluster no longer has. Nothing here raises.
-
-Lookups are one dict access. The Kubernetes reflector feeds it object by object (a relist arrives
-as the diff of upserts and deletes), from the same event loop that reads it.
+The Kubernetes watcher (``epp.k8s``) hands raw objects (camelCase dicts) to ``ObjectiveStore``; the
+director reads ``priority(name)`` for the ``x-gateway-inference-objective`` header.
 """
 
 from __future__ import annotations
@@ -86,7 +69,13 @@ def _priority(spec: Mapping[str, Any], name: str) -> int | None:
 
 
 class ObjectiveStore:
-    """Objective name → priority for the objectives of one InferencePool."""
+    """Objective name → priority for the objectives of one InferencePool.
+
+    An object is kept, by ``metadata.name``, while its ``spec.poolRef`` names this pool; otherwise
+    (another pool, marked for deletion, malformed) that name is removed, so the store never keeps a
+    version the cluster no longer has. ``spec.priority`` is an optional int32 (missing → 0; negative
+    means sheddable); an unknown name has priority 0. Nothing here raises.
+    """
 
     __slots__ = ("_priorities", "pool_group", "pool_name")
 

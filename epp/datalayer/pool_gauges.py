@@ -1,20 +1,4 @@
-"""Periodic pool-level Prometheus gauges computed from the endpoints' scraped metrics.
-
-``PoolGauges(store, pool_name, interval=5.0, staleness=2.0)`` refreshes, every
-``interval`` seconds (``--refresh-prometheus-metrics-interval``), for the pool ``name`` label:
-
-* ``inference_pool_ready_pods``: endpoints whose metrics are fresher than ``staleness_threshold``
-  (``staleness``, ``--metrics-staleness-threshold``);
-* ``inference_pool_average_kv_cache_utilization``, ``..._average_queue_size``,
-  ``..._average_running_requests``: means over those fresh endpoints;
-* ``inference_pool_per_pod_queue_size{model_server_pod}``: each fresh endpoint's waiting queue,
-  labelled with the endpoint name (``<pod>-rank-<i>`` for pods, unique per endpoint).
-
-Differences from the reference, deliberately: with no fresh endpoint the gauges are set to 0 (the
-reference returns early and leaves the last values, so a dead pool kept reporting ready pods);
-the average queue size is a true mean (the reference divides integers); per-pod series of
-endpoints that are gone or stale are removed instead of lingering with their last value.
-"""
+"""Periodic pool-level Prometheus gauges (``inference_pool_*``) computed from the endpoints' metrics."""
 
 from __future__ import annotations
 
@@ -35,7 +19,13 @@ DEFAULT_STALENESS = 2.0
 
 
 class PoolGauges:
-    """Sets the ``inference_pool_*`` gauges of one pool; ``start()`` in a running loop, ``stop()``."""
+    """Sets the ``inference_pool_*`` gauges of one pool; ``start()`` in a running loop, ``stop()``.
+
+    Every ``interval`` seconds: the number of endpoints whose metrics are fresher than ``staleness``,
+    the means of their KV-cache usage, waiting queue and running requests (0 without any), and each
+    fresh endpoint's waiting queue under its endpoint name; series of endpoints gone or stale are
+    removed.
+    """
 
     def __init__(
         self,

@@ -1,40 +1,7 @@
-"""InferenceModelRewrite rules: which model a request is really sent to (protocol.md §5.3).
+"""InferenceModelRewrite rules: which model a request is really sent to.
 
-The Kubernetes watcher (``epp.k8s``) hands raw InferenceModelRewrite objects
-(``inference.networking.x-k8s.io/v1alpha2``, camelCase dicts as Kubernetes serialises them) to
-``RewriteStore``; the director calls ``choose(incoming_model, rng)`` per request.
-
-Object shape::
-
-    metadata: {name, creationTimestamp}
-    spec:
-      poolRef: {group, kind, name}          # kept only when it names this pool (see objectives)
-      rules:
-      - matches: [{model: {type: Exact, value: <incoming model>}}]   # empty/missing = generic
-        targets: [{modelRewrite: <target model>, weight: <int32 >= 0, optional>}]
-
-Precedence for an incoming model (scheduling.md §4.1): a rule with an exact match on the model beats
-generic rules (no ``matches``); among several, the oldest object wins (``creationTimestamp``, then
-the object name: Kubernetes timestamps have one-second resolution and the reference leaves such ties
-to an unstable sort); within an object the first matching rule wins. A match without ``model`` is
-ignored (as in the reference), so a rule whose matches all lack a model never applies; a match type
-other than ``Exact`` (the only one defined; missing means ``Exact``) is ignored with a warning.
-
-Target choice, by weight: a uniform draw in ``[0, Σ weights)`` walks the cumulative weights (a
-missing weight counts 0, so with mixed weights the unweighted targets are never chosen, and a
-warning is logged); when every weight is 0 the choice is uniform.
-
-Deliberate difference from the reference (quirk Q10): a winning rule with **no targets** yields
-``""`` there, which empties the body's ``model``. Here it is no rewrite at all: ``choose`` returns
-None, so the model stays as sent (or as the ``x-gateway-model-name-rewrite`` header says), and a
-warning is logged when the object is stored. Such a rule still shadows lower-precedence rules.
-
-Malformed objects (wrong types, missing names or target models, negative or non-integer weights, a
-bad timestamp) are skipped with a warning naming the object and the field; any earlier version of
-that name is dropped. Nothing here raises.
-
-Cost: every change rebuilds an index (exact model → winning rule, plus the winning generic rule) and
-swaps it in as one reference; ``choose`` is a dict lookup plus one random draw and a bisection.
+The Kubernetes watcher (``epp.k8s``) hands raw objects (camelCase dicts) to ``RewriteStore``; the
+director calls ``choose(incoming_model, rng)`` per request.
 """
 
 from __future__ import annotations
@@ -73,7 +40,11 @@ class RewriteRule:
     total: int
 
     def pick(self, rng: random.Random) -> str | None:
-        """A target by weight (uniform when every weight is 0); None without targets."""
+        """A target by weight (uniform when every weight is 0); None without targets.
+
+        A uniform draw in ``[0, sum of weights)`` walks the cumulative weights; a missing weight
+        counts 0, so unweighted targets mixed with weighted ones are never chosen.
+        """
         targets = self.targets
         if not targets:
             return None
@@ -241,7 +212,18 @@ def _build_index(objects: Iterable[_ParsedRewrite]) -> _Index:
 
 
 class RewriteStore:
-    """The InferenceModelRewrite objects of one InferencePool, indexed by incoming model."""
+    """The InferenceModelRewrite objects of one InferencePool, indexed by incoming model.
+
+    Precedence: a rule with an exact match on the model beats generic rules (no ``matches``); among
+    several, the oldest object wins (``creationTimestamp``, then the object name); within an object
+    the first matching rule wins. A match without ``model`` matches nothing; a match type other than
+    ``Exact`` is ignored with a warning. A winning rule without targets means no rewrite (and still
+    shadows lower-precedence rules). Malformed objects are skipped with a warning naming the field,
+    and any earlier version of that name is dropped; nothing here raises.
+
+    Every change rebuilds the index (exact model → winning rule, plus the winning generic rule) and
+    swaps it in as one reference; ``choose`` is a dict lookup plus one random draw and a bisection.
+    """
 
     __slots__ = ("_index", "_objects", "pool_group", "pool_name")
 
@@ -299,7 +281,7 @@ class RewriteStore:
     def choose(self, model: str, rng: random.Random) -> tuple[str, str] | None:
         """``(target model, rewrite object name)`` for an incoming model, or None: no rewrite.
 
-        None also when the winning rule has no targets (quirk Q10, see the module docstring).
+        None also when the winning rule has no targets: the model then stays as sent.
         """
         rule = self.rule_for(model)
         if rule is None:

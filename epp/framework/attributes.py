@@ -1,9 +1,7 @@
 """Per-request endpoint attributes exchanged between data producers and scorers.
 
-A producer writes ``cycle[KEY] = {endpoint: value}`` (endpoints hash by identity); a consumer reads
-``cycle.get(KEY, {}).get(endpoint)``. Plugins declare the keys they ``produces``/``consumes``
-(class attributes on ``Plugin``), so that the config loader can create a missing producer
-(``DEFAULT_PRODUCERS``) and order producers before their consumers.
+A producer writes ``cycle[KEY] = {endpoint: value}``; a consumer reads ``cycle.get(KEY, {}).get(endpoint)``.
+Plugins declare the keys they ``produces``/``consumes``, so the loader can create missing producers.
 """
 
 from __future__ import annotations

@@ -1,10 +1,4 @@
-"""Endpoints as the scheduler sees them.
-
-An ``Endpoint`` is one routable ``ip:port`` of a model server. Its ``metadata`` is set by discovery
-and its ``metrics`` snapshot is replaced as a whole by the scraper (never mutated in place), so a
-scheduling cycle can read it without locks. ``inflight`` counts requests this EPP routed to the
-endpoint that have not finished yet (released when the ext_proc stream ends).
-"""
+"""Endpoints as the scheduler sees them: one routable ``ip:port`` of a model server each."""
 
 from __future__ import annotations
 
@@ -68,8 +62,11 @@ class Metrics:
 class Endpoint:
     """The live endpoint object held by the store and handed to plugins.
 
-    Identity-hashed (``eq=False``) so that plugins can key dicts by endpoint cheaply. ``attributes``
-    holds endpoint-level data produced by the data layer (not per request).
+    Identity-hashed (``eq=False``) so that plugins can key dicts by endpoint cheaply. ``metadata`` is
+    set by discovery; ``metrics`` is replaced as a whole by the scraper (never mutated in place), so a
+    cycle reads it without locks. ``inflight`` counts requests this EPP routed here that have not
+    finished (released when the ext_proc stream ends). ``attributes`` holds endpoint-level data
+    produced by the data layer (not per request).
     """
 
     metadata: EndpointMetadata

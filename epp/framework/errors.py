@@ -1,12 +1,4 @@
-"""Error types shared by every layer.
-
-``InferenceError`` is what the request path raises when a request cannot be served; the ext_proc
-server turns it into an Envoy ``ImmediateResponse`` with the HTTP status of its code and an
-OpenAI-style JSON body whose ``message`` is the reference text ``inference error: <Code> - <Msg>``.
-
-``ConfigError`` is what configuration loading raises: it always names the offending field (a dotted
-path such as ``plugins[2].parameters.maxNumOfEndpoints``) and the reason.
-"""
+"""Error types shared by every layer: ``InferenceError`` (a request cannot be served) and ``ConfigError``."""
 
 from __future__ import annotations
 
@@ -32,7 +24,11 @@ class ErrorCode(enum.Enum):
 
 
 class InferenceError(Exception):
-    """A request-level failure with a code, a message and optional response headers."""
+    """A request-level failure with a code, a message and optional response headers.
+
+    The ext_proc server answers it with an ``ImmediateResponse``: the HTTP status of its code and an
+    OpenAI-style JSON body whose ``message`` is ``inference error: <Code> - <Msg>``.
+    """
 
     def __init__(self, code: ErrorCode, message: str, headers: Mapping[str, str] | None = None) -> None:
         super().__init__(message)

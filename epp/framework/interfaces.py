@@ -1,12 +1,5 @@
 """Plugin contracts: the only things a plugin may depend on (with the data types of this package).
 
-Every plugin subclasses ``Plugin`` and one or more of the kinds below; a plugin implementing several
-kinds (a scorer that is also a filter) is used in every slot it fits. A plugin declares:
-
-* ``type_name``: the registered type string used in ``EndpointPickerConfig`` files;
-* ``Params``: a dataclass of typed parameters (snake_case fields, camelCase in YAML, see
-  ``epp.framework.params``); unknown keys are a configuration error naming the key.
-
 Scheduling-path methods are synchronous: a cycle runs without awaiting. Data producers and endpoint
 discovery are asynchronous. Nothing here imports the server.
 """
@@ -45,7 +38,12 @@ class Handle(Protocol):
 
 
 class Plugin:
-    """Base class of every plugin instance."""
+    """Base class of every plugin instance.
+
+    A plugin subclasses one or more of the kinds below and is used in every slot it fits (a scorer
+    that is also a filter runs in both). ``type_name`` is its registered type string; ``Params`` a
+    dataclass of typed parameters (see ``epp.framework.params``).
+    """
 
     type_name: ClassVar[str] = ""
     Params: ClassVar[type] = NoParams

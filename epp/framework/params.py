@@ -1,11 +1,4 @@
-"""Typed plugin parameters.
-
-A plugin's ``Params`` is a frozen dataclass with snake_case fields; in YAML each field is written in
-camelCase (``max_num_of_endpoints`` <-> ``maxNumOfEndpoints``), or under the name given by
-``field(metadata={"key": "..."})``. ``decode_params`` checks types, rejects unknown keys and calls
-the dataclass's optional ``validate()`` (returning a reason string or None), raising ``ConfigError``
-that names the exact key.
-"""
+"""Typed plugin parameters: frozen dataclasses with snake_case fields, written in camelCase in YAML."""
 
 from __future__ import annotations
 
@@ -86,7 +79,12 @@ def ensure_valid(params: Any) -> None:
 
 
 def decode_params(cls: type, raw: Any, where: str) -> Any:
-    """Build ``cls`` (a Params dataclass) from raw YAML parameters; ``where`` prefixes error paths."""
+    """Build ``cls`` (a Params dataclass) from raw YAML parameters; ``where`` prefixes error paths.
+
+    A field is read under its camelCase name, or the name in ``field(metadata={"key": ...})``. Types
+    are checked, unknown keys rejected, and the dataclass's optional ``validate()`` (a reason string
+    or None) is called; every failure is a ``ConfigError`` naming the exact key.
+    """
     if raw is None:
         raw = {}
     if not isinstance(raw, dict):

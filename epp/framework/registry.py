@@ -1,9 +1,4 @@
-"""The plugin registry: type name -> plugin class.
-
-Plugin classes register with ``@register`` when their module is imported; the config loader (the
-composition root) imports the built-ins, and ``load_entry_points()`` imports the ``epp.plugins``
-entry points of third-party packages, so a config can name their types.
-"""
+"""The plugin registry: type name -> plugin class (built-ins and ``epp.plugins`` entry points)."""
 
 from __future__ import annotations
 

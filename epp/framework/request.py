@@ -1,10 +1,4 @@
-"""The parsed inference request handed to every plugin.
-
-The parser fills ``LLMRequest.body`` from the raw bytes; the director adds the target model, the
-priority and the candidate endpoints. ``headers`` is the live request-header map: a PreRequest
-plugin that sets a header there (for example ``x-prefiller-host-port``) has it forwarded upstream.
-Prompt text is derived lazily: only plugins that need it (prefix scoring, deciders) pay for it.
-"""
+"""The parsed inference request handed to every plugin."""
 
 from __future__ import annotations
 
@@ -72,7 +66,12 @@ def _prompt_text(api: ApiKind, payload: dict[str, Any]) -> str:
 
 @dataclass(slots=True)
 class LLMRequest:
-    """One inference request as seen by admission, scheduling and the request-control hooks."""
+    """One inference request as seen by admission, scheduling and the request-control hooks.
+
+    The parser fills ``body``; the director adds the target model, the priority and the candidates.
+    ``headers`` is the live request-header map: a PreRequest plugin that sets a header there (e.g.
+    ``x-prefiller-host-port``) has it forwarded upstream. Prompt text is derived lazily.
+    """
 
     request_id: str
     body: RequestBody

@@ -1,10 +1,4 @@
-"""The alpha resources the director reads: InferenceObjective (priority) and InferenceModelRewrite.
-
-One reflector per kind in the pool's namespace feeds its store (``epp.datalayer.objectives`` /
-``epp.datalayer.rewrites``), which decides whether an object belongs to this pool (``spec.poolRef``).
-They run only in InferencePool mode. When a kind's CRD is not installed the reflector logs it and
-looks again every 30 s, so installing the CRDs later needs no restart.
-"""
+"""Watchers of the alpha resources the director reads: InferenceObjective and InferenceModelRewrite."""
 
 from __future__ import annotations
 
@@ -37,7 +31,12 @@ class _SinkHandler:
 
 
 class AlphaWatchers:
-    """Reflectors for InferenceObjective and InferenceModelRewrite in ``namespace``."""
+    """Reflectors for InferenceObjective and InferenceModelRewrite in ``namespace``.
+
+    Each feeds its store, which decides whether an object belongs to this pool (``spec.poolRef``).
+    Used in InferencePool mode only. When a kind's CRD is not installed the reflector logs it and
+    looks again every 30 s, so installing the CRDs later needs no restart.
+    """
 
     def __init__(
         self,

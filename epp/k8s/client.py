@@ -1,10 +1,4 @@
-"""An API client for the EPP: ``--kubeconfig``, else the pod's service account, else ``~/.kube/config``.
-
-The in-cluster configuration is what a Deployment uses (token and CA from
-``/var/run/secrets/kubernetes.io/serviceaccount``, API server from ``KUBERNETES_SERVICE_HOST``/
-``_PORT``; the token file is re-read as it rotates). A kubeconfig (``--kubeconfig`` or the
-``KUBECONFIG`` variable) serves runs outside the cluster and the tests.
-"""
+"""An API client for the EPP: ``--kubeconfig``, else the pod's service account, else ``~/.kube/config``."""
 
 from __future__ import annotations
 
@@ -25,7 +19,11 @@ async def api_client(
     environ: dict[str, str] | None = None,
     service_account_dir: str = SERVICE_ACCOUNT_DIR,
 ) -> client.ApiClient:
-    """A fresh ``ApiClient`` with its own ``Configuration`` (the library's global default is untouched)."""
+    """A fresh ``ApiClient`` with its own ``Configuration`` (the library's global default is untouched).
+
+    A kubeconfig (``kubeconfig`` or ``KUBECONFIG``) serves runs outside the cluster and the tests; in
+    a pod the service account's token (re-read as it rotates) and CA are used.
+    """
     env = dict(os.environ) if environ is None else environ
     cfg = client.Configuration()
     try:

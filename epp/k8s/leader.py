@@ -1,35 +1,4 @@
-"""Leader election on a ``coordination.k8s.io/v1`` Lease (``--ha-enable-leader-election``).
-
-Every replica runs discovery and metrics scraping all the time, so its endpoint store, prefix
-index and metrics are warm; only readiness follows leadership (gRPC health ``readiness`` and
-``envoy.service.ext_proc.v3.ExternalProcessor`` are SERVING on the leader only, ``liveness``
-always), so Envoy sends streams to the leader and a new leader routes at full quality at once.
-
-Algorithm (client-go's lease lock, with the same defaults: lease 15 s, renew deadline 10 s,
-retry period 2 s):
-
-* every ``retry_period`` (+0 to 20 % jitter when not leading) read the Lease; create it if missing;
-* a Lease held by another identity is taken only once it has **not changed for
-  leaseDurationSeconds as observed by this replica's monotonic clock** (no trust in clock sync);
-  an empty ``holderIdentity`` (a released lease) is taken at once;
-* taking or renewing is a ``PUT`` carrying the read ``resourceVersion``: a concurrent writer gets
-  ``409 Conflict``, so two replicas can never both succeed for the same version;
-* the leader renews every ``retry_period``; a renewal counts from the moment its request was sent
-  and every attempt is cut at the renew deadline, so a leader that could not renew for
-  ``renew_deadline`` steps down (readiness NOT_SERVING) before a standby can take the lease
-  (``lease duration > renew deadline``), and keeps competing. Unlike controller-runtime, the
-  process does not exit on lost leadership: its state stays warm for the next term.
-* only a replica that can serve competes (``can_lead``: its pool has synced); a leader that stops
-  being able to serve releases the lease to a ready standby.
-* ``stop()`` (graceful shutdown) releases a held lease (empty holder, duration 1 s) so that a
-  standby takes over within one retry period instead of a lease duration.
-
-The Lease is named ``epp-<namespace>-<pool>.gateway-api-inference-extension.sigs.k8s.io`` by
-default, in the pool's namespace; the identity is ``<POD_NAME>_<random>``. The leader also writes
-its replication address (``--ha-advertise-address``) into the annotation
-``epp.llm-d.ai/replication-address``; standbys read it as ``leader_address`` and follow the
-leader's learned state from there (``epp.server.replication``).
-"""
+"""Leader election on a ``coordination.k8s.io/v1`` Lease (``--ha-enable-leader-election``)."""
 
 from __future__ import annotations
 
@@ -77,6 +46,24 @@ def _micro_time(now: datetime.datetime) -> str:
 
 
 class LeaderElector:
+    """client-go's lease lock with its defaults (lease 15 s, renew deadline 10 s, retry period 2 s).
+
+    Every replica keeps discovery and scraping warm; only readiness follows leadership.
+
+    * Every ``retry_period`` (plus up to 20 % jitter when not leading) read the Lease, creating it if
+      missing. Another holder's Lease is taken only once it has not changed for its duration as seen
+      by this replica's monotonic clock (no trust in clock sync); an empty holder is taken at once.
+    * Taking or renewing is a ``PUT`` with the read ``resourceVersion``, so of two concurrent writers
+      one gets ``409 Conflict``.
+    * A renewal counts from when its request was sent and every attempt is cut at the renew
+      deadline, so a leader that could not renew steps down before a standby can take the Lease. It
+      keeps running and competing (its state stays warm for the next term).
+    * Only a replica that can serve (``can_lead``) competes; a leader that stops being able to serve
+      releases the Lease, and so does ``stop()`` (graceful shutdown).
+    * The leader writes its replication address (``--ha-advertise-address``) into the annotation
+      ``epp.llm-d.ai/replication-address``; standbys read it as ``leader_address``.
+    """
+
     def __init__(
         self,
         api: client.ApiClient,

@@ -1,19 +1,4 @@
-"""Pods → endpoints: each Ready pod of the pool becomes one endpoint per target port (a rank).
-
-* A pod is **Ready** when its ``Ready`` condition is ``True``, it has no ``deletionTimestamp`` and it
-  has a pod IP; anything else (not Ready, terminating, deleted, labels no longer matching the
-  selector) removes all of its endpoints at once.
-* Target port ``i`` gives the endpoint ``{namespace}/{pod}-rank-{i}`` (always suffixed, even with one
-  port) at ``podIP:targetPorts[i]``, labelled with the pod's labels; metrics are scraped from the
-  same ``ip:port`` unless ``metrics_port`` is set and there is exactly one target port
-  (``--model-server-metrics-port``).
-* The pod annotation ``llm-d.ai/active-ports`` (legacy ``inference.networking.k8s.io/active-ports``),
-  a comma-separated list of ports, restricts which target ports are live; other ranks are removed.
-* A change of target ports re-derives every pod's endpoints (orphaned ranks go, new ranks come).
-
-The endpoint store releases per-endpoint state (scraper, prefix-index entries, in-flight counts)
-when an endpoint is deleted.
-"""
+"""Pods → endpoints: each Ready pod of the pool becomes one endpoint per target port (a rank)."""
 
 from __future__ import annotations
 
@@ -89,7 +74,16 @@ def _active_ports(annotations: Mapping[str, str]) -> frozenset[int] | None:
 
 
 class PodEndpoints:
-    """A reflector handler for the pool's pods, writing rank endpoints to the endpoint store."""
+    """A reflector handler for the pool's pods, writing rank endpoints to the endpoint store.
+
+    A pod is Ready when its ``Ready`` condition is ``True``, it has no ``deletionTimestamp`` and it has
+    an IP; otherwise (or once its labels no longer match) all its endpoints go at once. Target port
+    ``i`` gives ``{namespace}/{pod}-rank-{i}`` at ``podIP:targetPorts[i]`` (always suffixed), labelled
+    with the pod's labels and scraped there, or at ``metrics_port`` with exactly one target port. The
+    annotation ``llm-d.ai/active-ports`` (legacy ``inference.networking.k8s.io/active-ports``), a
+    comma-separated port list, restricts which ranks are live. A change of target ports re-derives
+    every pod's endpoints.
+    """
 
     def __init__(
         self,

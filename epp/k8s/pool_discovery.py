@@ -1,17 +1,5 @@
 """Kubernetes endpoint discovery: an InferencePool (``--pool-name``) or a label selector
-(``--endpoint-selector``/``--endpoint-target-ports``, standalone mode) decides which pods serve.
-
-* **Pool mode.** A reflector watches the one InferencePool (``fieldSelector metadata.name=<pool>``,
-  API ``<--pool-group>/v1``). When it appears, or its ``spec.selector.matchLabels`` /
-  ``spec.targetPorts`` change, the pod reflector is (re)started with the pool's selector: its list
-  diff is the full resync (ready pods added, stale endpoints and orphaned ranks removed). A pool that
-  is deleted (or marked for deletion), or whose spec is invalid, empties the endpoint store.
-* **Standalone mode.** The selector and ports come from the command line; only pods are watched.
-
-Readiness is reported through ``on_status(ready, reason)``: ready once the pool was found and its
-pods listed (the reference's "datastore synced"), and the pool's ``appProtocol`` is one the parser
-supports. ``start`` returns at once (a missing pool is waited for, NOT_SERVING, as the reference
-does); the reflectors run until ``stop``.
+(``--endpoint-selector``, standalone mode) decides which pods serve.
 """
 
 from __future__ import annotations
@@ -114,7 +102,17 @@ def parse_endpoint_selector(text: str) -> dict[str, str]:
 
 
 class PoolDiscovery:
-    """The endpoint source for Kubernetes; see the module docstring."""
+    """The endpoint source for Kubernetes.
+
+    Pool mode: a reflector watches the one InferencePool; when it appears or its
+    ``spec.selector.matchLabels`` / ``spec.targetPorts`` change, the pod reflector is (re)started with
+    that selector, and its list diff is the full resync. A deleted pool, or one with an invalid spec,
+    empties the endpoint store. Standalone mode: selector and ports come from the command line.
+
+    ``on_status(ready, reason)`` reports ready once the pool was found, its pods were listed and its
+    ``appProtocol`` is one the parser supports. ``start`` returns at once (a missing pool is waited
+    for, not ready); the reflectors run until ``stop``.
+    """
 
     def __init__(
         self,

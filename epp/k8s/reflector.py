@@ -1,26 +1,4 @@
-"""A reflector: a local copy of one kind in one namespace, kept current by list-then-watch.
-
-Algorithm (the contract of a Kubernetes watch cache, as client-go's reflector keeps it):
-
-1. **List** (pages of ``page_size`` with ``continue`` tokens; a ``410`` on a continue token restarts
-   the list) and take the list's ``resourceVersion``. The new set is **diffed** against the local
-   copy: objects gone from the server are reported deleted, new or changed ones (by
-   ``resourceVersion``) upserted, unchanged ones not reported. So a relist after a reconnect never
-   duplicates or loses an object, and the handler sees ``on_synced()`` once the copy matches.
-2. **Watch** from that resourceVersion with bookmarks and a server-side timeout (4 to 6 min, jittered):
-   ``ADDED``/``MODIFIED``/``DELETED`` update the copy and the handler (replays of a version already
-   held are skipped); ``BOOKMARK`` only advances the resourceVersion. A clean end of the stream
-   re-watches from the last version at once.
-3. A dropped connection or a server error re-watches from the last version after an exponential
-   backoff (0.2 s doubling to 10 s, ±20 % jitter, reset by a healthy watch). ``410 Gone`` (the
-   version was compacted away, as an HTTP status or an ``ERROR`` event) goes back to step 1.
-   ``404`` (the kind's CRD is not installed) and ``403`` (RBAC) are logged as such and retried
-   every 30 s and backoff-capped respectively.
-
-Handler calls are synchronous and made from the reflector's one task, in the server's order.
-``restart(label_selector=...)`` changes the selector: the next list's diff removes objects that no
-longer match. Nothing here is on the per-request path.
-"""
+"""A reflector: a local copy of one kind in one namespace, kept current by list-then-watch."""
 
 from __future__ import annotations
 
@@ -73,6 +51,22 @@ class _Gone(Exception):
 
 
 class Reflector:
+    """List, then watch; the handler is called from this one task, in the server's order.
+
+    1. List in pages (a ``410`` on a continue token restarts the list) and diff the result against
+       the local copy: gone objects are reported deleted, new or changed ones (by
+       ``resourceVersion``) upserted, so a relist never duplicates or loses an object; then
+       ``on_synced()``.
+    2. Watch from the list's version with bookmarks and a 4 to 6 min server-side timeout; replays of
+       a version already held are skipped. A clean end re-watches at once.
+    3. A dropped connection or server error re-watches after backoff (0.2 s doubling to 10 s, ±20 %
+       jitter, reset by a healthy watch); ``410 Gone`` goes back to step 1; ``404`` (CRD not
+       installed) and ``403`` (RBAC) are logged as such and retried.
+
+    ``restart(label_selector=...)`` changes the selector: the next list's diff removes what no longer
+    matches.
+    """
+
     def __init__(
         self,
         api: client.ApiClient,

@@ -1,9 +1,4 @@
-"""The Kubernetes kinds epp reads, and the one call that lists or watches them.
-
-Requests go through kubernetes-asyncio's generated API (authentication, TLS, URL building) with
-``_preload_content=False``: list bodies and watch streams are read as raw JSON, so objects stay
-plain dicts (no model deserialisation) and watch lines are split by the reflector itself.
-"""
+"""The Kubernetes kinds epp reads, and the one call that lists or watches them (as raw JSON)."""
 
 from __future__ import annotations
 
@@ -65,7 +60,11 @@ def status_error(status: int, body: bytes) -> ApiError:
 
 
 async def call(api: client.ApiClient, kind: Kind, namespace: str, **params: Any) -> aiohttp.ClientResponse:
-    """List (or, with ``watch=True``, watch) ``kind`` in ``namespace``; the raw, unread response."""
+    """List (or, with ``watch=True``, watch) ``kind`` in ``namespace``; the raw, unread response.
+
+    With ``_preload_content=False`` objects stay plain dicts (no model deserialisation) and watch
+    lines are split by the reflector itself.
+    """
     # The library's stubs describe the preloaded (model) results; unpreloaded it is the raw response.
     if kind.group == "":
         if kind.plural != "pods":

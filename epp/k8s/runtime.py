@@ -1,11 +1,4 @@
-"""Everything ``epp serve`` runs against a cluster, built from the command line.
-
-``KubeOptions`` mirrors the reference's flags (``--pool-name``/``--pool-namespace``/``--pool-group``,
-``--endpoint-selector``/``--endpoint-target-ports``, ``--ha-enable-leader-election``...);
-``KubeRuntime.build`` makes the API client, the endpoint discovery, the InferenceObjective and
-InferenceModelRewrite watchers (InferencePool mode only, as the reference) and the leader elector.
-The server starts and stops them (``start``/``stop``) around its own lifetime.
-"""
+"""Everything ``epp serve`` runs against a cluster, built from the command line."""
 
 from __future__ import annotations
 
@@ -48,6 +41,9 @@ class KubeOptions:
 
 @dataclass(slots=True)
 class KubeRuntime:
+    """The API client, endpoint discovery, the InferenceObjective/InferenceModelRewrite watchers
+    (InferencePool mode only) and the leader elector; the server starts and stops them."""
+
     api: client.ApiClient
     discovery: PoolDiscovery
     alpha: AlphaWatchers | None = None

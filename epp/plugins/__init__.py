@@ -1,6 +1,6 @@
 """Built-in plugins. Importing this package registers every built-in type.
 
-One plugin per module; each module's docstring states its type name, parameters and algorithm.
+One plugin per module; parameters and algorithms are described in docs/plugins.md.
 """
 
 from epp.plugins.datalayer import core_metrics_extractor as core_metrics_extractor

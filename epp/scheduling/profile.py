@@ -1,10 +1,4 @@
-"""A scheduling profile: filters, then weighted scorers, then one picker.
-
-Filters run in order, each on the previous output; the first empty output fails the profile. Each
-scorer's scores are clamped to [0, 1], multiplied by the scorer's weight and summed per endpoint
-(no division by the sum of weights: argmax and weighted-random picks are unaffected by a uniform
-scale, as in the reference). The picker receives the scored endpoints in candidate order.
-"""
+"""A scheduling profile: filters, then weighted scorers, then one picker."""
 
 from __future__ import annotations
 
@@ -30,6 +24,13 @@ class WeightedScorer:
 
 @dataclass(slots=True)
 class SchedulerProfile:
+    """Filters run in order, each on the previous output; the first empty output fails the profile.
+
+    Each scorer's scores are clamped to [0, 1], multiplied by its weight and summed per endpoint (no
+    division by the sum of weights: argmax and weighted-random picks do not change under a uniform
+    scale). The picker receives the scored endpoints in candidate order; an empty pick fails too.
+    """
+
     name: str
     filters: list[Filter] = field(default_factory=list)
     scorers: list[WeightedScorer] = field(default_factory=list)

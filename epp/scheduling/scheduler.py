@@ -1,11 +1,4 @@
-"""The scheduler: the profile-handler loop.
-
-1. Ask the profile handler which profiles to run; stop when it returns none.
-2. Run each picked profile on the same candidates; a failure is logged and recorded as an explicit
-   ``None`` entry in the results (never a missing entry).
-3. Hand all results to the handler's ``process_results``, which alone decides whether the request
-   is served: a ``SchedulingOutcome`` holding the result, or the error.
-"""
+"""The scheduler: the profile-handler loop."""
 
 from __future__ import annotations
 
@@ -28,6 +21,11 @@ _MAX_ROUNDS = 64
 
 
 class Scheduler:
+    """Asks the handler which profiles to run until it picks none, running each on the same
+    candidates (a failed profile is recorded as an explicit ``None`` result); then the handler's
+    ``process_results`` alone decides whether the request is served.
+    """
+
     def __init__(
         self,
         handler: ProfileHandler,

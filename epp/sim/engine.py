@@ -1,21 +1,4 @@
-"""The simulated vLLM engine: admission, FIFO waiting queue, running slots, KV cache, LoRA, timing.
-
-This module knows nothing about HTTP. A request is admitted with :meth:`Engine.submit` (which raises
-:class:`QueueFullError` when it would have to wait and the waiting queue is at its cap), then
-:meth:`Engine.tokens` waits until it is scheduled, simulates prefill (time to first token) and decode
-(inter-token latency) and yields the generated tokens. :meth:`Engine.abort` releases whatever the
-request holds (queue place, running slot, KV blocks) and is idempotent, so callers put it in a
-``finally`` and client disconnects never leak anything.
-
-Scheduling is FIFO: the head of the queue runs when a slot is free (at most ``max_num_seqs`` running)
-and its prompt gets KV blocks (:mod:`epp.sim.kvcache`); if the blocks do not fit, the queue waits. A
-request for a LoRA adapter that cannot be loaded yet (:mod:`epp.sim.lora`) is skipped, as vLLM does, and
-the requests behind it may run. The time to first token is computed when a request is scheduled, from
-its uncached prompt tokens and the batch size (:mod:`epp.sim.latency`), and kept on the sequence.
-
-Metrics are not stored separately: :meth:`Engine.snapshot` reads the real current state, so what
-``/metrics`` reports is exactly what the engine is doing.
-"""
+"""The simulated vLLM engine: admission, FIFO waiting queue, running slots, KV cache, LoRA, timing."""
 
 from __future__ import annotations
 
@@ -258,7 +241,17 @@ class EngineSnapshot:
 
 
 class Engine:
-    """At most ``max_num_seqs`` requests run at once; the others wait in FIFO order."""
+    """At most ``max_num_seqs`` requests run at once; the others wait in FIFO order.
+
+    ``submit`` admits a request (``QueueFullError`` when it would wait and the queue is at its cap);
+    ``tokens`` waits until it is scheduled, simulates prefill and decode and yields the tokens;
+    ``abort`` releases whatever the request holds and is idempotent, so callers put it in a
+    ``finally``. The head of the queue runs when a slot is free and its prompt gets KV blocks (else
+    the queue waits); a request whose LoRA adapter cannot be loaded yet is skipped, as vLLM does.
+    The time to first token is fixed when a request is scheduled, from its uncached prompt tokens
+    and the batch size. ``snapshot`` reads the real current state, so ``/metrics`` reports exactly
+    what the engine is doing.
+    """
 
     def __init__(self, config: SimConfig) -> None:
         self.config = config

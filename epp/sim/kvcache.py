@@ -1,20 +1,4 @@
-"""A block-level KV cache with vLLM-style automatic prefix caching, for the simulated engine.
-
-The cache holds ``num_blocks`` blocks of ``block_size`` tokens. Every *full* prompt block gets a chained
-hash, as in vLLM: the hash of (previous block's hash, this block's tokens), the chain being seeded from
-the model (or LoRA adapter) name so that different models never share blocks.
-
-Before prefill a request's prompt is looked up block by block; the longest run of cached blocks from
-the start is its prefix hit. As in vLLM the last prompt token is always recomputed, so only the full
-blocks among the first ``prompt_tokens - 1`` tokens can hit. Hit blocks are shared (reference counted),
-the rest of the prompt gets fresh blocks. Blocks of running requests are pinned; when a request finishes
-its hashed blocks stay cached but become evictable, tail blocks first, and are evicted least recently
-used first when space is needed. A request whose prompt cannot get blocks waits (the engine keeps it
-queued). A prompt longer than the whole cache (which vLLM would reject) is given the whole cache: it
-waits until nothing else is running, then runs alone at 100% usage. Decode blocks are taken when free
-space (or an evictable block) exists; there is no preemption, so a request that outgrows the cache
-while decoding simply keeps running.
-"""
+"""A block-level KV cache with vLLM-style automatic prefix caching, for the simulated engine."""
 
 from __future__ import annotations
 
@@ -62,7 +46,16 @@ class Allocation:
 
 
 class KVCache:
-    """Blocks, their reference counts and the LRU list of evictable cached blocks."""
+    """Blocks, their reference counts and the LRU list of evictable cached blocks.
+
+    Every full prompt block gets a chained hash seeded from the model (or adapter) name. A prompt's
+    longest run of cached blocks from the start is its hit; as in vLLM the last prompt token is
+    always recomputed. Hit blocks are shared, the rest are fresh; blocks of running requests are
+    pinned, and a finished request's hashed blocks stay cached but evictable (tail first, least
+    recently used first). A prompt that cannot get blocks waits; one longer than the whole cache
+    gets the whole cache once nothing else runs. Decode takes blocks while any are free or
+    evictable; there is no preemption.
+    """
 
     def __init__(self, num_blocks: int, block_size: int) -> None:
         self.num_blocks = num_blocks

@@ -1,11 +1,4 @@
-"""The simulated engine's latency model and the latency histograms it records.
-
-Time to first token = prefill overhead + per-token prefill cost x uncached prompt tokens; inter-token
-latency is a constant. Both get optional Gaussian jitter and are multiplied by a load factor
-``1 + time_factor_under_load * (running - 1) / max(1, max_num_seqs - 1)``: an engine running a full
-batch is ``1 + factor`` times slower than one running a single request. Values are in milliseconds and
-unscaled; the engine applies ``time_scale`` when it sleeps.
-"""
+"""The simulated engine's latency model and the latency histograms it records."""
 
 from __future__ import annotations
 
@@ -32,7 +25,12 @@ QUEUE_TIME_BUCKETS = (
 
 @dataclass(slots=True)
 class LatencyModel:
-    """Computes modelled TTFT and inter-token latency in milliseconds."""
+    """Computes modelled TTFT and inter-token latency in milliseconds (unscaled by ``time_scale``).
+
+    TTFT = prefill overhead + per-token cost x uncached prompt tokens; the inter-token latency is a
+    constant. Both get optional Gaussian jitter and a load factor
+    ``1 + time_factor_under_load * (running - 1) / max(1, max_num_seqs - 1)``.
+    """
 
     time_to_first_token: float
     prefill_time_per_token: float

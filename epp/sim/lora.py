@@ -1,10 +1,4 @@
-"""LoRA adapter slots of the simulated engine.
-
-At most ``max_loras`` adapters are loaded at once. A request naming an adapter can run if the adapter
-is loaded, or if it can be loaded: a slot is free, or a loaded adapter that no running request uses can
-be evicted (least recently used first). Loading costs ``lora_load_time`` milliseconds, paid by the
-request that triggers it (added to its time to first token).
-"""
+"""LoRA adapter slots of the simulated engine."""
 
 from __future__ import annotations
 
@@ -13,7 +7,12 @@ from collections.abc import Iterable
 
 
 class LoraSlots:
-    """Which adapters are loaded, in least-recently-used order."""
+    """Which adapters are loaded, in least-recently-used order.
+
+    At most ``max_loras`` at once. A request can run if its adapter is loaded, or a slot is free, or
+    a loaded adapter no running request uses can be evicted; loading costs ``lora_load_time`` ms,
+    added to the triggering request's time to first token.
+    """
 
     def __init__(self, max_loras: int) -> None:
         self.max_loras = max_loras

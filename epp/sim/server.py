@@ -1,13 +1,4 @@
-"""The OpenAI-compatible HTTP face of the simulated vLLM server (aiohttp).
-
-Routes: ``POST /v1/completions``, ``POST /v1/chat/completions`` (both optionally streamed as SSE),
-``GET /v1/models``, ``GET /health``, ``GET /metrics`` (vLLM metric names, rendered from a per-app
-registry) and ``GET``/``DELETE /debug/requests`` (the last received inference requests, verbatim).
-
-Every response, errors and streams included, carries ``x-inference-pod``, ``x-inference-namespace`` and
-``x-inference-port`` so a test behind a proxy can tell which server answered. Errors use the OpenAI
-shape ``{"error": {"message", "type", "param", "code"}}``.
-"""
+"""The OpenAI-compatible HTTP face of the simulated vLLM server (aiohttp)."""
 
 from __future__ import annotations
 
@@ -662,7 +653,13 @@ def _histograms(config: SimConfig, snap: EngineSnapshot) -> Iterable[Metric]:
 
 
 def build_app(config: SimConfig) -> web.Application:
-    """A fresh simulator app with its own engine, journal and metrics registry."""
+    """A fresh simulator app with its own engine, journal and metrics registry.
+
+    Routes: ``POST /v1/completions`` and ``/v1/chat/completions`` (optionally SSE), ``GET /v1/models``,
+    ``/health``, ``/metrics`` (vLLM names) and ``GET``/``DELETE /debug/requests`` (the last requests
+    received). Every response carries ``x-inference-pod``, ``-namespace`` and ``-port``; errors use the
+    OpenAI shape ``{"error": {"message", "type", "param", "code"}}``.
+    """
     app = web.Application(middlewares=[error_middleware], client_max_size=MAX_BODY_BYTES)
     engine = Engine(config)
     registry = CollectorRegistry(auto_describe=False)

@@ -1,10 +1,4 @@
-"""The simulator's stand-in tokenizer: about four characters per token, deterministic and model-free.
-
-A text is cut into four-character pieces, each piece being one token, so equal text prefixes give equal
-token prefixes (which is what prefix caching needs). Token ids given by the client are tokens as they
-are. A chat prompt is, per message, a small fixed overhead (the role markers a chat template adds) then
-the message content's tokens.
-"""
+"""The simulator's stand-in tokenizer: about four characters per token, deterministic and model-free."""
 
 from __future__ import annotations
 
@@ -34,7 +28,8 @@ def id_tokens(ids: Iterable[int]) -> list[str]:
 
 
 def chat_tokens(messages: Iterable[tuple[str, str]]) -> list[str]:
-    """The tokens of a chat prompt given as ``(role, content)`` pairs."""
+    """The tokens of a chat prompt given as ``(role, content)`` pairs: per message, a small fixed
+    overhead (the role markers a chat template adds), then the content's tokens."""
     tokens: list[str] = []
     for role, content in messages:
         tokens.extend(("\x00<|start|>", f"\x00{role}", "\x00<|sep|>"))

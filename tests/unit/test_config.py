@@ -456,7 +456,7 @@ def test_missing_parser_type_is_a_config_error_on_parser_ref() -> None:
     assert "openai-parser" in info.value.reason
 
 
-# --- reference samples (scheduling.md §3.6) --------------------------------------------------------
+# --- the reference's sample configurations ---------------------------------------------------------
 
 SAMPLES: dict[str, tuple[str, dict[str, dict[str, Any]], str]] = {
     "basic": (

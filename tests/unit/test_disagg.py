@@ -1,7 +1,7 @@
 """Disaggregated serving: deciders, the disagg / pd / data-parallel handlers and the P/D headers.
 
 Profiles are built directly from plugin classes and run through ``Scheduler.schedule``; role filters
-are test-local (``llm-d.ai/role`` sets of scheduling.md §2.4).
+are test-local (the reference's ``llm-d.ai/role`` sets).
 """
 
 from __future__ import annotations

@@ -1,9 +1,4 @@
-"""``always-disagg-pd-decider``: always run the disaggregated stage.
-
-Type: ``always-disagg-pd-decider``. Parameters: none.
-Algorithm: ``disaggregate`` returns True for every request. Usable as the prefill or the encode
-decider of ``disagg-profile-handler``.
-"""
+"""``always-disagg-pd-decider``: always run the disaggregated stage."""
 
 from __future__ import annotations
 

@@ -1,13 +1,4 @@
-"""``always-disagg-multimodal-decider``: run the encode stage for requests carrying media.
-
-Type: ``always-disagg-multimodal-decider``. Parameters: none.
-Algorithm: True iff the request is a chat completion one of whose ``messages`` has a list
-``content`` with a block whose ``type`` is ``image_url``, ``video_url`` or ``input_audio`` (the
-vLLM multimodal inputs). Other APIs, string contents and malformed messages → False.
-
-As in the reference, only chat completions are inspected (Responses API ``input_image`` items do not
-trigger encode).
-"""
+"""``always-disagg-multimodal-decider``: run the encode stage for chat requests carrying media."""
 
 from __future__ import annotations
 

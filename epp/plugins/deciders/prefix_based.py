@@ -1,29 +1,4 @@
-"""``prefix-based-pd-decider``: disaggregate prefill only when the uncached prompt suffix is long.
-
-Type: ``prefix-based-pd-decider``. Parameters: ``nonCachedTokens`` (int >= 0, default 0; 0 disables
-disaggregation: the decider then always answers False).
-
-Algorithm, for the decode endpoint already picked:
-
-1. Estimate the input tokens (``AVERAGE_CHARS_PER_TOKEN`` = 4 bytes per token):
-   * completions: string prompt → ``len(utf8(prompt)) // 4``; array prompts (see below);
-   * chat completions: ``len(utf8(JSON(messages))) // 4``;
-   * any other API → False (no estimate, as in the reference).
-2. Input below ``nonCachedTokens`` → False.
-3. Read ``PrefixCacheMatchInfo`` of the decode endpoint from the cycle state
-   (``cycle[PREFIX_CACHE_MATCH_INFO_KEY][endpoint]``, written by the prefix producer, which is
-   auto-created because this plugin ``consumes`` the key). Missing or of another type → False, logged.
-4. ``cached = match_blocks * block_size_tokens``; disaggregate iff ``input - cached >= nonCachedTokens``.
-
-Deliberate differences from the reference:
-
-* Quirk D17: the reference counts array prompts as 0 tokens, so a batched or pre-tokenised
-  completions request never disaggregates. Here string items are joined with spaces (as the prefix
-  producer hashes them) and estimated like a string prompt, and token-id items (``[1, 2, 3]`` or
-  ``[[1, 2], [3]]``) count one token per id; mixed arrays add both parts.
-* Some reference versions treat ``nonCachedTokens: 0`` as "always disaggregate"; this follows the
-  documented behaviour (0 disables), which is what the parameter's description promises.
-"""
+"""``prefix-based-pd-decider``: disaggregate prefill only when the uncached prompt suffix is long."""
 
 from __future__ import annotations
 
@@ -69,6 +44,7 @@ def _text_tokens(text: str) -> int:
 
 
 def _completions_tokens(prompt: Any) -> int:
+    """String items are joined with spaces and estimated as text; each token id counts one."""
     if isinstance(prompt, str):
         return _text_tokens(prompt)
     if not isinstance(prompt, list):

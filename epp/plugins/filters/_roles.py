@@ -1,13 +1,6 @@
 """Shared implementation of the role filters (``decode-filter``, ``prefill-filter``, ``encode-filter``).
 
-Each role filter keeps an endpoint when its ``llm-d.ai/role`` label is one of the filter's role
-values; an endpoint without the label is kept only when the filter allows unlabelled endpoints
-(``decode-filter`` does: plain pods can decode, quirk D8). A label present with any value outside the
-set drops the endpoint.
-
-The reference builds these on its ``by-label`` filter and reports type ``by-label`` for all three
-(visible in the ``plugin_type`` metric label). epp reports the configured type instead (quirk D18):
-each role filter is its own registered class with its own ``type_name``.
+Each role filter is its own registered class, so it reports its own type name.
 """
 
 from __future__ import annotations

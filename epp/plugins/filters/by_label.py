@@ -1,21 +1,4 @@
-"""``by-label`` (deprecated): keep endpoints whose value of one label is in a set.
-
-Type: ``by-label``. Prefer ``label-selector-filter`` for generic label filtering and the role
-filters (``decode-filter``, ``prefill-filter``, ``encode-filter``) for roles.
-
-Parameters:
-
-* ``label`` (string, required): the label key;
-* ``validValues`` (list of strings, default empty): accepted values;
-* ``allowsNoLabel`` (bool, default false): keep endpoints that do not carry the label.
-
-Validation (the reference's messages): an empty ``label``, or an empty ``validValues`` while
-``allowsNoLabel`` is false, is a configuration error.
-
-Algorithm: keep an endpoint if its label value is in ``validValues``, or if the label is absent and
-``allowsNoLabel`` is true. As in the reference, an absent label reads as the empty string, so
-``validValues: [""]`` also keeps unlabelled endpoints.
-"""
+"""``by-label`` (deprecated): keep endpoints whose value of one label is in a set."""
 
 from __future__ import annotations
 

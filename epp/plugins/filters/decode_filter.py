@@ -1,10 +1,4 @@
-"""``decode-filter``: keep endpoints that can run the decode stage.
-
-Type: ``decode-filter``. Parameters: none.
-Algorithm: keep an endpoint whose ``llm-d.ai/role`` label is one of ``decode``, ``prefill-decode``,
-``both`` or ``encode-prefill-decode``; endpoints **without** the label are kept (quirk D8: a plain
-pod can decode). Reports its configured type, not the reference's ``by-label`` (quirk D18).
-"""
+"""``decode-filter``: keep endpoints that can run the decode stage (unlabelled ones included)."""
 
 from __future__ import annotations
 

@@ -1,10 +1,4 @@
-"""``encode-filter``: keep endpoints that can run the (multimodal) encode stage.
-
-Type: ``encode-filter``. Parameters: none.
-Algorithm: keep an endpoint whose ``llm-d.ai/role`` label is one of ``encode``, ``encode-prefill`` or
-``encode-prefill-decode``; endpoints without the label are dropped (quirk D8). Reports its
-configured type, not the reference's ``by-label`` (quirk D18).
-"""
+"""``encode-filter``: keep endpoints that can run the (multimodal) encode stage."""
 
 from __future__ import annotations
 

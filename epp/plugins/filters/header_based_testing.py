@@ -1,17 +1,4 @@
-"""``header-based-testing-filter`` (test only): keep the endpoints a request header names.
-
-Type: ``header-based-testing-filter``. Parameters: none.
-
-Algorithm: the request header ``test-epp-endpoint-selection`` is a comma list of ``IP`` or
-``IP:port`` items (IPv6 with or without brackets: ``::1``, ``[::1]``, ``[::1]:8000``). Header
-missing or blank → no endpoints. For each item in header order: with a port, the endpoint whose
-``ip:port`` matches exactly; without one, the endpoint with that IP (the last such candidate, as the
-reference's IP map keeps the last one written). A matched endpoint is kept unless an endpoint with
-the same IP was already kept (de-duplicated by IP), so the result follows header order.
-
-Items are split like Go's ``net.SplitHostPort``: an unbracketed item with more than one ``:`` (a bare
-IPv6 address) has no port; an unparsable item is taken as a bare IP.
-"""
+"""``header-based-testing-filter`` (test only): keep the endpoints a request header names."""
 
 from __future__ import annotations
 
@@ -41,6 +28,11 @@ def _split_host_port(item: str) -> tuple[str, str] | None:
 
 @register
 class HeaderBasedTestingFilter(Filter):
+    """Keeps the ``IP`` / ``IP:port`` items of the header, in header order, de-duplicated by IP.
+
+    An item without a port matches the last candidate with that IP; a missing header keeps nothing.
+    """
+
     type_name = "header-based-testing-filter"
 
     def filter(self, cycle: CycleState, request: LLMRequest, endpoints: list[Endpoint]) -> list[Endpoint]:

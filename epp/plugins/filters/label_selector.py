@@ -1,25 +1,4 @@
-"""``label-selector-filter``: keep endpoints whose labels match a Kubernetes LabelSelector.
-
-Type: ``label-selector-filter``; the legacy type ``by-label-selector`` is a registered alias.
-
-Parameters (a ``metav1.LabelSelector``):
-
-* ``matchLabels`` (map of label key to value, default empty): each pair must be present exactly;
-* ``matchExpressions`` (list, default empty): ``{key, operator, values}`` with ``operator`` one of
-  ``In`` / ``NotIn`` (``values`` non-empty) or ``Exists`` / ``DoesNotExist`` (``values`` empty).
-
-Keys must be Kubernetes qualified names (optional DNS-subdomain prefix and ``/``, then a name of at
-most 63 characters) and values valid label values; violations are configuration errors naming the
-field (``matchLabels.<key>``, ``matchExpressions[i].operator`` ...).
-
-Algorithm: every requirement must hold (AND). ``In``: the label is present with one of the values;
-``NotIn``: the label is absent or its value is not one of the values; ``Exists`` / ``DoesNotExist``:
-the label is present / absent. An empty selector matches every endpoint (as
-``LabelSelectorAsSelector`` does for a non-nil empty selector).
-
-Difference from the reference: an instance created through the alias reports ``label-selector-filter``
-(the registry resolves aliases to the canonical class), where the reference reports its old type.
-"""
+"""``label-selector-filter`` (alias ``by-label-selector``): endpoints whose labels match a LabelSelector."""
 
 from __future__ import annotations
 

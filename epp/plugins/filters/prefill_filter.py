@@ -1,10 +1,4 @@
-"""``prefill-filter``: keep endpoints that can run the prefill stage.
-
-Type: ``prefill-filter``. Parameters: none.
-Algorithm: keep an endpoint whose ``llm-d.ai/role`` label is one of ``prefill``, ``encode-prefill``,
-``prefill-decode``, ``both`` or ``encode-prefill-decode``; endpoints without the label are dropped
-(quirk D8). Reports its configured type, not the reference's ``by-label`` (quirk D18).
-"""
+"""``prefill-filter``: keep endpoints that can run the prefill stage."""
 
 from __future__ import annotations
 

@@ -1,10 +1,4 @@
-"""``max-score-picker``: the highest total score wins, ties broken at random.
-
-Type: ``max-score-picker``. Parameters: ``maxNumOfEndpoints`` (int, default 1).
-Algorithm: with k = 1, a single pass keeps the best score and picks uniformly among the tied
-endpoints (reservoir sampling, O(n)). With k > 1, shuffle then stable-sort by score descending and
-take the first k (random tie-break, as the reference).
-"""
+"""``max-score-picker``: the highest total score wins, ties broken at random."""
 
 from __future__ import annotations
 
@@ -20,7 +14,7 @@ class MaxScorePicker(Picker):
 
     def pick(self, cycle: CycleState, request: LLMRequest, scored: list[ScoredEndpoint]) -> ProfileRunResult:
         k = self.params.k
-        if k == 1:
+        if k == 1:  # one pass; reservoir sampling picks uniformly among the tied best
             best = None
             best_score = float("-inf")
             ties = 0

@@ -1,8 +1,4 @@
-"""``random-picker``: uniformly random endpoints, scores ignored.
-
-Type: ``random-picker``. Parameters: ``maxNumOfEndpoints`` (int, default 1).
-Algorithm: sample k distinct endpoints uniformly.
-"""
+"""``random-picker``: uniformly random distinct endpoints, scores ignored."""
 
 from __future__ import annotations
 

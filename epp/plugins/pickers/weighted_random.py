@@ -1,23 +1,4 @@
-"""``weighted-random-picker``: pick endpoints at random with probability proportional to score.
-
-Type: ``weighted-random-picker``. Parameters: ``maxNumOfEndpoints`` (int, default 1; <= 0 means 1).
-
-Algorithm (A-Res weighted sampling without replacement, Efraimidis & Spirakis):
-
-* no candidate has a score > 0 → behave as ``random-picker`` (k distinct endpoints uniformly);
-* otherwise each candidate gets a key: ``U ** (1 / score)`` with U uniform in [0, 1) and 0 replaced
-  by 1e-10, or key 0 when ``score <= 0``; the k largest keys win, largest first.
-
-With k = 1 the probability of picking an endpoint is its share of the total score, and scaling every
-score by the same factor changes nothing. When k exceeds the number of positive scores, zero-score
-endpoints fill the remaining places in candidate order (the reference's unstable sort leaves that
-order unspecified).
-
-Implementation note: epp ranks by ``log(U) / score``, a strictly increasing function of the
-reference's ``U ** (1 / score)``, so the order (and thus the distribution) is the same, but a small
-positive score cannot underflow to key 0 and tie with the zero-score endpoints (in the reference,
-``0.5 ** (1 / 0.001)`` is already 0.0 and such an endpoint can lose to a zero-score one).
-"""
+"""``weighted-random-picker``: endpoints drawn at random with probability proportional to score (A-Res)."""
 
 from __future__ import annotations
 
@@ -34,7 +15,11 @@ _LOWEST_KEY = -sys.float_info.max  # a subnormal score's key would overflow to -
 
 
 def _key(score: float) -> float:
-    """``log(U ** (1 / score))``: the A-Res key in log space."""
+    """``log(U ** (1 / score))``: the A-Res key in log space.
+
+    Same order as ``U ** (1 / score)``, but a small positive score cannot underflow to the key of a
+    zero score.
+    """
     if score <= 0.0:
         return _NO_KEY
     u = rng.random()

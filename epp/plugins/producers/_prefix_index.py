@@ -1,31 +1,4 @@
-"""The approximate prefix index: which endpoints are believed to hold which prompt blocks.
-
-Structure (scheduling.md §2.7, "Indexer"):
-
-* ``hash -> endpoint keys`` (the lookup map), and
-* one LRU of block hashes per endpoint (keyed by endpoint key ``namespace/name``, so every
-  data-parallel rank is tracked separately) whose capacity is fixed when the LRU is created. Evicting a
-  hash from an endpoint's LRU removes that endpoint from the hash's holders; a hash without holders
-  leaves the map.
-
-Memory is therefore bounded by ``Σ capacity`` over the endpoints that received traffic, i.e.
-``#endpoints * capacity`` entries, and ``remove_endpoint`` gives an endpoint's entries back. ``size()``
-is the total number of LRU entries (the ``inference_extension_prefix_indexer_size`` gauge).
-
-Python costs: an entry is one ``OrderedDict`` node in its endpoint's LRU plus, per distinct hash, one
-map slot and the 64-bit int key (roughly 150-200 bytes per entry on CPython 3.11; about 0.6 GB for
-100 endpoints at the default 31,250 blocks each). To keep that down, a hash held by a single endpoint
-(the common case) maps to the endpoint's key string itself; only shared hashes get a ``set``.
-
-Deliberate difference from the reference: ``add`` inserts a request's hashes from the last block to
-the first, so the *first* blocks are the most recently used and eviction drops the tail of a prompt
-before its head. The reference inserts head first, so under eviction pressure it drops block 0 first,
-which makes every later block of that prompt unreachable (matching stops at the first missing block)
-while they keep occupying capacity. Tail-first eviction is also what vLLM's prefix cache does. Without
-evictions both orders give identical results.
-
-Not thread-safe: it is used from the event loop only (scheduling and PreRequest run there).
-"""
+"""The approximate prefix index: which endpoints are believed to hold which prompt blocks."""
 
 from __future__ import annotations
 
@@ -46,7 +19,14 @@ class _EndpointLRU:
 
 
 class PrefixIndex:
-    """``hash -> endpoints`` with one bounded LRU per endpoint (see the module docstring)."""
+    """``hash -> endpoint keys`` plus one LRU of hashes per endpoint, whose capacity is fixed at creation.
+
+    Evicting a hash from an endpoint's LRU removes that endpoint from the hash's holders; a hash
+    without holders leaves the map, so memory is bounded by the sum of the capacities. A hash held by
+    one endpoint (the common case) maps to the endpoint's key string itself; only shared hashes get a
+    ``set``. ``add`` inserts a prompt tail first, so under eviction pressure the tail of a prompt goes
+    before its head. Not thread-safe: used from the event loop only.
+    """
 
     __slots__ = ("__weakref__", "_holders", "_lrus", "_size")
 
@@ -133,7 +113,7 @@ class PrefixIndex:
         """Record that endpoint ``key`` now holds ``hashes`` (a prompt's chained block hashes).
 
         ``capacity`` only matters when the endpoint has no LRU yet: it is fixed at creation.
-        Hashes are inserted last to first (see the module docstring).
+        Hashes are inserted last to first, so the first blocks are the most recently used.
         """
         lru = self._lrus.get(key)
         if lru is None:

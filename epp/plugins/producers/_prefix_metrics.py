@@ -1,14 +1,5 @@
 """Prometheus metrics of the approximate prefix index (``approx-prefix-cache-producer``).
 
-Names, types and buckets are the reference's (protocol.md §8), without labels:
-
-* ``inference_extension_prefix_indexer_size`` (gauge): total entries over every endpoint's LRU. It is
-  computed when scraped, summed over all live indexes (a process may run several producers), so the
-  request path never touches it.
-* ``inference_extension_prefix_indexer_hit_ratio`` (histogram 0 … 1): matched / total blocks of the
-  chosen endpoint, recorded in PreRequest when the prompt produced at least one block.
-* ``inference_extension_prefix_indexer_hit_bytes`` (histogram): matched blocks * block size * 4 chars.
-
 Kept apart from ``epp.metrics`` so that the metric objects live with the plugin that records them.
 """
 

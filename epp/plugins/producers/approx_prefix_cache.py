@@ -1,61 +1,4 @@
-"""``approx-prefix-cache-producer``: which endpoints probably hold the prompt's prefix in KV cache.
-
-Type: ``approx-prefix-cache-producer`` (DataProducer + PreRequest). Produces
-``PREFIX_CACHE_MATCH_INFO_KEY``; auto-created by the config loader when a plugin consumes that key
-(``prefix-cache-scorer``, the disagg handler, ...) and none produces it.
-
-Parameters (defaults):
-
-* ``autoTune`` (true): block size from the first candidate's ``cache_block_size`` metric, and an
-  endpoint's LRU capacity from its ``cache_num_blocks`` metric, when those are known (> 0);
-* ``blockSizeTokens`` (16): block size in tokens otherwise; must be > 0 when ``autoTune`` is false;
-* ``maxPrefixBlocksToMatch`` (256): cap on hashed blocks (0 = no cap);
-* ``maxPrefixTokensToMatch`` (0): when > 0 it replaces the cap: ``tokens // block size`` blocks;
-* ``lruCapacityPerServer`` (31250): LRU capacity (blocks) per endpoint when not auto-tuned
-  (0 = 31250);
-* ``blockSize`` (0, deprecated): the old size in characters; setting it while ``blockSizeTokens``
-  keeps its default is an error (the reference's rule), otherwise it is ignored.
-
-Algorithm (scheduling.md §2.7):
-
-* Input bytes: ``request.body.prompt_text`` as UTF-8 (chat: JSON of ``messages``; completions: the
-  prompt, string arrays joined with spaces; responses / conversations / embeddings: JSON, see
-  ``epp.framework.request``). A block is ``blockSizeTokens * 4`` bytes (4 characters per token, so no
-  tokenizer is needed). Input shorter than one block gives no hashes (all scores 0, quirk D6: kept
-  for scoring parity). Input is truncated to ``maxBlocks`` blocks; a trailing partial block is hashed
-  and counts toward ``totalBlocks``.
-* ``seed = xxhash64(target_model ‖ cache_salt)`` (so the index is model/LoRA- and salt-aware);
-  ``h_i = xxhash64(block_i ‖ little_endian_u64(h_{i-1}))`` with ``h_{-1} = seed``: a match on block i
-  implies that all earlier blocks match.
-* Produce: walk the hashes in order, count for every endpoint the blocks it holds, stop at the first
-  hash nobody holds (the reference's result, computed in O(blocks + endpoints): see
-  ``PrefixIndex.match``); write ``PrefixCacheMatchInfo(match, total, blockSizeTokens)`` for **every**
-  candidate (match 0 when nothing matched). Hashes and matches are kept in the cycle state until
-  PreRequest. Cost: O(prompt bytes) in xxhash's C code (one call per block, no per-character Python
-  work) plus O(blocks + candidates) dict operations; ``PrefixCacheMatchInfo`` objects are shared
-  between endpoints with the same match.
-* PreRequest: add the hashes to the LRU of the primary profile's first target and of the ``prefill``
-  profile's first target (when that stage ran); record ``..._prefix_indexer_hit_ratio`` and
-  ``..._hit_bytes`` (``match * block size * 4``) for the primary target.
-* Endpoints that left the pool (not in ``handle.endpoints()``) are dropped from the index at most
-  every 2 minutes, checked lazily when a request is produced (an empty endpoint list is taken as
-  "unknown", not as "everything was removed"). ``remove_endpoint`` drops one at once (for a store
-  listener). ``inference_extension_prefix_indexer_size`` is computed at scrape time.
-
-Deliberate differences from the reference:
-
-* D5: the configured name is kept (the reference always names the producer after its type) and
-  ``lruCapacityPerServer`` really is the capacity when not auto-tuned (the reference always uses
-  31250). Parameters given to ``prefix-cache-scorer`` reach the auto-created producer (see that
-  scorer).
-* The index is updated synchronously in PreRequest (the reference uses a goroutine): it costs a few
-  microseconds, and the next request sees it deterministically.
-* Eviction order inside one prompt is tail first (see ``_prefix_index``).
-* ``maxPrefixBlocksToMatch: 0`` means "no cap" (as in current llm-d) rather than "hash nothing".
-* With leader election the index is replicated (``ReplicatedState``): the leader records each
-  ``add`` and the standbys apply them, so a new leader starts with the index the old one built
-  (the reference's standbys start empty and re-learn every prefix with a cache miss).
-"""
+"""``approx-prefix-cache-producer``: which endpoints probably hold the prompt's prefix in KV cache."""
 
 from __future__ import annotations
 
@@ -91,7 +34,7 @@ __all__ = [
 
 DEFAULT_BLOCK_SIZE_TOKENS = 16
 DEFAULT_MAX_PREFIX_BLOCKS = 256
-DEFAULT_LRU_CAPACITY_PER_SERVER = 31250  # ~500K tokens of KV cache / 16-token blocks (scheduling.md §7)
+DEFAULT_LRU_CAPACITY_PER_SERVER = 31250  # ~500K tokens of KV cache / 16-token blocks
 CHARS_PER_TOKEN = 4
 PREFILL_PROFILE = "prefill"
 SWEEP_INTERVAL_SECONDS = 120.0
@@ -132,7 +75,7 @@ class ApproxPrefixCacheParams:
 
     @property
     def lru_capacity(self) -> int:
-        """The per-endpoint capacity used when not auto-tuned (D5: the parameter is honoured)."""
+        """The per-endpoint capacity used when not auto-tuned (0 means the default)."""
         return (
             self.lru_capacity_per_server
             if self.lru_capacity_per_server > 0
@@ -149,7 +92,7 @@ def block_hashes(data: bytes, seed: int, block_chars: int, max_blocks: int | Non
     """Chained block hashes of ``data``: ``h_i = xxhash64(block_i ‖ le64(h_{i-1}))``, ``h_{-1} = seed``.
 
     Blocks are ``block_chars`` bytes; the trailing partial block is hashed too. Input shorter than one
-    block gives no hash (quirk D6). ``max_blocks`` (None = no cap) truncates the input first.
+    block gives no hash. ``max_blocks`` (None = no cap) truncates the input first.
     """
     n = len(data)
     if block_chars <= 0 or n < block_chars:
@@ -179,6 +122,9 @@ class _MatchState:
 
 @register
 class ApproxPrefixCacheProducer(DataProducer, PreRequest):
+    """Produce matches the prompt's block hashes against the index; PreRequest adds them to the
+    chosen endpoints' LRUs (the primary target and the ``prefill`` target)."""
+
     type_name = "approx-prefix-cache-producer"
     Params = ApproxPrefixCacheParams
     params: ApproxPrefixCacheParams

@@ -1,42 +1,4 @@
-"""``inflight-load-producer``: requests and estimated tokens this EPP has in flight per endpoint.
-
-Type: ``inflight-load-producer`` (DataProducer + PreRequest + ResponseHeaderProcessor + RequestDone).
-Produces ``INFLIGHT_LOAD_KEY``; auto-created by the config loader when a plugin consumes that key
-(``active-request-scorer``, ``token-load-scorer``). Parameters: none.
-
-Algorithm (scheduling.md §2.7):
-
-* One request counter and one token counter per endpoint key (``namespace/name``, so each
-  data-parallel rank counts separately).
-* Produce writes ``InFlightLoad(tokens, requests)`` for every candidate (zero when idle).
-* PreRequest charges 1 request and the request's token estimate to ``target_endpoints[0]`` of
-  **every** profile result that picked something (decode, prefill, encode ...).
-  Token estimate: ``input = request_size_bytes // 4``, or ``round(len(prompt_text) / 4)`` when the
-  size is unknown; ``total = input + round(1.5 * input)`` (rounding half away from zero, as Go).
-* Release: the ``prefill`` profile's charge when the response headers arrive (the decode side only
-  answers once prefill is done), every other charge in ``request_done``, which the server calls
-  exactly once when the request's ext_proc stream ends, whatever the outcome (success, upstream
-  error, client disconnect). Whatever is still charged at ``request_done`` (a prefill charge when no
-  headers came back) is released there too.
-* Each charge remembers the counter object it incremented and is released at most once; counters are
-  clamped at 0. So no counter can leak or go negative, even when an endpoint leaves the pool (its
-  counter is dropped and late releases land on the dropped object) or comes back under the same key
-  (it gets a fresh counter).
-* Safety net: a request whose object is dropped without ``request_done`` (e.g. a later PreRequest
-  plugin raised, so the server never recorded the routing) releases its charges when it is garbage
-  collected.
-* Counters of endpoints no longer in ``handle.endpoints()`` are dropped, checked lazily at most every
-  30 s (an empty endpoint list is taken as "unknown").
-
-``load(key)`` / ``snapshot()`` expose the counters to other components (e.g. a concurrency saturation
-detector: quirk D16 asks for the detector to see these counts).
-
-Deliberate differences from the reference: the prefill charge is released at response headers rather
-than at the first response-body chunk (the same moment for a streaming decode, and it does not require
-response-body processing); the end-of-stream release is the server's ``request_done`` hook instead of
-the end-of-stream ResponseBody call, so requests that end without a complete response are released too.
-No ``endpoint-notification-source`` is needed: the periodic check against the pool replaces it.
-"""
+"""``inflight-load-producer``: requests and estimated tokens this EPP has in flight per endpoint."""
 
 from __future__ import annotations
 
@@ -137,6 +99,14 @@ class _Ledger:
 
 @register
 class InFlightLoadProducer(DataProducer, PreRequest, ResponseHeaderProcessor, RequestDone):
+    """PreRequest charges every picked profile's first target; releases come at response headers
+    (the ``prefill`` charge) and in ``request_done`` (everything else).
+
+    A charge remembers the counter it incremented and is released once, also when the request
+    object is collected without ``request_done``; counters never go below 0. Counters of endpoints
+    that left the pool are dropped (``remove_endpoint``, or a lazy check every 30 s).
+    """
+
     type_name = "inflight-load-producer"
     produces = frozenset({INFLIGHT_LOAD_KEY})
 

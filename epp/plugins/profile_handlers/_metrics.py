@@ -1,9 +1,7 @@
 """Decision counters of the disaggregation profile handlers (llm-d names, labels and HELP texts).
 
-``llm_d_inference_scheduler_disagg_decision_total{model_name, decision_type}`` counts which stages a
-request went through; ``llm_d_inference_scheduler_pd_decision_total`` is its deprecated P/D-era twin,
-still recorded for dashboards built on it. ``model_name`` is the target model, ``unknown`` if empty.
-Both live in the default Prometheus registry, like ``epp.metrics``.
+``llm_d_inference_scheduler_pd_decision_total`` is the deprecated twin of ``..._disagg_decision_total``,
+still recorded for dashboards built on it.
 """
 
 from __future__ import annotations

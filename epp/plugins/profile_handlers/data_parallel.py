@@ -1,29 +1,4 @@
-"""``data-parallel-profile-handler`` (deprecated): route to a pod's primary port, name the rank in a header.
-
-Type: ``data-parallel-profile-handler``. Parameters: ``primaryPort`` (int, default 8000, 1..65535).
-Superseded by ``single-profile-handler`` with Istio >= 1.28.1.
-
-With data-parallel vLLM every rank listens on its own port and is its own endpoint, but some meshes
-can only reach a pod on one port. This handler schedules over the ranks as usual, then sends the
-request to the pod's *primary* port and tells a sidecar there which rank was chosen:
-
-* ``pick_profiles``: exactly one profile is expected; it runs once. With another number of profiles
-  it logs an error and runs nothing (so the request fails).
-* ``process_results``: more than one result → error ``data parallel profile handler is intended to be
-  used with a single profile, failed to process multiple profiles``; a failed profile → error
-  ``failed to run scheduler profile '<name>'``. Otherwise ``x-data-parallel-host-port`` is set to
-  the real ``ip:rankPort`` of the first chosen endpoint, and the result holds copies of the chosen
-  endpoints whose port is ``primaryPort`` (no attributes), so the destination is ``ip:primaryPort``.
-
-Deliberate differences from the reference:
-
-* ``primaryPort: 0`` is rejected (the reference accepts it here and then routes to port 0).
-* More than one profile is rejected when the config loads (``validate_profiles``) instead of failing
-  every request at run time.
-* The copies delegate ``inflight`` to the endpoint they were made from (``PortRewrittenEndpoint``),
-  so the director's in-flight accounting still lands on the real rank endpoint; in the reference the
-  copies are detached.
-"""
+"""``data-parallel-profile-handler`` (deprecated): route to a pod's primary port, the rank in a header."""
 
 from __future__ import annotations
 

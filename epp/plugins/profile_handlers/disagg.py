@@ -1,46 +1,4 @@
-"""``disagg-profile-handler``: the unified D, P/D, E/PD and E/P/D handler (also a PreRequest plugin).
-
-Type: ``disagg-profile-handler``. Parameters (nested form)::
-
-    profiles: {decode: decode, prefill: prefill, encode: encode}   # profile names (these defaults)
-    deciders: {prefill: <decider plugin>, encode: <decider plugin>} # optional; none = stage off
-
-Legacy flat keys are still accepted: ``decodeProfile``, ``prefillProfile``, ``encodeProfile``,
-``prefillDeciderPluginName``, ``encodeDeciderPluginName`` and ``deciderPluginName`` (an alias of the
-prefill decider that wins over ``prefillDeciderPluginName``). Using a flat key together with a
-nested one is an error (``cannot mix deprecated flat parameters ...``). Empty strings mean "not set"
-(as in the reference); the flat form is promoted to the nested one when the parameters are built,
-so the effective configuration always shows the nested form with the defaults filled in.
-
-Deciders are plugins declared *earlier* in ``plugins:`` and resolved through the factory handle when
-this handler is created: an unknown name → ``deciders.prefill plugin not found: <n>``; a plugin
-without ``disaggregate`` → ``plugin <n> does not implement prefillDeciderPlugin`` (``encode`` alike).
-
-``pick_profiles`` (one stage per call):
-
-1. decode has not run → run the decode profile (none configured → run nothing: the cycle fails);
-2. decode failed or picked nothing → stop;
-3. an encode profile exists and was not evaluated → run it if the encode decider says so for the
-   first decode endpoint, else record ``results[encode] = None`` (skipped);
-4. the same for the prefill profile with the prefill decider;
-5. record ``llm_d_inference_scheduler_disagg_decision_total{model_name, decision_type}`` (and the
-   deprecated ``..._pd_decision_total``) from the stages that produced endpoints: ``decode-only``,
-   ``prefill-decode``, ``encode-decode`` or ``encode-prefill-decode``; stop.
-
-``process_results`` alone decides whether a failed stage fails the request: decode ``None`` or empty
-→ error ``failed to find available decode workers`` (HTTP 429); otherwise decode is the primary
-profile and every non-``None`` prefill/encode result is kept. A failed or skipped prefill therefore
-means decode-only serving, with no ``x-prefiller-host-port`` header.
-
-``pre_request``: delete ``x-prefiller-host-port`` / ``x-encoder-hosts-ports`` from the request
-headers, then set them from the prefill result's first endpoint and from all encode endpoints
-(``disagg_headers.set_disagg_headers``).
-
-The handler ``consumes`` ``PrefixCacheMatchInfoKey`` like the reference (the approximate prefix
-producer is auto-created for the prefix-based decider). ``validate_profiles`` rejects a config
-without the decode profile (the reference would fail every request instead). Profiles other than
-the three configured names are never run.
-"""
+"""``disagg-profile-handler``: the unified D, P/D, E/PD and E/P/D handler (also a PreRequest plugin)."""
 
 from __future__ import annotations
 

@@ -1,22 +1,4 @@
-"""``disagg-headers-handler`` (deprecated; alias ``prefill-header-handler``): P/D headers for upstream.
-
-Type: ``disagg-headers-handler``, also registered as ``prefill-header-handler`` (the alias reports the
-canonical type). A PreRequest plugin, meant to be paired with ``pd-profile-handler``; the
-``disagg-profile-handler`` sets these headers itself.
-
-Parameters: ``prefillProfile`` (default ``prefill``), ``encodeProfile`` (default ``encode``).
-
-Algorithm (``set_disagg_headers``, shared with ``disagg-profile-handler``):
-
-1. Delete ``x-prefiller-host-port`` from the request headers; if the prefill profile's result has
-   endpoints, set it to ``ip:port`` of the first one.
-2. Delete ``x-encoder-hosts-ports``; if the encode profile's result has endpoints, set it to the
-   comma-joined ``ip:port`` of all of them.
-
-A stage that did not run, was skipped or found nothing leaves its header out, so the decode
-sidecar serves the request alone. ``ip:port`` brackets IPv6 addresses (``[::1]:8000``) like Go's
-``net.JoinHostPort``.
-"""
+"""``disagg-headers-handler`` (deprecated; alias ``prefill-header-handler``): P/D headers for upstream."""
 
 from __future__ import annotations
 

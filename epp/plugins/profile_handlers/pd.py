@@ -1,37 +1,4 @@
-"""``pd-profile-handler`` (deprecated): prefill/decode with one decider; use ``disagg-profile-handler``.
-
-Type: ``pd-profile-handler``. Parameters (defaults):
-
-* ``decodeProfile`` (``decode``), ``prefillProfile`` (``prefill``): profile names;
-* ``prefixPluginType`` (``prefix-cache-scorer``), ``prefixPluginName`` (= the type): accepted and
-  ignored, as in the reference (the decider reads the prefix match from the cycle state);
-* ``primaryPort`` (0 = off; else 1..65535): data-parallel mode, see below;
-* ``deciderPluginName`` (``prefix-based-pd-decider``): a decider plugin declared *earlier* in
-  ``plugins:``; it must exist. Errors: empty → ``decider plugin name is not defined``; unknown →
-  ``invalid decider plugin type: <n>``; not a decider → ``decider plugin of type: <n> does not
-  implement pdDeciderPlugin``.
-
-``pick_profiles``: run the decode profile first; stop if it failed; if a prefill profile exists and
-was not evaluated, run it when the decider agrees for the first decode endpoint, else record it as
-skipped (``None``); then record ``llm_d_inference_scheduler_pd_decision_total`` (``decode-only`` or
-``prefill-decode``) and stop.
-
-``process_results``: decode ``None`` or empty → error ``failed to find available decode workers``;
-otherwise decode is primary and a non-``None`` prefill result is kept. With ``primaryPort`` set, the
-request gets ``x-data-parallel-host-port`` = the decode endpoint's real ``ip:port`` and the decode
-endpoints are retargeted to ``primaryPort`` (as ``data-parallel-profile-handler``). This handler does
-not set ``x-prefiller-host-port``: pair it with ``disagg-headers-handler``.
-
-Deliberate differences from the reference:
-
-* The decision is counted once the prefill stage is over, from its outcome: a prefill the decider
-  wanted but that found no endpoint counts as ``decode-only`` (the reference counts
-  ``prefill-decode`` when the decider agrees), matching ``disagg-profile-handler`` and what was served.
-* The reference stops only when ``len(results) == len(profiles)``, so a config with a third profile
-  re-runs prefill forever; here prefill runs at most once and other profiles never run.
-* A missing prefill profile means decode-only (the reference would hand the scheduler a nil profile);
-  a missing decode profile is rejected at load (``validate_profiles``).
-"""
+"""``pd-profile-handler`` (deprecated): prefill/decode with one decider; use ``disagg-profile-handler``."""
 
 from __future__ import annotations
 

@@ -1,10 +1,4 @@
-"""``single-profile-handler``: run the one profile; its failure fails the request.
-
-Type: ``single-profile-handler``. Parameters: none. Added automatically when a config has exactly
-one profile and no handler; a config with more than one profile is rejected at load.
-``pick_profiles`` returns every profile not yet run; ``process_results`` errors when the profile
-failed (``failed to run scheduler profile '<name>'``), otherwise that profile is primary.
-"""
+"""``single-profile-handler``: run the one profile; its failure fails the request."""
 
 from __future__ import annotations
 
