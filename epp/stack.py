@@ -278,6 +278,15 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(s.getsockname()[1])
 
 
+def free_port_block(count: int, host: str = "127.0.0.1") -> int:
+    """The first of ``count`` consecutive TCP ports that are free right now (for ``sim_base_port``)."""
+    for _ in range(50):
+        base = free_port(host)
+        if base + count < 65536 and not any(port_in_use(base + i, host) for i in range(count)):
+            return base
+    raise RuntimeError(f"no block of {count} free ports")
+
+
 def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
