@@ -71,6 +71,7 @@ SIM_ARGS = [
     "256",
 ]
 DEFAULT_MAX_BODY = 10 << 20
+SCRAPE_TIMEOUT = 30.0
 BODY_MODES = ("FULL_DUPLEX_STREAMED", "BUFFERED")
 EPP_MARK_HEADER = "x-went-into-resp-headers"
 
@@ -201,6 +202,7 @@ class Snapshot:
     grpc_connections: int
     metrics_bytes: int
     series: int
+    scrape: str
     running: float | None
     log_bytes: int
 
@@ -208,10 +210,12 @@ class Snapshot:
 def snapshot(label: str, st: stack.LocalStack) -> Snapshot:
     assert st.epp is not None
     o = st.opts
+    t0 = time.monotonic()
     try:
-        page = _get(f"http://127.0.0.1:{o.metrics_port}/metrics")
-    except OSError:
-        page = ""
+        page = _get(f"http://127.0.0.1:{o.metrics_port}/metrics", timeout=SCRAPE_TIMEOUT)
+        scrape = f"{time.monotonic() - t0:.2f} s"
+    except OSError as e:
+        page, scrape = "", f"failed after {time.monotonic() - t0:.1f} s ({type(e).__name__})"
     types, sums, series = parse_page(page)
     gauges = stream_gauges(types)
     streams = (
@@ -229,6 +233,7 @@ def snapshot(label: str, st: stack.LocalStack) -> Snapshot:
         grpc_connections=established_connections(o.grpc_port),
         metrics_bytes=len(page.encode()),
         series=series,
+        scrape=scrape,
         running=sums.get("inference_objective_running_requests") if page else None,
         log_bytes=st.epp.log_path.stat().st_size if st.epp.log_path.exists() else 0,
     )
@@ -245,6 +250,7 @@ def print_snapshots(snaps: Sequence[Snapshot]) -> None:
         ("  TCP conns on the gRPC port (/proc)", lambda s: str(s.grpc_connections)),
         ("/metrics page (bytes)", lambda s: str(s.metrics_bytes)),
         ("/metrics series", lambda s: str(s.series)),
+        ("/metrics scrape time", lambda s: s.scrape),
         ("running-requests gauge (sum)", lambda s: "-" if s.running is None else f"{s.running:g}"),
         ("EPP log (bytes)", lambda s: str(s.log_bytes)),
     ]
@@ -405,7 +411,8 @@ async def soak(
                 print(
                     f"  t={time.monotonic() - t0:5.0f}s  good {good_ok}/{good_n} ok, "
                     f"{good.unique_prompts} unique prompts; EPP RSS {s.rss_mib:.1f} MiB, /metrics "
-                    f"{s.metrics_bytes} bytes / {s.series} series; held streams open (client view) "
+                    f"{s.metrics_bytes} bytes / {s.series} series (scrape {s.scrape}); held streams open "
+                    "(client view) "
                     f"{grpc_clients.open_count()}; Envoy ext_proc streams {s.envoy_streams}, "
                     f"TCP conns {s.grpc_connections}",
                     flush=True,
@@ -421,8 +428,8 @@ async def soak(
         release.set()
         await asyncio.wait(tasks, timeout=60)
         await grpc_clients.close()
-        for kind, n in skipped.items():
-            bad_tally.add("(starts skipped at the concurrency cap)", f"{kind}: {n}")
+        if skipped:  # starts that would have exceeded a kind's concurrency cap
+            bad_tally.counts["(any client) starts skipped at its cap"] = skipped
         unique = good.unique_prompts
     if died is not None:
         raise EppDied(died)
