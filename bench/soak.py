@@ -284,9 +284,7 @@ def serve_help() -> str:
 
 
 def stack_options(args: argparse.Namespace, *, body_mode: str, fail_open: bool) -> stack.StackOptions:
-    ports = [stack.free_port() for _ in range(5)]
-    while len(set(ports)) < 5:
-        ports = [stack.free_port() for _ in range(5)]
+    ports = stack.free_ports(5)
     return stack.StackOptions(
         sims=args.sims,
         sim_base_port=stack.free_port_block(args.sims),

@@ -278,6 +278,16 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(s.getsockname()[1])
 
 
+def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
+    """``count`` distinct TCP ports that are free right now."""
+    ports: list[int] = []
+    while len(ports) < count:
+        port = free_port(host)
+        if port not in ports:
+            ports.append(port)
+    return ports
+
+
 def free_port_block(count: int, host: str = "127.0.0.1") -> int:
     """The first of ``count`` consecutive TCP ports that are free right now (for ``sim_base_port``)."""
     for _ in range(50):
