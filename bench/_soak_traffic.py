@@ -322,30 +322,41 @@ class HostileGrpc:
             held.outcome = "open until the client left"
             raise
 
-    async def stall_after_headers(self, i: int) -> None:
+    @staticmethod
+    async def _write_all(call: Any, messages: list[Any]) -> str:
+        """Write ``messages``; "" when all went, else how the server ended the stream first."""
         import grpc
 
-        call = self._stub(self._channel(keep=True)).Process()
+        sent = 0
         try:
-            await call.write(headers_request(self.target, i))
-        except grpc.aio.AioRpcError as e:
-            self.tally.add("stalled after headers", f"refused: {e.code().name}")
+            for m in messages:
+                await call.write(m)
+                sent += 1
+        except (grpc.aio.AioRpcError, asyncio.InvalidStateError):
+            try:
+                code = (await asyncio.wait_for(call.code(), 10)).name
+            except (grpc.aio.AioRpcError, TimeoutError) as e:
+                code = _error_name(e)
+            return f"ended by the server after {sent} of {len(messages)} messages: {code}"
+        return ""
+
+    async def stall_after_headers(self, i: int) -> None:
+        call = self._stub(self._channel(keep=True)).Process()
+        ended = await self._write_all(call, [headers_request(self.target, i)])
+        if ended:
+            self.tally.add("stalled after headers", ended)
             return
         await self._hold("stalled after headers", _Held(call))
 
     async def hold_partial_body(self, i: int, *, mib: int) -> None:
-        import grpc
-
         call = self._stub(self._channel(keep=True)).Process()
         chunk = (b'{"model": "%s", "messages": [{"role": "user", "content": "' % self.model.encode()).ljust(
             MIB, b"p"
         )
-        try:
-            await call.write(headers_request(self.target, i))
-            for _ in range(mib):
-                await call.write(body_request(chunk, end_of_stream=False))
-        except grpc.aio.AioRpcError as e:
-            self.tally.add("partial body held", f"refused: {e.code().name}")
+        messages = [headers_request(self.target, i)] + [body_request(chunk, False) for _ in range(mib)]
+        ended = await self._write_all(call, messages)
+        if ended:
+            self.tally.add("partial body held", ended)
             return
         await self._hold("partial body held", _Held(call))
 
@@ -358,18 +369,25 @@ class HostileGrpc:
         channel = self._channel()
         call = self._stub(channel).Process()
         replies = 0
+        messages = [
+            headers_request(self.target, i),
+            body_request(body, end_of_stream=True),
+            body_request(body, end_of_stream=True),
+            body_request(b"", end_of_stream=True),
+        ]
         try:
-            await call.write(headers_request(self.target, i))
-            await call.write(body_request(body, end_of_stream=True))
-            await call.write(body_request(body, end_of_stream=True))
-            await call.write(body_request(b"", end_of_stream=True))
-            await call.done_writing()
             async with asyncio.timeout(10):
+                ended = await self._write_all(call, messages)
+                if not ended:
+                    await call.done_writing()
                 while (await call.read()) is not grpc.aio.EOF:
                     replies += 1
             status = f"{(await call.code()).name} after {replies} replies"
-        except grpc.aio.AioRpcError as e:
-            status = f"{e.code().name} after {replies} replies"
+            if ended:
+                status += " (" + ended.split(":")[0] + ")"
+        except (grpc.aio.AioRpcError, asyncio.InvalidStateError) as e:
+            status = f"{e.code().name if isinstance(e, grpc.aio.AioRpcError) else 'InvalidState'}"
+            status += f" after {replies} replies"
         except TimeoutError:
             call.cancel()
             status = f"no end after {replies} replies (10 s)"
