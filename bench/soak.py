@@ -317,8 +317,9 @@ def add_flaky_sim(st: stack.LocalStack) -> int:
     return port
 
 
-class EppDied(RuntimeError):
-    pass
+class ChildDied(RuntimeError):
+    """A process of the stack whose exit is fatal (the EPP, Envoy, the failing-metrics simulator,
+    or a simulator past its restart budget) exited during the soak."""
 
 
 # ------------------------------------------------------------------------------ phase 1
@@ -430,7 +431,7 @@ async def soak(
             bad_tally.counts["(any client) starts skipped at its cap"] = skipped
         unique = good.unique_prompts
     if died is not None:
-        raise EppDied(died)
+        raise ChildDied(died)
     await asyncio.sleep(3)
     snaps.append(await asyncio.to_thread(snapshot, "after clients left", st))
     print(f"  held streams still open at the end (client view): {held_open}", flush=True)
@@ -477,7 +478,7 @@ def phase1(args: argparse.Namespace, plan: SoakPlan, workdir: Path) -> int:
         )
         try:
             snaps, good, bad, unique = _run(soak(st, plan, args.seed))
-        except EppDied as e:
+        except ChildDied as e:
             print(f"\nFATAL during the soak: {e}")
             for child in st.supervisor.children:
                 if not child.running():
