@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 PYTHON := $(BIN)/python
 
-.PHONY: install run test test-unit test-integration lint bench-cpu bench-sched bench-routing bench-kube clean
+.PHONY: install run test test-unit test-integration lint bench-cpu bench-sched bench-routing bench-kube bench-soak clean
 
 install: $(VENV)/.installed
 
@@ -42,6 +42,10 @@ bench-routing: install
 
 bench-kube: install
 	$(PYTHON) bench/kube.py
+
+# SOAK_ARGS=--short for a smoke run; SOAK_ARGS="--duration 3600" for a long one.
+bench-soak: install
+	$(PYTHON) bench/soak.py $(SOAK_ARGS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache

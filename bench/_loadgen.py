@@ -45,7 +45,7 @@ _VOCABULARY = (
 _WORDS = _VOCABULARY.split()
 
 
-def _sentence(rng: random.Random) -> str:
+def sentence(rng: random.Random) -> str:
     words = [rng.choice(_WORDS) for _ in range(rng.randint(8, 16))]
     return " ".join(words).capitalize() + "."
 
@@ -56,7 +56,7 @@ def system_prompt(group: int, chars: int, seed: int) -> str:
     parts = [f"You are assistant number {group} of the routing benchmark."]
     size = len(parts[0])
     while size < chars:
-        parts.append(_sentence(rng))
+        parts.append(sentence(rng))
         size += len(parts[-1]) + 1
     return " ".join(parts)[:chars]
 
@@ -79,7 +79,7 @@ def plan(
     at = 0.0
     for i in range(requests):
         group = rng.randrange(groups)
-        question = f"Question {i} ({rng.getrandbits(48):012x}): {_sentence(rng)} Please explain briefly."
+        question = f"Question {i} ({rng.getrandbits(48):012x}): {sentence(rng)} Please explain briefly."
         body = {
             "model": model,
             "messages": [

@@ -393,14 +393,7 @@ class StartupError(RuntimeError):
     """A process of the benchmark exited or never became ready; carries its log tail."""
 
 
-def free_ports(count: int) -> list[int]:
-    """``count`` distinct ports that are free right now."""
-    ports: list[int] = []
-    while len(ports) < count:
-        port = stack.free_port()
-        if port not in ports:
-            ports.append(port)
-    return ports
+free_ports = stack.free_ports
 
 
 def post_ok(url: str, body: bytes) -> Callable[[], bool]:

@@ -1,6 +1,6 @@
 """Routing quality: the EPP's default scheduling against (random) round-robin (``make bench-routing``).
 
-What runs (every port is a free one, every Envoy gets ``--use-dynamic-base-id``), once per config:
+What runs, once per config, in ``epp run``'s stack (:class:`epp.stack.LocalStack`) on free ports:
 
 * N ``epp sim`` simulators (``--sims``, 4), started fresh for every config so that their prefix
   caches start cold;
@@ -46,9 +46,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from epp import envoy_config, stack
+from epp import stack
 
 MODEL = "demo"
 LOADGEN = Path(__file__).with_name("_loadgen.py")
@@ -144,62 +142,34 @@ def _get(url: str) -> str:
 # ------------------------------------------------------------------------------------- the stack
 
 
-def envoy_argv(config: Path) -> list[str]:
-    # --use-dynamic-base-id: several Envoys (other benchmarks, tests) may run at once.
-    return [envoy_config.envoy_binary(), "-c", str(config), "--log-level", "warning", "--use-dynamic-base-id"]
-
-
-class Stack:
-    """N sims + ``epp serve`` (with ``config``) + Envoy on free ports; all stopped on exit."""
+class Stack(stack.LocalStack):
+    """``epp run``'s stack (N sims + ``epp serve`` with ``config`` + Envoy) on free ports."""
 
     def __init__(self, workdir: Path, sims: int, sim_args: Sequence[str], config: dict[str, Any] | None):
-        self.workdir = workdir
-        self.supervisor = stack.Supervisor(workdir / "logs")
-        self.sim_ports = [stack.free_port() for _ in range(sims)]
-        self.sim_args = list(sim_args)
-        self.config = config
-        self.port, self.admin_port = stack.free_port(), stack.free_port()
-        self.grpc_port, self.health_port, self.metrics_port = (stack.free_port() for _ in range(3))
+        ports = stack.free_ports(5)
+        opts = stack.StackOptions(
+            sims=sims,
+            sim_base_port=stack.free_port_block(sims),
+            model=MODEL,
+            sim_args=list(sim_args),
+            port=ports[0],
+            admin_port=ports[1],
+            grpc_port=ports[2],
+            health_port=ports[3],
+            metrics_port=ports[4],
+            config=config,
+            epp_args=["--log-level", "warning"],
+            ready_timeout=READY_TIMEOUT,
+        )
+        super().__init__(opts, workdir)
 
     @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+    def sim_ports(self) -> list[int]:
+        return self.opts.sim_ports
 
-    def start(self) -> None:
+    def start(self, abort: Callable[[], bool] | None = None) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
-        sup = self.supervisor
-        for i, port in enumerate(self.sim_ports):
-            sup.start(f"sim-{i}", stack.sim_argv(port, f"sim-{i}", MODEL, self.sim_args))
-        endpoints = self.workdir / "endpoints.yaml"
-        stack.write_endpoints(endpoints, self.sim_ports)
-        config_text = yaml.safe_dump(stack.epp_config(endpoints, self.config), sort_keys=False)
-        (self.workdir / "epp-config.yaml").write_text(config_text)
-        sup.start(
-            "epp",
-            stack.serve_argv(
-                grpc_port=self.grpc_port,
-                health_port=self.health_port,
-                metrics_port=self.metrics_port,
-                config_text=config_text,
-                extra=["--log-level", "warning"],
-            ),
-        )
-        bootstrap = envoy_config.envoy_bootstrap(
-            listen_port=self.port, admin_port=self.admin_port, extproc_port=self.grpc_port
-        )
-        envoy_file = self.workdir / "envoy.yaml"
-        envoy_file.write_text(envoy_config.render(bootstrap))
-        sup.start("envoy", envoy_argv(envoy_file))
-        checks: list[tuple[str, Callable[[], bool]]] = [
-            (f"sim-{i} /health", _ok(f"http://127.0.0.1:{p}/health")) for i, p in enumerate(self.sim_ports)
-        ]
-        checks += [
-            ("EPP readiness", lambda: stack.grpc_serving(self.health_port)),
-            ("Envoy /ready", _ok(f"http://127.0.0.1:{self.admin_port}/ready")),
-            ("GET /v1/models through Envoy", _ok(f"{self.url}/v1/models")),
-        ]
-        for what, check in checks:
-            stack.wait_until(what, check, timeout=READY_TIMEOUT, children=sup.children)
+        super().start(abort)
 
     def alive(self) -> None:
         dead = self.supervisor.exited()
@@ -207,19 +177,8 @@ class Stack:
             raise RuntimeError(f"{dead.name} exited ({dead.returncode()}):\n{dead.tail(20)}")
 
     def __enter__(self) -> Stack:
-        try:
-            self.start()
-        except BaseException:
-            self.supervisor.stop_all()
-            raise
+        super().__enter__()
         return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.supervisor.stop_all()
-
-
-def _ok(url: str) -> Callable[[], bool]:
-    return lambda: stack.http_status(url) == 200
 
 
 # ------------------------------------------------------------------------------------------ bench

@@ -4,8 +4,12 @@ The stack starts N ``epp sim`` servers (127.0.0.1:8000.. by default), writes the
 file-discovery endpoints file, starts ``epp serve`` (plain-text ext_proc on 9002, health 9003,
 metrics 9090) watching that file, renders an Envoy bootstrap with :mod:`epp.envoy_config` and starts
 Envoy on 127.0.0.1:8081 (admin 19000). It waits until ``GET /v1/models`` through Envoy answers 200,
-prints how to use it, and then supervises: Ctrl-C or SIGTERM stops every process it started; if any
-child exits on its own, all others are stopped and ``epp run`` exits non-zero naming that child.
+prints how to use it, and then supervises: Ctrl-C or SIGTERM stops every process it started. A
+simulator that exits on its own is started again on its port (exponential backoff from 0.5 s, at
+most ``--sim-max-restarts`` restarts in ``--sim-restart-window`` seconds; each restart is logged)
+while the others keep serving. The EPP and Envoy are not restarted: they are what the stack is for,
+so if one of them exits (or a simulator exceeds its restart budget) all others are stopped and
+``epp run`` exits non-zero naming that child.
 
 Each child runs in its own process group (so a stop reaches its own children too) and, on Linux,
 gets SIGTERM if ``epp run`` itself dies (``PR_SET_PDEATHSIG``): no orphans even after ``kill -9``.
@@ -30,6 +34,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,6 +47,8 @@ from epp import envoy_config
 DISCOVERY_PLUGIN_NAME = "epp-run-files"
 READY_TIMEOUT = 60.0
 STOP_TIMEOUT = 5.0
+SIM_MAX_RESTARTS = 5
+SIM_RESTART_WINDOW = 60.0
 
 
 # ------------------------------------------------------------------------------------- child processes
@@ -77,6 +84,9 @@ class Child:
     log_path: Path
     env: dict[str, str] | None = None
     proc: subprocess.Popen[bytes] | None = None
+    restart: RestartPolicy | None = None  # None: its exit is fatal to the supervisor
+    restarts: deque[float] = field(default_factory=deque, repr=False)  # monotonic times of restarts
+    restart_due: float | None = field(default=None, repr=False)
     _log: IO[bytes] | None = field(default=None, repr=False)
 
     def start(self) -> Child:
@@ -93,6 +103,11 @@ class Child:
             preexec_fn=_pdeathsig if _PRCTL is not None else None,
         )
         return self
+
+    def respawn(self) -> Child:
+        """Start the process again with the same command line (after it exited or was stopped)."""
+        self.stop()
+        return self.start()
 
     @property
     def pid(self) -> int:
@@ -142,21 +157,97 @@ class Child:
         return "\n".join(data.decode("utf-8", errors="replace").splitlines()[-lines:])
 
 
-class Supervisor:
-    """Starts children, notices one that exits, and stops them all (in reverse start order)."""
+@dataclass(frozen=True, slots=True)
+class RestartPolicy:
+    """How a child that exits is started again: after ``backoff`` x 2^(recent restarts) seconds (at
+    most ``max_backoff``), and at most ``max_restarts`` times within ``window`` seconds."""
 
-    def __init__(self, log_dir: Path) -> None:
+    max_restarts: int = SIM_MAX_RESTARTS
+    window: float = SIM_RESTART_WINDOW
+    backoff: float = 0.5
+    max_backoff: float = 8.0
+
+    def delay(self, recent: int) -> float:
+        return float(min(self.backoff * 2**recent, self.max_backoff))
+
+
+def _describe_status(code: int | None) -> str:
+    if code is not None and code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"status {code}"
+
+
+def _stderr_line(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+class Supervisor:
+    """Starts children, restarts those with a :class:`RestartPolicy` when they exit, notices one
+    whose exit is fatal, and stops them all (in reverse start order)."""
+
+    def __init__(self, log_dir: Path, log: Callable[[str], None] = _stderr_line) -> None:
         self.log_dir = log_dir
         self.children: list[Child] = []
+        self.log = log
 
-    def start(self, name: str, argv: Sequence[str], env: dict[str, str] | None = None) -> Child:
-        child = Child(name, list(argv), self.log_dir / f"{name}.log", env=env).start()
+    def start(
+        self,
+        name: str,
+        argv: Sequence[str],
+        env: dict[str, str] | None = None,
+        restart: RestartPolicy | None = None,
+    ) -> Child:
+        child = Child(name, list(argv), self.log_dir / f"{name}.log", env=env, restart=restart).start()
         self.children.append(child)
         return child
 
     def exited(self) -> Child | None:
         """The first child that is no longer running, if any."""
         return next((c for c in self.children if not c.running()), None)
+
+    def poll(self, now: float | None = None) -> Child | None:
+        """One supervision step: schedule or perform due restarts; return a child whose exit is fatal.
+
+        A child without a policy that exited, or one that already used ``max_restarts`` restarts
+        within the policy's window, is fatal. Call it periodically (``epp run`` does, every 0.2 s).
+        """
+        now = time.monotonic() if now is None else now
+        for child in self.children:
+            policy = child.restart
+            if child.running():
+                continue
+            if policy is None:
+                return child
+            if child.restart_due is None:
+                while child.restarts and now - child.restarts[0] > policy.window:
+                    child.restarts.popleft()
+                status = _describe_status(child.returncode())
+                if len(child.restarts) >= policy.max_restarts:
+                    self.log(
+                        f"{child.name} exited ({status}) after {len(child.restarts)} restarts within "
+                        f"{policy.window:g} s; giving up"
+                    )
+                    return child
+                delay = policy.delay(len(child.restarts))
+                child.restart_due = now + delay
+                self.log(
+                    f"{child.name} exited ({status}); restarting it in {delay:g} s "
+                    f"(restart {len(child.restarts) + 1} of at most {policy.max_restarts} "
+                    f"in {policy.window:g} s)"
+                )
+            elif now >= child.restart_due:
+                child.restart_due = None
+                child.restarts.append(now)
+                try:
+                    child.respawn()
+                except OSError as e:
+                    self.log(f"{child.name} could not be restarted: {e}")
+                    return child
+                self.log(f"{child.name} restarted (pid {child.pid})")
+        return None
 
     def stop_all(self) -> None:
         for child in reversed(self.children):
@@ -185,6 +276,25 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])
+
+
+def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
+    """``count`` distinct TCP ports that are free right now."""
+    ports: list[int] = []
+    while len(ports) < count:
+        port = free_port(host)
+        if port not in ports:
+            ports.append(port)
+    return ports
+
+
+def free_port_block(count: int, host: str = "127.0.0.1") -> int:
+    """The first of ``count`` consecutive TCP ports that are free right now (for ``sim_base_port``)."""
+    for _ in range(50):
+        base = free_port(host)
+        if base + count < 65536 and not any(port_in_use(base + i, host) for i in range(count)):
+            return base
+    raise RuntimeError(f"no block of {count} free ports")
 
 
 def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
@@ -371,6 +481,12 @@ class StackOptions:
     envoy_log_level: str = "warning"
     envoy_concurrency: int | None = None
     ready_timeout: float = READY_TIMEOUT
+    sim_max_restarts: int = SIM_MAX_RESTARTS
+    sim_restart_window: float = SIM_RESTART_WINDOW
+
+    @property
+    def sim_restart(self) -> RestartPolicy:
+        return RestartPolicy(max_restarts=self.sim_max_restarts, window=self.sim_restart_window)
 
     @property
     def sim_ports(self) -> list[int]:
@@ -411,9 +527,8 @@ class LocalStack:
         if busy:
             raise RuntimeError(f"ports already in use: {', '.join(map(str, busy))}")
         for i, port in enumerate(o.sim_ports):
-            self.sims.append(
-                self.supervisor.start(f"sim-{i}", sim_argv(port, f"sim-{i}", o.model, o.sim_args))
-            )
+            argv = sim_argv(port, f"sim-{i}", o.model, o.sim_args)
+            self.sims.append(self.supervisor.start(f"sim-{i}", argv, restart=o.sim_restart))
         write_endpoints(self.endpoints_file, o.sim_ports)
         config_text = yaml.safe_dump(epp_config(self.endpoints_file, o.config), sort_keys=False)
         self.epp = self.supervisor.start(
@@ -457,6 +572,10 @@ class LocalStack:
         ]
         for what, check in checks:
             wait_until(what, check, timeout=o.ready_timeout, children=self.supervisor.children, abort=abort)
+
+    def poll(self) -> Child | None:
+        """Restart simulators that exited; the child whose exit ends the stack, if any."""
+        return self.supervisor.poll()
 
     def stop(self) -> None:
         self.supervisor.stop_all()
@@ -502,7 +621,48 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     add("--epp-arg", action="append", default=[], metavar="ARG", help="extra flag for epp serve")
     add("--envoy-log-level", default="warning", help="Envoy --log-level (default warning)")
+    add(
+        "--sim-max-restarts",
+        type=_non_negative_int,
+        default=SIM_MAX_RESTARTS,
+        help=f"restarts of one simulator allowed within --sim-restart-window; one more exit stops the"
+        f" stack; 0 never restarts (default {SIM_MAX_RESTARTS})",
+    )
+    add(
+        "--sim-restart-window",
+        type=_positive_float,
+        default=SIM_RESTART_WINDOW,
+        metavar="SECONDS",
+        help=f"window of --sim-max-restarts (default {SIM_RESTART_WINDOW:g})",
+    )
     add("--keep-workdir", action="store_true", help="keep the temporary directory (logs) on exit")
+    parser.epilog = (
+        "Supervision: a simulator that exits on its own is started again on its port after a backoff "
+        "(0.5 s, doubling up to 8 s) while the others keep serving; each restart is logged on stderr. "
+        "If one simulator exits more than --sim-max-restarts times within --sim-restart-window seconds, "
+        "or if the EPP or Envoy exits (they are not restarted), every process is stopped and epp run "
+        "exits with status 1. Ctrl-C or SIGTERM stops everything (status 0)."
+    )
+
+
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a non-negative integer") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a non-negative integer")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number") from None
+    if not value > 0:  # also rejects NaN
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number")
+    return value
 
 
 def options_from_args(args: argparse.Namespace) -> StackOptions:
@@ -530,6 +690,8 @@ def options_from_args(args: argparse.Namespace) -> StackOptions:
         config=config,
         epp_args=list(args.epp_arg),
         envoy_log_level=args.envoy_log_level,
+        sim_max_restarts=args.sim_max_restarts,
+        sim_restart_window=args.sim_restart_window,
     )
 
 
@@ -571,12 +733,18 @@ Try:
   curl -s -N {stack.url}/v1/completions -H 'content-type: application/json' \\
        -d '{{"model":"{o.model}","prompt":"Hello","stream":true}}'
 
+A simulator that exits is restarted (at most {o.sim_max_restarts} times in {o.sim_restart_window:g} s); \
+the EPP or Envoy exiting stops the stack.
 Ctrl-C stops everything.
 """
 
 
 def main(args: argparse.Namespace) -> int:
-    """Run the stack until Ctrl-C/SIGTERM (exit 0) or until a child exits on its own (exit 1)."""
+    """Run the stack until Ctrl-C/SIGTERM (exit 0) or until a child's exit is fatal (exit 1).
+
+    Simulators that exit are restarted (see :meth:`Supervisor.poll`); the EPP or Envoy exiting, or a
+    simulator exceeding its restart budget, is fatal.
+    """
     opts = options_from_args(args)
     workdir = Path(tempfile.mkdtemp(prefix="epp-run-"))
     stack = LocalStack(opts, workdir)
@@ -599,7 +767,7 @@ def main(args: argparse.Namespace) -> int:
             return 1
         print(_usage(stack), flush=True)
         while not stop.event.wait(0.2):
-            child = stack.supervisor.exited()
+            child = stack.poll()
             if child is not None:
                 failed = True
                 return _report_exit(child)

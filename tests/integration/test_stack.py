@@ -173,17 +173,125 @@ def _pid_of_sim(port: int) -> int:
     raise AssertionError(f"no simulator process for port {port}")
 
 
+def _pid_of_epp(grpc_port: int) -> int:
+    needle = f"--grpc-port={grpc_port}\0"
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_text()
+        except OSError:
+            continue
+        if "\0serve\0" in cmdline and needle in cmdline:
+            return int(entry.name)
+    raise AssertionError(f"no epp serve process for gRPC port {grpc_port}")
+
+
 @pytest.mark.integration
 @pytest.mark.skipif(not Path("/proc/self/cmdline").exists(), reason="needs /proc")
-def test_epp_run_stops_everything_when_a_child_dies(epp_run: RunningStack) -> None:
+def test_epp_run_stops_everything_when_the_epp_dies(epp_run: RunningStack) -> None:
     epp_run.wait_for(READY_LINE)
-    os.kill(_pid_of_sim(epp_run.sim_ports[1]), signal.SIGKILL)
+    os.kill(_pid_of_epp(epp_run.ports["--grpc-port"]), signal.SIGKILL)
     assert epp_run.proc.wait(30) == 1, epp_run.output
-    epp_run.wait_for("sim-1 exited unexpectedly", timeout=5)
+    epp_run.wait_for("epp exited unexpectedly", timeout=5)
     still_listening = [p for p in _all_ports(epp_run) if _listening(p)]
     assert still_listening == [], f"ports still served after a child died: {still_listening}"
     kept = re.search(r"logs kept in (\S+)", epp_run.output)
     assert kept is not None, epp_run.output
     logs = Path(kept.group(1))
-    assert (logs / "sim-1.log").is_file()
+    assert (logs / "epp.log").is_file()
     shutil.rmtree(logs.parent, ignore_errors=True)  # the work dir epp run kept for the post-mortem
+
+
+def _chat_through(url: str) -> tuple[int, int | None]:
+    try:
+        resp = request(
+            f"{url}/v1/chat/completions",
+            "POST",
+            chat_body(marker()),
+            {"content-type": "application/json"},
+            timeout=10,
+        )
+    except OSError:
+        return 0, None
+    return resp.status, resp.port
+
+
+@pytest.mark.integration
+@pytest.mark.skipif(not Path("/proc/self/cmdline").exists(), reason="needs /proc")
+def test_epp_run_restarts_a_killed_simulator(epp_run: RunningStack) -> None:
+    epp_run.wait_for(READY_LINE)
+    url = f"http://127.0.0.1:{epp_run.ports['--port']}"
+    victim_port = epp_run.sim_ports[1]
+    old_pid = _pid_of_sim(victim_port)
+    os.kill(old_pid, signal.SIGKILL)
+
+    # While it is down and coming back, the stack keeps running and the other simulator serves.
+    served_by_survivor = 0
+    deadline = time.monotonic() + 60
+    while "sim-1 restarted" not in epp_run.output or not served_by_survivor:
+        assert epp_run.proc.poll() is None, f"epp run exited after a simulator was killed:\n{epp_run.output}"
+        assert time.monotonic() < deadline, (
+            f"sim-1 was not restarted, or sim-0 did not serve:\n{epp_run.output}"
+        )
+        status, port = _chat_through(url)
+        if status == 200 and port == epp_run.sim_ports[0]:
+            served_by_survivor += 1
+        time.sleep(0.05)
+    assert served_by_survivor > 0, epp_run.output
+    assert re.search(r"sim-1 exited \(killed by SIGKILL\); restarting it in", epp_run.output), epp_run.output
+
+    stack.wait_until(
+        "the restarted sim-1", lambda: stack.http_status(f"http://127.0.0.1:{victim_port}/health") == 200
+    )
+    assert _pid_of_sim(victim_port) != old_pid
+
+    # Back in service: every request succeeds and the restarted simulator serves its share.
+    results = [_chat_through(url) for _ in range(40)]
+    assert [s for s, _ in results] == [200] * len(results), results
+    assert victim_port in {p for _, p in results}, results
+    assert epp_run.proc.poll() is None, epp_run.output
+
+
+def test_supervisor_restarts_with_backoff_then_gives_up(tmp_path: Path) -> None:
+    lines: list[str] = []
+    sup = stack.Supervisor(tmp_path / "logs", log=lines.append)
+    policy = stack.RestartPolicy(max_restarts=2, window=60.0, backoff=0.05, max_backoff=0.2)
+    crashing = sup.start("crashing", [sys.executable, "-c", "import sys; sys.exit(3)"], restart=policy)
+    steady = sup.start("steady", [sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        fatal = None
+        deadline = time.monotonic() + 30
+        while fatal is None:
+            assert time.monotonic() < deadline, lines
+            fatal = sup.poll()
+            time.sleep(0.02)
+        assert fatal is crashing
+        assert len(crashing.restarts) == 2
+        assert steady.running(), "a restart must not touch the other children"
+        assert [line.split(";")[0] for line in lines if "restarting" in line] == [
+            "crashing exited (status 3)",
+            "crashing exited (status 3)",
+        ]
+        assert "restarting it in 0.05 s" in lines[0] and "restarting it in 0.1 s" in lines[2], lines
+        assert sum("crashing restarted (pid" in line for line in lines) == 2, lines
+        assert "giving up" in lines[-1], lines
+        # The log file is appended to by every run of the child.
+        assert (tmp_path / "logs" / "crashing.log").is_file()
+
+        assert sup.poll() is crashing, "a child that gave up stays fatal"
+        steady.kill()
+        assert sup.exited() is crashing
+    finally:
+        sup.stop_all()
+
+
+def test_supervisor_child_without_a_policy_is_fatal_at_once(tmp_path: Path) -> None:
+    lines: list[str] = []
+    sup = stack.Supervisor(tmp_path / "logs", log=lines.append)
+    with sup:
+        child = sup.start("plain", [sys.executable, "-c", "import time; time.sleep(60)"])
+        assert sup.poll() is None
+        child.kill()
+        assert sup.poll() is child
+        assert lines == [], "nothing is restarted"
