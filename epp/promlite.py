@@ -5,16 +5,25 @@ request records a dozen values. These primitives keep plain Python numbers per l
 makes each update atomic; the request path runs on one event loop) and render them through a
 prometheus-client collector at scrape time, so the exposition format, names and ``REGISTRY`` lookups
 are unchanged. ``labels(...)`` returns a cached child; keep the child when recording repeatedly.
+
+Labels fed from request data are declared with ``bounded={"label": bound}``: ``labels(...)``
+passes those values through ``bound.bound(value)`` (``epp.labels.BoundedLabel``) before the child
+lookup, so a client cannot create series without limit.
 """
 
 from __future__ import annotations
 
 import bisect
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Protocol
 
 from prometheus_client import REGISTRY, CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.utils import floatToGoString
+
+
+class LabelBound(Protocol):
+    def bound(self, value: str) -> str: ...
 
 
 class Value:
@@ -49,16 +58,38 @@ class HistogramChild:
 class _Family:
     kind = ""
 
-    def __init__(self, name: str, documentation: str, labelnames: Sequence[str] = ()) -> None:
+    def __init__(
+        self,
+        name: str,
+        documentation: str,
+        labelnames: Sequence[str] = (),
+        *,
+        bounded: Mapping[str, LabelBound] | None = None,
+    ) -> None:
         self.name = name
         self.documentation = documentation
         self.labelnames = tuple(labelnames)
         self._children: dict[tuple[str, ...], object] = {}
+        bounded = bounded or {}
+        unknown = set(bounded) - set(self.labelnames)
+        if unknown:
+            raise ValueError(f"{name}: bounded labels {sorted(unknown)} are not among {self.labelnames}")
+        self._bounded = tuple((i, bounded[n]) for i, n in enumerate(self.labelnames) if n in bounded)
 
     def _new_child(self) -> object:
         raise NotImplementedError
 
+    def _bound(self, values: tuple[str, ...]) -> tuple[str, ...]:
+        if len(values) != len(self.labelnames):
+            raise ValueError(f"{self.name}: expected labels {self.labelnames}, got {values}")
+        out = list(values)
+        for i, b in self._bounded:
+            out[i] = b.bound(out[i])
+        return tuple(out)
+
     def _child(self, values: tuple[str, ...]) -> object:
+        if self._bounded:
+            values = self._bound(values)
         child = self._children.get(values)
         if child is None:
             if len(values) != len(self.labelnames):
@@ -67,7 +98,11 @@ class _Family:
         return child
 
     def remove(self, *values: str) -> None:
-        self._children.pop(tuple(values), None)
+        self._children.pop(self._bound(values) if self._bounded else tuple(values), None)
+
+    def __len__(self) -> int:
+        """The number of series (label sets) recorded."""
+        return len(self._children)
 
 
 class Counter(_Family):
@@ -107,9 +142,15 @@ class Gauge(_Family):
 
 class Histogram(_Family):
     def __init__(
-        self, name: str, documentation: str, labelnames: Sequence[str] = (), *, buckets: Sequence[float]
+        self,
+        name: str,
+        documentation: str,
+        labelnames: Sequence[str] = (),
+        *,
+        buckets: Sequence[float],
+        bounded: Mapping[str, LabelBound] | None = None,
     ) -> None:
-        super().__init__(name, documentation, labelnames)
+        super().__init__(name, documentation, labelnames, bounded=bounded)
         self.bounds = tuple(float(b) for b in buckets if b != float("inf"))
 
     def _new_child(self) -> HistogramChild:

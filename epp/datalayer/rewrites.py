@@ -33,6 +33,9 @@ Malformed objects (wrong types, missing names or target models, negative or non-
 bad timestamp) are skipped with a warning naming the object and the field; any earlier version of
 that name is dropped. Nothing here raises.
 
+The models the rules name (exact sources, targets) are pinned in ``epp.labels.MODEL_NAMES``: they
+keep their own label on the request metrics whatever the pool reports.
+
 Cost: every change rebuilds an index (exact model → winning rule, plus the winning generic rule) and
 swaps it in as one reference; ``choose`` is a dict lookup plus one random draw and a bisection.
 """
@@ -49,6 +52,7 @@ from typing import Any
 
 import structlog
 
+from epp import labels
 from epp.datalayer.objectives import (
     DEFAULT_POOL_GROUP,
     INT32_MAX,
@@ -273,6 +277,7 @@ class RewriteStore:
 
     def _reindex(self) -> None:
         self._index = _build_index(self._objects.values())
+        labels.MODEL_NAMES.pin(self.configured_models())
 
     def upsert_object(self, obj: Mapping[str, Any]) -> None:
         """Add or update a rewrite; one for another pool (or malformed) deletes its name."""
@@ -308,6 +313,14 @@ class RewriteStore:
         if target is None:
             return None
         return target, rule.object_name
+
+    def configured_models(self) -> set[str]:
+        """Every model the rules name: exact-match sources and rewrite targets."""
+        exact, generic = self._index
+        models = set(exact)
+        for rule in (*exact.values(), *((generic,) if generic is not None else ())):
+            models.update(rule.targets)
+        return models
 
     def __len__(self) -> int:
         return len(self._objects)

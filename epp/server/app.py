@@ -28,6 +28,7 @@ from epp import metrics
 from epp.config import LoadedConfig
 from epp.datalayer.pool_gauges import PoolGauges
 from epp.datalayer.scraper import MetricsScraper
+from epp.datalayer.served_models import ServedModels
 from epp.datalayer.store import EndpointStore
 from epp.framework import Endpoint, EndpointStateHolder, ReplicatedState
 from epp.scheduling import Scheduler
@@ -137,6 +138,7 @@ class EppServer:
             interval=opts.refresh_prometheus_metrics_interval,
             staleness=opts.metrics_staleness_threshold,
         )
+        self.served_models = ServedModels(self.store)  # bounds the model_name metric labels
 
     def stop(self) -> None:
         """First call: graceful shutdown. A second call (Ctrl-C twice) skips the drain delay."""
@@ -206,6 +208,7 @@ class EppServer:
                 for part in replication:
                     part.start()
             self.pool_gauges.start()
+            self.served_models.start()
 
             server = grpc.aio.server(options=_grpc_options(opts.max_request_body_bytes))
             ep_grpc.add_ExternalProcessorServicer_to_server(
@@ -247,6 +250,7 @@ class EppServer:
             if self.scraper is not None:
                 await self.scraper.stop()
             await self.pool_gauges.stop()
+            await self.served_models.stop()
             if replication is not None:
                 for part in replication:
                     await part.stop()

@@ -2,13 +2,13 @@
 
 ``llm_d_inference_scheduler_disagg_decision_total{model_name, decision_type}`` counts which stages a
 request went through; ``llm_d_inference_scheduler_pd_decision_total`` is its deprecated P/D-era twin,
-still recorded for dashboards built on it. ``model_name`` is the target model, ``unknown`` if empty.
+still recorded for dashboards built on it. ``model_name`` is the target model, ``unknown`` if empty, bounded by ``epp.labels.MODEL_NAMES``.
 Both live in the default Prometheus registry, like ``epp.metrics``.
 """
 
 from __future__ import annotations
 
-from epp import promlite
+from epp import labels, promlite
 
 DECODE_ONLY = "decode-only"
 PREFILL_DECODE = "prefill-decode"
@@ -19,11 +19,13 @@ DISAGG_DECISION_TOTAL = promlite.Counter(
     "llm_d_inference_scheduler_disagg_decision_total",
     "[ALPHA] Total number of disaggregation routing decisions made",
     ["model_name", "decision_type"],
+    bounded={"model_name": labels.MODEL_NAMES},
 )
 PD_DECISION_TOTAL = promlite.Counter(
     "llm_d_inference_scheduler_pd_decision_total",
     "[ALPHA] Total number of P/D disaggregation decisions made",
     ["model_name", "decision_type"],
+    bounded={"model_name": labels.MODEL_NAMES},
 )
 promlite.register(DISAGG_DECISION_TOTAL, PD_DECISION_TOTAL)
 
