@@ -26,9 +26,9 @@ from pathlib import Path
 import grpc
 import yaml
 from envoy.config.core.v3.base_pb2 import HeaderMap, HeaderValue
+from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2 as pm
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
-from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2 as pm
 
 from epp import stack
 

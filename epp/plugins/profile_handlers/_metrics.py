@@ -2,8 +2,8 @@
 
 ``llm_d_inference_scheduler_disagg_decision_total{model_name, decision_type}`` counts which stages a
 request went through; ``llm_d_inference_scheduler_pd_decision_total`` is its deprecated P/D-era twin,
-still recorded for dashboards built on it. ``model_name`` is the target model, ``unknown`` if empty, bounded by ``epp.labels.MODEL_NAMES``.
-Both live in the default Prometheus registry, like ``epp.metrics``.
+still recorded for dashboards built on it. ``model_name`` is the target model, ``unknown`` if empty,
+bounded by ``epp.labels.MODEL_NAMES``. Both live in the default Prometheus registry, like ``epp.metrics``.
 """
 
 from __future__ import annotations
