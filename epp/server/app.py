@@ -22,7 +22,6 @@ import grpc
 import structlog
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
 from grpc_health.v1 import health_pb2_grpc
-from prometheus_client import start_http_server
 
 from epp import metrics
 from epp.config import LoadedConfig
@@ -31,6 +30,7 @@ from epp.datalayer.scraper import MetricsScraper
 from epp.datalayer.served_models import ServedModels
 from epp.datalayer.store import EndpointStore
 from epp.framework import Endpoint, EndpointStateHolder, ReplicatedState
+from epp.promlite import start_http_server
 from epp.scheduling import Scheduler
 from epp.server.director import Director, DirectorHooks
 from epp.server.extproc import ExternalProcessor, StreamOptions
