@@ -77,13 +77,15 @@ class BoundedLabel:
         """Values the pool reports serving; the first call restricts the set to known values."""
         labels = self._labels
         for v in values:
-            if not v or v in labels:
+            if not v:
+                continue
+            self.restricted = True  # also when v was admitted before anything was known
+            if v in labels:
                 continue
             if self._served >= self.limit:
                 break
             self._served += 1
             labels[v] = v
-        self.restricted = self.restricted or self._served > 0
 
     def __contains__(self, value: str) -> bool:
         return value in self._labels

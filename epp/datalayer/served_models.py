@@ -39,18 +39,20 @@ class ServedModels:
         self._store = store
         self.interval = interval
         self.bound = bound if bound is not None else labels.MODEL_NAMES
+        self._known: set[str] = set()  # names already handed to the bound
         self._task = BackgroundTask("served models", self._run)
 
     def refresh(self) -> None:
         """Tell the bound of every model name the endpoints currently report."""
-        bound = self.bound
+        known = self._known
         new: set[str] = set()
         for endpoint in self._store.endpoints():
             m = endpoint.metrics
             for names in (m.served_models, m.active_models, m.waiting_models):
-                new.update(n for n in names if n not in bound)
+                new.update(n for n in names if n not in known)
         if new:
-            bound.serve(sorted(new))
+            known.update(new)
+            self.bound.serve(sorted(new))
 
     def start(self) -> None:
         self._task.start()

@@ -43,6 +43,16 @@ def test_served_values_restrict_the_set() -> None:
     assert b.bound("junk") == "junk"
 
 
+def test_a_served_name_admitted_before_the_first_scrape_still_restricts() -> None:
+    store = EndpointStore()
+    store.upsert(EndpointMetadata(name="a", address="10.0.0.1", port=8000))
+    assert labels.MODEL_NAMES.bound("base") == "base"  # before anything is known: admitted
+    store.endpoints()[0].metrics = Metrics(served_models=("base",))
+    ServedModels(store).refresh()
+    assert labels.MODEL_NAMES.restricted
+    assert labels.MODEL_NAMES.bound("junk") == "other"
+
+
 def test_zero_limit_folds_everything() -> None:
     b = labels.BoundedLabel("t", limit=0)
     assert b.bound("a") == "other"
