@@ -124,6 +124,7 @@ class _Family:
         key = self._bound(values) if self._bounded else tuple(values)
         self._children.pop(key, None)
         self._texts.pop(key, None)
+        getattr(self, "_rendered", {}).pop(key, None)
 
     def _render_values(self, name: str, kind: str, out: list[str]) -> None:
         out.append(self._header(name, kind))
@@ -190,6 +191,8 @@ class Histogram(_Family):
     ) -> None:
         super().__init__(name, documentation, labelnames, bounded=bounded)
         self.bounds = tuple(float(b) for b in buckets if b != float("inf"))
+        self._les = (*(floatToGoString(b) for b in self.bounds), "+Inf")
+        self._rendered: dict[tuple[str, ...], tuple[int, str]] = {}  # scrape thread only
 
     def _new_child(self) -> HistogramChild:
         return HistogramChild(self.bounds)
@@ -215,26 +218,34 @@ class Histogram(_Family):
     def render(self, out: list[str]) -> None:
         name = self.name
         out.append(self._header(name, "histogram"))
-        les = [*(floatToGoString(b) for b in self.bounds), "+Inf"]
-        bucket, count, total = f"{name}_bucket{{", f"{name}_count", f"{name}_sum"
+        rendered = self._rendered
         for values, child in list(self._children.items()):
-            text = self._label_text(values)
-            before = ",".join(
-                f'{n}="{_escape(v)}"'
-                for n, v in sorted(zip(self.labelnames, values, strict=True))
-                if n < "le"
-            )
-            after = text[len(before) :]  # the labels that sort after "le", with their leading comma
-            if not before and after:
-                after = "," + after
-            head = f"{bucket}{before}," if before else bucket
-            head_tail = f"{after}}} "
-            tail = f"{{{text}}} " if text else " "
-            running = 0
-            for le, c in zip(les, list(child.counts), strict=True):  # type: ignore[attr-defined]
-                running += c
-                out.append(f'{head}le="{le}"{head_tail}{running}.0\n')
-            out.append(f"{count}{tail}{running}.0\n{total}{tail}{_fmt(child.sum)}\n")  # type: ignore[attr-defined]
+            counts = list(child.counts)  # type: ignore[attr-defined]
+            n = sum(counts)
+            cached = rendered.get(values)
+            if cached is not None and cached[0] == n:  # no observation since the last scrape
+                out.append(cached[1])
+                continue
+            text = self._series_text(values, counts, child.sum)  # type: ignore[attr-defined]
+            rendered[values] = (n, text)
+            out.append(text)
+
+    def _series_text(self, values: tuple[str, ...], counts: list[int], total_sum: float) -> str:
+        name = self.name
+        text = self._label_text(values)
+        pairs = sorted(zip(self.labelnames, values, strict=True))
+        before = ",".join(f'{n}="{_escape(v)}"' for n, v in pairs if n < "le")
+        after = text[len(before) :]  # the labels that sort after "le", with their leading comma
+        if not before and after:
+            after = "," + after
+        head = f"{name}_bucket{{{before}," if before else f"{name}_bucket{{"
+        tail = f"{{{text}}} " if text else " "
+        lines, running = [], 0
+        for le, c in zip(self._les, counts, strict=True):
+            running += c
+            lines.append(f'{head}le="{le}"{after}}} {running}.0\n')
+        lines.append(f"{name}_count{tail}{running}.0\n{name}_sum{tail}{_fmt(total_sum)}\n")
+        return "".join(lines)
 
 
 class Collector:
