@@ -1,5 +1,6 @@
 """The ``epp`` command: ``serve`` (the EPP), ``sim`` (a simulated vLLM server), ``run`` (a local
-stack: Envoy + EPP + simulators) and ``check-config`` (validate a config, print the effective one).
+stack: Envoy + EPP + simulators), ``check-config`` (validate a config, print the effective one) and
+``certs`` (a CA and the key pairs the Kubernetes manifests mount).
 
 ``serve`` keeps the reference EPP's flag names and defaults where they exist.
 """
@@ -69,6 +70,17 @@ def _add_serve(sub: Any) -> None:
         p, "--secure-serving", True, "serve ext_proc over TLS (default true; self-signed unless --cert-path)"
     )
     p.add_argument("--cert-path", default=None, help="directory holding tls.crt and tls.key")
+    add_bool(
+        p,
+        "--enable-cert-reload",
+        False,
+        "serve renewed certificates from --cert-path (and --ha-replication-cert-path) without a restart",
+    )
+    p.add_argument(
+        "--grpc-client-ca-file",
+        default=None,
+        help="PEM CA bundle: ext_proc requires a client certificate it signed (mTLS; needs --cert-path)",
+    )
     add_bool(p, "--health-checking", False, "also serve gRPC health on the ext_proc port")
     p.add_argument("--config-file", default=None, help="EndpointPickerConfig YAML file")
     p.add_argument("--config-text", default=None, help="EndpointPickerConfig YAML text")
@@ -105,10 +117,22 @@ def _add_serve(sub: Any) -> None:
         help="Lease to elect on (default epp-<namespace>-<pool>.gateway-api-inference-extension.sigs.k8s.io)",
     )
     k.add_argument(
+        "--ha-replication-port",
+        type=int,
+        default=9004,
+        help="port of the leader's state stream to the standbys (mutual TLS; default 9004)",
+    )
+    k.add_argument(
+        "--ha-replication-cert-path",
+        default=None,
+        help="directory with tls.crt, tls.key and ca.crt: this replica's certificate (naming "
+        "epp-replica) and the CA its peers' must be signed by; without it standbys are not warmed",
+    )
+    k.add_argument(
         "--ha-advertise-address",
         default=None,
         help="host:port where standbys reach this replica's state stream (default: $POD_IP, else the "
-        "host's address, and --grpc-health-port)",
+        "host's address, and --ha-replication-port)",
     )
     p.add_argument(
         "--refresh-metrics-interval", type=parse_duration, default=0.05, help="scrape period (50ms)"
@@ -162,7 +186,7 @@ def _standalone_pool_name(pod_name: str) -> str:
 
 def _advertise_address(args: argparse.Namespace) -> str:
     """``--ha-advertise-address``, else ``$POD_IP`` (downward API) or the host's address, with the
-    health port (where the replication stream is served)."""
+    replication port."""
     if args.ha_advertise_address is not None:
         return str(args.ha_advertise_address)
     host = os.environ.get("POD_IP", "")
@@ -181,7 +205,8 @@ def _advertise_address(args: argparse.Namespace) -> str:
                 file=sys.stderr,
             )
             return ""
-    return f"[{host}]:{args.grpc_health_port}" if ":" in host else f"{host}:{args.grpc_health_port}"
+    port = args.ha_replication_port
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 def _kube_options(args: argparse.Namespace, file_discovery: bool) -> Any:
@@ -227,11 +252,32 @@ def _kube_options(args: argparse.Namespace, file_discovery: bool) -> Any:
         opts.target_ports = _target_ports(args.endpoint_target_ports)
     elif args.endpoint_target_ports:
         raise SystemExit('error: "endpoint-target-ports" is only used with "endpoint-selector"')
+    if not 1 <= args.ha_replication_port <= 65535:
+        raise SystemExit(f'error: invalid port number {args.ha_replication_port} in "ha-replication-port"')
     if opts.leader_election and not opts.lease_duration > opts.renew_deadline > opts.retry_period > 0:
         raise SystemExit(
             "error: leader election needs --ha-lease-duration > --ha-renew-deadline > --ha-retry-period > 0"
         )
     return opts
+
+
+def _check_tls(args: argparse.Namespace) -> None:
+    """Refuse contradictory TLS flags and unusable certificate files before anything starts."""
+    from epp.server.tls import CA_FILE, CertificateFiles, TlsFileError
+
+    if args.grpc_client_ca_file and not (args.secure_serving and args.cert_path):
+        raise SystemExit("error: --grpc-client-ca-file needs --secure-serving and --cert-path")
+    checks: list[tuple[str, CertificateFiles]] = []
+    if args.secure_serving and args.cert_path:
+        checks.append(("--cert-path", CertificateFiles(args.cert_path, args.grpc_client_ca_file)))
+    if args.ha_replication_cert_path:
+        path = args.ha_replication_cert_path
+        checks.append(("--ha-replication-cert-path", CertificateFiles(path, Path(path) / CA_FILE)))
+    for flag, files in checks:
+        try:
+            files.load()
+        except TlsFileError as e:
+            raise SystemExit(f"error: {flag}: {e}") from None
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -240,6 +286,7 @@ def _serve(args: argparse.Namespace) -> int:
     from epp.server.app import EppServer, ServeOptions
 
     logs.configure(args.log_level)
+    _check_tls(args)
     if args.fairness_id_metric_label_limit < 0:
         raise SystemExit(
             "error: fairness-id-metric-label-limit must be non-negative, "
@@ -259,6 +306,10 @@ def _serve(args: argparse.Namespace) -> int:
         bind_address=args.bind_address,
         secure_serving=args.secure_serving,
         cert_path=args.cert_path,
+        client_ca_file=args.grpc_client_ca_file,
+        enable_cert_reload=args.enable_cert_reload,
+        replication_port=args.ha_replication_port,
+        replication_cert_path=args.ha_replication_cert_path,
         health_checking=args.health_checking,
         pool_name=pool_name or "epp",
         pool_namespace=args.pool_namespace,
@@ -320,6 +371,64 @@ def _check(args: argparse.Namespace) -> int:
     return 0
 
 
+# --- certs ----------------------------------------------------------------------------------
+
+
+def _add_certs(sub: Any) -> None:
+    p = sub.add_parser(
+        "certs",
+        help="write a CA, the EPP's certificate and a client certificate (for Kubernetes Secrets)",
+        description="Writes OUT/ca.crt and ca.key (keep ca.key private), OUT/epp/{tls.crt,tls.key,ca.crt} "
+        "(server and client usage; names epp, epp-replica, localhost, 127.0.0.1 and every --dns-name) and "
+        "OUT/envoy/{tls.crt,tls.key,ca.crt} (client only), then prints the kubectl commands that create "
+        "the Secrets epp-tls and epp-envoy-tls the manifests mount.",
+    )
+    p.add_argument("--out", required=True, help="directory to write into (created; existing files are kept)")
+    p.add_argument(
+        "--dns-name",
+        action="append",
+        default=[],
+        help="another name the EPP's certificate carries, e.g. epp.NAMESPACE.svc (repeatable)",
+    )
+    p.add_argument("--days", type=int, default=365, help="validity of the EPP and Envoy certificates (365)")
+    p.set_defaults(func=_certs)
+
+
+def _certs(args: argparse.Namespace) -> int:
+    from epp.server.tls import REPLICA_NAME, Authority, KeyPair
+
+    out = Path(args.out)
+    if not 1 <= args.days <= 3650:
+        print("error: --days must be between 1 and 3650", file=sys.stderr)
+        return 2
+    names = ["epp", REPLICA_NAME, "localhost", *args.dns_name]
+    targets = [out / "ca.crt", out / "ca.key", out / "epp", out / "envoy"]
+    existing = [str(t) for t in targets if t.exists()]
+    if existing:
+        print(f"error: would overwrite {', '.join(existing)}", file=sys.stderr)
+        return 2
+    ca = Authority.create()
+    pairs: dict[str, KeyPair] = {
+        "epp": ca.issue("epp", dns_names=names, ip_addresses=["127.0.0.1"], client=True, days=args.days),
+        "envoy": ca.issue("envoy", server=False, client=True, days=args.days),
+    }
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "ca.crt").write_bytes(ca.cert)
+    (out / "ca.key").write_bytes(ca.key)
+    (out / "ca.key").chmod(0o600)
+    for name, pair in pairs.items():
+        (out / name).mkdir()
+        (out / name / "tls.crt").write_bytes(pair.cert)
+        (out / name / "tls.key").write_bytes(pair.key)
+        (out / name / "tls.key").chmod(0o600)
+        (out / name / "ca.crt").write_bytes(ca.cert)
+    print(f"wrote {out}/ca.crt, {out}/ca.key, {out}/epp/ and {out}/envoy/; create the Secrets with:")
+    for secret, name in (("epp-tls", "epp"), ("epp-envoy-tls", "envoy")):
+        files = " ".join(f"--from-file={out / name / f}" for f in ("tls.crt", "tls.key", "ca.crt"))
+        print(f"  kubectl -n NAMESPACE create secret generic {secret} --type=kubernetes.io/tls {files}")
+    return 0
+
+
 # --- sim, run ---------------------------------------------------------------------------------
 
 
@@ -347,6 +456,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_sim(sub)
     _add_run(sub)
     _add_check(sub)
+    _add_certs(sub)
     return parser
 
 

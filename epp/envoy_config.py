@@ -15,7 +15,9 @@ turns it into YAML. The layout follows the reference deployment (protocol.md §1
   2. ``envoy.filters.http.ext_proc`` — the EPP;
   3. ``envoy.filters.http.router``;
 
-* cluster ``ext_proc`` (STATIC, HTTP/2, plain text unless ``tls``) pointing at the EPP;
+* cluster ``ext_proc`` (STATIC, HTTP/2, plain text unless ``tls``) pointing at the EPP; with an
+  :class:`EppTls` Envoy verifies the EPP's certificate (CA and DNS name) and presents its own
+  client certificate (mutual TLS), both read through file-based SDS so renewed files apply;
 * cluster ``original_destination_cluster`` (ORIGINAL_DST keyed on ``x-gateway-destination-endpoint``);
 * fail-open only: cluster ``fallback_cluster`` (STATIC, round robin over ``fallback_endpoints``) and a
   second route: requests that carry the EPP's header go to ORIGINAL_DST, all others (EPP unreachable)
@@ -45,6 +47,7 @@ import argparse
 import shutil
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -77,6 +80,29 @@ MAX_DOWNSTREAM_CONNECTIONS = 50000
 _TYPE = "type.googleapis.com/envoy.extensions"
 
 
+@dataclass(frozen=True, slots=True)
+class EppTls:
+    """Authenticated TLS from Envoy to the EPP.
+
+    ``cert_dir`` holds ``ca.crt`` (the CA the EPP's certificate must be signed by) and, with
+    ``client_certificate``, Envoy's own ``tls.crt``/``tls.key`` (a mounted Kubernetes Secret).
+    ``server_name`` is sent as SNI and must be a DNS name of the EPP's certificate. The files are
+    delivered through file-based SDS: :func:`sds_files` are written into ``sds_dir`` next to the
+    bootstrap, and Envoy re-reads the certificates when ``cert_dir`` changes (a renewed Secret).
+    """
+
+    cert_dir: str
+    sds_dir: str
+    server_name: str = "epp"
+    client_certificate: bool = True
+
+
+SDS_CERTIFICATE_FILE = "sds-epp-client-certificate.yaml"
+SDS_HEADER = "# Generated with the Envoy bootstrap (file-based SDS for its TLS to the EPP); do not edit.\n"
+SDS_CA_FILE = "sds-epp-ca.yaml"
+_SECRET_TYPE = f"{_TYPE}.transport_sockets.tls.v3.Secret"
+
+
 def envoy_bootstrap(
     *,
     listen_port: int = 8081,
@@ -88,7 +114,7 @@ def envoy_bootstrap(
     fail_open: bool = False,
     fallback_endpoints: Sequence[str] = (),
     subset_hint_header: str | None = None,
-    tls: bool = False,
+    tls: bool | EppTls = False,
     extproc_health_port: int | None = None,
     listen_host: str = "127.0.0.1",
     stripped_headers: Sequence[str] = DEFAULT_STRIPPED_HEADERS,
@@ -98,8 +124,9 @@ def envoy_bootstrap(
 
     ``fail_open`` requires ``fallback_endpoints`` (``"ip:port"`` strings): they serve the requests
     that pass through without an EPP decision. ``subset_hint_header`` names a request header whose
-    value (``"ip:port,ip:port"``) becomes the subset hint. ``tls`` talks TLS to the EPP (accepting
-    its self-signed certificate), otherwise plain-text HTTP/2.
+    value (``"ip:port,ip:port"``) becomes the subset hint. ``tls=True`` talks TLS to the EPP and
+    accepts any certificate (the reference layout, for its self-signed one: not authenticated); an
+    :class:`EppTls` verifies the EPP and presents a client certificate; otherwise plain-text HTTP/2.
 
     ``extproc_health_port`` is the EPP's gRPC health port (plain text). When set, Envoy actively
     health-checks the EPP there and treats it as absent while it is not SERVING (panic threshold 0).
@@ -133,7 +160,11 @@ def envoy_bootstrap(
         stripped_headers=stripped_headers,
         access_log=access_log,
     )
+    bootstrap: dict[str, Any] = {}
+    if isinstance(tls, EppTls):
+        bootstrap["node"] = {"id": "epp-envoy", "cluster": "epp"}  # file-based SDS requires a node
     return {
+        **bootstrap,
         "admin": {"address": _socket_address("127.0.0.1", admin_port)},
         "overload_manager": overload_manager(),
         "static_resources": {
@@ -384,8 +415,11 @@ def overload_manager(max_connections: int = MAX_DOWNSTREAM_CONNECTIONS) -> dict[
 # ------------------------------------------------------------------------------------------- clusters
 
 
-def ext_proc_cluster(host: str, port: int, *, tls: bool, health_port: int | None = None) -> dict[str, Any]:
-    """The EPP as an HTTP/2 (gRPC) cluster; TLS accepts any certificate (the EPP's is self-signed).
+def ext_proc_cluster(
+    host: str, port: int, *, tls: bool | EppTls, health_port: int | None = None
+) -> dict[str, Any]:
+    """The EPP as an HTTP/2 (gRPC) cluster; ``tls=True`` accepts any certificate, an
+    :class:`EppTls` authenticates both sides.
 
     With ``health_port`` the EPP's standard gRPC health service is checked there (always plain
     text, also when ext_proc uses TLS), and an unhealthy EPP counts as no host at all.
@@ -410,16 +444,75 @@ def ext_proc_cluster(host: str, port: int, *, tls: bool, health_port: int | None
         "load_assignment": _load_assignment(EXT_PROC_CLUSTER, [(host, port)]),
     }
     if tls:
-        cluster["transport_socket"] = {
-            "name": "envoy.transport_sockets.tls",
-            "typed_config": {
-                "@type": f"{_TYPE}.transport_sockets.tls.v3.UpstreamTlsContext",
-                "common_tls_context": {"alpn_protocols": ["h2"], "validation_context": {}},
-            },
-        }
+        cluster["transport_socket"] = upstream_tls_socket(tls)
     if health_port:
-        _add_health_check(cluster, health_port, tls=tls)
+        _add_health_check(cluster, health_port, tls=bool(tls))
     return cluster
+
+
+def upstream_tls_socket(tls: bool | EppTls) -> dict[str, Any]:
+    """The ext_proc cluster's TLS transport socket (ALPN h2)."""
+    if not isinstance(tls, EppTls):  # accepts any certificate: the reference's empty validation context
+        common: dict[str, Any] = {"alpn_protocols": ["h2"], "validation_context": {}}
+        return _tls_socket({"common_tls_context": common})
+    common = {
+        "alpn_protocols": ["h2"],
+        "combined_validation_context": {
+            "default_validation_context": {
+                "match_typed_subject_alt_names": [{"san_type": "DNS", "matcher": {"exact": tls.server_name}}]
+            },
+            "validation_context_sds_secret_config": _sds_ref(tls, "epp-ca", SDS_CA_FILE),
+        },
+    }
+    if tls.client_certificate:
+        common["tls_certificate_sds_secret_configs"] = [
+            _sds_ref(tls, "epp-client-certificate", SDS_CERTIFICATE_FILE)
+        ]
+    return _tls_socket({"sni": tls.server_name, "common_tls_context": common})
+
+
+def _tls_socket(context: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "name": "envoy.transport_sockets.tls",
+        "typed_config": {"@type": f"{_TYPE}.transport_sockets.tls.v3.UpstreamTlsContext", **context},
+    }
+
+
+def _sds_ref(tls: EppTls, name: str, file: str) -> dict[str, Any]:
+    return {
+        "name": name,
+        "sds_config": {"resource_api_version": "V3", "path_config_source": {"path": f"{tls.sds_dir}/{file}"}},
+    }
+
+
+def sds_files(tls: EppTls) -> dict[str, dict[str, Any]]:
+    """The file-based SDS resources an :class:`EppTls` bootstrap reads, by file name.
+
+    Each names files in ``cert_dir`` and watches that directory, so Envoy reloads them when a
+    renewed Secret is swapped in (Kubernetes replaces the directory's ``..data`` symlink).
+    """
+    watch = {"path": tls.cert_dir}
+    files = {
+        SDS_CA_FILE: _sds_resource(
+            "epp-ca", {"validation_context": {"trusted_ca": {"filename": f"{tls.cert_dir}/ca.crt"}}}, watch
+        )
+    }
+    if tls.client_certificate:
+        certificate = {
+            "certificate_chain": {"filename": f"{tls.cert_dir}/tls.crt"},
+            "private_key": {"filename": f"{tls.cert_dir}/tls.key"},
+        }
+        files[SDS_CERTIFICATE_FILE] = _sds_resource(
+            "epp-client-certificate", {"tls_certificate": certificate}, watch
+        )
+    return files
+
+
+def _sds_resource(name: str, body: dict[str, Any], watch: dict[str, str]) -> dict[str, Any]:
+    (kind,) = body
+    return {
+        "resources": [{"@type": _SECRET_TYPE, "name": name, kind: {**body[kind], "watched_directory": watch}}]
+    }
 
 
 EXTPROC_HEALTH_SERVICE = "envoy.service.ext_proc.v3.ExternalProcessor"
@@ -573,7 +666,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--access-log", action="store_true", help="log every request to stdout")
     parser.add_argument("--fallback-endpoint", action="append", default=[], metavar="IP:PORT")
     parser.add_argument("--subset-hint-header")
-    parser.add_argument("--tls", action="store_true")
+    parser.add_argument("--tls", action="store_true", help="TLS to the EPP, accepting any certificate")
+    parser.add_argument(
+        "--tls-cert-dir",
+        metavar="DIR",
+        help="mutual TLS to the EPP: DIR holds ca.crt (the EPP's CA) and Envoy's tls.crt/tls.key",
+    )
+    parser.add_argument(
+        "--tls-server-name", default="epp", help="SNI and DNS name the EPP's certificate carries"
+    )
+    parser.add_argument(
+        "--tls-sds-dir",
+        default="/etc/envoy",
+        metavar="DIR",
+        help="where the bootstrap finds the SDS files of --tls-cert-dir (default /etc/envoy)",
+    )
+    parser.add_argument(
+        "--write-sds", metavar="DIR", help="also write the SDS files of --tls-cert-dir into DIR"
+    )
     parser.add_argument(
         "--extproc-health-port",
         type=int,
@@ -588,6 +698,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             (out / name).write_text(text)
             print(f"wrote {out / name}")
         return 0
+    tls: bool | EppTls = args.tls
+    if args.tls_cert_dir:
+        tls = EppTls(args.tls_cert_dir, args.tls_sds_dir, server_name=args.tls_server_name)
+        if args.write_sds:
+            out = Path(args.write_sds)
+            out.mkdir(parents=True, exist_ok=True)
+            for name, doc in sds_files(tls).items():
+                (out / name).write_text(SDS_HEADER + render(doc))
+    elif args.write_sds:
+        parser.error("--write-sds needs --tls-cert-dir")
     sys.stdout.write(
         render(
             envoy_bootstrap(
@@ -602,7 +722,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 fail_open=args.fail_open,
                 fallback_endpoints=args.fallback_endpoint,
                 subset_hint_header=args.subset_hint_header,
-                tls=args.tls,
+                tls=tls,
                 extproc_health_port=args.extproc_health_port,
             )
         )

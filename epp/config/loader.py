@@ -36,6 +36,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import epp.plugins  # noqa: F401 - the composition root registers the built-in plugin types
 from epp.config import defaults as d
 from epp.config.effective import render_effective
 from epp.config.schema import (

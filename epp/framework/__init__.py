@@ -35,6 +35,7 @@ from epp.framework.results import (
     CycleState,
     ProfileRunResult,
     ResponseInfo,
+    SchedulingOutcome,
     SchedulingResult,
     ScoredEndpoint,
 )
@@ -76,6 +77,7 @@ __all__ = [
     "ResponseInfo",
     "SaturationDetector",
     "SchedulingError",
+    "SchedulingOutcome",
     "SchedulingResult",
     "ScoredEndpoint",
     "Scorer",

@@ -25,6 +25,7 @@ from epp.framework.results import (
     CycleState,
     ProfileRunResult,
     ResponseInfo,
+    SchedulingOutcome,
     SchedulingResult,
     ScoredEndpoint,
 )
@@ -108,9 +109,9 @@ class ProfileHandler(Plugin, abc.ABC):
     """Chooses which profiles run, and decides from their results whether the request is served.
 
     ``pick_profiles`` is called repeatedly until it returns no profile; it may write ``None`` into
-    ``results`` to mark a stage skipped. ``process_results`` is the
-    only place that decides whether a failed profile (a ``None`` entry) fails the request: it returns
-    ``(result, None)`` to serve the request or ``(None, error)`` to fail it.
+    ``results`` to record a stage it declined. ``process_results`` alone decides whether a failed
+    profile (a ``None`` entry) fails the request: ``SchedulingOutcome.serve(result)`` or
+    ``SchedulingOutcome.fail(error)``.
     """
 
     @abc.abstractmethod
@@ -125,7 +126,7 @@ class ProfileHandler(Plugin, abc.ABC):
     @abc.abstractmethod
     def process_results(
         self, cycle: CycleState, request: LLMRequest, results: Mapping[str, ProfileRunResult | None]
-    ) -> tuple[SchedulingResult | None, Exception | None]: ...
+    ) -> SchedulingOutcome: ...
 
     def validate_profiles(self, profile_names: Sequence[str]) -> str | None:
         """Return a reason when this handler cannot work with these profiles (checked at load)."""

@@ -1,9 +1,8 @@
 """The plugin registry: type name -> plugin class.
 
-Built-in plugins register with the ``@register`` decorator when ``epp.plugins`` is imported.
-Third-party packages expose plugin classes (or modules that register them) through the
-``epp.plugins`` entry-point group; ``load_entry_points()`` imports them once, so a config can name
-their types without touching this repository.
+Plugin classes register with ``@register`` when their module is imported; the config loader (the
+composition root) imports the built-ins, and ``load_entry_points()`` imports the ``epp.plugins``
+entry points of third-party packages, so a config can name their types.
 """
 
 from __future__ import annotations
@@ -48,7 +47,7 @@ def registered_types() -> list[str]:
 
 
 def load_entry_points(*, reload: bool = False) -> None:
-    """Import built-ins and every ``epp.plugins`` entry point (once, unless ``reload``).
+    """Import every ``epp.plugins`` entry point (once, unless ``reload``).
 
     An entry point may name a plugin class (registered here under its ``type_name``) or a module
     whose classes register themselves with ``@register``.
@@ -57,8 +56,6 @@ def load_entry_points(*, reload: bool = False) -> None:
     if _entry_points_loaded and not reload:
         return
     _entry_points_loaded = True
-    import epp.plugins  # noqa: F401 - registers the built-in plugins
-
     for ep in entry_points(group="epp.plugins"):
         try:
             obj = ep.load()

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from epp.framework.endpoint import Endpoint
 
@@ -35,6 +35,24 @@ class SchedulingResult:
     @property
     def primary(self) -> ProfileRunResult | None:
         return self.profile_results.get(self.primary_profile_name)
+
+
+class SchedulingOutcome(NamedTuple):
+    """A profile handler's decision: serve the request with ``result``, or fail it with ``error``.
+
+    Exactly one of the two is set. It is a pair, so ``result, error = outcome`` works.
+    """
+
+    result: SchedulingResult | None
+    error: Exception | None
+
+    @classmethod
+    def serve(cls, result: SchedulingResult) -> SchedulingOutcome:
+        return cls(result, None)
+
+    @classmethod
+    def fail(cls, error: Exception) -> SchedulingOutcome:
+        return cls(None, error)
 
 
 class CycleState(dict[str, Any]):

@@ -4,7 +4,7 @@
 2. Run each picked profile on the same candidates; a failure is logged and recorded as an explicit
    ``None`` entry in the results (never a missing entry).
 3. Hand all results to the handler's ``process_results``, which alone decides whether the request
-   is served: it returns ``(SchedulingResult, None)`` or ``(None, error)``.
+   is served: a ``SchedulingOutcome`` holding the result, or the error.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from epp.framework.endpoint import Endpoint
 from epp.framework.errors import SchedulingError
 from epp.framework.interfaces import ProfileHandler
 from epp.framework.request import LLMRequest
-from epp.framework.results import CycleState, ProfileRunResult, SchedulingResult
+from epp.framework.results import CycleState, ProfileRunResult, SchedulingOutcome
 from epp.scheduling.profile import PluginTimer, SchedulerProfile
 
 log = structlog.get_logger("epp.scheduler")
@@ -40,7 +40,7 @@ class Scheduler:
 
     def schedule(
         self, cycle: CycleState, request: LLMRequest, candidates: list[Endpoint]
-    ) -> tuple[SchedulingResult | None, Exception | None]:
+    ) -> SchedulingOutcome:
         results: dict[str, ProfileRunResult | None] = {}
         timer = self.timer
         for _ in range(_MAX_ROUNDS):
@@ -57,15 +57,15 @@ class Scheduler:
                     log.debug("profile failed", profile=name, request_id=request.request_id, error=str(e))
                     results[name] = None
         else:
-            return None, SchedulingError(
-                f"profile handler '{self.handler.name}' did not stop picking profiles"
+            return SchedulingOutcome.fail(
+                SchedulingError(f"profile handler '{self.handler.name}' did not stop picking profiles")
             )
         if not results:
-            return None, SchedulingError(
-                f"failed to run any scheduler profile for request {request.request_id}"
+            return SchedulingOutcome.fail(
+                SchedulingError(f"failed to run any scheduler profile for request {request.request_id}")
             )
         t0 = time.perf_counter() if timer else 0.0
-        outcome = self.handler.process_results(cycle, request, results)
+        result, error = self.handler.process_results(cycle, request, results)
         if timer:
             timer("ProcessProfilesResults", self.handler, time.perf_counter() - t0)
-        return outcome
+        return SchedulingOutcome(result, error)

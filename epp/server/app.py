@@ -1,6 +1,7 @@
 """``epp serve``: wire the configuration, the data layer and the gRPC servers together.
 
-Start-up order: health server (NOT_SERVING) and Prometheus endpoint -> the endpoint source
+Start-up order: health server (NOT_SERVING), replication server (leader election with
+``--ha-replication-cert-path``: mutual TLS on its own port) and Prometheus endpoint -> the endpoint source
 (file discovery: initial load, a failure exits non-zero; Kubernetes: the InferencePool/pod
 reflectors, the objective/rewrite watchers and leader election start in the background) ->
 metrics scraping -> ext_proc server. Readiness is SERVING while every condition of
@@ -36,7 +37,12 @@ from epp.server.director import Director, DirectorHooks
 from epp.server.extproc import ExternalProcessor, StreamOptions
 from epp.server.health import Health
 from epp.server.replication import ReplicationFollower, ReplicationHub
-from epp.server.tls import server_credentials
+from epp.server.tls import (
+    REPLICA_NAME,
+    replica_channel_credentials,
+    replica_server_credentials,
+    server_credentials,
+)
 
 if TYPE_CHECKING:
     from epp.k8s.runtime import KubeRuntime
@@ -52,6 +58,10 @@ class ServeOptions:
     bind_address: str = "0.0.0.0"
     secure_serving: bool = True
     cert_path: str | None = None
+    client_ca_file: str | None = None
+    enable_cert_reload: bool = False
+    replication_port: int = 9004
+    replication_cert_path: str | None = None
     health_checking: bool = False
     pool_name: str = "epp"
     pool_namespace: str = "default"
@@ -77,7 +87,10 @@ def _grpc_options(max_body: int) -> list[tuple[str, int]]:
 
 def _bind(server: grpc.aio.Server, address: str, opts: ServeOptions) -> None:
     if opts.secure_serving:
-        server.add_secure_port(address, server_credentials(opts.cert_path))
+        credentials = server_credentials(
+            opts.cert_path, client_ca_file=opts.client_ca_file, reload=opts.enable_cert_reload
+        )
+        server.add_secure_port(address, credentials)
     else:
         server.add_insecure_port(address)
 
@@ -154,10 +167,22 @@ class EppServer:
         plugins = {n: p for n, p in self.cfg.plugins.items() if isinstance(p, ReplicatedState)}
         if not plugins:
             return None
+        cert_path = self.opts.replication_cert_path
+        if not cert_path:
+            log.warning(
+                "no --ha-replication-cert-path: standbys will not mirror the leader's prefix index "
+                "(the replication stream is served only over mutual TLS)"
+            )
+            return None
         if not leader.advertise:
             log.warning("no --ha-advertise-address: standbys will not mirror the leader's prefix index")
-        hub = ReplicationHub(plugins, is_leader=lambda: leader.is_leader)
-        follower = ReplicationFollower(plugins, lambda: None if leader.is_leader else leader.leader_address)
+        hub = ReplicationHub(plugins, is_leader=lambda: leader.is_leader, peer_name=REPLICA_NAME)
+        follower = ReplicationFollower(
+            plugins,
+            lambda: None if leader.is_leader else leader.leader_address,
+            credentials=lambda: replica_channel_credentials(cert_path),
+            server_name=REPLICA_NAME,
+        )
         return hub, follower
 
     def _pool_status(self, ready: bool, reason: str) -> None:
@@ -176,14 +201,25 @@ class EppServer:
         metrics.INFO.labels(commit="unknown", build_ref="epp").set(1)
         start_http_server(opts.metrics_port, addr=opts.bind_address)
 
+        # Plain text: the kubelet's gRPC probes cannot present a client certificate. Only the
+        # health service is served here.
         health_server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
         health_pb2_grpc.add_HealthServicer_to_server(self.health.servicer, health_server)
-        replication = self._replication()
-        if replication is not None:
-            replication[0].add_to_server(health_server)  # the leader's stream to the standbys
         health_server.add_insecure_port(f"{opts.bind_address}:{opts.grpc_health_port}")
+        replication = self._replication()
+        replication_server: grpc.aio.Server | None = None
+        if replication is not None and opts.replication_cert_path:
+            # The leader's stream to the standbys: mutual TLS, replicas only.
+            replication_server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+            replication[0].add_to_server(replication_server)
+            replication_server.add_secure_port(
+                f"{opts.bind_address}:{opts.replication_port}",
+                replica_server_credentials(opts.replication_cert_path, reload=opts.enable_cert_reload),
+            )
         await self.health.start()
         await health_server.start()
+        if replication_server is not None:
+            await replication_server.start()
 
         discovery = cfg.discovery
         kube = self.kube
@@ -260,3 +296,5 @@ class EppServer:
                 await discovery.stop()
             await self.health.shutdown()
             await health_server.stop(0)
+            if replication_server is not None:
+                await replication_server.stop(0)

@@ -7,15 +7,20 @@ leader would start with an empty index and send every known prefix to an arbitra
 
 * every replica's ``ReplicatedState`` plugins record their updates (``start_recording``);
 * ``ReplicationHub`` (every replica; only the leader has updates) drains them every 50 ms and sends
-  one batch to each connected follower over gRPC on the health port:
-  ``/epp.replication.v1.Replication/Follow``, server streaming, each message an orjson object
-  ``{"<plugin name>": [update, ...]}`` of at most 1 MiB. A new follower first gets
+  one batch to each connected follower over gRPC on the replication port (``--ha-replication-port``,
+  mutual TLS: see below): ``/epp.replication.v1.Replication/Follow``, server streaming, each message
+  an orjson object ``{"<plugin name>": [update, ...]}`` of at most 1 MiB. A new follower first gets
   ``{"$reset": true}`` and a snapshot of the current state (``snapshot_updates``, in batches), then
   the live batches. Only the leader serves the stream. A follower more than 32 MiB behind is cut
   off (it reconnects and resyncs from a snapshot), never slowing the leader or diverging;
 * ``ReplicationFollower`` (every replica) connects to the leader's advertised address (from the
   Lease, see ``epp.k8s.leader``) while it is not the leader itself, applies each batch, and
   reconnects with backoff when the stream breaks or the leader changes.
+
+Only replicas take part: the port requires a client certificate signed by the replicas' CA, and
+the hub serves only a peer whose certificate names ``epp.server.tls.REPLICA_NAME`` (a client
+certificate from the same CA issued to Envoy does not); the follower likewise checks that the
+leader's certificate is signed by that CA and names it.
 
 Updates are applied in the leader's order, so a follower's state equals the leader's (a record the
 snapshot already contains may be applied again: ``add`` is idempotent but for recency). Nothing
@@ -35,6 +40,7 @@ import structlog
 
 from epp.background import BackgroundTask
 from epp.framework import ReplicatedState
+from epp.server.tls import peer_names
 
 log = structlog.get_logger("epp.replication")
 
@@ -43,7 +49,7 @@ METHOD = f"/{SERVICE}/Follow"
 FLUSH_INTERVAL = 0.05
 MAX_PENDING_BYTES = 32 << 20  # per follower: one that falls further behind is cut off and resyncs
 MAX_MESSAGE_BYTES = 1 << 20  # batches are split below gRPC's 4 MiB default message limit
-MAX_FOLLOWERS = 16  # standbys of one pool; more connections are refused (the port is unauthenticated)
+MAX_FOLLOWERS = 16  # standbys of one pool; more connections are refused
 RESET_KEY = "$reset"
 RESET = orjson.dumps({RESET_KEY: True})
 
@@ -76,7 +82,8 @@ class ReplicationHub:
 
     Only the leader serves the stream (``is_leader``): a replica that restarted in place under the
     leader's address, or a standby, answers FAILED_PRECONDITION instead of resetting the standbys'
-    warm state with its own empty one.
+    warm state with its own empty one. With ``peer_name`` (on a mutual-TLS port) a follower whose
+    verified certificate does not name it is answered PERMISSION_DENIED.
     """
 
     def __init__(
@@ -85,9 +92,12 @@ class ReplicationHub:
         *,
         is_leader: Callable[[], bool] = lambda: True,
         interval: float = FLUSH_INTERVAL,
+        peer_name: str | None = None,
     ) -> None:
         self.plugins = dict(plugins)
         self.is_leader = is_leader
+        self.peer_name = peer_name
+        self.refused = 0
         self.interval = interval
         self.batches_sent = 0
         self.followers_cut = 0
@@ -146,6 +156,12 @@ class ReplicationHub:
                 log.exception("replication flush failed")
 
     async def _follow(self, request: bytes, context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
+        if self.peer_name is not None and self.peer_name not in peer_names(context.auth_context()):
+            self.refused += 1
+            log.warning("replication refused: the peer's certificate is not a replica's", peer=context.peer())
+            await context.abort(
+                grpc.StatusCode.PERMISSION_DENIED, f"a replica certificate ({self.peer_name}) is required"
+            )
         if not self.is_leader():
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, "not the leader")
         if len(self._followers) >= MAX_FOLLOWERS:
@@ -175,7 +191,12 @@ class ReplicationHub:
 
 
 class ReplicationFollower:
-    """Follows ``leader_address()`` (None: we lead, or no leader known) and applies its batches."""
+    """Follows ``leader_address()`` (None: we lead, or no leader known) and applies its batches.
+
+    ``credentials`` (called on every connection, so renewed files apply) makes the channel mutual
+    TLS; the leader's certificate must then name ``server_name``. Without it the channel is plain
+    text (tests only).
+    """
 
     def __init__(
         self,
@@ -183,10 +204,14 @@ class ReplicationFollower:
         leader_address: Callable[[], str | None],
         *,
         recheck: float = 1.0,
+        credentials: Callable[[], grpc.ChannelCredentials] | None = None,
+        server_name: str = "",
     ) -> None:
         self.plugins = dict(plugins)
         self.leader_address = leader_address
         self.recheck = recheck
+        self.credentials = credentials
+        self.server_name = server_name
         self.batches_applied = 0
         self.following: str | None = None  # the leader whose stream is being received
         self._task = BackgroundTask("replication follower", self._run)
@@ -217,9 +242,16 @@ class ReplicationFollower:
                 self.following = None
             await asyncio.sleep(min(5.0, 0.1 * 2 ** min(failures, 6)) * self._rng.uniform(0.8, 1.2))
 
+    def _channel(self, address: str) -> grpc.aio.Channel:
+        options: list[tuple[str, Any]] = [("grpc.max_receive_message_length", 64 << 20)]
+        if self.credentials is None:
+            return grpc.aio.insecure_channel(address, options=options)
+        if self.server_name:
+            options.append(("grpc.ssl_target_name_override", self.server_name))
+        return grpc.aio.secure_channel(address, self.credentials(), options=options)
+
     async def _follow(self, address: str) -> None:
-        options = [("grpc.max_receive_message_length", 64 << 20)]
-        async with grpc.aio.insecure_channel(address, options=options) as channel:
+        async with self._channel(address) as channel:
             call = channel.unary_stream(
                 METHOD, request_serializer=_identity, response_deserializer=_identity
             )(b"")

@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 
 from epp import stack
+from epp.cli import main as epp_main
 from tests.fakekube import FakeKube, objects
 from tests.integration.conftest import MODEL, Envoy, Epp, Rig, Sim, chat_body, marker
 
@@ -236,15 +237,26 @@ def _indexer_size(epp: Epp) -> float:
 def test_a_new_leader_routes_known_prefixes_where_the_old_leader_did(
     rig: Rig, kube: FakeKube, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("POD_IP", "127.0.0.1")  # the advertised replication address: POD_IP:health port
+    monkeypatch.setenv("POD_IP", "127.0.0.1")  # the advertised replication address: POD_IP:replication port
+    certs = tmp_path / "certs"
+    assert epp_main(["certs", "--out", str(certs)]) == 0  # the replicas' mutual-TLS certificate
     port = stack.free_port()
     sims = rig.start_sims(3, prefix="pod", hosts=HOSTS, port=port)
     kube.create(pool_obj(port))
     for sim in sims:
         kube.create(pod_obj(sim))
     extra = kube_args(kube, tmp_path, "--pool-name", "pool", *HA, "--ha-retry-period=0.2s")
-    a = rig.start_epp([], name="epp-a", file_discovery=False, wait_ready=False, extra=extra)
-    b = rig.start_epp([], name="epp-b", file_discovery=False, wait_ready=False, extra=extra)
+    extra += [f"--ha-replication-cert-path={certs / 'epp'}"]
+    a, b = (
+        rig.start_epp(
+            [],
+            name=f"epp-{name}",
+            file_discovery=False,
+            wait_ready=False,
+            extra=[*extra, f"--ha-replication-port={stack.free_port()}"],
+        )
+        for name in "ab"
+    )
     leader, standby = _leader(a, b)
     via_leader = rig.start_envoy(leader, name="envoy-leader")
     via_standby = rig.start_envoy(standby, name="envoy-standby")

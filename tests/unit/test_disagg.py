@@ -28,6 +28,7 @@ from epp.framework import (
     ProfileRunResult,
     RequestBody,
     SchedulingError,
+    SchedulingOutcome,
     SchedulingResult,
     registry,
 )
@@ -181,7 +182,7 @@ class _Capturing(DisaggProfileHandler):
 
     def process_results(
         self, cycle: CycleState, request: LLMRequest, results: Mapping[str, ProfileRunResult | None]
-    ) -> tuple[SchedulingResult | None, Exception | None]:
+    ) -> SchedulingOutcome:
         self.seen = dict(results)
         return super().process_results(cycle, request, results)
 
@@ -200,7 +201,7 @@ def count(metric: str, decision: str, model: str = "m") -> float:
 
 def run(
     handler: Any, profiles: Sequence[SchedulerProfile], request: LLMRequest, pool: list[Endpoint]
-) -> tuple[SchedulingResult | None, Exception | None]:
+) -> SchedulingOutcome:
     return Scheduler(handler, {p.name: p for p in profiles}).schedule(CycleState(), request, pool)
 
 

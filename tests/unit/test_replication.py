@@ -4,13 +4,21 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 
 import grpc
 import orjson
 import pytest
 
 from epp.framework import ReplicatedState
-from epp.server.replication import ReplicationFollower, ReplicationHub
+from epp.server.replication import METHOD, ReplicationFollower, ReplicationHub
+from epp.server.tls import (
+    REPLICA_NAME,
+    Authority,
+    KeyPair,
+    replica_channel_credentials,
+    replica_server_credentials,
+)
 from tests.unit.test_prefix_cache import SMALL, completion, endpoints, infos, producer, route
 
 PROMPT = "You are a helpful assistant. " * 8 + "Question one?"
@@ -219,3 +227,144 @@ async def test_followers_beyond_the_limit_are_refused(
         assert hub.followers == 1
     finally:
         await first.stop()
+
+
+# ------------------------------------------------------------------------ mutual TLS (replicas only)
+
+
+def _write_pair(directory: Path, pair: KeyPair) -> str:
+    directory.mkdir(parents=True)
+    (directory / "tls.crt").write_bytes(pair.cert)
+    (directory / "tls.key").write_bytes(pair.key)
+    (directory / "ca.crt").write_bytes(pair.ca or b"")
+    return str(directory)
+
+
+@pytest.fixture(scope="module")
+def authorities() -> tuple[Authority, Authority]:
+    return Authority.create("replicas"), Authority.create("someone-else")
+
+
+@pytest.fixture
+async def tls_leader(
+    tmp_path: Path, authorities: tuple[Authority, Authority]
+) -> AsyncIterator[tuple[ReplicationHub, str, Authority]]:
+    """A leader's hub on a mutual-TLS port, as ``epp serve`` runs it."""
+    ca, _ = authorities
+    leader_dir = _write_pair(
+        tmp_path / "leader", ca.issue("epp", dns_names=["epp", REPLICA_NAME], client=True)
+    )
+    hub = ReplicationHub({"prefix": producer(**SMALL)}, interval=0.01, peer_name=REPLICA_NAME)
+    server = grpc.aio.server()
+    hub.add_to_server(server)
+    port = server.add_secure_port("127.0.0.1:0", replica_server_credentials(leader_dir))
+    await server.start()
+    hub.start()
+    yield hub, f"127.0.0.1:{port}", ca
+    await hub.stop()
+    await server.stop(0)
+
+
+async def _first_message(address: str, credentials: grpc.ChannelCredentials | None) -> bytes:
+    options = [("grpc.ssl_target_name_override", REPLICA_NAME)]
+    channel = (
+        grpc.aio.secure_channel(address, credentials, options=options)
+        if credentials is not None
+        else grpc.aio.insecure_channel(address)
+    )
+    async with channel:
+        call = channel.unary_stream(METHOD)(b"", timeout=5)
+        try:
+            return bytes(await call.read())
+        finally:
+            call.cancel()
+
+
+async def test_the_replication_port_refuses_peers_that_are_not_replicas(
+    tls_leader: tuple[ReplicationHub, str, Authority], authorities: tuple[Authority, Authority]
+) -> None:
+    hub, address, ca = tls_leader
+    _, other = authorities
+    # plain text, and TLS without a client certificate: no handshake
+    for credentials in (None, grpc.ssl_channel_credentials(root_certificates=ca.cert)):
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await _first_message(address, credentials)
+        assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+    # a client certificate from another CA: refused in the handshake
+    stranger = other.issue("x", dns_names=[REPLICA_NAME], server=False, client=True)
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await _first_message(
+            address,
+            grpc.ssl_channel_credentials(ca.cert, private_key=stranger.key, certificate_chain=stranger.cert),
+        )
+    assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+    # a client certificate from the replicas' CA that is not a replica's (Envoy's)
+    envoy = ca.issue("envoy", server=False, client=True)
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await _first_message(
+            address,
+            grpc.ssl_channel_credentials(ca.cert, private_key=envoy.key, certificate_chain=envoy.cert),
+        )
+    assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    assert hub.refused == 1 and hub.followers == 0
+    # a replica's certificate: served
+    replica = ca.issue("epp", dns_names=[REPLICA_NAME], client=True)
+    first = await _first_message(
+        address,
+        grpc.ssl_channel_credentials(ca.cert, private_key=replica.key, certificate_chain=replica.cert),
+    )
+    assert orjson.loads(first) == {"$reset": True}
+
+
+async def test_a_standby_follows_the_leader_over_mutual_tls(
+    tls_leader: tuple[ReplicationHub, str, Authority], tmp_path: Path
+) -> None:
+    hub, address, ca = tls_leader
+    standby_dir = _write_pair(tmp_path / "standby", ca.issue("epp", dns_names=[REPLICA_NAME], client=True))
+    follower = ReplicationFollower(
+        {"prefix": producer(**SMALL)},
+        lambda: address,
+        recheck=0.1,
+        credentials=lambda: replica_channel_credentials(standby_dir),
+        server_name=REPLICA_NAME,
+    )
+    follower.start()
+    try:
+        await until(lambda: follower.following == address and hub.followers == 1)
+    finally:
+        await follower.stop()
+
+
+async def test_a_standby_does_not_follow_a_leader_it_cannot_verify(
+    tmp_path: Path, authorities: tuple[Authority, Authority]
+) -> None:
+    ca, other = authorities
+    # the "leader" holds a certificate of another CA (it would feed the standby its own state)
+    impostor_dir = _write_pair(
+        tmp_path / "impostor", other.issue("epp", dns_names=[REPLICA_NAME], client=True)
+    )
+    hub = ReplicationHub({"prefix": producer(**SMALL)}, interval=0.01)
+    server = grpc.aio.server()
+    hub.add_to_server(server)
+    port = server.add_secure_port(
+        "127.0.0.1:0",
+        grpc.ssl_server_credentials(
+            [(Path(impostor_dir, "tls.key").read_bytes(), Path(impostor_dir, "tls.crt").read_bytes())]
+        ),
+    )
+    await server.start()
+    standby_dir = _write_pair(tmp_path / "standby", ca.issue("epp", dns_names=[REPLICA_NAME], client=True))
+    follower = ReplicationFollower(
+        {"prefix": producer(**SMALL)},
+        lambda: f"127.0.0.1:{port}",
+        recheck=0.05,
+        credentials=lambda: replica_channel_credentials(standby_dir),
+        server_name=REPLICA_NAME,
+    )
+    follower.start()
+    try:
+        await asyncio.sleep(1.0)
+        assert follower.following is None and follower.batches_applied == 0 and hub.followers == 0
+    finally:
+        await follower.stop()
+        await server.stop(0)

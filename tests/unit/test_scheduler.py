@@ -19,6 +19,7 @@ from epp.framework import (
     ProfileHandler,
     ProfileRunResult,
     RequestBody,
+    SchedulingOutcome,
     SchedulingResult,
     Scorer,
 )
@@ -167,10 +168,10 @@ class _TwoStage(ProfileHandler):
 
     def process_results(
         self, cycle: CycleState, request: LLMRequest, results: Mapping[str, ProfileRunResult | None]
-    ) -> tuple[SchedulingResult | None, Exception | None]:
+    ) -> SchedulingOutcome:
         if results.get("decode") is None:
-            return None, RuntimeError("failed to find available decode workers")
-        return SchedulingResult({k: v for k, v in results.items()}, "decode"), None
+            return SchedulingOutcome.fail(RuntimeError("failed to find available decode workers"))
+        return SchedulingOutcome.serve(SchedulingResult({k: v for k, v in results.items()}, "decode"))
 
 
 @settings(max_examples=60, deadline=None)

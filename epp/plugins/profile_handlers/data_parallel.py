@@ -28,7 +28,7 @@ Deliberate differences from the reference:
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
 
 import structlog
@@ -41,6 +41,7 @@ from epp.framework import (
     ProfileHandler,
     ProfileRunResult,
     SchedulingError,
+    SchedulingOutcome,
     SchedulingResult,
     register,
 )
@@ -112,7 +113,7 @@ class DataParallelProfileHandler(ProfileHandler):
         cycle: CycleState,
         request: LLMRequest,
         profiles: Mapping[str, Profile],
-        results: Mapping[str, ProfileRunResult | None],
+        results: MutableMapping[str, ProfileRunResult | None],
     ) -> Mapping[str, Profile]:
         if len(results) >= len(profiles):
             return {}
@@ -126,17 +127,19 @@ class DataParallelProfileHandler(ProfileHandler):
 
     def process_results(
         self, cycle: CycleState, request: LLMRequest, results: Mapping[str, ProfileRunResult | None]
-    ) -> tuple[SchedulingResult | None, Exception | None]:
+    ) -> SchedulingOutcome:
         if len(results) != 1:
-            return None, SchedulingError(
-                "data parallel profile handler is intended to be used with a single profile, "
-                "failed to process multiple profiles"
+            return SchedulingOutcome.fail(
+                SchedulingError(
+                    "data parallel profile handler is intended to be used with a single profile, "
+                    "failed to process multiple profiles"
+                )
             )
         ((name, result),) = results.items()
         if result is None or not result.target_endpoints:
-            return None, SchedulingError(f"failed to run scheduler profile '{name}'")
+            return SchedulingOutcome.fail(SchedulingError(f"failed to run scheduler profile '{name}'"))
         rewritten = rewrite_to_primary_port(request, result, self.params.primary_port)
-        return SchedulingResult({name: rewritten}, name), None
+        return SchedulingOutcome.serve(SchedulingResult({name: rewritten}, name))
 
     def validate_profiles(self, profile_names: Sequence[str]) -> str | None:
         if len(profile_names) != 1:

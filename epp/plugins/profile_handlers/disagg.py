@@ -59,6 +59,7 @@ from epp.framework import (
     ProfileHandler,
     ProfileRunResult,
     SchedulingError,
+    SchedulingOutcome,
     SchedulingResult,
     register,
 )
@@ -183,15 +184,6 @@ def has_endpoints(result: ProfileRunResult | None) -> bool:
     return result is not None and bool(result.target_endpoints)
 
 
-def mark_skipped(results: Mapping[str, ProfileRunResult | None], name: str) -> None:
-    """Record a stage its decider declined as an explicit ``None`` (so it is not evaluated again).
-
-    The scheduler hands its own dict to ``pick_profiles``; the contract types it as a Mapping.
-    """
-    if isinstance(results, MutableMapping):
-        results[name] = None
-
-
 @register
 class DisaggProfileHandler(ProfileHandler, PreRequest):
     type_name = "disagg-profile-handler"
@@ -221,7 +213,7 @@ class DisaggProfileHandler(ProfileHandler, PreRequest):
         cycle: CycleState,
         request: LLMRequest,
         profiles: Mapping[str, Profile],
-        results: Mapping[str, ProfileRunResult | None],
+        results: MutableMapping[str, ProfileRunResult | None],
     ) -> Mapping[str, Profile]:
         decode = self.decode_profile
         if decode not in results:
@@ -241,7 +233,7 @@ class DisaggProfileHandler(ProfileHandler, PreRequest):
                 continue
             if decider is not None and decider.disaggregate(cycle, request, decode_endpoint):
                 return {stage: profile}
-            mark_skipped(results, stage)
+            results[stage] = None  # declined: recorded so that it is not evaluated again
 
         decision = _metrics.decision_type(
             encode_used=has_endpoints(results.get(self.encode_profile)),
@@ -252,16 +244,16 @@ class DisaggProfileHandler(ProfileHandler, PreRequest):
 
     def process_results(
         self, cycle: CycleState, request: LLMRequest, results: Mapping[str, ProfileRunResult | None]
-    ) -> tuple[SchedulingResult | None, Exception | None]:
+    ) -> SchedulingOutcome:
         decode_result = results.get(self.decode_profile)
         if decode_result is None or not decode_result.target_endpoints:
-            return None, SchedulingError(DECODE_FAILED)
+            return SchedulingOutcome.fail(SchedulingError(DECODE_FAILED))
         kept: dict[str, ProfileRunResult | None] = {self.decode_profile: decode_result}
         for stage in (self.prefill_profile, self.encode_profile):
             stage_result = results.get(stage)
             if stage_result is not None and stage != self.decode_profile:
                 kept[stage] = stage_result
-        return SchedulingResult(kept, self.decode_profile), None
+        return SchedulingOutcome.serve(SchedulingResult(kept, self.decode_profile))
 
     def pre_request(self, cycle: CycleState, request: LLMRequest, result: SchedulingResult) -> None:
         set_disagg_headers(request, result, self.prefill_profile, self.encode_profile)

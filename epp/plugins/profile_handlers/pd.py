@@ -35,7 +35,7 @@ Deliberate differences from the reference:
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
 
 from epp.framework import (
@@ -47,6 +47,7 @@ from epp.framework import (
     ProfileHandler,
     ProfileRunResult,
     SchedulingError,
+    SchedulingOutcome,
     SchedulingResult,
     register,
 )
@@ -55,7 +56,7 @@ from epp.framework.interfaces import SupportsDisaggregate
 from epp.framework.params import ensure_valid
 from epp.plugins.profile_handlers import _metrics
 from epp.plugins.profile_handlers.data_parallel import rewrite_to_primary_port, validate_port
-from epp.plugins.profile_handlers.disagg import DECODE_FAILED, has_endpoints, mark_skipped
+from epp.plugins.profile_handlers.disagg import DECODE_FAILED, has_endpoints
 
 
 @dataclass(slots=True, frozen=True)
@@ -101,7 +102,7 @@ class PdProfileHandler(ProfileHandler):
         cycle: CycleState,
         request: LLMRequest,
         profiles: Mapping[str, Profile],
-        results: Mapping[str, ProfileRunResult | None],
+        results: MutableMapping[str, ProfileRunResult | None],
     ) -> Mapping[str, Profile]:
         decode = self.params.decode_profile
         if decode not in results:
@@ -115,7 +116,7 @@ class PdProfileHandler(ProfileHandler):
         if prefill_profile is not None and prefill not in results:
             if self.decider.disaggregate(cycle, request, decode_result.target_endpoints[0]):
                 return {prefill: prefill_profile}
-            mark_skipped(results, prefill)
+            results[prefill] = None  # declined: recorded so that it is not evaluated again
         used = prefill != decode and has_endpoints(results.get(prefill))
         _metrics.record_pd_decision(
             request.target_model, _metrics.PREFILL_DECODE if used else _metrics.DECODE_ONLY
@@ -124,11 +125,11 @@ class PdProfileHandler(ProfileHandler):
 
     def process_results(
         self, cycle: CycleState, request: LLMRequest, results: Mapping[str, ProfileRunResult | None]
-    ) -> tuple[SchedulingResult | None, Exception | None]:
+    ) -> SchedulingOutcome:
         decode = self.params.decode_profile
         decode_result = results.get(decode)
         if decode_result is None or not decode_result.target_endpoints:
-            return None, SchedulingError(DECODE_FAILED)
+            return SchedulingOutcome.fail(SchedulingError(DECODE_FAILED))
         if self.params.primary_port:
             decode_result = rewrite_to_primary_port(request, decode_result, self.params.primary_port)
         kept: dict[str, ProfileRunResult | None] = {decode: decode_result}
@@ -136,7 +137,7 @@ class PdProfileHandler(ProfileHandler):
         prefill_result = results.get(prefill)
         if prefill_result is not None and prefill != decode:
             kept[prefill] = prefill_result
-        return SchedulingResult(kept, decode), None
+        return SchedulingOutcome.serve(SchedulingResult(kept, decode))
 
     def validate_profiles(self, profile_names: Sequence[str]) -> str | None:
         decode = self.params.decode_profile

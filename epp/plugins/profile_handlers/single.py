@@ -8,7 +8,7 @@ failed (``failed to run scheduler profile '<name>'``), otherwise that profile is
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping, MutableMapping, Sequence
 
 from epp.framework import (
     CycleState,
@@ -17,6 +17,7 @@ from epp.framework import (
     ProfileHandler,
     ProfileRunResult,
     SchedulingError,
+    SchedulingOutcome,
     SchedulingResult,
     register,
 )
@@ -31,7 +32,7 @@ class SingleProfileHandler(ProfileHandler):
         cycle: CycleState,
         request: LLMRequest,
         profiles: Mapping[str, Profile],
-        results: Mapping[str, ProfileRunResult | None],
+        results: MutableMapping[str, ProfileRunResult | None],
     ) -> Mapping[str, Profile]:
         if len(results) >= len(profiles):
             return {}
@@ -39,16 +40,18 @@ class SingleProfileHandler(ProfileHandler):
 
     def process_results(
         self, cycle: CycleState, request: LLMRequest, results: Mapping[str, ProfileRunResult | None]
-    ) -> tuple[SchedulingResult | None, Exception | None]:
+    ) -> SchedulingOutcome:
         if len(results) != 1:
-            return None, SchedulingError(
-                "single profile handler is intended to be used with a single profile, "
-                "failed to process multiple profiles"
+            return SchedulingOutcome.fail(
+                SchedulingError(
+                    "single profile handler is intended to be used with a single profile, "
+                    "failed to process multiple profiles"
+                )
             )
         ((name, result),) = results.items()
         if result is None:
-            return None, SchedulingError(f"failed to run scheduler profile '{name}'")
-        return SchedulingResult({name: result}, name), None
+            return SchedulingOutcome.fail(SchedulingError(f"failed to run scheduler profile '{name}'"))
+        return SchedulingOutcome.serve(SchedulingResult({name: result}, name))
 
     def validate_profiles(self, profile_names: Sequence[str]) -> str | None:
         if len(profile_names) > 1:
