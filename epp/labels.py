@@ -26,7 +26,7 @@ from collections.abc import Iterable
 
 from epp import promlite
 
-OVERFLOW = "other"
+OVERFLOW = promlite.OVERFLOW  # "other"
 DEFAULT_LIMIT = 1000
 
 LABEL_OVERFLOW_TOTAL = promlite.Counter(

@@ -8,7 +8,9 @@ are unchanged. ``labels(...)`` returns a cached child; keep the child when recor
 
 Labels fed from request data are declared with ``bounded={"label": bound}``: ``labels(...)``
 passes those values through ``bound.bound(value)`` (``epp.labels.BoundedLabel``) before the child
-lookup, so a client cannot create series without limit.
+lookup, so a client cannot create series without limit; a family with bounded labels also stops
+at ``MAX_BOUNDED_SERIES`` distinct combinations, after which new ones record with every bounded
+label set to ``other``.
 
 ``start_http_server`` serves ``/metrics`` on its own thread like prometheus-client's, but writes
 these families' text directly (label strings cached per series) instead of building one sample
@@ -30,6 +32,10 @@ from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.exposition import ThreadingWSGIServer
 from prometheus_client.utils import floatToGoString
+
+
+OVERFLOW = "other"
+MAX_BOUNDED_SERIES = 2000  # series of a family with bounded labels before new combinations fold
 
 
 class LabelBound(Protocol):
@@ -105,6 +111,16 @@ class _Family:
         if child is None:
             if len(values) != len(self.labelnames):
                 raise ValueError(f"{self.name}: expected labels {self.labelnames}, got {values}")
+            if self._bounded and len(self._children) >= MAX_BOUNDED_SERIES:
+                # Each bounded label has few values, but their combinations could still multiply
+                # (a client pairing models with rewrite-header targets): fold the new combination.
+                out = list(values)
+                for i, _ in self._bounded:
+                    out[i] = OVERFLOW
+                values = tuple(out)
+                child = self._children.get(values)
+                if child is not None:
+                    return child
             child = self._children[values] = self._new_child()
         return child
 

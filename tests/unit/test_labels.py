@@ -77,6 +77,23 @@ def test_bounded_family_keeps_series_bounded_for_thousands_of_names() -> None:
     assert 'h_seconds_count{code="200",model_name="demo"} 1.0' in text
 
 
+def test_combinations_of_bounded_labels_stop_at_the_family_cap(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(promlite, "MAX_BOUNDED_SERIES", 10)
+    bound = labels.BoundedLabel("t", limit=100)
+    c = promlite.Counter(
+        "pairs_total",
+        "p",
+        ["model_name", "target_model_name"],
+        bounded={"model_name": bound, "target_model_name": bound},
+    )
+    for i in range(20):
+        for j in range(20):
+            c.labels(f"m{i}", f"m{j}").inc()
+    assert len(c) == 11  # ten combinations, then one folded series
+    assert c.labels("other", "other").value == 400 - 10
+    assert c.labels("m0", "m0").value == 1  # a combination recorded before the cap keeps counting
+
+
 def test_bounded_label_must_be_a_label() -> None:
     with pytest.raises(ValueError, match="not among"):
         promlite.Counter("c_total", "c", ["a"], bounded={"b": labels.MODEL_NAMES})
