@@ -33,7 +33,6 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.exposition import ThreadingWSGIServer
 from prometheus_client.utils import floatToGoString
 
-
 OVERFLOW = "other"
 MAX_BOUNDED_SERIES = 2000  # series of a family with bounded labels before new combinations fold
 
