@@ -154,6 +154,12 @@ def _add_serve(sub: Any) -> None:
         default=1.0,
         help="on shutdown, keep serving this long after readiness turns NOT_SERVING (1s)",
     )
+    p.add_argument(
+        "--fairness-id-metric-label-limit",
+        type=int,
+        default=1000,
+        help="distinct fairness_id metric label values before the rest record as 'other' (1000; 0: all)",
+    )
     p.add_argument("--log-level", default=os.environ.get("EPP_LOG_LEVEL", "info"))
     p.set_defaults(func=_serve)
 
@@ -275,12 +281,18 @@ def _check_tls(args: argparse.Namespace) -> None:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from epp import logs
+    from epp import labels, logs
     from epp.datalayer.store import EndpointStore
     from epp.server.app import EppServer, ServeOptions
 
     logs.configure(args.log_level)
     _check_tls(args)
+    if args.fairness_id_metric_label_limit < 0:
+        raise SystemExit(
+            "error: fairness-id-metric-label-limit must be non-negative, "
+            f"got {args.fairness_id_metric_label_limit}"
+        )
+    labels.FAIRNESS_IDS.reset(args.fairness_id_metric_label_limit)
     store = EndpointStore()
     cfg = _load(*_config_text(args), endpoints=store.endpoints)
     kube_opts = _kube_options(args, file_discovery=cfg.discovery is not None)

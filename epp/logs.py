@@ -1,4 +1,8 @@
-"""structlog setup: human-readable on a terminal, one JSON object per line otherwise."""
+"""structlog setup: human-readable on a terminal, one JSON object per line otherwise.
+
+grpc's own warnings and errors go through the stdlib root handler, rate-limited per
+``epp.log_limit`` (cause ``grpc``).
+"""
 
 from __future__ import annotations
 
@@ -6,6 +10,8 @@ import logging
 import sys
 
 import structlog
+
+from epp import log_limit
 
 
 def configure(level: str = "info", json: bool | None = None) -> None:
@@ -28,3 +34,4 @@ def configure(level: str = "info", json: bool | None = None) -> None:
         cache_logger_on_first_use=True,
     )
     logging.basicConfig(level=lvl, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
+    log_limit.limit_grpc_logging(logging.getLogger().handlers)

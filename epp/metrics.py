@@ -3,15 +3,21 @@
 Metric objects are module-level so any layer can record into them. Those recorded per request use
 ``epp.promlite`` (plain numbers rendered at scrape time); the rest use prometheus-client directly.
 HELP texts start with ``[ALPHA]`` as in the reference.
+
+Every label fed from request data is bounded (``epp.labels``): model names go through
+``labels.MODEL_NAMES`` (models the pool does not serve record as ``other``), so the number of series
+stays bounded whatever clients send. ``priority`` comes from the InferenceObjective store and
+``error_code`` from a fixed set.
 """
 
 from __future__ import annotations
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge
 
-from epp import promlite
+from epp import labels, promlite
 
 M = ("model_name", "target_model_name")
+_MODELS = {"model_name": labels.MODEL_NAMES, "target_model_name": labels.MODEL_NAMES}
 
 LATENCY_BUCKETS = (
     0.005, 0.025, 0.05, 0.1, 0.2, 0.4, 0.6, 0.8, 1.0, 1.25, 1.5, 2, 3, 4, 5, 6, 8, 10, 15, 20, 30,
@@ -31,28 +37,33 @@ REQUEST_TOTAL = promlite.Counter(
     "inference_objective_request_total",
     "[ALPHA] Counter of inference objective requests broken out for each model and target model.",
     [*M, "priority"],
+    bounded=_MODELS,
 )
 REQUEST_ERROR_TOTAL = promlite.Counter(
     "inference_objective_request_error_total",
     "[ALPHA] Counter of inference objective requests errors broken out for each model and target model.",
     [*M, "error_code"],
+    bounded=_MODELS,
 )
 REQUEST_DURATION = promlite.Histogram(
     "inference_objective_request_duration_seconds",
     "[ALPHA] Inference objective response latency distribution in seconds for each model and target model.",
     M,
     buckets=LATENCY_BUCKETS,
+    bounded=_MODELS,
 )
 REQUEST_SIZES = promlite.Histogram(
     "inference_objective_request_sizes",
     "[ALPHA] Inference objective requests size distribution in bytes for each model and target model.",
     M,
     buckets=SIZE_BUCKETS,
+    bounded=_MODELS,
 )
 RUNNING_REQUESTS = promlite.Gauge(
     "inference_objective_running_requests",
     "[ALPHA] Inference objective number of running requests in each model.",
     ["model_name"],
+    bounded={"model_name": labels.MODEL_NAMES},
 )
 POOL_AVG_KV = Gauge(
     "inference_pool_average_kv_cache_utilization",
@@ -89,6 +100,7 @@ SCHEDULER_ATTEMPTS = promlite.Counter(
     "inference_extension_scheduler_attempts_total",
     "[ALPHA] Total number of scheduling attempts.",
     ["status", "target_model_name", "pod_name", "namespace", "port"],
+    bounded={"target_model_name": labels.MODEL_NAMES},
 )
 PLUGIN_DURATION = promlite.Histogram(
     "inference_extension_plugin_duration_seconds",
@@ -100,6 +112,7 @@ MODEL_REWRITE_DECISIONS = promlite.Counter(
     "inference_extension_model_rewrite_decisions_total",
     "[ALPHA] Total number of inference model rewrite decisions.",
     ["model_rewrite_name", "model_name", "target_model"],
+    bounded={"model_name": labels.MODEL_NAMES, "target_model": labels.MODEL_NAMES},
 )
 INFO = Gauge(
     "inference_extension_info",

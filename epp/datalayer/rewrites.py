@@ -16,6 +16,7 @@ from typing import Any
 
 import structlog
 
+from epp import labels
 from epp.datalayer.objectives import (
     DEFAULT_POOL_GROUP,
     INT32_MAX,
@@ -255,6 +256,7 @@ class RewriteStore:
 
     def _reindex(self) -> None:
         self._index = _build_index(self._objects.values())
+        labels.MODEL_NAMES.pin(self.configured_models())
 
     def upsert_object(self, obj: Mapping[str, Any]) -> None:
         """Add or update a rewrite; one for another pool (or malformed) deletes its name."""
@@ -290,6 +292,14 @@ class RewriteStore:
         if target is None:
             return None
         return target, rule.object_name
+
+    def configured_models(self) -> set[str]:
+        """Every model the rules name: exact-match sources and rewrite targets."""
+        exact, generic = self._index
+        models = set(exact)
+        for rule in (*exact.values(), *((generic,) if generic is not None else ())):
+            models.update(rule.targets)
+        return models
 
     def __len__(self) -> int:
         return len(self._objects)

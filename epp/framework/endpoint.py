@@ -44,7 +44,8 @@ class Metrics:
     """One scrape of a model server, normalised across engines.
 
     ``update_time`` is ``time.monotonic()`` of the last successful extraction (0.0 = never).
-    ``kv_cache_usage_percent`` is a 0..1 fraction despite its (reference) name.
+    ``kv_cache_usage_percent`` is a 0..1 fraction despite its (reference) name. ``served_models``:
+    the ``model_name`` label values of the running-requests series (the base models served).
     """
 
     waiting_queue_size: int = 0
@@ -55,6 +56,7 @@ class Metrics:
     max_active_models: int = 0
     cache_block_size: int = 0
     cache_num_blocks: int = 0
+    served_models: tuple[str, ...] = ()
     update_time: float = 0.0
 
 

@@ -23,14 +23,15 @@ import grpc
 import structlog
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
 from grpc_health.v1 import health_pb2_grpc
-from prometheus_client import start_http_server
 
 from epp import metrics
 from epp.config import LoadedConfig
 from epp.datalayer.pool_gauges import PoolGauges
 from epp.datalayer.scraper import MetricsScraper
+from epp.datalayer.served_models import ServedModels
 from epp.datalayer.store import EndpointStore
 from epp.framework import Endpoint, EndpointStateHolder, ReplicatedState
+from epp.promlite import start_http_server
 from epp.scheduling import Scheduler
 from epp.server.director import Director, DirectorHooks
 from epp.server.extproc import ExternalProcessor, StreamOptions
@@ -150,6 +151,7 @@ class EppServer:
             interval=opts.refresh_prometheus_metrics_interval,
             staleness=opts.metrics_staleness_threshold,
         )
+        self.served_models = ServedModels(self.store)  # bounds the model_name metric labels
 
     def stop(self) -> None:
         """First call: graceful shutdown. A second call (Ctrl-C twice) skips the drain delay."""
@@ -242,6 +244,7 @@ class EppServer:
                 for part in replication:
                     part.start()
             self.pool_gauges.start()
+            self.served_models.start()
 
             server = grpc.aio.server(options=_grpc_options(opts.max_request_body_bytes))
             ep_grpc.add_ExternalProcessorServicer_to_server(
@@ -283,6 +286,7 @@ class EppServer:
             if self.scraper is not None:
                 await self.scraper.stop()
             await self.pool_gauges.stop()
+            await self.served_models.stop()
             if replication is not None:
                 for part in replication:
                     await part.stop()

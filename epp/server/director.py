@@ -47,6 +47,7 @@ from epp.framework import (
     SaturationDetector,
     SchedulingResult,
 )
+from epp.log_limit import LOGS
 from epp.scheduling import Scheduler
 from epp.server.body_rewrite import replace_model
 from epp.server.subset import filter_by_subset, subset_entries
@@ -218,7 +219,13 @@ class Director:
             try:
                 plugin.pre_request(cycle, request, result)
             except Exception as exc:  # the request is routed anyway; request_done still runs later
-                log.warning("pre-request hook failed", plugin=plugin.typed_name, error=str(exc))
+                LOGS.log(
+                    log.warning,
+                    "pre_request_failed",
+                    "pre-request hook failed",
+                    plugin=plugin.typed_name,
+                    error=str(exc),
+                )
             metrics.observe_plugin("PreRequest", plugin, time.perf_counter() - t0)
 
         changed = target != incoming
@@ -245,7 +252,13 @@ class Director:
         try:
             return detector.saturation(candidates) >= SATURATED
         except Exception as e:
-            log.warning("saturation detector failed", plugin=detector.typed_name, error=str(e))
+            LOGS.log(
+                log.warning,
+                "saturation_failed",
+                "saturation detector failed",
+                plugin=detector.typed_name,
+                error=str(e),
+            )
             return False
 
     async def _produce(self, cycle: CycleState, request: LLMRequest, candidates: list[Endpoint]) -> None:
@@ -261,10 +274,21 @@ class Director:
                     try:
                         await producer.produce(cycle, request, candidates)
                     except Exception as e:  # a producer failure never fails the request
-                        log.warning("data producer failed", plugin=producer.typed_name, error=str(e))
+                        LOGS.log(
+                            log.warning,
+                            "producer_failed",
+                            "data producer failed",
+                            plugin=producer.typed_name,
+                            error=str(e),
+                        )
                     metrics.observe_plugin("DataProducer", producer, time.perf_counter() - t0)
         except TimeoutError:
-            log.warning("data producers exceeded their budget", budget_s=PRODUCERS_BUDGET_SECONDS)
+            LOGS.log(
+                log.warning,
+                "producers_budget",
+                "data producers exceeded their budget",
+                budget_s=PRODUCERS_BUDGET_SECONDS,
+            )
 
     # --- end of request ----------------------------------------------------------------------
 
@@ -282,4 +306,10 @@ class Director:
                 try:
                     plugin.request_done(routing.request, routing.result)
                 except Exception as exc:
-                    log.warning("request-done hook failed", plugin=plugin.typed_name, error=str(exc))
+                    LOGS.log(
+                        log.warning,
+                        "request_done_failed",
+                        "request-done hook failed",
+                        plugin=plugin.typed_name,
+                        error=str(exc),
+                    )

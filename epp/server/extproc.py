@@ -27,6 +27,7 @@ import grpc
 import structlog
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
+from google.protobuf.message import DecodeError
 
 from epp import metrics
 from epp.framework import (
@@ -36,6 +37,7 @@ from epp.framework import (
     ResponseHeaderProcessor,
     ResponseInfo,
 )
+from epp.log_limit import LOGS
 from epp.server import replies
 from epp.server.body_rewrite import model_literal_pairs, replace_existing_model
 from epp.server.director import EPP_OWNED_HEADERS, REQUEST_ID_HEADER, Director, Routing
@@ -386,7 +388,9 @@ class ExternalProcessor(ep_grpc.ExternalProcessorServicer):
                         out = []
                 except InferenceError as err:
                     stream.error = err
-                    log.info(
+                    LOGS.log(
+                        log.info,
+                        f"rejected_{err.code.http_status}",
                         "request rejected",
                         status=err.code.http_status,
                         error=str(err),
@@ -398,7 +402,11 @@ class ExternalProcessor(ep_grpc.ExternalProcessorServicer):
                     await write(resp)
         except Exception as e:
             stream.error = stream.error or InferenceError(ErrorCode.INTERNAL, str(e))
-            log.exception("ext_proc stream failed", request_id=stream.headers.get(REQUEST_ID_HEADER))
+            if isinstance(e, DecodeError):  # a malformed frame from the client: no traceback
+                LOGS.log(log.warning, "malformed_frame", "malformed ext_proc message", error=str(e))
+            else:
+                rid = stream.headers.get(REQUEST_ID_HEADER)
+                LOGS.log(log.exception, "stream_failed", "ext_proc stream failed", request_id=rid)
             await context.abort(grpc.StatusCode.UNKNOWN, f"failed to handle request: {e}")
         finally:
             stream.finish()

@@ -146,3 +146,9 @@ def test_standalone_pool_name_comes_from_the_deployment_of_pod_name() -> None:
     assert _standalone_pool_name("vllm-epp-5d8f9c7b6-x2x4q") == "vllm-epp"
     assert _standalone_pool_name("epp") == "epp"
     assert _standalone_pool_name("") == "epp"
+
+
+def test_serve_rejects_a_negative_fairness_id_label_limit() -> None:
+    out = epp("serve", "--secure-serving=false", "--fairness-id-metric-label-limit", "-1")
+    assert out.returncode != 0
+    assert "fairness-id-metric-label-limit must be non-negative, got -1" in out.stderr

@@ -40,3 +40,35 @@ def test_labels_are_checked_and_children_cached() -> None:
     assert c.labels("1", "2") is c.labels("1", "2")
     with pytest.raises(ValueError, match="expected labels"):
         c.labels("only-one")
+
+
+def test_exposition_matches_prometheus_client_text() -> None:
+    import urllib.request
+
+    from prometheus_client import Gauge
+
+    registry = CollectorRegistry()
+    c = promlite.Counter("a_total", "help \\ with\nnewline", ["x"])
+    g = promlite.Gauge("b", "gauge", ["x", "y"])
+    h = promlite.Histogram("c", "hist", buckets=(0.1, 1))
+    h2 = promlite.Histogram("d_seconds", "hist2", ["m", "a", "z"], buckets=(0.005, 1e-5, 2.5))
+    e = promlite.Counter("empty_total", "nothing", ["x"])
+    n = promlite.Counter("plain", "no suffix")
+    promlite.register(c, g, h, h2, e, n, registry=registry)
+    Gauge("classic", "classic gauge", registry=registry).set(3)
+    c.labels('q"\\\n').inc()
+    g.labels("1", "2").set(1e20)
+    h.observe(0.5)
+    h.observe(float("inf"))
+    h2.labels("m", "a", "z").observe(0.3)
+    n.inc(2.5)
+    reference = generate_latest(registry).decode()
+    fast = promlite.exposition(registry).decode()
+    assert sorted(fast.split("# HELP")) == sorted(reference.split("# HELP"))
+    httpd, _ = promlite.start_http_server(0, "127.0.0.1", registry)
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{httpd.server_port}/metrics", timeout=10) as r:
+            assert r.read().decode() == fast
+    finally:
+        httpd.shutdown()
+        httpd.server_close()

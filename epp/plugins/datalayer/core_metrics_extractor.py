@@ -24,6 +24,8 @@ in the reference) and block count from the info metric's labels, then from the g
 LoRA: the ``lora_requests_info`` series with the largest value gives ``ActiveModels``,
 ``WaitingModels`` (rebuilt every scrape, counts 0) and ``MaxActiveModels``; an absent LoRA family
 is not an error (vLLM exports it only when LoRA is enabled), the LoRA fields then stay as they were.
+Served models: the ``model_name`` labels of the running-requests series (vLLM and SGLang label every
+series with the served model; engines without the label report none), kept only when found.
 When any field was extracted a new ``Metrics`` snapshot is returned with
 ``update_time = time.monotonic()``; the scraper stores it and counts errors.
 """
@@ -48,6 +50,7 @@ log = structlog.get_logger("epp.datalayer.extractor")
 
 FALLBACK_ENGINE_LABEL = "inference.networking.k8s.io/engine-type"
 _RESERVED_ENGINE = "default"
+MODEL_NAME_LABEL = "model_name"
 
 
 @dataclass(slots=True, frozen=True)
@@ -208,6 +211,10 @@ def extract_metrics(mapping: EngineMapping, previous: Metrics, body: bytes) -> E
         value = _value(selector, body, errors)
         if value is not None:
             changes[attr] = int(value) if as_int else value
+    if mapping.running is not None:
+        served = _served_models(mapping.running, body)
+        if served and served != previous.served_models:
+            changes["served_models"] = served
     if mapping.lora is not None:
         _extract_lora(mapping.lora, body, changes, errors)
     if mapping.cache_info is not None:
@@ -236,6 +243,12 @@ def _value(selector: Selector, body: bytes, errors: list[str]) -> float | None:
         errors.append(f"metric {selector} has a non-finite value {value}")
         return None
     return value
+
+
+def _served_models(selector: Selector, body: bytes) -> tuple[str, ...]:
+    """The distinct ``model_name`` label values of the selector's series, in page order."""
+    names = (s.labels.get(MODEL_NAME_LABEL, "") for s in selector.samples(body, with_labels=True))
+    return tuple(dict.fromkeys(n for n in names if n))
 
 
 def _extract_lora(selector: Selector, body: bytes, changes: dict[str, object], errors: list[str]) -> None:

@@ -6,7 +6,7 @@ still recorded for dashboards built on it.
 
 from __future__ import annotations
 
-from epp import promlite
+from epp import labels, promlite
 
 DECODE_ONLY = "decode-only"
 PREFILL_DECODE = "prefill-decode"
@@ -17,11 +17,13 @@ DISAGG_DECISION_TOTAL = promlite.Counter(
     "llm_d_inference_scheduler_disagg_decision_total",
     "[ALPHA] Total number of disaggregation routing decisions made",
     ["model_name", "decision_type"],
+    bounded={"model_name": labels.MODEL_NAMES},
 )
 PD_DECISION_TOTAL = promlite.Counter(
     "llm_d_inference_scheduler_pd_decision_total",
     "[ALPHA] Total number of P/D disaggregation decisions made",
     ["model_name", "decision_type"],
+    bounded={"model_name": labels.MODEL_NAMES},
 )
 promlite.register(DISAGG_DECISION_TOTAL, PD_DECISION_TOTAL)
 

@@ -1,0 +1,69 @@
+"""The model names the pool serves, handed to the model-name label bound of the EPP's metrics.
+
+``ServedModels(store, interval=1.0)`` collects, every ``interval`` seconds, what the endpoints'
+scraped metrics report: base models (``Metrics.served_models``, the ``model_name`` label of the
+running-requests series) and LoRA adapters (``active_models``, ``waiting_models``), and passes new
+names to ``epp.labels.MODEL_NAMES.serve``. Once a name is known to be served it keeps its own label
+on the request metrics; names the pool does not serve record as ``other`` (see ``epp.labels``).
+InferenceModelRewrite sources and targets are pinned by the rewrite store itself.
+
+Cost: one pass over the endpoints per tick (a set union of a few names each); nothing per request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import structlog
+
+from epp import labels
+from epp.background import BackgroundTask
+from epp.datalayer.store import EndpointStore
+
+log = structlog.get_logger("epp.datalayer.served_models")
+
+DEFAULT_INTERVAL = 1.0
+
+
+class ServedModels:
+    """Keeps ``bound`` (default ``labels.MODEL_NAMES``) told of the pool's models."""
+
+    def __init__(
+        self,
+        store: EndpointStore,
+        interval: float = DEFAULT_INTERVAL,
+        bound: labels.BoundedLabel | None = None,
+    ) -> None:
+        if interval <= 0:
+            raise ValueError("interval must be positive")
+        self._store = store
+        self.interval = interval
+        self.bound = bound if bound is not None else labels.MODEL_NAMES
+        self._known: set[str] = set()  # names already handed to the bound
+        self._task = BackgroundTask("served models", self._run)
+
+    def refresh(self) -> None:
+        """Tell the bound of every model name the endpoints currently report."""
+        known = self._known
+        new: set[str] = set()
+        for endpoint in self._store.endpoints():
+            m = endpoint.metrics
+            for names in (m.served_models, m.active_models, m.waiting_models):
+                new.update(n for n in names if n not in known)
+        if new:
+            known.update(new)
+            self.bound.serve(sorted(new))
+
+    def start(self) -> None:
+        self._task.start()
+
+    async def stop(self) -> None:
+        await self._task.stop()
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                self.refresh()
+            except Exception:
+                log.exception("collecting served model names failed")
+            await asyncio.sleep(self.interval)

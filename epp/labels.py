@@ -1,0 +1,112 @@
+"""Bounded values for metric labels that come from requests (model names, fairness ids).
+
+A client chooses the ``model`` of its request body and the fairness-id header, and every distinct
+label value is a new Prometheus series that never goes away. ``BoundedLabel.bound(value)`` maps a
+request-derived value to the label value to record, in one dict lookup for every value seen before:
+
+* pinned values (configuration: InferenceModelRewrite sources and targets) always keep their own
+  label and do not count against any cap;
+* served values (what the model servers report: base model names, LoRA adapters) keep their own
+  label, at most ``limit`` of them;
+* once any served value is known the set is *restricted*: every other value records as
+  ``OVERFLOW`` (``"other"``, the reference's overflow value);
+* while nothing is known to be served (before the first scrape, or engines that report no model
+  names) the first ``limit`` distinct values are admitted, the rest record as ``OVERFLOW``.
+
+Admission is sticky: a value that got its own label keeps it, so paired updates (a running gauge's
+increment and decrement) stay balanced. A value that recorded as ``OVERFLOW`` and later becomes
+served gets its own label from then on; a request in flight across that moment leaves a residue of
+one on the overflow series of a gauge. Values folded into ``OVERFLOW`` are counted per label in
+``llm_d_epp_metric_label_overflow_total{label}``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from epp import promlite
+
+OVERFLOW = promlite.OVERFLOW  # "other"
+DEFAULT_LIMIT = 1000
+
+LABEL_OVERFLOW_TOTAL = promlite.Counter(
+    "llm_d_epp_metric_label_overflow_total",
+    "Request-derived metric label values recorded as 'other' (not served, or over the cap), per label.",
+    ["label"],
+)
+promlite.register(LABEL_OVERFLOW_TOTAL)
+
+
+class BoundedLabel:
+    """The label values one kind of request-derived value may take (see the module docstring)."""
+
+    __slots__ = ("_admitted", "_folded", "_labels", "_served", "limit", "name", "restricted")
+
+    def __init__(self, name: str, limit: int = DEFAULT_LIMIT) -> None:
+        if limit < 0:
+            raise ValueError(f"{name}: the label limit must be >= 0, got {limit}")
+        self.name = name
+        self.limit = limit
+        self.restricted = False
+        self._labels: dict[str, str] = {}  # value -> its own label (pinned, served or admitted)
+        self._admitted = 0  # admitted while unrestricted
+        self._served = 0
+        self._folded = LABEL_OVERFLOW_TOTAL.labels(name)
+
+    def bound(self, value: str) -> str:
+        """The label to record for ``value``."""
+        label = self._labels.get(value)
+        if label is not None:
+            return label
+        if not value:
+            return value
+        if self.restricted or self._admitted >= self.limit:
+            self._folded.value += 1
+            return OVERFLOW
+        self._admitted += 1
+        self._labels[value] = value
+        return value
+
+    def pin(self, values: Iterable[str]) -> None:
+        """Configured values: their own label always, outside every cap."""
+        for v in values:
+            if v:
+                self._labels[v] = v
+
+    def serve(self, values: Iterable[str]) -> None:
+        """Values the pool reports serving; the first call restricts the set to known values."""
+        labels = self._labels
+        for v in values:
+            if not v:
+                continue
+            self.restricted = True  # also when v was admitted before anything was known
+            if v in labels:
+                continue
+            if self._served >= self.limit:
+                break
+            self._served += 1
+            labels[v] = v
+
+    def __contains__(self, value: str) -> bool:
+        return value in self._labels
+
+    def __len__(self) -> int:
+        return len(self._labels)
+
+    def reset(self, limit: int | None = None) -> None:
+        """Forget every value (and set a new ``limit``); for start-up configuration and tests."""
+        if limit is not None:
+            if limit < 0:
+                raise ValueError(f"{self.name}: the label limit must be >= 0, got {limit}")
+            self.limit = limit
+        self._labels = {}
+        self._admitted = self._served = 0
+        self.restricted = False
+
+
+MODEL_NAMES = BoundedLabel("model_name")
+"""Model names (incoming and target) on every model-labelled metric."""
+
+FAIRNESS_IDS = BoundedLabel("fairness_id")
+"""Fairness ids (``x-gateway-inference-fairness-id``): never restricted, capped by
+``--fairness-id-metric-label-limit``."""
