@@ -4,12 +4,18 @@ An ``Endpoint`` is one routable ``ip:port`` of a model server. Its ``metadata`` 
 and its ``metrics`` snapshot is replaced as a whole by the scraper (never mutated in place), so a
 scheduling cycle can read it without locks. ``inflight`` counts requests this EPP routed to the
 endpoint that have not finished yet (released when the ext_proc stream ends).
+
+Freshness: a snapshot is *known* until ``fresh_until`` (set by the scraper to the extraction time
+plus ``--metrics-staleness-threshold``); after that, or before the first successful scrape, the
+endpoint's metrics are *unknown* and readers must not take its zeros or old values for idleness.
+``MetricsState`` names the four cases (never scraped, fresh, stale, failed) for metrics and logs.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from enum import StrEnum
 from types import MappingProxyType
 from typing import Any
 
@@ -45,12 +51,24 @@ class EndpointMetadata:
         return self.metrics_host or self.hostport
 
 
+class MetricsState(StrEnum):
+    """Freshness of an endpoint's metrics; only ``FRESH`` metrics are known to the scheduler."""
+
+    NEVER = "never"  # no successful scrape yet (a new endpoint, or no data source)
+    FRESH = "fresh"  # extracted within the staleness threshold
+    STALE = "stale"  # older than the threshold while the last scrape attempt did not fail
+    FAILED = "failed"  # older than the threshold (or never scraped) and the last attempt failed
+
+
 @dataclass(slots=True, frozen=True)
 class Metrics:
     """One scrape of a model server, normalised across engines.
 
     ``update_time`` is ``time.monotonic()`` of the last successful extraction (0.0 = never).
     ``kv_cache_usage_percent`` is a 0..1 fraction despite its (reference) name.
+    ``fresh_until`` is the ``time.monotonic()`` until which the values are trusted (0.0 = never).
+    ``failure`` is the reason of the last scrape attempt when it failed (``""`` after a success),
+    one of the scraper's bounded reasons (``timeout``, ``connect``, ``http_status``, ...).
     """
 
     waiting_queue_size: int = 0
@@ -62,6 +80,19 @@ class Metrics:
     cache_block_size: int = 0
     cache_num_blocks: int = 0
     update_time: float = 0.0
+    fresh_until: float = 0.0
+    failure: str = ""
+
+    def known(self, now: float) -> bool:
+        """True while the snapshot is fresh (``now`` is ``time.monotonic()``)."""
+        return now <= self.fresh_until
+
+    def state(self, now: float) -> MetricsState:
+        if now <= self.fresh_until:
+            return MetricsState.FRESH
+        if self.failure:
+            return MetricsState.FAILED
+        return MetricsState.NEVER if self.update_time == 0.0 else MetricsState.STALE
 
 
 @dataclass(slots=True, eq=False)

@@ -318,6 +318,14 @@ class ExtractResult:
     errors: tuple[str, ...] = ()
 
 
+class PollError(Exception):
+    """A failed poll whose ``reason`` is one of the scraper's failure reasons (a bounded label)."""
+
+    def __init__(self, message: str, reason: str = "poll_error") -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
 class Poller(Protocol):
     """A per-endpoint connection to a polled source; ``poll`` calls never overlap."""
 

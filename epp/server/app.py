@@ -127,7 +127,13 @@ class EppServer:
         )
         source, extractors = cfg.data_sources[0] if cfg.data_sources else (None, [])
         self.scraper = (
-            MetricsScraper(self.store, source, extractors[0], interval=opts.refresh_metrics_interval)
+            MetricsScraper(
+                self.store,
+                source,
+                extractors[0],
+                interval=opts.refresh_metrics_interval,
+                staleness=opts.metrics_staleness_threshold,
+            )
             if source is not None and extractors
             else None
         )
