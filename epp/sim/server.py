@@ -2,7 +2,7 @@
 
 Routes: ``POST /v1/completions``, ``POST /v1/chat/completions`` (both optionally streamed as SSE),
 ``GET /v1/models``, ``GET /health``, ``GET /metrics`` (vLLM metric names, rendered from a per-app
-registry) and ``GET``/``DELETE /debug/requests`` (the last received inference requests, verbatim).
+registry; ``--metrics-fault`` breaks it: 500, no answer, or a 200 of garbage) and ``GET``/``DELETE /debug/requests`` (the last received inference requests, verbatim).
 
 Every response, errors and streams included, carries ``x-inference-pod``, ``x-inference-namespace`` and
 ``x-inference-port`` so a test behind a proxy can tell which server answered. Errors use the OpenAI
@@ -11,6 +11,7 @@ shape ``{"error": {"message", "type", "param", "code"}}``.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import random
@@ -524,7 +525,17 @@ async def health(_: web.Request) -> web.Response:
     return web.Response(status=200)
 
 
+GARBAGE_METRICS = b"<html><body>\x00\xff upstream {{ not [prometheus] text\n</body></html>\n"
+
+
 async def metrics(request: web.Request) -> web.Response:
+    fault = request.app[CONFIG_KEY].metrics_fault
+    if fault == "error":
+        return web.Response(status=500, text="metrics exporter failed\n")
+    if fault == "hang":
+        await asyncio.Event().wait()  # until the client gives up (the handler is then cancelled)
+    if fault == "garbage":
+        return web.Response(body=GARBAGE_METRICS, headers={"Content-Type": CONTENT_TYPE_LATEST})
     body = generate_latest(request.app[REGISTRY_KEY])
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
