@@ -202,6 +202,8 @@ class EppServer:
                 await kube.start(self.store)
             else:
                 if discovery is not None:
+                    # a rejected update keeps the last good endpoints: reported, readiness unchanged
+                    discovery.on_problem = lambda problem: self.health.set_degraded("discovery", problem)
                     await discovery.start(self.store)
                 self.store.synced = True
                 await self.health.set_condition("pool", True)

@@ -101,22 +101,22 @@ def test_all_invalid_endpoints_file_keeps_the_last_good_set(rig: Rig) -> None:
             {"name": "typo-1", "address": "127.0.0.1", "port": "http"},
         ),
     )
-    _wait(
-        "the rejected-file metric",
-        lambda: (_metric(epp, "llm_d_epp_discovery_reload_failures_total", reason="no_valid_entries") or 0) > 0,
-    )
-    assert _metric(epp, "llm_d_epp_discovery_endpoints_file_rejected") == 1
-    assert _metric(epp, "llm_d_epp_discovery_invalid_entries") == 2
+    log_text = epp.child.log_path.read_text
+    _wait("the invalid entries to be logged", lambda: "typo-0" in log_text() and "typo-1" in log_text())
     for _ in range(10):  # the pool still routes to the last good set
         resp = envoy.post("/v1/chat/completions", chat_body(marker()))
         assert resp.status == 200 and resp.port in ports, (resp.status, resp.body[:200])
-    # still ready (serving the last good set), with the reason in the readiness log
+    _wait("the rejected-file gauge", lambda: _metric(epp, "llm_d_epp_discovery_file_rejected") == 1)
+    assert _metric(epp, "llm_d_epp_discovery_file_load_failures_total", reason="no_valid_entries") == 1
+    assert _metric(epp, "llm_d_epp_discovery_file_invalid_entries") == 2
+    # still ready (serving the last good set), with the reason as a readiness degradation
     assert stack.grpc_serving(epp.health_port, "readiness")
-    log = epp.child.log_path.read_text()
-    assert "typo-0" in log and "typo-1" in log  # every bad entry is named with its reason
-    assert "endpoints file rejected" in log
+    log = log_text()
+    assert 'endpoint \\"typo-0\\": invalid IPv4 address' in log  # each bad entry with its reason
+    assert 'endpoint \\"typo-1\\": invalid port' in log
+    assert "readiness degraded" in log and "discovery: endpoints file rejected" in log
 
     # an explicit empty list still empties the pool, and clears the failure
     stack.write_atomic(epp.endpoints_file, "endpoints: []\n")
     _wait("the pool to empty", lambda: envoy.post("/v1/chat/completions", chat_body(marker())).status == 503)
-    assert _metric(epp, "llm_d_epp_discovery_endpoints_file_rejected") == 0
+    assert _metric(epp, "llm_d_epp_discovery_file_rejected") == 0
