@@ -100,4 +100,4 @@ class FreshnessCollector:
 
 
 COLLECTOR = FreshnessCollector()
-REGISTRY.register(COLLECTOR)  # type: ignore[arg-type]
+REGISTRY.register(COLLECTOR)

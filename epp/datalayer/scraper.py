@@ -46,8 +46,8 @@ from epp.framework.interfaces import (
     DataSource,
     Extractor,
     MetricsExtractor,
-    PollError,
     Poller,
+    PollError,
     PollingSource,
 )
 from epp.metrics import DATALAYER_EXTRACT_ERRORS, DATALAYER_POLL_ERRORS

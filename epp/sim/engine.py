@@ -110,7 +110,9 @@ class SimConfig:
         unknown = sorted(set(self.failure_types) - set(FAILURE_TYPES))
         _require(not unknown, f"failure_types: unknown {unknown}; known: {', '.join(FAILURE_TYPES)}")
         _require(self.role in ROLES, f"role must be one of {', '.join(ROLES)}")
-        _require(self.metrics_fault in METRICS_FAULTS, f"metrics_fault must be one of {', '.join(METRICS_FAULTS)}")
+        _require(
+            self.metrics_fault in METRICS_FAULTS, f"metrics_fault must be one of {', '.join(METRICS_FAULTS)}"
+        )
         _require(not self.lora_modules or self.max_loras >= 1, "max_loras must be >= 1 with lora_modules")
         clash = set(self.lora_modules) & set(self.model_names)
         _require(not clash, f"lora_modules must differ from the served model names: {sorted(clash)}")

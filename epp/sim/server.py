@@ -2,7 +2,8 @@
 
 Routes: ``POST /v1/completions``, ``POST /v1/chat/completions`` (both optionally streamed as SSE),
 ``GET /v1/models``, ``GET /health``, ``GET /metrics`` (vLLM metric names, rendered from a per-app
-registry; ``--metrics-fault`` breaks it: 500, no answer, or a 200 of garbage) and ``GET``/``DELETE /debug/requests`` (the last received inference requests, verbatim).
+registry; ``--metrics-fault`` breaks it: 500, no answer, or a 200 of garbage) and
+``GET``/``DELETE /debug/requests`` (the last received inference requests, verbatim).
 
 Every response, errors and streams included, carries ``x-inference-pod``, ``x-inference-namespace`` and
 ``x-inference-port`` so a test behind a proxy can tell which server answered. Errors use the OpenAI

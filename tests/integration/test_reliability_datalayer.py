@@ -59,8 +59,10 @@ def test_endpoint_with_broken_metrics_gets_at_most_a_fair_share(rig: Rig, fault:
     # the EPP sees the broken endpoint as failing (never scraped), the others as fresh
     _wait(
         "the metrics state gauge",
-        lambda: _metric(epp, "llm_d_epp_datalayer_endpoints", state="failed") == 1
-        and _metric(epp, "llm_d_epp_datalayer_endpoints", state="fresh") == HEALTHY,
+        lambda: (
+            _metric(epp, "llm_d_epp_datalayer_endpoints", state="failed") == 1
+            and _metric(epp, "llm_d_epp_datalayer_endpoints", state="fresh") == HEALTHY
+        ),
     )
     assert (_metric(epp, "llm_d_epp_datalayer_scrape_failures_total", reason=reason) or 0) > 0
     assert _metric(epp, "llm_d_epp_datalayer_metrics_staleness_threshold_seconds") == 2.0

@@ -150,10 +150,14 @@ async def test_degradation_is_reported_without_changing_readiness(
         h.set_degraded("discovery", "endpoints file rejected (x); serving the last good set of 2 endpoints")
         h.set_degraded("discovery", "endpoints file rejected (x); serving the last good set of 2 endpoints")
         assert set((await _statuses(stub)).values()) == {SERVING}  # still ready
-        assert h.degraded() == ["discovery: endpoints file rejected (x); serving the last good set of 2 endpoints"]
+        assert h.degraded() == [
+            "discovery: endpoints file rejected (x); serving the last good set of 2 endpoints"
+        ]
         assert h.reasons() == []
         h.set_degraded("discovery", "")
     assert h.degraded() == []
     assert [e["event"] for e in logs] == ["readiness degraded", "readiness recovered"]  # changes only
     assert logs[0]["serving"] is True
-    assert logs[0]["degraded"] == ["discovery: endpoints file rejected (x); serving the last good set of 2 endpoints"]
+    assert logs[0]["degraded"] == [
+        "discovery: endpoints file rejected (x); serving the last good set of 2 endpoints"
+    ]

@@ -193,7 +193,10 @@ def test_unknown_endpoint_gets_at_most_a_fair_share_of_picks() -> None:
 def test_inflight_counts_still_apply_to_unknown_endpoints() -> None:
     a, b = never("a"), never("b")
     cycle = CycleState()
-    cycle[INFLIGHT_LOAD_KEY] = {a: InFlightLoad(requests=4, tokens=400), b: InFlightLoad(requests=1, tokens=100)}
+    cycle[INFLIGHT_LOAD_KEY] = {
+        a: InFlightLoad(requests=4, tokens=400),
+        b: InFlightLoad(requests=1, tokens=100),
+    }
     scores = list(ActiveRequestScorer("active", None).score(cycle, request(), [a, b]))
     assert scores[1] > scores[0]  # the EPP's own counts are known whatever the scrapes say
 
@@ -236,7 +239,10 @@ def _endpoint(store: EndpointStore) -> Endpoint:
 
 def test_every_failure_reason_is_exported_at_zero() -> None:
     for reason in FAILURE_REASONS:
-        assert REGISTRY.get_sample_value("llm_d_epp_datalayer_scrape_failures_total", {"reason": reason}) is not None
+        assert (
+            REGISTRY.get_sample_value("llm_d_epp_datalayer_scrape_failures_total", {"reason": reason})
+            is not None
+        )
 
 
 async def test_success_sets_fresh_until_then_the_metrics_go_stale(server: MetricsServer) -> None:

@@ -42,6 +42,7 @@ from dataclasses import dataclass
 
 import structlog
 
+from epp import promlite
 from epp.framework import (
     CycleState,
     Endpoint,
@@ -51,7 +52,6 @@ from epp.framework import (
     SaturationDetector,
     register,
 )
-from epp import promlite
 from epp.framework.params import ensure_valid
 
 log = structlog.get_logger("epp.plugins.utilization_detector")

@@ -51,7 +51,9 @@ class MetricScorer(Scorer, abc.ABC):
         return [next(it) if k else neutral for k in mask]
 
     @abc.abstractmethod
-    def score_known(self, cycle: CycleState, request: LLMRequest, endpoints: list[Endpoint]) -> Sequence[float]:
+    def score_known(
+        self, cycle: CycleState, request: LLMRequest, endpoints: list[Endpoint]
+    ) -> Sequence[float]:
         """Scores of ``endpoints``, all of which have known metrics."""
 
 
