@@ -354,7 +354,7 @@ async def test_all_invalid_reload_keeps_the_last_good_set_and_reports_it(
 
     _replace(path, [_ep("c", "10.0.0.3"), _ep("d", "bad")])  # partly invalid: applied, reported
     await _until(lambda: store.keys() == {"default/c"})
-    assert problems[-1] == f"1 invalid endpoint entries skipped in {path}"
+    assert problems[-1] == f"1 invalid endpoint entry skipped in {path}"
     assert _sample("llm_d_epp_discovery_file_invalid_entries") == 1
 
 

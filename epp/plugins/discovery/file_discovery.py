@@ -208,7 +208,8 @@ class FileDiscovery(EndpointDiscovery):
         self._serving_last_good = False
         FILE_REJECTED.set(0)
         n = len(result.invalid)
-        self._problem(f"{n} invalid endpoint entries skipped in {self.path}" if n else "")
+        entries = "entry" if n == 1 else "entries"
+        self._problem(f"{n} invalid endpoint {entries} skipped in {self.path}" if n else "")
 
     def _log_invalid(self, result: LoadResult) -> None:
         FILE_INVALID_ENTRIES.set(len(result.invalid))
