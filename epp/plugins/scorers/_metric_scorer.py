@@ -37,10 +37,13 @@ class MetricScorer(Scorer, abc.ABC):
 
     def score(self, cycle: CycleState, request: LLMRequest, endpoints: list[Endpoint]) -> Sequence[float]:
         now = time.monotonic()
+        for e in endpoints:
+            if e.metrics.fresh_until < now:
+                break
+        else:  # the common case: every candidate's metrics are known
+            return self.score_known(cycle, request, endpoints)
         mask = [now <= e.metrics.fresh_until for e in endpoints]
         known = [e for e, k in zip(endpoints, mask, strict=True) if k]
-        if len(known) == len(endpoints):
-            return self.score_known(cycle, request, endpoints)
         if not known:
             return [NEUTRAL] * len(endpoints)
         scores = self.score_known(cycle, request, known)
