@@ -63,7 +63,7 @@ STALENESS_POLICIES = ("saturated", "ignore")
 
 STALE_ENDPOINTS = promlite.Gauge(
     "llm_d_epp_flow_control_stale_endpoints",
-    "Number of candidate endpoints whose metrics are missing or older than the staleness threshold, "
+    "[ALPHA] Number of candidate endpoints whose metrics are missing or older than the staleness threshold, "
     "as of the most recent saturation evaluation.",
     ["detector"],
 )
