@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import math
 import random
 import statistics
 import time
@@ -107,6 +108,7 @@ def make_endpoints(n: int, rnd: random.Random) -> list[Endpoint]:
                 running_requests_size=rnd.randint(0, 64),
                 kv_cache_usage_percent=rnd.random(),
                 update_time=time.monotonic(),
+                fresh_until=math.inf,  # scraped metrics, known for the whole run
             ),
         )
         for i in range(n)

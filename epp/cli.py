@@ -138,7 +138,13 @@ def _add_serve(sub: Any) -> None:
         "--refresh-metrics-interval", type=parse_duration, default=0.05, help="scrape period (50ms)"
     )
     p.add_argument("--refresh-prometheus-metrics-interval", type=parse_duration, default=5.0)
-    p.add_argument("--metrics-staleness-threshold", type=parse_duration, default=2.0)
+    p.add_argument(
+        "--metrics-staleness-threshold",
+        type=_positive_duration,
+        default=2.0,
+        help="scraped metrics older than this (or never scraped) are unknown: metric-based scorers "
+        "score the endpoint neutrally and the pool gauges leave it out (2s)",
+    )
     add_bool(p, "--disable-endpoint-subset-filter", False, "ignore Envoy's subset hint")
     p.add_argument(
         "--max-request-body-bytes",
@@ -162,6 +168,13 @@ def _add_serve(sub: Any) -> None:
     )
     p.add_argument("--log-level", default=os.environ.get("EPP_LOG_LEVEL", "info"))
     p.set_defaults(func=_serve)
+
+
+def _positive_duration(text: str) -> float:
+    value = parse_duration(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be a positive duration, got {text!r}")
+    return value
 
 
 def _target_ports(text: str) -> tuple[int, ...]:

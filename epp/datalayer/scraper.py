@@ -5,7 +5,8 @@ gets a task that ticks every ``interval`` (``--refresh-metrics-interval``, 50 ms
 its task cancelled at once (which also closes its connection). Each tick polls the source with a
 per-poll ``timeout`` (1 s) and hands the body to the extractor, which returns a new ``Metrics``
 snapshot; the scraper assigns it to ``endpoint.metrics`` (a whole-object replacement, so readers
-never see a half-updated snapshot).
+never see a half-updated snapshot) with ``fresh_until = update_time + staleness``
+(``--metrics-staleness-threshold``, 2 s): until then the metrics are *known* to the scheduler.
 
 Scrapes of one endpoint never overlap: the next tick is taken only after the current scrape ended;
 a scrape longer than the interval delays the next one, and missed ticks are dropped rather than
@@ -13,10 +14,14 @@ replayed in a burst (like a Go ticker).
 
 Failures: a poll error or timeout increments
 ``llm_d_inference_scheduler_datalayer_poll_errors_total{source_type}``; per-field extraction errors
-increment ``..._extract_errors_total{source_type, extractor_type}`` once per scrape. The previous
-metrics stay, so staleness shows as an old ``metrics.update_time`` (``is_stale``). Consumers decide
-what staleness means; stale endpoints are never removed. Logging happens on state changes only
-(an endpoint starts failing, recovers, or its extraction errors change), not on every tick.
+increment ``..._extract_errors_total{source_type, extractor_type}`` once per scrape. Every failed
+attempt (a poll error, a body from which nothing could be extracted, an extractor crash) also
+increments ``llm_d_epp_datalayer_scrape_failures_total{reason}`` and records the reason in the
+snapshot's ``failure`` (replaced only when the reason changes). The previous values stay but are
+no longer trusted once ``fresh_until`` passed: the endpoint's state becomes ``failed`` (or
+``stale``) and metric-based scorers score it neutrally. Stale endpoints are never removed. Logging
+happens on state changes only (an endpoint starts failing, fails for another reason, recovers, or
+its extraction errors change), not on every tick.
 
 The contracts the scraper needs from its plugins (``PollingSource``, ``Poller``,
 ``MetricsExtractor``, ``ExtractResult``) are defined here because the framework's ``DataSource``
@@ -26,12 +31,15 @@ and ``Extractor`` base classes declare no methods.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import cast
 
 import structlog
 
+from epp.datalayer.freshness import COLLECTOR, FAILURE_REASONS, SCRAPE_FAILURES
 from epp.datalayer.store import EndpointStore
 from epp.framework.endpoint import Endpoint
 from epp.framework.interfaces import (
@@ -39,6 +47,7 @@ from epp.framework.interfaces import (
     Extractor,
     MetricsExtractor,
     Poller,
+    PollError,
     PollingSource,
 )
 from epp.metrics import DATALAYER_EXTRACT_ERRORS, DATALAYER_POLL_ERRORS
@@ -47,10 +56,14 @@ log = structlog.get_logger("epp.datalayer.scraper")
 
 DEFAULT_INTERVAL = 0.05
 DEFAULT_TIMEOUT = 1.0
+DEFAULT_STALENESS = 2.0
 
 
 def is_stale(endpoint: Endpoint, threshold: float, now: float | None = None) -> bool:
-    """True when the endpoint's metrics were never extracted or are older than ``threshold`` s."""
+    """True when the endpoint's metrics were never extracted or are older than ``threshold`` s.
+
+    With the scraper's own threshold this is ``not endpoint.metrics.known(now)``.
+    """
     updated = endpoint.metrics.update_time
     if updated == 0.0:
         return True
@@ -67,9 +80,10 @@ class MetricsScraper:
         extractor: Extractor,
         interval: float = DEFAULT_INTERVAL,
         timeout: float = DEFAULT_TIMEOUT,
+        staleness: float = DEFAULT_STALENESS,
     ) -> None:
-        if interval <= 0 or timeout <= 0:
-            raise ValueError("interval and timeout must be positive")
+        if interval <= 0 or timeout <= 0 or staleness <= 0:
+            raise ValueError("interval, timeout and staleness must be positive")
         if not isinstance(source, PollingSource):
             raise TypeError(f"data source {source!r} cannot be polled per endpoint (no poller())")
         if not isinstance(extractor, MetricsExtractor):
@@ -79,6 +93,14 @@ class MetricsScraper:
         self._extractor = cast(MetricsExtractor, extractor)
         self.interval = interval
         self.timeout = timeout
+        self.staleness = staleness
+        if interval >= staleness:
+            log.warning(
+                "the metrics refresh interval is not shorter than the staleness threshold: "
+                "endpoint metrics will count as unknown between scrapes",
+                refresh_metrics_interval=interval,
+                metrics_staleness_threshold=staleness,
+            )
         self._tasks: dict[Endpoint, asyncio.Task[None]] = {}
         self._running = False
         self._subscribed = False
@@ -94,6 +116,7 @@ class MetricsScraper:
         if self._running:
             return
         self._running = True
+        COLLECTOR.track(self)
         if not self._subscribed:
             # The store has no unsubscribe: the listeners stay registered and do nothing once
             # the scraper is stopped (a restarted scraper picks the current endpoints up here).
@@ -106,6 +129,7 @@ class MetricsScraper:
     async def stop(self) -> None:
         """Cancel every scrape task and wait for them (their connections are closed)."""
         self._running = False
+        COLLECTOR.untrack(self)
         tasks = list(self._tasks.values())
         self._tasks.clear()
         for task in tasks:
@@ -115,6 +139,10 @@ class MetricsScraper:
 
     def is_stale(self, endpoint: Endpoint, threshold: float) -> bool:
         return is_stale(endpoint, threshold)
+
+    def tracked_endpoints(self) -> Sequence[Endpoint]:
+        """The endpoints whose metrics state this scraper maintains (the store's)."""
+        return self._store.endpoints()
 
     @property
     def scraped_endpoints(self) -> frozenset[Endpoint]:
@@ -160,33 +188,64 @@ class MetricsScraper:
                 body = await poller.poll()
         except Exception as e:  # timeouts, connection errors, bad statuses
             self._poll_errors.inc()
-            reason = "timeout" if isinstance(e, TimeoutError) else f"{type(e).__name__}: {e}"
-            if not state.failing:
-                state.failing = True
-                log.warning("metrics poll failing", endpoint=endpoint.metadata.key, error=reason)
+            detail = "timeout" if isinstance(e, TimeoutError) else f"{type(e).__name__}: {e}"
+            self._failed(endpoint, state, _poll_failure(e), detail)
             return
-        if state.failing:
-            state.failing = False
-            log.info("metrics poll recovered", endpoint=endpoint.metadata.key)
         try:
             result = self._extractor.extract(endpoint, body)
         except Exception as e:
             self._extract_errors.inc()
-            log.exception("metrics extraction crashed", endpoint=endpoint.metadata.key, error=str(e))
+            self._failed(endpoint, state, "extractor_error", f"{type(e).__name__}: {e}")
             return
-        if result.metrics is not None:
-            endpoint.metrics = result.metrics
         if result.errors:
             self._extract_errors.inc()
         if result.errors != state.errors:
             state.errors = result.errors
             if result.errors:
                 log.warning("metrics extraction errors", endpoint=endpoint.metadata.key, errors=result.errors)
+        metrics = result.metrics
+        if metrics is None:
+            self._failed(endpoint, state, "no_metrics", "no metric could be extracted from the response")
+            return
+        updated = metrics.update_time if metrics.update_time > 0.0 else time.monotonic()
+        endpoint.metrics = dataclasses.replace(
+            metrics, update_time=updated, fresh_until=updated + self.staleness, failure=""
+        )
+        if state.failure:
+            state.failure = ""
+            log.info("metrics scrape recovered", endpoint=endpoint.metadata.key)
+
+    def _failed(self, endpoint: Endpoint, state: _ScrapeState, reason: str, detail: str) -> None:
+        """Count a failed attempt and record its reason on the snapshot (on changes only)."""
+        SCRAPE_FAILURES.labels(reason).inc()
+        metrics = endpoint.metrics
+        if metrics.failure != reason:
+            endpoint.metrics = dataclasses.replace(metrics, failure=reason)
+        if state.failure != reason:
+            state.failure = reason
+            log.warning(
+                "metrics scrape failing",
+                endpoint=endpoint.metadata.key,
+                reason=reason,
+                error=detail,
+                metrics_known_for_s=round(max(0.0, metrics.fresh_until - time.monotonic()), 3),
+            )
+
+
+def _poll_failure(e: Exception) -> str:
+    """The bounded failure reason of a poll exception."""
+    if isinstance(e, TimeoutError):
+        return "timeout"
+    if isinstance(e, PollError):
+        return e.reason if e.reason in FAILURE_REASONS else "poll_error"
+    if isinstance(e, OSError | EOFError):
+        return "connect"
+    return "poll_error"
 
 
 @dataclass(slots=True)
 class _ScrapeState:
     """Per-endpoint state used to log transitions only."""
 
-    failing: bool = False
+    failure: str = ""
     errors: tuple[str, ...] = ()

@@ -1,6 +1,6 @@
 """Contracts of epp: data types and plugin interfaces. Plugins depend on this package only."""
 
-from epp.framework.endpoint import Endpoint, EndpointMetadata, Metrics
+from epp.framework.endpoint import Endpoint, EndpointMetadata, Metrics, MetricsState
 from epp.framework.errors import ConfigError, ErrorCode, InferenceError, SchedulingError
 from epp.framework.interfaces import (
     Admitter,
@@ -61,6 +61,7 @@ __all__ = [
     "InferenceError",
     "LLMRequest",
     "Metrics",
+    "MetricsState",
     "NoParams",
     "Parser",
     "Picker",

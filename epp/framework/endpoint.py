@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from enum import StrEnum
 from types import MappingProxyType
 from typing import Any
 
@@ -39,6 +40,15 @@ class EndpointMetadata:
         return self.metrics_host or self.hostport
 
 
+class MetricsState(StrEnum):
+    """Freshness of an endpoint's metrics; only ``FRESH`` metrics are known to the scheduler."""
+
+    NEVER = "never"  # no successful scrape yet (a new endpoint, or no data source)
+    FRESH = "fresh"  # extracted within the staleness threshold
+    STALE = "stale"  # older than the threshold while the last scrape attempt did not fail
+    FAILED = "failed"  # older than the threshold (or never scraped) and the last attempt failed
+
+
 @dataclass(slots=True, frozen=True)
 class Metrics:
     """One scrape of a model server, normalised across engines.
@@ -46,6 +56,9 @@ class Metrics:
     ``update_time`` is ``time.monotonic()`` of the last successful extraction (0.0 = never).
     ``kv_cache_usage_percent`` is a 0..1 fraction despite its (reference) name. ``served_models``:
     the ``model_name`` label values of the running-requests series (the base models served).
+    ``fresh_until`` is the ``time.monotonic()`` until which the values are trusted (0.0 = never);
+    after it, or before the first scrape, the metrics are unknown, not idle. ``failure`` is the
+    reason of the last scrape attempt when it failed (``""`` after a success).
     """
 
     waiting_queue_size: int = 0
@@ -58,6 +71,19 @@ class Metrics:
     cache_num_blocks: int = 0
     served_models: tuple[str, ...] = ()
     update_time: float = 0.0
+    fresh_until: float = 0.0
+    failure: str = ""
+
+    def known(self, now: float) -> bool:
+        """True while the snapshot is fresh (``now`` is ``time.monotonic()``)."""
+        return now <= self.fresh_until
+
+    def state(self, now: float) -> MetricsState:
+        if now <= self.fresh_until:
+            return MetricsState.FRESH
+        if self.failure:
+            return MetricsState.FAILED
+        return MetricsState.NEVER if self.update_time == 0.0 else MetricsState.STALE
 
 
 @dataclass(slots=True, eq=False)

@@ -7,7 +7,7 @@ discovery are asynchronous. Nothing here imports the server.
 from __future__ import annotations
 
 import abc
-from collections.abc import Iterator, Mapping, MutableMapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
@@ -255,8 +255,12 @@ class EndpointDiscovery(Plugin, abc.ABC):
     """A source of endpoints other than Kubernetes, selected by ``dataLayer.discovery.pluginRef``.
 
     ``start`` returns once the initial set was loaded (raising on a fatal error) and keeps watching
-    in a background task until ``stop``.
+    in a background task until ``stop``. ``on_problem`` (set by the server before ``start``) is
+    called with a description when the source keeps serving endpoints despite a bad update (a
+    rejected file, skipped entries) and with ``""`` once the source is clean again.
     """
+
+    on_problem: Callable[[str], None] | None = None
 
     @abc.abstractmethod
     async def start(self, notifier: EndpointNotifier) -> None: ...
@@ -315,6 +319,14 @@ class ExtractResult:
 
     metrics: Metrics | None
     errors: tuple[str, ...] = ()
+
+
+class PollError(Exception):
+    """A failed poll whose ``reason`` is one of the scraper's failure reasons (a bounded label)."""
+
+    def __init__(self, message: str, reason: str = "poll_error") -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 class Poller(Protocol):

@@ -141,7 +141,13 @@ class EppServer:
         )
         source, extractors = cfg.data_sources[0] if cfg.data_sources else (None, [])
         self.scraper = (
-            MetricsScraper(self.store, source, extractors[0], interval=opts.refresh_metrics_interval)
+            MetricsScraper(
+                self.store,
+                source,
+                extractors[0],
+                interval=opts.refresh_metrics_interval,
+                staleness=opts.metrics_staleness_threshold,
+            )
             if source is not None and extractors
             else None
         )
@@ -234,6 +240,8 @@ class EppServer:
                 await kube.start(self.store)
             else:
                 if discovery is not None:
+                    # a rejected update keeps the last good endpoints: reported, readiness unchanged
+                    discovery.on_problem = lambda problem: self.health.set_degraded("discovery", problem)
                     await discovery.start(self.store)
                 self.store.synced = True
                 await self.health.set_condition("pool", True)

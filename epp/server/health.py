@@ -11,6 +11,12 @@ runs. The others are SERVING only while every readiness condition holds:
 * ``serving`` — the ext_proc server is up and not shutting down (graceful shutdown turns it off).
 
 ``reasons()`` tells which condition is missing (logged on every change, for operators).
+
+Degradations (``set_degraded``) are problems that do *not* gate readiness because the EPP still
+serves correctly with what it has, e.g. ``discovery``: the endpoints file on disk was rejected and
+the last good endpoint set is being served. Taking the replica out of service would not help (every
+replica reads the same file) and would turn a bad edit into an outage. ``degraded()`` lists them;
+each change is logged at warning level as ``readiness degraded`` (or ``readiness recovered``).
 """
 
 from __future__ import annotations
@@ -38,6 +44,7 @@ class Health:
             "leader": (not leader_election, "not the leader" if leader_election else ""),
             "serving": (False, "ext_proc server not started"),
         }
+        self._degraded: dict[str, str] = {}
         self._published: bool | None = None
         self._pending: set[asyncio.Task[None]] = set()
         self._lock = asyncio.Lock()
@@ -48,6 +55,20 @@ class Health:
 
     def reasons(self) -> list[str]:
         return [f"{name}: {why}" for name, (ok, why) in self._conditions.items() if not ok]
+
+    def degraded(self) -> list[str]:
+        return [f"{name}: {why}" for name, why in self._degraded.items()]
+
+    def set_degraded(self, name: str, reason: str) -> None:
+        """Record (``reason``) or clear (``""``) a degradation; readiness is unchanged."""
+        if self._degraded.get(name, "") == reason:
+            return
+        if reason:
+            self._degraded[name] = reason
+            log.warning("readiness degraded", serving=self.ready, degraded=self.degraded())
+        else:
+            self._degraded.pop(name, None)
+            log.warning("readiness recovered", condition=name, serving=self.ready, degraded=self.degraded())
 
     async def start(self) -> None:
         await self.servicer.set("liveness", SERVING)
@@ -77,7 +98,7 @@ class Health:
             self._published = ready
             for name in READY_SERVICES:
                 await self.servicer.set(name, SERVING if ready else NOT_SERVING)
-            log.info("readiness", serving=ready, missing=self.reasons())
+            log.info("readiness", serving=ready, missing=self.reasons(), degraded=self.degraded())
 
     async def shutdown(self) -> None:
         await self.servicer.enter_graceful_shutdown()

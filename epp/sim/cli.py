@@ -7,7 +7,7 @@ import asyncio
 import signal
 from dataclasses import fields
 
-from epp.sim.engine import FAILURE_TYPES, ROLES, SimConfig
+from epp.sim.engine import FAILURE_TYPES, METRICS_FAULTS, ROLES, SimConfig
 from epp.sim.server import SimCluster
 
 _DEFAULTS = SimConfig()
@@ -141,6 +141,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=list(d.failure_types),
         metavar="TYPE",
         help=f"errors injected, drawn uniformly: {', '.join(FAILURE_TYPES)} (default all)",
+    )
+    add(
+        "--metrics-fault",
+        choices=METRICS_FAULTS,
+        default=d.metrics_fault,
+        help="break GET /metrics while inference keeps working: error answers 500, hang never answers,"
+        " garbage answers 200 with text that is no Prometheus exposition (default %(default)s)",
     )
     add(
         "--role",

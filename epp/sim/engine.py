@@ -23,6 +23,8 @@ FINISH_REASONS = (FINISH_STOP, FINISH_LENGTH)
 
 ROLES = ("both", "prefill", "decode")
 FAILURE_TYPES = ("rate_limit", "server_error", "invalid_request", "model_not_found")
+# a broken /metrics (inference keeps working): 500 answers, no answer at all, or a 200 of non-metrics text
+METRICS_FAULTS = ("none", "error", "hang", "garbage")
 
 _VOCABULARY = (
     "The", " quick", " brown", " fox", " jumps", " over", " the", " lazy", " dog", ".",
@@ -59,6 +61,7 @@ class SimConfig:
     lora_load_time: float = 10.0
     failure_injection_rate: float = 0.0
     failure_types: tuple[str, ...] = FAILURE_TYPES
+    metrics_fault: str = "none"
     role: str = "both"
     data_parallel_size: int = 1
     seed: int | None = None
@@ -90,6 +93,9 @@ class SimConfig:
         unknown = sorted(set(self.failure_types) - set(FAILURE_TYPES))
         _require(not unknown, f"failure_types: unknown {unknown}; known: {', '.join(FAILURE_TYPES)}")
         _require(self.role in ROLES, f"role must be one of {', '.join(ROLES)}")
+        _require(
+            self.metrics_fault in METRICS_FAULTS, f"metrics_fault must be one of {', '.join(METRICS_FAULTS)}"
+        )
         _require(not self.lora_modules or self.max_loras >= 1, "max_loras must be >= 1 with lora_modules")
         clash = set(self.lora_modules) & set(self.model_names)
         _require(not clash, f"lora_modules must differ from the served model names: {sorted(clash)}")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import random
@@ -515,7 +516,17 @@ async def health(_: web.Request) -> web.Response:
     return web.Response(status=200)
 
 
+GARBAGE_METRICS = b"<html><body>\x00\xff upstream {{ not [prometheus] text\n</body></html>\n"
+
+
 async def metrics(request: web.Request) -> web.Response:
+    fault = request.app[CONFIG_KEY].metrics_fault
+    if fault == "error":
+        return web.Response(status=500, text="metrics exporter failed\n")
+    if fault == "hang":
+        await asyncio.Event().wait()  # until the client gives up (the handler is then cancelled)
+    if fault == "garbage":
+        return web.Response(body=GARBAGE_METRICS, headers={"Content-Type": CONTENT_TYPE_LATEST})
     body = generate_latest(request.app[REGISTRY_KEY])
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 

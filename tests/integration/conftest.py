@@ -236,15 +236,24 @@ class Rig:
         _ACTIVE_RIGS.append(self)
 
     def start_sims(
-        self, count: int, *, prefix: str = "sim", hosts: Sequence[str] = (), port: int = 0
+        self,
+        count: int,
+        *,
+        prefix: str = "sim",
+        hosts: Sequence[str] = (),
+        port: int = 0,
+        extra: Sequence[str] = (),
     ) -> list[Sim]:
-        """``count`` sims on free ports of 127.0.0.1, or on ``hosts[i]:port`` (pods with one IP each)."""
+        """``count`` sims on free ports of 127.0.0.1, or on ``hosts[i]:port`` (pods with one IP each).
+
+        ``extra`` flags come after the fast defaults of ``SIM_ARGS`` (a repeated flag: the last wins).
+        """
         started = []
         for i in range(count):
             name = f"{prefix}-{len(self.sims)}"
             host = hosts[i] if hosts else "127.0.0.1"
             sim_port = port or stack.free_port()
-            argv = stack.sim_argv(sim_port, name, MODEL, [*SIM_ARGS, "--host", host])
+            argv = stack.sim_argv(sim_port, name, MODEL, [*SIM_ARGS, "--host", host, *extra])
             child = self.supervisor.start(name, argv)
             sim = Sim(name, sim_port, child, host)
             self.sims.append(sim)

@@ -152,3 +152,24 @@ def test_serve_rejects_a_negative_fairness_id_label_limit() -> None:
     out = epp("serve", "--secure-serving=false", "--fairness-id-metric-label-limit", "-1")
     assert out.returncode != 0
     assert "fairness-id-metric-label-limit must be non-negative, got -1" in out.stderr
+
+
+def test_serve_rejects_a_non_positive_metrics_staleness_threshold() -> None:
+    out = epp("serve", "--secure-serving=false", "--metrics-staleness-threshold", "0s")
+    assert out.returncode == 2
+    assert "--metrics-staleness-threshold" in out.stderr and "must be a positive duration" in out.stderr
+
+
+def test_serve_exits_when_every_entry_of_the_endpoints_file_is_invalid(tmp_path: Path) -> None:
+    endpoints = tmp_path / "endpoints.yaml"
+    endpoints.write_text("endpoints:\n- {name: a, address: 10.0.0.300, port: 8000}\n")
+    text = (
+        "apiVersion: llm-d.ai/v1alpha1\nkind: EndpointPickerConfig\nplugins:\n"
+        f"- {{name: files, type: file-discovery, parameters: {{path: {endpoints}}}}}\n"
+        "dataLayer: {discovery: {pluginRef: files}}\n"
+    )
+    ports = ("--grpc-port", "0", "--grpc-health-port", "0", "--metrics-port", "0")
+    out = epp("serve", "--secure-serving=false", *ports, "--config-text", text)
+    assert out.returncode == 1
+    assert "none of its 1 endpoint entry is valid" in out.stderr
+    assert 'endpoint \\"a\\": invalid IPv4 address' in out.stderr  # the entry, named, with its reason

@@ -6,6 +6,7 @@ are test-local (the reference's ``llm-d.ai/role`` sets).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -138,7 +139,7 @@ def stage(name: str, fail: bool = False, k: int = 1) -> _Tracked:
 def ep(i: int, role: str | None, queue: int = 0, port: int = 8000, address: str = "") -> Endpoint:
     labels = {ROLE: role} if role is not None else {}
     md = EndpointMetadata(f"pod{i}-rank-0", address or f"10.0.0.{i}", port, labels=labels)
-    return Endpoint(md, Metrics(waiting_queue_size=queue))
+    return Endpoint(md, Metrics(waiting_queue_size=queue, fresh_until=math.inf))
 
 
 def completions(prompt: Any = "hello", headers: dict[str, str] | None = None, model: str = "m") -> LLMRequest:

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 import yaml
+from prometheus_client import REGISTRY
 from structlog.testing import capture_logs
 
 from epp.datalayer.store import EndpointStore
@@ -297,3 +298,88 @@ async def test_without_watch_or_after_stop_changes_are_ignored(tmp_path: Path) -
         assert watched_store.keys() == {"default/a"}
     finally:
         await probe.stop()
+
+
+# --- rejected files: all entries invalid -------------------------------------------------------
+
+
+def _sample(name: str, **labels: str) -> float:
+    value = REGISTRY.get_sample_value(name, labels)
+    return value if value is not None else 0.0
+
+
+def _failures(reason: str) -> float:
+    return _sample("llm_d_epp_discovery_file_load_failures_total", reason=reason)
+
+
+async def test_all_invalid_entries_fail_the_initial_load(tmp_path: Path) -> None:
+    path = tmp_path / "endpoints.yaml"
+    _write(path, [_ep("a", address="10.0.0.300"), _ep("b", port="http")])
+    before = _failures("no_valid_entries")
+    with capture_logs() as logs, pytest.raises(FileDiscoveryError) as info:
+        await _discovery(path).start(EndpointStore())
+    assert str(info.value).startswith("file-discovery: initial load failed: ")
+    assert "none of its 2 endpoint entries is valid" in str(info.value)
+    assert info.value.reason == "no_valid_entries"
+    assert _failures("no_valid_entries") == before + 1
+    reasons = [e["reason"] for e in logs if e["event"] == "skipping invalid endpoint entry"]
+    assert reasons == ['endpoint "a": invalid IPv4 address "10.0.0.300"', 'endpoint "b": invalid port "http"']
+
+
+async def test_all_invalid_reload_keeps_the_last_good_set_and_reports_it(
+    watched: tuple[Path, EndpointStore, FileDiscovery],
+) -> None:
+    path, store, discovery = watched
+    problems: list[str] = []
+    discovery.on_problem = problems.append
+    before = _failures("no_valid_entries")
+    with capture_logs() as logs:
+        _replace(path, [_ep("a", address="not-an-ip"), _ep("c", port=0), "junk"])
+        await _until(lambda: _sample("llm_d_epp_discovery_file_rejected") == 1)
+        await asyncio.sleep(0.1)  # several more polls of the same (recently written) content
+    assert store.keys() == {"default/a", "default/b"}
+    assert discovery.loaded_keys == {"default/a", "default/b"}
+    assert _failures("no_valid_entries") == before + 1  # once per content, not per poll
+    assert _sample("llm_d_epp_discovery_file_invalid_entries") == 3
+    entries = [e["reason"] for e in logs if e["event"] == "skipping invalid endpoint entry"]
+    assert len(entries) == 3 and 'endpoint "a": invalid IPv4 address "not-an-ip"' in entries
+    (rejected,) = [e for e in logs if e["event"].startswith("reloading endpoints file failed")]
+    assert rejected["reason"] == "no_valid_entries" and rejected["endpoints"] == 2
+    assert problems == [problems[0]] and problems[0].startswith("endpoints file rejected (")
+    assert "serving the last good set of 2 endpoints" in problems[0]
+
+    _replace(path, [_ep("a", "10.0.0.1"), _ep("b", "10.0.0.2")])  # back to the content in use
+    await _until(lambda: _sample("llm_d_epp_discovery_file_rejected") == 0)
+    assert problems[-1] == ""
+
+    _replace(path, [_ep("c", "10.0.0.3"), _ep("d", "bad")])  # partly invalid: applied, reported
+    await _until(lambda: store.keys() == {"default/c"})
+    assert problems[-1] == f"1 invalid endpoint entry skipped in {path}"
+    assert _sample("llm_d_epp_discovery_file_invalid_entries") == 1
+
+
+async def test_syntax_error_and_all_invalid_are_treated_the_same(
+    watched: tuple[Path, EndpointStore, FileDiscovery],
+) -> None:
+    path, store, discovery = watched
+    problems: list[str] = []
+    discovery.on_problem = problems.append
+    before = _failures("parse_error")
+    path.write_text("endpoints: [broken\n")
+    await _until(lambda: bool(problems))
+    assert store.keys() == {"default/a", "default/b"}
+    assert _failures("parse_error") == before + 1
+    assert _sample("llm_d_epp_discovery_file_rejected") == 1
+    assert problems[0].startswith("endpoints file rejected (unmarshalling")
+
+
+async def test_explicit_empty_list_still_empties_the_pool(
+    watched: tuple[Path, EndpointStore, FileDiscovery],
+) -> None:
+    path, store, discovery = watched
+    problems: list[str] = []
+    discovery.on_problem = problems.append
+    _replace(path, [])
+    await _until(lambda: len(store) == 0)
+    assert _sample("llm_d_epp_discovery_file_rejected") == 0
+    assert problems == [""]

@@ -136,3 +136,28 @@ def test_sigterm_turns_readiness_off_and_keeps_serving_during_the_drain(tmp_path
         proc.terminate()
         proc.wait(timeout=60)
     assert proc.returncode == 0, proc.stderr.read() if proc.stderr else ""
+
+
+async def test_degradation_is_reported_without_changing_readiness(
+    health: tuple[Health, health_pb2_grpc.HealthStub],
+) -> None:
+    from structlog.testing import capture_logs
+
+    h, stub = health
+    await h.set_condition("pool", True)
+    await h.set_ready(True)
+    with capture_logs() as logs:
+        h.set_degraded("discovery", "endpoints file rejected (x); serving the last good set of 2 endpoints")
+        h.set_degraded("discovery", "endpoints file rejected (x); serving the last good set of 2 endpoints")
+        assert set((await _statuses(stub)).values()) == {SERVING}  # still ready
+        assert h.degraded() == [
+            "discovery: endpoints file rejected (x); serving the last good set of 2 endpoints"
+        ]
+        assert h.reasons() == []
+        h.set_degraded("discovery", "")
+    assert h.degraded() == []
+    assert [e["event"] for e in logs] == ["readiness degraded", "readiness recovered"]  # changes only
+    assert logs[0]["serving"] is True
+    assert logs[0]["degraded"] == [
+        "discovery: endpoints file rejected (x); serving the last good set of 2 endpoints"
+    ]

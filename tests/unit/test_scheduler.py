@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 
 from hypothesis import given, settings
@@ -37,7 +38,7 @@ def make_endpoints(queues: Sequence[int], kv: Sequence[float] | None = None) -> 
     return [
         Endpoint(
             EndpointMetadata(f"e{i}", f"10.0.0.{i}", 8000),
-            Metrics(waiting_queue_size=q, kv_cache_usage_percent=k),
+            Metrics(waiting_queue_size=q, kv_cache_usage_percent=k, fresh_until=math.inf),
         )
         for i, (q, k) in enumerate(zip(queues, kv, strict=True))
     ]

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import base64
+import dataclasses
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -43,7 +45,7 @@ def ep(
 ) -> Endpoint:
     return Endpoint(
         EndpointMetadata(name, "10.0.0.1", 8000, namespace=namespace, labels=dict(labels or {})),
-        metrics or Metrics(),
+        dataclasses.replace(metrics or Metrics(), fresh_until=math.inf),  # scraped, known metrics
     )
 
 

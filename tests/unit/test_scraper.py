@@ -15,7 +15,7 @@ from prometheus_client import REGISTRY
 from epp.datalayer.pool_gauges import PoolGauges
 from epp.datalayer.scraper import MetricsScraper, is_stale
 from epp.datalayer.store import EndpointStore
-from epp.framework import ConfigError, Endpoint, EndpointMetadata, Metrics
+from epp.framework import ConfigError, Endpoint, EndpointMetadata, Metrics, MetricsState
 from epp.framework.params import decode_params
 from epp.plugins.datalayer.core_metrics_extractor import CoreMetricsExtractor, CoreMetricsExtractorParams
 from epp.plugins.datalayer.metrics_data_source import HttpError, MetricsDataSource, MetricsDataSourceParams
@@ -223,7 +223,8 @@ async def test_unreachable_endpoint_is_stale_from_the_start() -> None:
     try:
         await _until(lambda: _poll_errors() >= errors_before + 2)
         endpoint = _endpoint(store)
-        assert endpoint.metrics == Metrics()
+        assert endpoint.metrics == Metrics(failure="connect")  # no values, the reason recorded
+        assert endpoint.metrics.state(time.monotonic()) is MetricsState.FAILED
         assert scraper.is_stale(endpoint, 1000.0)  # never extracted = stale at any threshold
     finally:
         await scraper.stop()

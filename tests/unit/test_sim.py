@@ -291,6 +291,28 @@ async def test_metrics_return_to_zero_after_completion(
     assert metric(samples, "vllm:prefix_cache_hits_total") == 0
 
 
+@pytest.mark.parametrize("fault", ["error", "hang", "garbage"])
+async def test_metrics_fault_breaks_only_the_metrics_page(
+    start_sim: StartSim, session: aiohttp.ClientSession, fault: str
+) -> None:
+    sim = await start_sim(metrics_fault=fault)
+    if fault == "hang":
+        with pytest.raises(TimeoutError):
+            async with asyncio.timeout(0.3):
+                async with session.get(f"{sim.url}/metrics") as resp:
+                    await resp.read()
+    else:
+        async with session.get(f"{sim.url}/metrics") as resp:
+            body = await resp.read()
+        assert resp.status == (500 if fault == "error" else 200)
+        assert b"vllm:" not in body
+        if fault == "garbage":
+            with pytest.raises(ValueError):
+                list(text_string_to_metric_families(body.decode("latin-1")))
+    async with session.post(f"{sim.url}/v1/completions", json={"prompt": "a", "max_tokens": 2}) as resp:
+        assert resp.status == 200  # inference still works
+
+
 async def test_disconnect_while_waiting_frees_the_queue(
     start_sim: StartSim, session: aiohttp.ClientSession
 ) -> None:

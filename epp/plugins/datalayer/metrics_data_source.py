@@ -8,7 +8,8 @@ Type: ``metrics-data-source``. Parameters:
 
 Algorithm: ``poller(endpoint)`` returns a per-endpoint poller whose ``poll()`` performs
 ``GET <scheme>://<metricsHost><path>`` and returns the raw body (the extractor scans it; see
-``epp.datalayer.promtext``). Any status other than 200 is an error.
+``epp.datalayer.promtext``). Any status other than 200 is an error. Errors are ``HttpError``s
+carrying the scraper's failure reason (``http_status``, ``connect``, ``malformed_response``).
 
 HTTP client: a minimal HTTP/1.1 client on asyncio streams with one keep-alive connection per
 endpoint (the scraper never overlaps polls of one endpoint, so one connection is all it needs).
@@ -27,15 +28,19 @@ import ssl
 from dataclasses import dataclass
 
 from epp.framework import DataSource, Endpoint, register
-from epp.framework.interfaces import Handle
+from epp.framework.interfaces import Handle, PollError
 
 _MAX_BODY = 16 << 20
 _MAX_HEAD = 64 << 10
 _CONNECT_TIMEOUT = 10.0  # the reference client's timeout; each poll is bounded by the scraper too
 
 
-class HttpError(Exception):
-    """A failed metrics poll (bad status, malformed response, connection closed)."""
+class HttpError(PollError):
+    """A failed metrics poll: ``reason`` ``http_status`` (not 200), ``connect`` (the connection
+    closed before a response) or ``malformed_response`` (anything unparsable or too large)."""
+
+    def __init__(self, message: str, reason: str = "malformed_response") -> None:
+        super().__init__(message, reason)
 
 
 @dataclass(slots=True, frozen=True)
@@ -102,7 +107,7 @@ class MetricsPoller:
             try:
                 return await self._exchange()
             except _StaleConnection as e:
-                raise HttpError("connection closed before a response") from e
+                raise HttpError("connection closed before a response", "connect") from e
         except BaseException:
             self.close()
             raise
@@ -151,7 +156,7 @@ class MetricsPoller:
         if not keep_alive:
             self.close()
         if status != 200:
-            raise HttpError(f"unexpected status {status}")
+            raise HttpError(f"unexpected status {status}", "http_status")
         return body
 
 

@@ -23,11 +23,25 @@ engine type work as with pods). Entries are processed top to bottom; for a dupli
 Algorithm: ``start(notifier)`` loads the file once and upserts every valid entry. A file-level
 error (cannot read, over 1 MiB → ``endpoints file <path> exceeds 1 MiB limit``, bad YAML/JSON or
 shape → ``unmarshalling <path>: ...``) raises ``FileDiscoveryError("file-discovery: initial load
-failed: ...")`` and the EPP exits. With ``watchFile`` a background task then polls the path every
-0.2 s; on change it reloads: a file-level error is logged and the current endpoints stay; otherwise
-valid entries are upserted (identical metadata is a no-op in the store) and every endpoint of the
-previous load missing from the new valid set is deleted. All notifier calls come from the caller of
-``start`` and then from the single watch task, in causal order. ``stop()`` cancels the watch.
+failed: ...")`` and the EPP exits. So does a file that lists entries none of which is valid
+(``<path>: none of its N endpoint entries is valid``): it is rejected like a syntax error, not
+applied as an empty pool. With ``watchFile`` a background task then polls the path every 0.2 s; on
+change it reloads: a rejected file (a file-level error, or entries that are all invalid) is logged
+once per distinct content and the last good endpoint set stays; otherwise valid entries are upserted
+(identical metadata is a no-op in the store) and every endpoint of the previous load missing from
+the new valid set is deleted. An explicit empty list (``endpoints: []``, or no ``endpoints`` key)
+is valid and empties the pool. Every invalid entry is logged (``skipping invalid endpoint entry``,
+naming the entry and the reason) each time a new content is read. All notifier calls come from the
+caller of ``start`` and then from the single watch task, in causal order. ``stop()`` cancels the
+watch.
+
+Reporting: ``llm_d_epp_discovery_file_load_failures_total{reason}``,
+``llm_d_epp_discovery_file_rejected`` (1 while the last good set is served instead of the file)
+and ``llm_d_epp_discovery_file_invalid_entries`` (see ``_metrics``); ``on_problem`` receives
+``endpoints file rejected (...); serving the last good set of N endpoints`` or
+``N invalid endpoint entries skipped``, and ``""`` once a clean file was applied. The server
+shows it as the ``discovery`` degradation of readiness: the EPP stays ready while it serves the
+last good set (every replica reads the same file, so going unready would only add an outage).
 
 Change detection: ``os.stat`` of the path (following symlinks) every 0.2 s, comparing
 ``(st_mtime_ns, st_size, st_ino, st_dev)``. Stating the path rather than an open file picks up
@@ -68,6 +82,7 @@ import yaml
 from epp.background import BackgroundTask
 from epp.framework import ConfigError, EndpointDiscovery, EndpointMetadata, EndpointNotifier, register
 from epp.framework.interfaces import Handle
+from epp.plugins.discovery._metrics import FILE_INVALID_ENTRIES, FILE_LOAD_FAILURES, FILE_REJECTED
 
 log = structlog.get_logger("epp.discovery.file")
 
@@ -85,7 +100,14 @@ except AttributeError:  # pragma: no cover - PyYAML without libyaml
 
 
 class FileDiscoveryError(Exception):
-    """A file-level error of the endpoints file (unreadable, too large, unparsable, bad shape)."""
+    """A rejected endpoints file: unreadable, too large, unparsable, bad shape, no valid entry.
+
+    ``reason`` is one of ``_metrics.LOAD_FAILURE_REASONS``.
+    """
+
+    def __init__(self, message: str, reason: str = "read_error") -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 @dataclass(slots=True, frozen=True)
@@ -101,10 +123,19 @@ class FileDiscoveryParams:
 
 @dataclass(slots=True, frozen=True)
 class LoadResult:
-    """A successfully read file: the valid endpoints by key (last entry wins) and entry errors."""
+    """A successfully read file: the valid endpoints by key (last entry wins) and entry errors.
+
+    ``entries`` is the number of entries listed, valid or not.
+    """
 
     endpoints: Mapping[str, EndpointMetadata]
     invalid: tuple[str, ...]
+    entries: int = 0
+
+    @property
+    def rejected(self) -> bool:
+        """Entries were listed but none is valid: the file is rejected, not applied as empty."""
+        return self.entries > 0 and not self.endpoints
 
 
 @register
@@ -121,7 +152,10 @@ class FileDiscovery(EndpointDiscovery):
         self.poll_interval = POLL_INTERVAL
         self._notifier: EndpointNotifier | None = None
         self._loaded: frozenset[str] = frozenset()
-        self._content: bytes | None = None
+        self._content: bytes | None = None  # of the last applied load
+        self._rejected: bytes | None = None  # the last rejected content (reported once)
+        self._read_error = ""  # the last read error (reported once)
+        self._serving_last_good = False  # the file on disk is rejected
         self._signature: _Signature | None = None
         self._task = BackgroundTask(f"watch {self.path}", self._watch)
 
@@ -131,13 +165,17 @@ class FileDiscovery(EndpointDiscovery):
         return self._loaded
 
     async def start(self, notifier: EndpointNotifier) -> None:
-        """Load the file once (raising ``FileDiscoveryError`` on a file-level error), then watch it."""
+        """Load the file once (raising ``FileDiscoveryError`` when it is rejected), then watch it."""
         self._notifier = notifier
         signature = _stat(self.path)
         try:
             content, result = await asyncio.to_thread(_load, self.path)
+            self._log_invalid(result)
+            if result.rejected:
+                raise _no_valid_entries(self.path, result)
         except FileDiscoveryError as e:
-            raise FileDiscoveryError(f"file-discovery: initial load failed: {e}") from e
+            FILE_LOAD_FAILURES.labels(e.reason).inc()
+            raise FileDiscoveryError(f"file-discovery: initial load failed: {e}", e.reason) from e
         self._apply(result, content, signature)
         if self.params.watch_file:
             self._task.start()
@@ -150,8 +188,6 @@ class FileDiscovery(EndpointDiscovery):
     def _apply(self, result: LoadResult, content: bytes, signature: _Signature | None) -> None:
         notifier = self._notifier
         assert notifier is not None
-        for reason in result.invalid:
-            log.error("skipping invalid endpoint entry", path=self.path, reason=reason)
         for metadata in result.endpoints.values():
             notifier.upsert(metadata)
         current = frozenset(result.endpoints)
@@ -167,31 +203,94 @@ class FileDiscovery(EndpointDiscovery):
         self._loaded = current
         self._content = content
         self._signature = signature
+        self._rejected = None
+        self._read_error = ""
+        self._serving_last_good = False
+        FILE_REJECTED.set(0)
+        n = len(result.invalid)
+        entries = "entry" if n == 1 else "entries"
+        self._problem(f"{n} invalid endpoint {entries} skipped in {self.path}" if n else "")
+
+    def _log_invalid(self, result: LoadResult) -> None:
+        FILE_INVALID_ENTRIES.set(len(result.invalid))
+        for reason in result.invalid:
+            log.error("skipping invalid endpoint entry", path=self.path, reason=reason)
+
+    def _reject(self, error: FileDiscoveryError) -> None:
+        """Keep the current endpoints; count and report the rejection."""
+        FILE_LOAD_FAILURES.labels(error.reason).inc()
+        FILE_REJECTED.set(1)
+        self._serving_last_good = True
+        log.error(
+            "reloading endpoints file failed; keeping the current endpoints",
+            path=self.path,
+            reason=error.reason,
+            error=str(error),
+            endpoints=len(self._loaded),
+        )
+        self._problem(
+            f"endpoints file rejected ({error}); serving the last good set of {len(self._loaded)} endpoints"
+        )
+
+    def _problem(self, text: str) -> None:
+        callback = self.on_problem
+        if callback is not None:
+            try:
+                callback(text)
+            except Exception:
+                log.exception("reporting a discovery problem failed")
 
     async def _watch(self) -> None:
-        last_error = ""
         while True:
             await asyncio.sleep(self.poll_interval)
             signature = _stat(self.path)
             if signature == self._signature and not _recently_modified(signature):
                 continue
+            self._signature = signature
             try:
-                content, result = await asyncio.to_thread(_reload, self.path, self._content)
-            except FileDiscoveryError as e:
-                if str(e) != last_error:  # log once per distinct failure, not every poll
-                    last_error = str(e)
-                    log.error("reloading endpoints file failed; keeping the current endpoints", error=str(e))
-                self._signature = signature
-                continue
+                await self._reload()
             except Exception:
                 log.exception("reloading endpoints file crashed; keeping the current endpoints")
-                self._signature = signature
-                continue
-            last_error = ""
-            if result is None:  # same bytes as the last successful load
-                self._signature = signature
-                continue
-            self._apply(result, content, signature)
+
+    async def _reload(self) -> None:
+        try:
+            content = await asyncio.to_thread(_read, self.path)
+        except FileDiscoveryError as e:
+            if str(e) != self._read_error:  # report once per distinct failure, not every poll
+                self._read_error = str(e)
+                self._rejected = None
+                self._reject(e)
+            return
+        self._read_error = ""
+        if content == self._content:  # back to (or still) the content in use
+            if self._serving_last_good:
+                self._rejected = None
+                self._serving_last_good = False
+                FILE_REJECTED.set(0)
+                self._problem("")
+                log.info("endpoints file is back to the content in use", path=self.path)
+            return
+        if content == self._rejected:
+            return
+        try:
+            result = await asyncio.to_thread(parse_endpoints, content, self.path)
+            self._log_invalid(result)
+            if result.rejected:
+                raise _no_valid_entries(self.path, result)
+        except FileDiscoveryError as e:
+            self._rejected = content
+            self._reject(e)
+            return
+        self._apply(result, content, self._signature)
+
+
+def _no_valid_entries(path: str, result: LoadResult) -> FileDiscoveryError:
+    n = result.entries
+    return FileDiscoveryError(
+        f"{path}: none of its {n} endpoint entr{'y is' if n == 1 else 'ies is'} valid "
+        f"(first: {result.invalid[0] if result.invalid else '?'})",
+        "no_valid_entries",
+    )
 
 
 def _stat(path: str) -> _Signature | None:
@@ -214,21 +313,13 @@ def _read(path: str) -> bytes:
     except OSError as e:
         raise FileDiscoveryError(f"reading {path}: {e.strerror or e}") from e
     if len(content) > MAX_FILE_SIZE:
-        raise FileDiscoveryError(f"endpoints file {path} exceeds 1 MiB limit")
+        raise FileDiscoveryError(f"endpoints file {path} exceeds 1 MiB limit", "too_large")
     return content
 
 
 def _load(path: str) -> tuple[bytes, LoadResult]:
     """Read and validate the file (runs in a worker thread)."""
     content = _read(path)
-    return content, parse_endpoints(content, path)
-
-
-def _reload(path: str, previous: bytes | None) -> tuple[bytes, LoadResult | None]:
-    """Like ``_load``, with ``None`` as the result when the bytes equal ``previous``."""
-    content = _read(path)
-    if content == previous:
-        return content, None
     return content, parse_endpoints(content, path)
 
 
@@ -241,16 +332,20 @@ def parse_endpoints(content: bytes, path: str = "<endpoints>") -> LoadResult:
         else:
             doc = yaml.load(content, Loader=_YamlLoader)  # CSafeLoader or SafeLoader
     except (orjson.JSONDecodeError, yaml.YAMLError, UnicodeDecodeError) as e:
-        raise FileDiscoveryError(f"unmarshalling {path}: {e}") from e
+        raise FileDiscoveryError(f"unmarshalling {path}: {e}", "parse_error") from e
     if doc is None:
         doc = {}
     if not isinstance(doc, dict):
-        raise FileDiscoveryError(f"unmarshalling {path}: the top level must be a mapping, got {_kind(doc)}")
+        raise FileDiscoveryError(
+            f"unmarshalling {path}: the top level must be a mapping, got {_kind(doc)}", "invalid_shape"
+        )
     entries = doc.get("endpoints")
     if entries is None:
         entries = []
     if not isinstance(entries, list):
-        raise FileDiscoveryError(f"unmarshalling {path}: 'endpoints' must be a list, got {_kind(entries)}")
+        raise FileDiscoveryError(
+            f"unmarshalling {path}: 'endpoints' must be a list, got {_kind(entries)}", "invalid_shape"
+        )
     endpoints: dict[str, EndpointMetadata] = {}
     invalid: list[str] = []
     for index, entry in enumerate(entries):
@@ -261,7 +356,7 @@ def parse_endpoints(content: bytes, path: str = "<endpoints>") -> LoadResult:
             continue
         endpoints.pop(metadata.key, None)  # last wins, and keeps file order of the winners
         endpoints[metadata.key] = metadata
-    return LoadResult(endpoints=endpoints, invalid=tuple(invalid))
+    return LoadResult(endpoints=endpoints, invalid=tuple(invalid), entries=len(entries))
 
 
 def _endpoint(entry: Any, index: int) -> EndpointMetadata:

@@ -10,6 +10,8 @@ Parameters (defaults):
 * ``kvCacheUtilThreshold`` (0.8, must be in (0, 1]): KV-cache use at which an endpoint counts as full;
 * ``metricsStalenessThreshold`` (``"200ms"``, a Go duration string, must be > 0): metrics older than
   this are not trusted;
+* ``stalenessPolicy`` (``saturated``; or ``ignore``): how saturation counts an endpoint whose
+  metrics are missing or stale;
 * ``headroom`` (0.0, must be >= 0; a warning is logged above 1.0, which looks like a percentage):
   burst allowance of the filter.
 
@@ -19,8 +21,12 @@ Invalid values are reported together, for example
 Saturation (``saturation(endpoints)``): no endpoints → 1.0; otherwise the unweighted mean over the
 endpoints of ``max(waiting_queue_size / queueDepthThreshold, kv_cache_usage / kvCacheUtilThreshold)``,
 where an endpoint whose metrics were never scraped (``update_time == 0``) or are older than
-``metricsStalenessThreshold`` counts 1.0. The result is not capped: ``>= 1.0`` means saturated, and
-the director then drops sheddable requests (priority < 0) with 429.
+``metricsStalenessThreshold`` counts 1.0 with ``stalenessPolicy: saturated`` (fail-closed: a fleet
+whose scrapes all fail sheds every sheddable request), or is left out of the mean with ``ignore``
+(an all-stale set then reads 0.0; an empty set still reads 1.0). The result is not capped:
+``>= 1.0`` means saturated, and the director then drops sheddable requests (priority < 0) with 429.
+Each evaluation sets ``llm_d_epp_flow_control_stale_endpoints{detector}`` (the reference's gauge)
+to the number of stale endpoints it saw, under both policies.
 
 Filter: keeps endpoints with fresh metrics, ``q < queueDepthThreshold * (1 + headroom)`` and
 ``kv < kvCacheUtilThreshold * (1 + headroom)``; fails open: when that would drop every endpoint,
@@ -36,6 +42,7 @@ from dataclasses import dataclass
 
 import structlog
 
+from epp import promlite
 from epp.framework import (
     CycleState,
     Endpoint,
@@ -52,6 +59,15 @@ log = structlog.get_logger("epp.plugins.utilization_detector")
 DEFAULT_QUEUE_DEPTH_THRESHOLD = 5
 DEFAULT_KV_CACHE_UTIL_THRESHOLD = 0.8
 DEFAULT_METRICS_STALENESS_THRESHOLD = "200ms"
+STALENESS_POLICIES = ("saturated", "ignore")
+
+STALE_ENDPOINTS = promlite.Gauge(
+    "llm_d_epp_flow_control_stale_endpoints",
+    "[ALPHA] Number of candidate endpoints whose metrics are missing or older than the staleness threshold, "
+    "as of the most recent saturation evaluation.",
+    ["detector"],
+)
+promlite.register(STALE_ENDPOINTS)
 
 _GO_DURATION_PART = re.compile(r"(\d+\.?\d*|\.\d+)(ns|us|µs|μs|ms|s|m|h)")
 _UNIT_SECONDS = {
@@ -97,6 +113,7 @@ class UtilizationDetectorParams:
     kv_cache_util_threshold: float = DEFAULT_KV_CACHE_UTIL_THRESHOLD
     metrics_staleness_threshold: str = DEFAULT_METRICS_STALENESS_THRESHOLD
     headroom: float = 0.0
+    staleness_policy: str = "saturated"
 
     @property
     def staleness_seconds(self) -> float:
@@ -138,6 +155,13 @@ class UtilizationDetectorParams:
             )
         if self.headroom < 0:
             problems.append(("headroom", f"headroom must be non-negative, got {self.headroom:g}"))
+        if self.staleness_policy not in STALENESS_POLICIES:
+            problems.append(
+                (
+                    "stalenessPolicy",
+                    f'stalenessPolicy must be "saturated" or "ignore", got {self.staleness_policy!r}',
+                )
+            )
         if not problems:
             return None
         reasons = "; ".join(reason for _, reason in problems)
@@ -161,6 +185,8 @@ class UtilizationDetector(SaturationDetector, Filter):
         self._staleness = params.staleness_seconds
         self._queue_limit = self._queue * (1.0 + params.headroom)
         self._kv_limit = self._kv * (1.0 + params.headroom)
+        self._ignore_stale = params.staleness_policy == "ignore"
+        self._stale_gauge = STALE_ENDPOINTS.labels(name)
         if params.headroom > 1.0:
             log.warning(
                 "unusually high headroom configured; verify the value is a fraction, not a percentage",
@@ -175,16 +201,21 @@ class UtilizationDetector(SaturationDetector, Filter):
         now = time.monotonic()
         staleness, q_t, kv_t = self._staleness, self._queue, self._kv
         total = 0.0
+        stale = 0
         for e in endpoints:
             m = e.metrics
             updated = m.update_time
             if updated <= 0.0 or now - updated > staleness:
-                total += 1.0
+                stale += 1
                 continue
             q = m.waiting_queue_size / q_t
             kv = m.kv_cache_usage_percent / kv_t
             total += q if q > kv else kv
-        return total / len(endpoints)
+        self._stale_gauge.set(stale)
+        if self._ignore_stale:
+            fresh = len(endpoints) - stale
+            return total / fresh if fresh else 0.0
+        return (total + stale) / len(endpoints)
 
     def filter(self, cycle: CycleState, request: LLMRequest, endpoints: list[Endpoint]) -> list[Endpoint]:
         now = time.monotonic()

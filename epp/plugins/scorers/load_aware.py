@@ -5,14 +5,16 @@ Parameters: ``threshold`` (int, default 128; a value <= 0 means the default, as 
 which only logs it).
 Algorithm: ``q = waiting_queue_size``; ``q == 0`` → 0.5; otherwise
 ``0.5 * (1 - min(q, T) / T)``. An idle endpoint never scores above 0.5 (the reference reserves the
-upper half for a future "spare capacity" signal).
+upper half for a future "spare capacity" signal). Endpoints with unknown metrics score neutrally
+(the mean of the known endpoints' scores, ``_metric_scorer``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from epp.framework import CycleState, Endpoint, Handle, LLMRequest, Scorer, register
+from epp.framework import CycleState, Endpoint, Handle, LLMRequest, register
+from epp.plugins.scorers._metric_scorer import MetricScorer
 
 DEFAULT_THRESHOLD = 128
 
@@ -27,7 +29,7 @@ class LoadAwareParams:
 
 
 @register
-class LoadAwareScorer(Scorer):
+class LoadAwareScorer(MetricScorer):
     type_name = "load-aware-scorer"
     category = "Distribution"
     Params = LoadAwareParams
@@ -37,7 +39,7 @@ class LoadAwareScorer(Scorer):
         super().__init__(name, params, handle)
         self._threshold = float(params.effective_threshold)
 
-    def score(self, cycle: CycleState, request: LLMRequest, endpoints: list[Endpoint]) -> list[float]:
+    def score_known(self, cycle: CycleState, request: LLMRequest, endpoints: list[Endpoint]) -> list[float]:
         t = self._threshold
         out = []
         for e in endpoints:

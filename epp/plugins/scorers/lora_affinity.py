@@ -8,20 +8,22 @@ Algorithm: the adapter is the request's target model. Per endpoint, first match 
 3. the adapter is in ``waiting_models`` → 0.6;
 4. otherwise → 0.0.
 
-Capacity is checked before "waiting", as in the reference.
+Capacity is checked before "waiting", as in the reference. The adapter lists come from the
+scraped metrics: an endpoint whose metrics are unknown scores neutrally (``_metric_scorer``).
 """
 
 from __future__ import annotations
 
-from epp.framework import CycleState, Endpoint, LLMRequest, Scorer, register
+from epp.framework import CycleState, Endpoint, LLMRequest, register
+from epp.plugins.scorers._metric_scorer import MetricScorer
 
 
 @register
-class LoraAffinityScorer(Scorer):
+class LoraAffinityScorer(MetricScorer):
     type_name = "lora-affinity-scorer"
     category = "Affinity"
 
-    def score(self, cycle: CycleState, request: LLMRequest, endpoints: list[Endpoint]) -> list[float]:
+    def score_known(self, cycle: CycleState, request: LLMRequest, endpoints: list[Endpoint]) -> list[float]:
         model = request.target_model
         out = []
         for e in endpoints:

@@ -3,13 +3,16 @@
 Type: ``queue-scorer`` (Distribution). Parameters: none.
 Algorithm: min-max normalisation of ``waiting_queue_size`` over the candidates,
 ``score = (max - q) / (max - min)``; when every candidate has the same queue length, all score 1.0.
+The normalisation runs over the candidates with known metrics; the others get the neutral score
+(the mean of the known scores, never above the best): ``epp.plugins.scorers._metric_scorer``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from epp.framework import CycleState, Endpoint, LLMRequest, Scorer, register
+from epp.framework import CycleState, Endpoint, LLMRequest, register
+from epp.plugins.scorers._metric_scorer import MetricScorer
 
 
 def min_max_scores(values: Sequence[float]) -> list[float]:
@@ -23,9 +26,9 @@ def min_max_scores(values: Sequence[float]) -> list[float]:
 
 
 @register
-class QueueScorer(Scorer):
+class QueueScorer(MetricScorer):
     type_name = "queue-scorer"
     category = "Distribution"
 
-    def score(self, cycle: CycleState, request: LLMRequest, endpoints: list[Endpoint]) -> list[float]:
+    def score_known(self, cycle: CycleState, request: LLMRequest, endpoints: list[Endpoint]) -> list[float]:
         return min_max_scores([e.metrics.waiting_queue_size for e in endpoints])

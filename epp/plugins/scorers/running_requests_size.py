@@ -3,18 +3,20 @@
 Type: ``running-requests-size-scorer`` (Distribution). Parameters: none.
 Algorithm: the ``queue-scorer`` min-max formula on ``running_requests_size``:
 ``score = (max - r) / (max - min)`` over the candidates; all equal → 1.0 each.
+Over the candidates with known metrics only; the others score neutrally (``_metric_scorer``).
 """
 
 from __future__ import annotations
 
-from epp.framework import CycleState, Endpoint, LLMRequest, Scorer, register
+from epp.framework import CycleState, Endpoint, LLMRequest, register
+from epp.plugins.scorers._metric_scorer import MetricScorer
 from epp.plugins.scorers.queue import min_max_scores
 
 
 @register
-class RunningRequestsSizeScorer(Scorer):
+class RunningRequestsSizeScorer(MetricScorer):
     type_name = "running-requests-size-scorer"
     category = "Distribution"
 
-    def score(self, cycle: CycleState, request: LLMRequest, endpoints: list[Endpoint]) -> list[float]:
+    def score_known(self, cycle: CycleState, request: LLMRequest, endpoints: list[Endpoint]) -> list[float]:
         return min_max_scores([e.metrics.running_requests_size for e in endpoints])
