@@ -133,14 +133,21 @@ EXTPROC_STREAMS_REJECTED = promlite.Counter(
     "(idle_timeout, body_budget, protocol_error).",
     ["reason"],
 )
+EXTPROC_BUFFERED_BYTES = promlite.Gauge(
+    "llm_d_epp_extproc_buffered_request_body_bytes",
+    "[ALPHA] Request-body bytes held by ext_proc streams waiting for the rest of their body "
+    "(bounded by --max-buffered-request-body-bytes).",
+)
 STREAM_REJECT_REASONS = ("idle_timeout", "body_budget", "protocol_error")
 EXTPROC_STREAMS_INFLIGHT.labels()  # rendered as 0 before the first stream
+EXTPROC_BUFFERED_BYTES.labels()
 for _reason in STREAM_REJECT_REASONS:
     EXTPROC_STREAMS_REJECTED.labels(_reason)
 
 promlite.register(
     EXTPROC_STREAMS_INFLIGHT,
     EXTPROC_STREAMS_REJECTED,
+    EXTPROC_BUFFERED_BYTES,
     REQUEST_TOTAL,
     REQUEST_ERROR_TOTAL,
     REQUEST_DURATION,

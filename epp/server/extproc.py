@@ -477,7 +477,9 @@ class ExternalProcessor(ep_grpc.ExternalProcessorServicer):
     def __init__(self, director: Director, opts: StreamOptions | None = None) -> None:
         self.director = director
         self.opts = opts = opts or StreamOptions()
-        self.limits = RequestPhaseLimits(opts.request_idle_timeout, opts.max_buffered_body_bytes)
+        self.limits = RequestPhaseLimits(
+            opts.request_idle_timeout, opts.max_buffered_body_bytes, metrics.EXTPROC_BUFFERED_BYTES.labels()
+        )
 
     async def close(self) -> None:
         """Stop the idle-timeout sweeper (after the gRPC server stopped)."""

@@ -17,6 +17,8 @@ import asyncio
 import time
 from typing import Protocol
 
+from epp.promlite import Value
+
 
 class Watched(Protocol):
     """What the sweeper needs of a stream."""
@@ -30,12 +32,15 @@ class Watched(Protocol):
 class RequestPhaseLimits:
     """Server-wide state of the idle timeout (0 = none) and the body budget (0 = unlimited)."""
 
-    __slots__ = ("_sweeper", "_waiting", "budget", "buffered", "idle_timeout", "interval")
+    __slots__ = ("_sweeper", "_waiting", "budget", "buffered", "gauge", "idle_timeout", "interval")
 
-    def __init__(self, idle_timeout: float = 60.0, budget: int = 256 << 20) -> None:
+    def __init__(
+        self, idle_timeout: float = 60.0, budget: int = 256 << 20, gauge: Value | None = None
+    ) -> None:
         self.idle_timeout = idle_timeout
         self.budget = budget
         self.buffered = 0  # request-body bytes held by streams waiting for more of their body
+        self.gauge = gauge or Value()  # mirrors ``buffered`` (a metric)
         # Streams are cut between idle_timeout and idle_timeout + interval after their last message.
         self.interval = min(1.0, max(0.05, idle_timeout / 4))
         self._waiting: set[Watched] = set()
@@ -89,8 +94,9 @@ class RequestPhaseLimits:
         held = self.buffered + size
         if self.budget and held > self.budget:
             return False
-        self.buffered = held
+        self.buffered = self.gauge.value = held
         return True
 
     def release(self, size: int) -> None:
         self.buffered -= size
+        self.gauge.value = self.buffered
