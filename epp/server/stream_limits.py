@@ -62,7 +62,13 @@ class RequestPhaseLimits:
 
     @property
     def watched(self) -> int:
+        """Streams in their request phase."""
         return len(self._waiting)
+
+    @property
+    def sweeping(self) -> bool:
+        """Whether the sweeper task is alive."""
+        return self._sweeper is not None
 
     async def _sweep(self) -> None:
         waiting = self._waiting

@@ -146,3 +146,11 @@ def test_standalone_pool_name_comes_from_the_deployment_of_pod_name() -> None:
     assert _standalone_pool_name("vllm-epp-5d8f9c7b6-x2x4q") == "vllm-epp"
     assert _standalone_pool_name("epp") == "epp"
     assert _standalone_pool_name("") == "epp"
+
+
+def test_serve_checks_the_stream_limits() -> None:
+    small = epp("serve", "--max-buffered-request-body-bytes=1000", "--max-request-body-bytes=2000")
+    assert small.returncode != 0
+    assert "--max-buffered-request-body-bytes=1000" in small.stderr and "(2000)" in small.stderr
+    negative = epp("serve", "--request-idle-timeout=-1")
+    assert negative.returncode != 0 and "--request-idle-timeout=-1.0" in negative.stderr
