@@ -488,9 +488,7 @@ class ExternalProcessor(ep_grpc.ExternalProcessorServicer):
     async def Process(self, request_iterator: Any, context: grpc.aio.ServicerContext) -> None:
         limits = self.limits
         stream = _Stream(self.director, self.opts, limits)
-        if limits.idle_timeout > 0:
-            stream.task = asyncio.current_task()
-            limits.watch(stream)
+        limits.watch(stream)
         _STREAMS_OPEN.inc()
         read, write = context.read, context.write
         try:

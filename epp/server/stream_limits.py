@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Protocol
+from typing import Any, Protocol
 
 from epp.promlite import Value
 
@@ -24,6 +24,7 @@ class Watched(Protocol):
     """What the sweeper needs of a stream."""
 
     last_seen: float  # time.monotonic() of the last request-phase message
+    task: asyncio.Task[Any] | None  # the task serving the stream (set by ``watch``)
 
     def expire(self) -> None:
         """Cut the stream: the idle timeout elapsed."""
@@ -32,7 +33,7 @@ class Watched(Protocol):
 class RequestPhaseLimits:
     """Server-wide state of the idle timeout (0 = none) and the body budget (0 = unlimited)."""
 
-    __slots__ = ("_sweeper", "_waiting", "budget", "buffered", "gauge", "idle_timeout", "interval")
+    __slots__ = ("_loop", "_sweeper", "_waiting", "budget", "buffered", "gauge", "idle_timeout", "interval")
 
     def __init__(
         self, idle_timeout: float = 60.0, budget: int = 256 << 20, gauge: Value | None = None
@@ -45,16 +46,19 @@ class RequestPhaseLimits:
         self.interval = min(1.0, max(0.05, idle_timeout / 4))
         self._waiting: set[Watched] = set()
         self._sweeper: asyncio.Task[None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None  # the sweeper's (the server's) loop
 
     # --- idle timeout ------------------------------------------------------------------------
 
     def watch(self, stream: Watched) -> None:
-        """``stream`` entered its request phase (call from the event loop)."""
+        """``stream``, served by the current task, entered its request phase."""
         if self.idle_timeout <= 0:
             return
-        self._waiting.add(stream)
         if self._sweeper is None:
-            self._sweeper = asyncio.get_running_loop().create_task(self._sweep(), name="extproc-idle-sweeper")
+            self._loop = loop = asyncio.get_running_loop()
+            self._sweeper = loop.create_task(self._sweep(), name="extproc-idle-sweeper")
+        stream.task = asyncio.current_task(self._loop)  # the loop given: no lookup of the running one
+        self._waiting.add(stream)
 
     def unwatch(self, stream: Watched) -> None:
         """``stream`` left its request phase (routed, or ended)."""
