@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import math
 import os
 import sys
 from collections.abc import Callable, Coroutine, Sequence
@@ -152,6 +153,20 @@ def _add_serve(sub: Any) -> None:
         default=10 << 20,
         help="larger request bodies are answered 413 (default 10 MiB; the reference has no limit)",
     )
+    p.add_argument(
+        "--max-buffered-request-body-bytes",
+        type=int,
+        default=256 << 20,
+        help="partial request bodies held across all streams; a chunk over it is answered 503 "
+        "(default 256 MiB; 0: no limit)",
+    )
+    p.add_argument(
+        "--request-idle-timeout",
+        type=parse_duration,
+        default=60.0,
+        help="end an ext_proc stream whose request is incomplete and silent this long with gRPC "
+        "DEADLINE_EXCEEDED (60s; 0: never; the response phase is never timed)",
+    )
     add_bool(p, "--debug-response-header", True, "add x-went-into-resp-headers: true (reference behaviour)")
     p.add_argument("--grace-period", type=parse_duration, default=5.0, help="drain time on shutdown (5s)")
     p.add_argument(
@@ -293,6 +308,20 @@ def _check_tls(args: argparse.Namespace) -> None:
             raise SystemExit(f"error: {flag}: {e}") from None
 
 
+def _check_stream_limits(args: argparse.Namespace) -> None:
+    budget, largest = args.max_buffered_request_body_bytes, args.max_request_body_bytes
+    if budget < 0 or (budget and budget < largest):
+        raise SystemExit(
+            f"error: --max-buffered-request-body-bytes={budget}: must be 0 (no limit) or at least "
+            f"--max-request-body-bytes ({largest})"
+        )
+    if not 0 <= args.request_idle_timeout < math.inf:
+        raise SystemExit(
+            f"error: --request-idle-timeout={args.request_idle_timeout}: must be a finite duration "
+            "(0: no idle timeout)"
+        )
+
+
 def _serve(args: argparse.Namespace) -> int:
     from epp import labels, logs
     from epp.datalayer.store import EndpointStore
@@ -306,6 +335,7 @@ def _serve(args: argparse.Namespace) -> int:
             f"got {args.fairness_id_metric_label_limit}"
         )
     labels.FAIRNESS_IDS.reset(args.fairness_id_metric_label_limit)
+    _check_stream_limits(args)
     store = EndpointStore()
     cfg = _load(*_config_text(args), endpoints=store.endpoints)
     kube_opts = _kube_options(args, file_discovery=cfg.discovery is not None)
@@ -331,6 +361,8 @@ def _serve(args: argparse.Namespace) -> int:
         metrics_staleness_threshold=args.metrics_staleness_threshold,
         disable_endpoint_subset_filter=args.disable_endpoint_subset_filter,
         max_request_body_bytes=args.max_request_body_bytes,
+        max_buffered_request_body_bytes=args.max_buffered_request_body_bytes,
+        request_idle_timeout=args.request_idle_timeout,
         debug_response_header=args.debug_response_header,
         grace_period=args.grace_period,
         drain_delay=args.drain_delay,

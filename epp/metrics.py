@@ -12,9 +12,16 @@ stays bounded whatever clients send. ``priority`` comes from the InferenceObject
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Iterator
+from typing import TYPE_CHECKING
+
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge
+from prometheus_client.core import GaugeMetricFamily, Metric
 
 from epp import labels, promlite
+
+if TYPE_CHECKING:
+    from epp.framework import Endpoint
 
 M = ("model_name", "target_model_name")
 _MODELS = {"model_name": labels.MODEL_NAMES, "target_model_name": labels.MODEL_NAMES}
@@ -130,7 +137,30 @@ DATALAYER_EXTRACT_ERRORS = Counter(
     ["source_type", "extractor_type"],
 )
 
+EXTPROC_STREAMS_INFLIGHT = promlite.Gauge(
+    "llm_d_epp_extproc_streams_inflight", "[ALPHA] Number of ext_proc gRPC streams currently open."
+)
+EXTPROC_STREAMS_REJECTED = promlite.Counter(
+    "llm_d_epp_extproc_streams_rejected_total",
+    "[ALPHA] ext_proc streams the EPP ended before serving their request, by reason "
+    "(idle_timeout, body_budget, protocol_error).",
+    ["reason"],
+)
+EXTPROC_BUFFERED_BYTES = promlite.Gauge(
+    "llm_d_epp_extproc_buffered_request_body_bytes",
+    "[ALPHA] Request-body bytes held by ext_proc streams waiting for the rest of their body "
+    "(bounded by --max-buffered-request-body-bytes).",
+)
+STREAM_REJECT_REASONS = ("idle_timeout", "body_budget", "protocol_error")
+EXTPROC_STREAMS_INFLIGHT.labels()  # rendered as 0 before the first stream
+EXTPROC_BUFFERED_BYTES.labels()
+for _reason in STREAM_REJECT_REASONS:
+    EXTPROC_STREAMS_REJECTED.labels(_reason)
+
 promlite.register(
+    EXTPROC_STREAMS_INFLIGHT,
+    EXTPROC_STREAMS_REJECTED,
+    EXTPROC_BUFFERED_BYTES,
     REQUEST_TOTAL,
     REQUEST_ERROR_TOTAL,
     REQUEST_DURATION,
@@ -153,3 +183,31 @@ def observe_plugin(extension_point: str, plugin: object, seconds: float) -> None
         labels = (extension_point, getattr(plugin, "type_name", ""), getattr(plugin, "name", ""))
         c = _plugin_children[key] = PLUGIN_DURATION.labels(*labels)
     c.observe(seconds)
+
+
+class _EndpointInflight:
+    """``llm_d_epp_endpoint_inflight_requests``: each endpoint's in-flight count, read at scrape time."""
+
+    name = "llm_d_epp_endpoint_inflight_requests"
+
+    def __init__(self) -> None:
+        self.endpoints: Callable[[], Iterable[Endpoint]] | None = None  # set by the server
+
+    def collect(self) -> Iterator[Metric]:
+        fam = GaugeMetricFamily(
+            self.name,
+            "[ALPHA] Requests this EPP routed to each endpoint whose ext_proc stream has not ended.",
+            labels=["name", "namespace", "address"],
+        )
+        source = self.endpoints
+        for e in source() if source is not None else ():
+            m = e.metadata
+            fam.add_metric([m.name, m.namespace, m.hostport], e.inflight)
+        yield fam
+
+    def describe(self) -> list[Metric]:
+        return []
+
+
+ENDPOINT_INFLIGHT = _EndpointInflight()
+registry.register(ENDPOINT_INFLIGHT)

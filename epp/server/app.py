@@ -70,6 +70,8 @@ class ServeOptions:
     metrics_staleness_threshold: float = 2.0
     disable_endpoint_subset_filter: bool = False
     max_request_body_bytes: int = 10 << 20
+    max_buffered_request_body_bytes: int = 256 << 20
+    request_idle_timeout: float = 60.0
     debug_response_header: bool = True
     grace_period: float = 5.0
     drain_delay: float = 1.0
@@ -138,7 +140,11 @@ class EppServer:
             debug_response_header=opts.debug_response_header,
             response_header=tuple(cfg.response_header),
             response_body=tuple(cfg.response_body),
+            request_idle_timeout=opts.request_idle_timeout,
+            max_buffered_body_bytes=opts.max_buffered_request_body_bytes,
         )
+        self.processor = ExternalProcessor(self.director, self.stream_options)
+        metrics.ENDPOINT_INFLIGHT.endpoints = self.store.endpoints
         source, extractors = cfg.data_sources[0] if cfg.data_sources else (None, [])
         self.scraper = (
             MetricsScraper(
@@ -255,9 +261,7 @@ class EppServer:
             self.served_models.start()
 
             server = grpc.aio.server(options=_grpc_options(opts.max_request_body_bytes))
-            ep_grpc.add_ExternalProcessorServicer_to_server(
-                ExternalProcessor(self.director, self.stream_options), server
-            )
+            ep_grpc.add_ExternalProcessorServicer_to_server(self.processor, server)
             if opts.health_checking:
                 health_pb2_grpc.add_HealthServicer_to_server(self.health.servicer, server)
             _bind(server, f"{opts.bind_address}:{opts.grpc_port}", opts)
@@ -291,6 +295,7 @@ class EppServer:
             # the API client and stop every task, so the process exits cleanly with its error.
             if server is not None:
                 await server.stop(opts.grace_period)
+            await self.processor.close()
             if self.scraper is not None:
                 await self.scraper.stop()
             await self.pool_gauges.stop()

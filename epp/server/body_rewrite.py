@@ -3,15 +3,24 @@
 Used when the target model differs from the requested one (``x-gateway-model-name-rewrite``).
 Unlike the reference (which re-encodes the whole body with Go's rules: sorted keys, float64
 numbers), only the model's string literal is replaced, so key order, spacing and large integers
-such as ``seed`` reach the model server exactly as the client sent them (quirk Q8).
+such as ``seed`` reach the model server exactly as the client sent them.
+
+Top-level values are skipped with the C JSON scanner; one it cannot take (nesting deeper than the
+recursion limit, an integer too long for ``int``) is skipped by counting brackets outside string
+literals instead, so no input reaches an exception other than ``ValueError``.
 """
 
 from __future__ import annotations
 
 import json
+import re
 
 _decoder = json.JSONDecoder()
 _WS = " \t\r\n"
+# A JSON string literal (unrolled loop: linear, no backtracking), and what a nested value is made of.
+_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
+_NESTED_TOKEN = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{}]', re.DOTALL)
+_SCALAR = re.compile(r"[^\s,\]}]+")
 
 
 def _skip_ws(text: str, i: int) -> int:
@@ -20,25 +29,67 @@ def _skip_ws(text: str, i: int) -> int:
     return i
 
 
+def _value_end(text: str, i: int) -> int:
+    """The index after the JSON value starting at ``text[i]``; ``ValueError`` when there is none."""
+    try:
+        return int(_decoder.raw_decode(text, i)[1])
+    except (RecursionError, ValueError):
+        return _scan_value_end(text, i)
+
+
+def _scan_value_end(text: str, i: int) -> int:
+    """``_value_end`` without recursion or decoding: brackets are counted outside string literals."""
+    c = text[i : i + 1]
+    if c == '"':
+        m = _STRING.match(text, i)
+        if m is None:
+            raise ValueError(f"unterminated string at {i}")
+        return m.end()
+    if c in ("{", "["):
+        depth = 0
+        for m in _NESTED_TOKEN.finditer(text, i):
+            tok = m.group()
+            if tok in ("{", "["):
+                depth += 1
+            elif tok in ("}", "]"):
+                depth -= 1
+                if depth == 0:
+                    return m.end()
+        raise ValueError(f"unterminated {c} at {i}")
+    m = _SCALAR.match(text, i)
+    if m is None:
+        raise ValueError(f"no value at {i}")
+    return m.end()
+
+
 def model_value_span(text: str) -> tuple[int, int] | None:
-    """Character span of the top-level ``model`` value in a JSON object text (last one wins)."""
+    """Character span of the top-level ``model`` value in a JSON object text (last one wins).
+
+    ``None`` when the object has no top-level ``model``; ``ValueError`` when the text is not a JSON
+    object.
+    """
     i = _skip_ws(text, 0)
-    if i >= len(text) or text[i] != "{":
-        return None
+    if text[i : i + 1] != "{":
+        raise ValueError("not a JSON object")
     i = _skip_ws(text, i + 1)
     span = None
-    while i < len(text) and text[i] != "}":
-        key, i = _decoder.raw_decode(text, i)
-        i = _skip_ws(text, i)
-        if text[i] != ":":
-            return None
+    while text[i : i + 1] != "}":
+        m = _STRING.match(text, i)
+        if m is None:
+            raise ValueError(f"expected a key at {i}")
+        key = json.loads(m.group())
+        i = _skip_ws(text, m.end())
+        if text[i : i + 1] != ":":
+            raise ValueError(f"expected ':' at {i}")
         start = _skip_ws(text, i + 1)
-        _, end = _decoder.raw_decode(text, start)
+        end = _value_end(text, start)
         if key == "model":
             span = (start, end)
         i = _skip_ws(text, end)
-        if i < len(text) and text[i] == ",":
+        if text[i : i + 1] == ",":
             i = _skip_ws(text, i + 1)
+        elif text[i : i + 1] != "}":
+            raise ValueError(f"expected ',' or '}}' at {i}")
     return span
 
 
@@ -47,7 +98,7 @@ def replace_existing_model(body: bytes, model: str) -> bytes:
     try:
         text = body.decode("utf-8")
         span = model_value_span(text)
-    except ValueError:
+    except ValueError:  # UnicodeDecodeError included
         return body
     if span is None:
         return body
@@ -62,13 +113,16 @@ def model_literal_pairs(old: str, new: str) -> tuple[tuple[bytes, bytes], ...]:
 
 
 def replace_model(body: bytes, model: str) -> bytes:
-    """Return ``body`` with its top-level ``model`` set to ``model`` (added if absent)."""
+    """Return ``body`` with its top-level ``model`` set to ``model`` (added if absent).
+
+    ``ValueError`` (with the reason) when ``body`` is not a UTF-8 JSON object.
+    """
     text = body.decode("utf-8")
     literal = json.dumps(model, ensure_ascii=False)
     span = model_value_span(text)
     if span is None:
         brace = text.index("{")
-        sep = "" if text[brace + 1 :].lstrip().startswith("}") else ","
+        sep = "" if text[brace + 1 :].lstrip(_WS).startswith("}") else ","
         return (text[: brace + 1] + f'"model":{literal}{sep}' + text[brace + 1 :]).encode()
     start, end = span
     return (text[:start] + literal + text[end:]).encode()

@@ -1,17 +1,18 @@
 """The director: from a parsed request to a routing decision.
 
-Order of steps (scheduling.md §0, protocol.md §3.3): parse -> model (required) and rewrite (header,
+Order of steps: parse -> model (required) and rewrite (header,
 then an InferenceModelRewrite rule for the incoming model, which overrides the header) ->
 InferenceObjective priority -> candidates (subset hint) -> legacy admission (sheddable requests
 dropped when the candidates are saturated) -> data producers (400 ms budget, errors logged) ->
 admitters -> scheduler (profile handler decides) -> PreRequest plugins -> body to forward.
 Requests without a body (GET) and parser skips go to a random candidate instead.
 
-Status codes: 400 bad body or no model, 429 for a sheddable request (priority < 0) while the
+Status codes: 400 bad body, no model, a model that is not a string, or a body whose model cannot
+be rewritten, 429 for a sheddable request (priority < 0) while the
 saturation detector reports >= 1.0 over the candidates (checked before the empty-candidates case,
 as in the reference, so a sheddable request to an empty pool is shed), 503 no candidate endpoint
-(also for GET with an empty pool, where the reference answers 500 — quirk Q3), 429 when scheduling
-found no endpoint, the admitter's own code for a denial (quirk D4; the reference always answers 500).
+(also for GET with an empty pool, where the reference answers 500), 429 when scheduling
+found no endpoint, the admitter's own code for a denial (the reference always answers 500).
 
 The objective and rewrite stores (filled by the Kubernetes watchers) and the saturation detector are
 optional: without them every priority is 0, only the rewrite header applies, and nothing is shed.
@@ -64,7 +65,7 @@ SATURATED = 1.0  # legacy admission: saturation at or above this drops sheddable
 SHED_MESSAGE = "system saturated, sheddable request dropped"
 
 # Request headers only the EPP may write. A client-sent copy is consumed here and never forwarded
-# (quirk Q1: the reference forwards them); one present after PreRequest was set by a plugin.
+# (the reference forwards them); one present after PreRequest was set by a plugin.
 EPP_OWNED_HEADERS = (
     "x-prefiller-host-port",
     "x-encoder-hosts-ports",
@@ -75,6 +76,29 @@ EPP_OWNED_HEADERS = (
     FAIRNESS_HEADER,
     MODEL_REWRITE_HEADER,
 )
+
+
+def _json_type(value: object) -> str:
+    """The JSON type name of a decoded value."""
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int | float):
+        return "number"
+    if isinstance(value, list):
+        return "array"
+    if isinstance(value, dict):
+        return "object"
+    return type(value).__name__
+
+
+def _rewritten(raw: bytes, target: str) -> bytes:
+    """``raw`` with its model set to ``target``; 400 when the body cannot be rewritten."""
+    try:
+        return replace_model(raw, target)
+    except ValueError as e:  # a parser that accepts what is not a UTF-8 JSON object
+        raise InferenceError(
+            ErrorCode.BAD_REQUEST, f"cannot rewrite the model of the request body: {e}"
+        ) from None
 
 
 @dataclass(slots=True)
@@ -136,7 +160,7 @@ class Director:
     # --- requests without a body, parser skips ---------------------------------------------
 
     def route_random(self, metadata: dict[str, dict[str, Any]], body: bytes = b"") -> Routing:
-        """A uniformly random candidate; the subset hint applies here too (quirk Q13)."""
+        """A uniformly random candidate; the subset hint applies here too."""
         candidates = self.candidates(metadata)
         if not candidates:
             if not self.store.endpoints():
@@ -157,7 +181,14 @@ class Director:
             return self.route_random(metadata, raw)
 
         incoming = body.payload.get("model")
-        if not isinstance(incoming, str) or not incoming:
+        if not isinstance(incoming, str):
+            if incoming is not None:
+                raise InferenceError(
+                    ErrorCode.BAD_REQUEST,
+                    f"invalid model in request body: expected a string, got {_json_type(incoming)}",
+                )
+            incoming = ""
+        if not incoming:
             raise InferenceError(ErrorCode.BAD_REQUEST, "model not found in request body")
         target = headers.get(MODEL_REWRITE_HEADER) or incoming
         if self.rewrites is not None:  # a rule for the incoming model overrides the header
@@ -229,7 +260,7 @@ class Director:
             metrics.observe_plugin("PreRequest", plugin, time.perf_counter() - t0)
 
         changed = target != incoming
-        out = replace_model(raw, target) if changed else raw
+        out = _rewritten(raw, target) if changed else raw
         return Routing(
             destination=",".join(e.hostport for e in chosen),
             endpoints=list(chosen),
@@ -241,7 +272,7 @@ class Director:
         )
 
     def _saturated(self, candidates: list[Endpoint]) -> bool:
-        """Legacy admission (scheduling.md §5.1), asked only for sheddable requests.
+        """Legacy admission, asked only for sheddable requests.
 
         A detector that raises admits the request (logged): shedding is an optimisation, and a
         broken detector must not turn into dropped traffic.

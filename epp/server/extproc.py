@@ -1,14 +1,22 @@
 """The ext_proc stream handler: one gRPC stream per HTTP request.
 
-Message flow (protocol.md §1), per request body mode announced in ``protocol_config``:
+Message flow, per request body mode announced in ``protocol_config``:
 
 * FULL_DUPLEX_STREAMED (the reference mode): headers -> nothing; body chunks are buffered until
-  ``end_of_stream`` (or the request trailers, quirk Q7); then one request-headers reply with the
-  routing header mutation, ``envoy.lb`` metadata and ``clear_route_cache``, followed by the body in
-  ``streamed_response`` pieces of at most 62000 bytes (and a trailers reply when trailers came).
+  ``end_of_stream`` (or the request trailers, which the reference ignores); then one
+  request-headers reply with the routing header mutation, ``envoy.lb`` metadata and
+  ``clear_route_cache``, followed by the body in ``streamed_response`` pieces of at most 62000
+  bytes (and a trailers reply when trailers came).
 * BUFFERED: headers -> an empty reply (continue); the whole body -> a body reply carrying the
-  routing header mutation and metadata (and the body only when the model was rewritten).
+  routing header mutation and metadata (and the body only when the model was rewritten). A body
+  without ``end_of_stream`` is whole too: Envoy sends the request trailers after it.
 * Headers with ``end_of_stream`` (GET) -> a random candidate, answered at once.
+
+A stream moves through explicit phases (``Phase``): it is routed at most once, and a request
+message its phase does not expect (a second ``end_of_stream``, a body after headers that ended
+the request, ...) ends that stream alone with gRPC FAILED_PRECONDITION. While the request is being
+read, the idle timeout (gRPC DEADLINE_EXCEEDED) and the global body budget (HTTP 503) of
+:mod:`epp.server.stream_limits` apply.
 
 Response headers are answered at once; response bodies are passed through (re-chunked in
 FULL_DUPLEX mode, buffered when not streaming) with the model name rewritten back when it was
@@ -19,6 +27,8 @@ touching other streams. However the stream ends, in-flight accounting is release
 
 from __future__ import annotations
 
+import asyncio
+import enum
 import time
 import uuid
 from typing import Any
@@ -41,6 +51,7 @@ from epp.log_limit import LOGS
 from epp.server import replies
 from epp.server.body_rewrite import model_literal_pairs, replace_existing_model
 from epp.server.director import EPP_OWNED_HEADERS, REQUEST_ID_HEADER, Director, Routing
+from epp.server.stream_limits import RequestPhaseLimits
 
 log = structlog.get_logger("epp.extproc")
 
@@ -53,7 +64,14 @@ _NEVER_ECHO = frozenset({"content-length", replies.DESTINATION_HEADER})
 class StreamOptions:
     """Server-wide knobs of the stream handler."""
 
-    __slots__ = ("debug_response_header", "max_body_bytes", "response_body", "response_header")
+    __slots__ = (
+        "debug_response_header",
+        "max_body_bytes",
+        "max_buffered_body_bytes",
+        "request_idle_timeout",
+        "response_body",
+        "response_header",
+    )
 
     def __init__(
         self,
@@ -61,11 +79,47 @@ class StreamOptions:
         debug_response_header: bool = True,
         response_header: tuple[ResponseHeaderProcessor, ...] = (),
         response_body: tuple[ResponseBodyProcessor, ...] = (),
+        *,
+        request_idle_timeout: float = 60.0,
+        max_buffered_body_bytes: int = 256 << 20,
     ) -> None:
         self.max_body_bytes = max_body_bytes
         self.debug_response_header = debug_response_header
         self.response_header = response_header
         self.response_body = response_body
+        self.request_idle_timeout = request_idle_timeout  # 0: no idle timeout
+        self.max_buffered_body_bytes = max_buffered_body_bytes  # 0: no budget
+
+
+class Phase(enum.Enum):
+    """Where a stream is; the value describes it (in protocol-error messages)."""
+
+    HEADERS = "waiting for the request headers"
+    BODY = "reading the request body"
+    TRAILERS = "routed, waiting for the request trailers"
+    ROUTED = "routed, the request ended"
+    EXPIRED = "cut by the request idle timeout"
+    DONE = "ended"
+
+
+HEADERS, BODY, TRAILERS, ROUTED, EXPIRED, DONE = Phase
+_HOLDING = frozenset({HEADERS, BODY, EXPIRED})  # watched by the idle timeout, body bytes reserved
+
+
+def _budget_exceeded(budget: int) -> InferenceError:
+    return InferenceError(
+        ErrorCode.SERVICE_UNAVAILABLE,
+        f"the EPP holds too many partial request bodies (over {budget} bytes across all requests, "
+        "--max-buffered-request-body-bytes); retry later",
+        headers={"retry-after": "1"},
+    )
+
+
+class _ProtocolError(Exception):
+    """A request message the stream's phase does not expect: the stream ends with FAILED_PRECONDITION."""
+
+    def __init__(self, message: str, phase: Phase) -> None:
+        super().__init__(f"unexpected {message} ext_proc message: the stream is {phase.value}")
 
 
 def _headers(msg: ep.HttpHeaders) -> dict[str, str]:
@@ -81,6 +135,11 @@ def _is_event_stream(msg: ep.HttpHeaders) -> bool:
             return b"text/event-stream" in h.raw_value or "text/event-stream" in h.value
     return False
 
+
+_STREAMS_OPEN = metrics.EXTPROC_STREAMS_INFLIGHT.labels()
+_REJECTED_IDLE = metrics.EXTPROC_STREAMS_REJECTED.labels("idle_timeout")
+_REJECTED_BUDGET = metrics.EXTPROC_STREAMS_REJECTED.labels("body_budget")
+_REJECTED_PROTOCOL = metrics.EXTPROC_STREAMS_REJECTED.labels("protocol_error")
 
 # Replies that never change, built once.
 _RESPONSE_HEADERS_DEBUG = replies.response_headers_reply({"x-went-into-resp-headers": "true"})
@@ -117,35 +176,43 @@ class _Stream:
         "chunks",
         "director",
         "error",
-        "header_only",
         "headers",
+        "last_seen",
+        "limits",
         "metadata",
         "model_pairs",
         "opts",
+        "phase",
         "req_mode",
         "request_id_generated",
+        "reserved",
         "resp_buffer",
         "resp_mode",
         "resp_streaming",
         "response",
         "routing",
-        "started",
         "t_received",
+        "task",
     )
 
-    def __init__(self, director: Director, opts: StreamOptions) -> None:
+    def __init__(
+        self, director: Director, opts: StreamOptions, limits: RequestPhaseLimits | None = None
+    ) -> None:
         self.director = director
         self.opts = opts
+        self.limits = limits or RequestPhaseLimits(0, 0)
+        self.phase = HEADERS
+        self.task: asyncio.Task[Any] | None = None  # the handler's task, cut by the idle timeout
+        self.last_seen = time.monotonic()
         self.req_mode = FULL_DUPLEX_STREAMED
         self.resp_mode = FULL_DUPLEX_STREAMED
         self.headers: dict[str, str] = {}
         self.metadata: dict[str, dict[str, Any]] = {}
         self.chunks: list[bytes] = []
-        self.body_size = 0
-        self.routing: Routing | None = None
-        self.started = False  # in-flight accounting began
+        self.body_size = 0  # request-body bytes received
+        self.reserved = 0  # of which held in the global budget while waiting for the rest
+        self.routing: Routing | None = None  # set exactly when in-flight accounting began
         self.error: InferenceError | None = None
-        self.header_only = False
         self.request_id_generated = False
         self.resp_streaming = False
         self.resp_buffer: list[bytes] = []
@@ -156,54 +223,90 @@ class _Stream:
     # --- request path ------------------------------------------------------------------------
 
     def on_request_headers(self, req: ep.ProcessingRequest) -> list[ep.ProcessingResponse]:
+        if self.phase is not HEADERS:
+            raise _ProtocolError("request_headers", self.phase)
         if req.HasField("protocol_config"):
             pc = req.protocol_config
             self.req_mode = pc.request_body_mode
             self.resp_mode = pc.response_body_mode
-        self.t_received = time.monotonic()
+        self.t_received = self.last_seen = time.monotonic()
         msg = req.request_headers
         headers = self.headers = _headers(msg)
         if not headers.get(REQUEST_ID_HEADER):
             headers[REQUEST_ID_HEADER] = str(uuid.uuid4())
             self.request_id_generated = True
         if msg.end_of_stream or self.req_mode == NONE:
-            # No body will come: a random candidate, answered now.
-            self.header_only = True
+            # No body will come (trailers may, in mode NONE): a random candidate, answered now.
+            self._end_request_phase(ROUTED if msg.end_of_stream else TRAILERS)
             routing = self.director.route_random(self.metadata)
-            return [self._routing_reply(routing, content_length=False)]
+            return [self._routing_reply(routing, content_length=False, on_headers=True)]
         if self.req_mode in (STREAMED, BUFFERED_PARTIAL):
             raise InferenceError(
                 ErrorCode.INTERNAL,
                 "unsupported ext_proc request_body_mode: use FULL_DUPLEX_STREAMED or BUFFERED",
             )
+        self.phase = BODY
         if self.req_mode == BUFFERED:
             return [_CONTINUE_REQUEST_HEADERS]
         return []
 
     async def on_request_body(self, req: ep.ProcessingRequest) -> list[ep.ProcessingResponse]:
+        if self.phase is not BODY:
+            raise _ProtocolError("request_body", self.phase)
         msg = req.request_body
-        if msg.body:
-            self.chunks.append(msg.body)
-            self.body_size += len(msg.body)
-            if self.body_size > self.opts.max_body_bytes:
+        chunk, eos = msg.body, msg.end_of_stream
+        if chunk:
+            size = self.body_size + len(chunk)
+            if size > self.opts.max_body_bytes:
                 raise InferenceError(
                     ErrorCode.PAYLOAD_TOO_LARGE,
                     f"request body exceeds {self.opts.max_body_bytes} bytes (--max-request-body-bytes)",
                 )
-        if not msg.end_of_stream:
-            return []
-        return await self._route_body(trailers=False)
+            self.body_size = size
+            self.chunks.append(chunk)
+        if eos:
+            return await self._route_body(trailers=False)
+        if self.req_mode == BUFFERED:  # the whole body; the request trailers follow
+            return await self._route_body(trailers=True, then=TRAILERS)
+        if chunk:  # held until the rest of the body comes: counted in the global budget
+            if not self.limits.reserve(len(chunk)):
+                _REJECTED_BUDGET.inc()
+                raise _budget_exceeded(self.limits.budget)
+            self.reserved += len(chunk)
+        self.last_seen = time.monotonic()
+        return []
 
     async def on_request_trailers(self) -> list[ep.ProcessingResponse]:
-        # The reference ignores request trailers and hangs (quirk Q7): they end the body instead.
-        if self.routing is not None:
+        # The reference ignores request trailers and hangs: here they end the body.
+        phase = self.phase
+        if phase is TRAILERS:  # routed on the body (BUFFERED) or the headers (mode NONE)
+            self.phase = ROUTED
             return [replies.request_trailers_reply()]
+        if phase is not BODY:
+            raise _ProtocolError("request_trailers", phase)
         out = await self._route_body(trailers=True)
         out.append(replies.request_trailers_reply())
         return out
 
-    async def _route_body(self, trailers: bool) -> list[ep.ProcessingResponse]:
-        raw = self.chunks[0] if len(self.chunks) == 1 else b"".join(self.chunks)
+    def _end_request_phase(self, phase: Phase) -> None:
+        """The request was read (routing follows): the idle timeout and the budget let go of it."""
+        self.phase = phase
+        limits = self.limits
+        limits.unwatch(self)
+        if self.reserved:
+            limits.release(self.reserved)
+            self.reserved = 0
+
+    def expire(self) -> None:
+        """The idle timeout elapsed (called by the sweeper): cut the handler's task."""
+        if self.phase in _HOLDING and self.task is not None:
+            self.phase = EXPIRED
+            self.task.cancel()
+
+    async def _route_body(self, trailers: bool, then: Phase = ROUTED) -> list[ep.ProcessingResponse]:
+        chunks = self.chunks
+        self._end_request_phase(then)
+        raw = chunks[0] if len(chunks) == 1 else b"".join(chunks)
         self.chunks = []
         routing = await self.director.route(dict(self.headers), raw, self.metadata)
         if self.req_mode == BUFFERED:
@@ -212,9 +315,14 @@ class _Stream:
         out.extend(replies.streamed_body_replies(routing.body, end_of_stream=not trailers))
         return out
 
-    def _routing_reply(self, routing: Routing, content_length: bool) -> ep.ProcessingResponse:
-        """The reply that routes: destination header and metadata, header changes, removals."""
-        self.routing = routing
+    def _routing_reply(
+        self, routing: Routing, content_length: bool, on_headers: bool = False
+    ) -> ep.ProcessingResponse:
+        """The reply that routes: destination header and metadata, header changes, removals.
+
+        In-flight accounting begins here, before anything else can fail, so ``finish`` releases it.
+        """
+        self._begin(routing)
         set_headers = {replies.DESTINATION_HEADER: routing.destination}
         client = self.headers
         if self.request_id_generated:
@@ -230,16 +338,21 @@ class _Stream:
         common = replies.routing_common(
             set_headers, remove, routing.body if self.req_mode == BUFFERED and routing.body_changed else None
         )
+        if self.req_mode == BUFFERED and not on_headers:
+            return replies.request_body_reply(common, routing.destination)
+        return replies.request_headers_reply(common, routing.destination)
+
+    def _begin(self, routing: Routing) -> None:
+        """Count the request as in flight (endpoints, running-requests gauge): once per stream."""
+        if self.routing is not None:
+            raise RuntimeError("ext_proc stream routed twice")
+        self.routing = routing
         self.director.begin(routing)
-        self.started = True
-        if routing.request is not None:
-            r = routing.request
+        r = routing.request
+        if r is not None:
             metrics.REQUEST_TOTAL.labels(r.incoming_model, r.target_model, str(r.priority)).inc()
             metrics.REQUEST_SIZES.labels(r.incoming_model, r.target_model).observe(len(routing.body))
             metrics.RUNNING_REQUESTS.labels(r.incoming_model).inc()
-        if self.req_mode == BUFFERED and not self.header_only:
-            return replies.request_body_reply(common, routing.destination)
-        return replies.request_headers_reply(common, routing.destination)
 
     # --- response path -----------------------------------------------------------------------
 
@@ -336,15 +449,22 @@ class _Stream:
     # --- end ---------------------------------------------------------------------------------
 
     def finish(self) -> None:
+        """The stream ended, however: release everything it holds, exactly once."""
+        phase = self.phase
+        if phase is DONE:
+            return
+        self.phase = DONE
+        if phase in _HOLDING:
+            self._end_request_phase(DONE)
+            self.chunks = []
         routing = self.routing
         request = routing.request if routing is not None else None
         if self.error is not None:
             model = request.incoming_model if request else ""
             target = request.target_model if request else ""
             metrics.REQUEST_ERROR_TOTAL.labels(model, target, self.error.code.text).inc()
-        if routing is None or not self.started:
+        if routing is None:
             return
-        self.started = False
         self.director.finish(routing)
         if request is not None:
             metrics.RUNNING_REQUESTS.labels(request.incoming_model).dec()
@@ -358,10 +478,20 @@ class ExternalProcessor(ep_grpc.ExternalProcessorServicer):
 
     def __init__(self, director: Director, opts: StreamOptions | None = None) -> None:
         self.director = director
-        self.opts = opts or StreamOptions()
+        self.opts = opts = opts or StreamOptions()
+        self.limits = RequestPhaseLimits(
+            opts.request_idle_timeout, opts.max_buffered_body_bytes, metrics.EXTPROC_BUFFERED_BYTES.labels()
+        )
+
+    async def close(self) -> None:
+        """Stop the idle-timeout sweeper (after the gRPC server stopped)."""
+        await self.limits.close()
 
     async def Process(self, request_iterator: Any, context: grpc.aio.ServicerContext) -> None:
-        stream = _Stream(self.director, self.opts)
+        limits = self.limits
+        stream = _Stream(self.director, self.opts, limits)
+        limits.watch(stream)
+        _STREAMS_OPEN.inc()
         read, write = context.read, context.write
         try:
             while True:
@@ -400,6 +530,19 @@ class ExternalProcessor(ep_grpc.ExternalProcessorServicer):
                     return
                 for resp in out:
                     await write(resp)
+        except _ProtocolError as e:
+            _REJECTED_PROTOCOL.inc()
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(e))
+        except asyncio.CancelledError:
+            if stream.phase is not EXPIRED or stream.task is None:
+                raise  # the client cancelled the stream
+            stream.task.uncancel()
+            _REJECTED_IDLE.inc()
+            await context.abort(
+                grpc.StatusCode.DEADLINE_EXCEEDED,
+                f"request idle timeout: no ext_proc request message for {limits.idle_timeout:g}s "
+                "before the request was complete (--request-idle-timeout)",
+            )
         except Exception as e:
             stream.error = stream.error or InferenceError(ErrorCode.INTERNAL, str(e))
             if isinstance(e, DecodeError):  # a malformed frame from the client: no traceback
@@ -410,3 +553,4 @@ class ExternalProcessor(ep_grpc.ExternalProcessorServicer):
             await context.abort(grpc.StatusCode.UNKNOWN, f"failed to handle request: {e}")
         finally:
             stream.finish()
+            _STREAMS_OPEN.dec()

@@ -45,6 +45,7 @@ class Harness:
     stub: ep_grpc.ExternalProcessorStub
     store: EndpointStore
     director: Director
+    processor: ExternalProcessor
 
     async def exchange(
         self, messages: Sequence[ep.ProcessingRequest], expect: int
@@ -68,11 +69,12 @@ async def start(
 ) -> Harness:
     director = director or build_director(store)
     server = grpc.aio.server()
-    ep_grpc.add_ExternalProcessorServicer_to_server(ExternalProcessor(director, opts), server)
+    processor = ExternalProcessor(director, opts)
+    ep_grpc.add_ExternalProcessorServicer_to_server(processor, server)
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
     channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
-    return Harness(server, channel, ep_grpc.ExternalProcessorStub(channel), store, director)
+    return Harness(server, channel, ep_grpc.ExternalProcessorStub(channel), store, director, processor)
 
 
 def headers_msg(

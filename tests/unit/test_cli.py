@@ -173,3 +173,11 @@ def test_serve_exits_when_every_entry_of_the_endpoints_file_is_invalid(tmp_path:
     assert out.returncode == 1
     assert "none of its 1 endpoint entry is valid" in out.stderr
     assert 'endpoint \\"a\\": invalid IPv4 address' in out.stderr  # the entry, named, with its reason
+
+
+def test_serve_checks_the_stream_limits() -> None:
+    small = epp("serve", "--max-buffered-request-body-bytes=1000", "--max-request-body-bytes=2000")
+    assert small.returncode != 0
+    assert "--max-buffered-request-body-bytes=1000" in small.stderr and "(2000)" in small.stderr
+    negative = epp("serve", "--request-idle-timeout=-1")
+    assert negative.returncode != 0 and "--request-idle-timeout=-1.0" in negative.stderr

@@ -337,3 +337,95 @@ async def test_streaming_response_model_is_rewritten_back_per_chunk(harness: Har
     out = await harness.exchange(msgs, expect=5)
     chunks = [r.response_body.response.body_mutation.streamed_response.body for r in out[3:]]
     assert chunks == [b'data: {"model":"demo","x":1}\n\n', b'data: {"model": "demo"}\n\ndata: [DONE]\n\n']
+
+
+# --- phases, idle timeout, body budget ------------------------------------------------------
+
+
+async def _final_status(call: grpc.aio.StreamStreamCall) -> grpc.StatusCode:
+    try:
+        while await asyncio.wait_for(call.read(), 10) is not grpc.aio.EOF:
+            pass
+    except grpc.aio.AioRpcError:
+        pass
+    code: grpc.StatusCode = await call.code()
+    return code
+
+
+async def test_a_second_end_of_stream_routes_nothing(harness: Harness, store: EndpointStore) -> None:
+    call = harness.stub.Process()
+    await call.write(headers_msg({}))
+    await call.write(body_msg(CHAT, True))
+    for _ in range(2):
+        await call.read()
+    assert sum(e.inflight for e in store.endpoints()) == 1
+    await call.write(body_msg(CHAT, True))
+    assert await _final_status(call) == grpc.StatusCode.FAILED_PRECONDITION
+    for _ in range(50):  # the handler's finally runs after the status is sent
+        if sum(e.inflight for e in store.endpoints()) == 0:
+            break
+        await asyncio.sleep(0.02)
+    assert [e.inflight for e in store.endpoints()] == [0, 0, 0]
+
+
+async def test_idle_sweeper_cuts_silent_streams_and_then_stops(store: EndpointStore) -> None:
+    h = await start(store, opts=StreamOptions(request_idle_timeout=0.2))
+    limits = h.processor.limits
+    try:
+        calls = [h.stub.Process() for _ in range(5)]
+        for call in calls:
+            await call.write(headers_msg({}))
+        codes = await asyncio.gather(*(_final_status(c) for c in calls))
+        assert set(codes) == {grpc.StatusCode.DEADLINE_EXCEEDED}
+        for _ in range(100):  # no stream waits: the sweeper task ends (no idle wake-ups)
+            if limits.watched == 0 and limits.sweeping is False:
+                break
+            await asyncio.sleep(0.02)
+        assert limits.watched == 0 and not limits.sweeping
+        # A routed stream is not watched, however long it stays silent.
+        call = h.stub.Process()
+        await call.write(headers_msg({}))
+        await call.write(body_msg(CHAT, True))
+        for _ in range(2):
+            await call.read()
+        await asyncio.sleep(0.6)
+        await call.write(response_headers_msg({":status": "200"}))
+        assert (await call.read()).WhichOneof("response") == "response_headers"
+        await call.done_writing()
+        assert await _final_status(call) == grpc.StatusCode.OK
+    finally:
+        await h.channel.close()
+        await h.server.stop(0)
+        await h.processor.close()
+
+
+async def test_budget_counts_only_bodies_waiting_for_more(store: EndpointStore) -> None:
+    h = await start(store, opts=StreamOptions(max_body_bytes=1000, max_buffered_body_bytes=1000))
+    limits = h.processor.limits
+    try:
+        holder = h.stub.Process()
+        await holder.write(headers_msg({}))
+        await holder.write(body_msg(b"x" * 600, False))
+        for _ in range(100):
+            if limits.buffered == 600:
+                break
+            await asyncio.sleep(0.01)
+        assert limits.buffered == 600
+        # A whole body is routed at once: never refused by the budget.
+        out = await h.exchange([headers_msg({}), body_msg(CHAT, True)], expect=2)
+        assert out[0].WhichOneof("response") == "request_headers"
+        refused = h.stub.Process()
+        await refused.write(headers_msg({}))
+        await refused.write(body_msg(b"y" * 500, False))
+        reply = await refused.read()
+        assert reply.immediate_response.status.code == 503
+        assert await _final_status(refused) == grpc.StatusCode.OK
+        holder.cancel()
+        for _ in range(100):
+            if limits.buffered == 0:
+                break
+            await asyncio.sleep(0.01)
+        assert limits.buffered == 0
+    finally:
+        await h.channel.close()
+        await h.server.stop(0)

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from epp.flags import parse_bool, parse_duration
 from epp.framework import ApiKind, Endpoint, EndpointMetadata, InferenceError
 from epp.plugins.parsers.openai import OpenAIParser, api_for_path
-from epp.server.body_rewrite import replace_model
+from epp.server.body_rewrite import replace_existing_model, replace_model
 from epp.server.subset import filter_by_subset, subset_entries
 
 P = OpenAIParser("openai-parser", None)
@@ -134,3 +134,25 @@ def test_bad_duration_and_bool() -> None:
     with pytest.raises(argparse.ArgumentTypeError):
         parse_bool("maybe")
     assert parse_bool("false") is False and parse_bool("True") is True
+
+
+def test_replace_model_at_any_nesting_depth() -> None:
+    """Nesting deeper than Python's recursion limit (the C JSON scanner recurses) is skipped iteratively."""
+    deep = b'{"model":"x","a":' + b"[" * 5000 + b"]" * 5000 + b',"b":{"model":"x"}}'
+    out = replace_model(deep, "y")
+    assert out == deep.replace(b'{"model":"x"', b'{"model":"y"', 1)
+
+
+def test_replace_model_keeps_long_numbers_and_odd_keys() -> None:
+    raw = b'{"seed":' + b"9" * 5000 + b', "mod\\u0065l" : "x" ,"s":"}]\\"{"}'
+    assert replace_model(raw, "y") == b'{"seed":' + b"9" * 5000 + b', "mod\\u0065l" : "y" ,"s":"}]\\"{"}'
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [b'["model"]', b'"model"', b"", b'{"a":1', b'{"a" 1}', b'{"a":"x}', b"{1:2}", b'{"\\x":1}', b"\xff{}"],
+)
+def test_replace_model_refuses_what_is_not_a_json_object(raw: bytes) -> None:
+    with pytest.raises(ValueError):
+        replace_model(raw, "y")
+    assert replace_existing_model(raw, "y") == raw  # the response path leaves such bodies alone

@@ -1,7 +1,7 @@
 """``openai-parser``: the default request parser for OpenAI-style JSON bodies.
 
 Type: ``openai-parser``. Parameters: none.
-Algorithm (protocol.md §5.2):
+Algorithm:
 
 1. The body must decode into a JSON object (400 ``error unmarshaling request bodyMap: ...``).
 2. The API path is ``:path``, else ``x-original-path``, else ``x-forwarded-path``, else
