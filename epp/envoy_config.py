@@ -71,6 +71,10 @@ CONNECTION_BUFFER_LIMIT = 32768
 # buffer limit; the reference layout (FULL_DUPLEX_STREAMED) has no such limit, so raise it per route.
 BUFFERED_BODY_LIMIT = 64 * 1024 * 1024
 LONG_TIMEOUT = "86400s"
+# Bounds on a frozen or unreachable EPP (see ext_proc_filter and ext_proc_cluster).
+MESSAGE_TIMEOUT = "5s"
+EXTPROC_CONNECT_TIMEOUT = "2s"
+EXTPROC_KEEPALIVE = {"interval": "1s", "timeout": "2s"}
 CIRCUIT_BREAKER_LIMIT = 40000
 MAX_DOWNSTREAM_CONNECTIONS = 50000
 
@@ -222,7 +226,14 @@ def subset_hint_filter(header: str) -> dict[str, Any]:
 
 
 def processing_mode(body_mode: str, response_body_mode: str) -> dict[str, str]:
-    """ext_proc processing mode; full-duplex bodies require the matching trailer mode SEND."""
+    """ext_proc processing mode; full-duplex bodies require the matching trailer mode SEND.
+
+    ``response_trailer_mode: SEND`` is always on: it keeps the ext_proc stream open until the HTTP
+    stream ends (Envoy half-closes it then; a response_trailers message comes only when the upstream
+    sends trailers), so the EPP's in-flight accounting covers the whole response at no extra
+    message. Without it Envoy 1.40 closes the stream right after the response headers in
+    FULL_DUPLEX_STREAMED mode (in-flight state released at the first byte).
+    """
     mode = {
         "request_header_mode": "SEND",
         "response_header_mode": "SEND",
@@ -231,8 +242,7 @@ def processing_mode(body_mode: str, response_body_mode: str) -> dict[str, str]:
     }
     if body_mode == "FULL_DUPLEX_STREAMED":
         mode["request_trailer_mode"] = "SEND"
-    if response_body_mode == "FULL_DUPLEX_STREAMED":
-        mode["response_trailer_mode"] = "SEND"
+    mode["response_trailer_mode"] = "SEND"
     return mode
 
 
@@ -249,7 +259,9 @@ def ext_proc_filter(
                 "timeout": "10s",
             },
             "failure_mode_allow": fail_open,
-            "message_timeout": "1000s",
+            # Per message awaiting a reply (BUFFERED; no timeout applies to FULL_DUPLEX_STREAMED
+            # bodies): a frozen EPP fails the request within this bound. The EPP answers in ms.
+            "message_timeout": MESSAGE_TIMEOUT,
             "processing_mode": processing_mode(body_mode, response_body_mode),
             "metadata_options": {
                 # Without receiving_namespaces Envoy silently drops the EPP's envoy.lb metadata.
@@ -393,7 +405,7 @@ def ext_proc_cluster(host: str, port: int, *, tls: bool, health_port: int | None
     cluster: dict[str, Any] = {
         "name": EXT_PROC_CLUSTER,
         "type": "STATIC",
-        "connect_timeout": "10s",
+        "connect_timeout": EXTPROC_CONNECT_TIMEOUT,
         "lb_policy": "LEAST_REQUEST",
         "circuit_breakers": _circuit_breakers(max_retries=1024),
         "typed_extension_protocol_options": {
@@ -403,6 +415,10 @@ def ext_proc_cluster(host: str, port: int, *, tls: bool, health_port: int | None
                     "http2_protocol_options": {
                         "initial_stream_window_size": 65536,
                         "initial_connection_window_size": 1048576,
+                        # HTTP/2 PINGs: a frozen EPP (no PING ack) loses its connection, and with it
+                        # every open ext_proc stream, within interval + timeout. A live EPP answers
+                        # them however long a generation streams (its gRPC server accepts the rate).
+                        "connection_keepalive": dict(EXTPROC_KEEPALIVE),
                     }
                 },
             }

@@ -71,6 +71,10 @@ def _grpc_options(max_body: int) -> list[tuple[str, int]]:
         ("grpc.max_receive_message_length", limit),
         ("grpc.max_send_message_length", limit),
         ("grpc.max_concurrent_streams", 100_000),
+        # Envoy's ext_proc cluster pings every second (a frozen EPP is detected by the missing ack);
+        # gRPC's default ping policy would answer that with GOAWAY and break open streams.
+        ("grpc.http2.min_recv_ping_interval_without_data_ms", 500),
+        ("grpc.http2.max_ping_strikes", 0),
     ]
 
 
