@@ -116,6 +116,14 @@ def _add_serve(sub: Any) -> None:
     p.add_argument("--refresh-prometheus-metrics-interval", type=parse_duration, default=5.0)
     p.add_argument("--metrics-staleness-threshold", type=parse_duration, default=2.0)
     add_bool(p, "--disable-endpoint-subset-filter", False, "ignore Envoy's subset hint")
+    add_bool(
+        p,
+        "--allow-model-rewrite-header",
+        True,
+        "honour a client's x-llm-d-model-name-rewrite (or x-gateway-model-name-rewrite) header: the "
+        "request goes to that model, the response names the requested one (default true, as the "
+        "reference); false: ignore it. InferenceModelRewrite rules win either way",
+    )
     p.add_argument(
         "--max-request-body-bytes",
         type=int,
@@ -256,6 +264,7 @@ def _serve(args: argparse.Namespace) -> int:
         disable_endpoint_subset_filter=args.disable_endpoint_subset_filter,
         max_request_body_bytes=args.max_request_body_bytes,
         debug_response_header=args.debug_response_header,
+        allow_model_rewrite_header=args.allow_model_rewrite_header,
         grace_period=args.grace_period,
         drain_delay=args.drain_delay,
     )

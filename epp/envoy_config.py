@@ -13,7 +13,10 @@ turns it into YAML. The layout follows the reference deployment (protocol.md §1
      metadata ``envoy.lb.subset_hint / x-gateway-destination-endpoint-subset`` (a string
      ``"ip:port,ip:port"``), which ext_proc forwards to the EPP as the subset hint (§2.6);
   2. ``envoy.filters.http.ext_proc`` — the EPP;
-  3. ``envoy.filters.http.router``;
+  3. FULL_DUPLEX_STREAMED only: ``epp-response-rewrite``, a second ext_proc filter that is off except
+     on the ``epp-rewritten`` route: it sends the response body of model-rewritten requests to the
+     EPP (see ``rewrite_response_filter``);
+  4. ``envoy.filters.http.router``;
 
 * cluster ``ext_proc`` (STATIC, HTTP/2, plain text unless ``tls``) pointing at the EPP;
 * cluster ``original_destination_cluster`` (ORIGINAL_DST keyed on ``x-gateway-destination-endpoint``);
@@ -56,6 +59,11 @@ SUBSET_KEY = "x-gateway-destination-endpoint-subset"
 LB_NAMESPACE = "envoy.lb"
 
 EXT_PROC_CLUSTER = "ext_proc"
+# The second ext_proc filter of the FULL_DUPLEX_STREAMED bootstraps (see rewrite_response_filter).
+REWRITE_FILTER = "epp-response-rewrite"
+# envoy.lb metadata the EPP sets on a model-rewritten request (epp.server.replies.REWRITE_METADATA_KEY).
+REWRITE_METADATA_KEY = "x-gateway-model-name-rewrite"
+REWRITE_STAT_PREFIX = "rewrite"
 ORIGINAL_DST_CLUSTER = "original_destination_cluster"
 FALLBACK_CLUSTER = "fallback_cluster"
 
@@ -133,7 +141,11 @@ def envoy_bootstrap(
     )
     hcm = http_connection_manager(
         filters,
-        route_config(fail_open=fail_open, buffered=body_mode in ("BUFFERED", "BUFFERED_PARTIAL")),
+        route_config(
+            fail_open=fail_open,
+            buffered=body_mode in ("BUFFERED", "BUFFERED_PARTIAL"),
+            rewrite_route=needs_rewrite_filter(body_mode, response_body_mode),
+        ),
         stripped_headers=stripped_headers,
         access_log=access_log,
     )
@@ -175,6 +187,8 @@ def http_filters(
             authority=authority,
         )
     )
+    if needs_rewrite_filter(body_mode, response_body_mode):
+        filters.append(rewrite_response_filter(fail_open=fail_open, authority=authority))
     filters.append(
         {
             "name": "envoy.filters.http.router",
@@ -263,6 +277,9 @@ def ext_proc_filter(
             # bodies): a frozen EPP fails the request within this bound. The EPP answers in ms.
             "message_timeout": MESSAGE_TIMEOUT,
             "processing_mode": processing_mode(body_mode, response_body_mode),
+            # BUFFERED: the EPP asks for the response body of a model-rewritten request in its
+            # response-headers reply (ignored by Envoy 1.40 in FULL_DUPLEX_STREAMED mode).
+            "allow_mode_override": True,
             "metadata_options": {
                 # Without receiving_namespaces Envoy silently drops the EPP's envoy.lb metadata.
                 "receiving_namespaces": {"untyped": [LB_NAMESPACE]},
@@ -272,12 +289,76 @@ def ext_proc_filter(
     }
 
 
+def needs_rewrite_filter(body_mode: str, response_body_mode: str) -> bool:
+    """Whether model-rewritten responses need the second filter: no response body reaches the
+    main one and it cannot ask for it per request (mode override ignored in full duplex)."""
+    return body_mode == "FULL_DUPLEX_STREAMED" and response_body_mode == "NONE"
+
+
+_NOTHING = {
+    "request_header_mode": "SKIP",
+    "response_header_mode": "SKIP",
+    "request_body_mode": "NONE",
+    "response_body_mode": "NONE",
+    "request_trailer_mode": "SKIP",
+    "response_trailer_mode": "SKIP",
+}
+_REWRITE_RESPONSE = {
+    **_NOTHING,
+    "response_header_mode": "SEND",
+    "response_body_mode": "FULL_DUPLEX_STREAMED",
+    "response_trailer_mode": "SEND",
+}
+
+
+def rewrite_response_filter(*, fail_open: bool, authority: str) -> dict[str, Any]:
+    """A second ext_proc filter to the EPP that reverses a model rewrite in the response body.
+
+    By default it sends nothing (no stream is opened). The ``epp-rewritten`` route (chosen after the
+    EPP's reply, on the rewrite metadata the EPP sets only when it rewrote the model) turns on its
+    response phases; its stream then starts at the response headers and carries the incoming and
+    target model in the forwarded ``envoy.lb`` metadata. Only rewritten requests pay for it.
+    """
+    return {
+        "name": REWRITE_FILTER,
+        "typed_config": {
+            "@type": f"{_TYPE}.filters.http.ext_proc.v3.ExternalProcessor",
+            "grpc_service": {
+                "envoy_grpc": {"cluster_name": EXT_PROC_CLUSTER, "authority": authority},
+                "timeout": "10s",
+            },
+            "failure_mode_allow": fail_open,
+            "message_timeout": MESSAGE_TIMEOUT,
+            "stat_prefix": REWRITE_STAT_PREFIX,  # http.<hcm>.ext_proc.rewrite.streams_started, ...
+            "processing_mode": dict(_NOTHING),
+            "metadata_options": {"forwarding_namespaces": {"untyped": [LB_NAMESPACE]}},
+        },
+    }
+
+
+def _rewritten_route() -> dict[str, Any]:
+    route = _route(ORIGINAL_DST_CLUSTER, name="epp-rewritten")
+    route["match"]["dynamic_metadata"] = [
+        {"filter": LB_NAMESPACE, "path": [{"key": REWRITE_METADATA_KEY}], "value": {"present_match": True}}
+    ]
+    route["typed_per_filter_config"] = {
+        REWRITE_FILTER: {
+            "@type": f"{_TYPE}.filters.http.ext_proc.v3.ExtProcPerRoute",
+            "overrides": {"processing_mode": dict(_REWRITE_RESPONSE)},
+        }
+    }
+    return route
+
+
 # ---------------------------------------------------------------------------------- listener, routes
 
 
-def route_config(*, fail_open: bool, buffered: bool) -> dict[str, Any]:
-    """Routes: ORIGINAL_DST for EPP-picked requests; fail-open adds a catch-all to the fallback cluster."""
-    routes: list[dict[str, Any]] = []
+def route_config(*, fail_open: bool, buffered: bool, rewrite_route: bool = False) -> dict[str, Any]:
+    """Routes: ORIGINAL_DST for EPP-picked requests; fail-open adds a catch-all to the fallback cluster.
+
+    ``rewrite_route`` puts the ``epp-rewritten`` route (see ``rewrite_response_filter``) first.
+    """
+    routes: list[dict[str, Any]] = [_rewritten_route()] if rewrite_route else []
     if fail_open:
         routes.append(
             _route(

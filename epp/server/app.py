@@ -60,6 +60,7 @@ class ServeOptions:
     disable_endpoint_subset_filter: bool = False
     max_request_body_bytes: int = 10 << 20
     debug_response_header: bool = True
+    allow_model_rewrite_header: bool = True
     grace_period: float = 5.0
     drain_delay: float = 1.0
 
@@ -122,6 +123,7 @@ class EppServer:
             saturation_detector=cfg.saturation_detector,
             objectives=kube.objectives if kube is not None else None,
             rewrites=kube.rewrites if kube is not None else None,
+            client_model_rewrite=opts.allow_model_rewrite_header,
         )
         self.stream_options = StreamOptions(
             max_body_bytes=opts.max_request_body_bytes,

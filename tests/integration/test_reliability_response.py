@@ -18,6 +18,7 @@ import re
 import signal
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -286,3 +287,89 @@ def _seconds(value: str) -> float:
     m = re.fullmatch(r"([\d.]+)s", value)
     assert m, value
     return float(m[1])
+
+
+# --------------------------------------------------------------------------- model-name rewrites
+
+TARGET = "demo-v2"
+
+
+@pytest.fixture(scope="module")
+def rewrite_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    from tests.integration.conftest import _require_envoy
+
+    _require_envoy()
+    rig = Rig(tmp_path_factory.mktemp("rewrite") / "logs")
+    try:
+        sims = start_slow_sims(rig, 1, extra=("--served-model-name", TARGET))
+        honour = rig.start_epp(sims, name="epp-honour")
+        ignore = rig.start_epp(sims, name="epp-ignore", extra=["--allow-model-rewrite-header=false"])
+        envoys = {
+            (mode, "honour"): rig.start_envoy(honour, body_mode=mode, name=f"envoy-{mode.lower()}-honour")
+            for mode in ("FULL_DUPLEX_STREAMED", "BUFFERED")
+        }
+        envoys[("FULL_DUPLEX_STREAMED", "ignore")] = rig.start_envoy(
+            ignore, body_mode="FULL_DUPLEX_STREAMED", name="envoy-ignore"
+        )
+        yield {"sim": sims[0], "envoys": envoys, "rig": rig}
+    finally:
+        rig.close()
+
+
+def _chat(envoy: Envoy, marker: str, *, stream: bool, headers: dict[str, str]) -> tuple[int, list[str], bytes]:
+    body = json.dumps(
+        {"model": MODEL, "messages": [{"role": "user", "content": marker}], "stream": stream, "max_tokens": 3}
+    ).encode()
+    resp = envoy.post("/v1/chat/completions", body, headers)
+    if stream:
+        chunks = [c[len(b"data: ") :] for c in resp.body.split(b"\n\n") if c.startswith(b"data: {")]
+        models = [json.loads(c)["model"] for c in chunks]
+    else:
+        models = [resp.json()["model"]] if resp.status == 200 else []
+    return resp.status, models, resp.body
+
+
+@pytest.mark.parametrize("body_mode", ["FULL_DUPLEX_STREAMED", "BUFFERED"])
+@pytest.mark.parametrize("stream", [True, False], ids=["stream", "json"])
+@pytest.mark.parametrize("header", ["x-llm-d-model-name-rewrite", "x-gateway-model-name-rewrite"])
+def test_a_rewritten_model_is_reversed_in_the_response(
+    rewrite_stack: dict[str, Any], body_mode: str, stream: bool, header: str
+) -> None:
+    sim: Sim = rewrite_stack["sim"]
+    envoy: Envoy = rewrite_stack["envoys"][(body_mode, "honour")]
+    marker = f"rw-{time.monotonic_ns()}"
+    status, models, body = _chat(envoy, marker, stream=stream, headers={header: TARGET})
+    assert status == 200, body
+    seen = sim.find(marker)
+    assert seen is not None
+    assert json.loads(seen["body"])["model"] == TARGET  # the model server got the target model
+    assert header not in seen["headers"]  # and not the client's control header
+    assert models and all(m == MODEL for m in models), (models, body[:300])
+
+
+def test_only_rewritten_requests_open_the_rewrite_stream(rewrite_stack: dict[str, Any]) -> None:
+    envoy: Envoy = rewrite_stack["envoys"][("FULL_DUPLEX_STREAMED", "honour")]
+    stat = f"http.inference.ext_proc.{envoy_config.REWRITE_STAT_PREFIX}.streams_started"
+    before = envoy.stat(stat)
+    for stream in (True, False):
+        status, models, body = _chat(envoy, "plain", stream=stream, headers={})
+        assert status == 200 and models and all(m == MODEL for m in models), body[:300]
+    assert envoy.stat(stat) == before
+    status, models, body = _chat(envoy, "rw", stream=False, headers={"x-llm-d-model-name-rewrite": TARGET})
+    assert status == 200 and models == [MODEL], body[:300]
+    assert envoy.stat(stat) == before + 1
+
+
+def test_the_rewrite_header_can_be_ignored(rewrite_stack: dict[str, Any]) -> None:
+    sim: Sim = rewrite_stack["sim"]
+    envoy: Envoy = rewrite_stack["envoys"][("FULL_DUPLEX_STREAMED", "ignore")]
+    marker = f"ignored-{time.monotonic_ns()}"
+    status, models, body = _chat(
+        envoy, marker, stream=False, headers={"x-llm-d-model-name-rewrite": TARGET}
+    )
+    assert status == 200, body
+    seen = sim.find(marker)
+    assert seen is not None
+    assert json.loads(seen["body"])["model"] == MODEL
+    assert "x-llm-d-model-name-rewrite" not in seen["headers"]
+    assert models == [MODEL]
