@@ -1,8 +1,8 @@
 """Envoy bootstrap generator for running Envoy in front of the EPP.
 
 ``envoy_bootstrap()`` returns a complete static Envoy v3 bootstrap as a plain ``dict``; ``render()``
-turns it into YAML. The layout follows the reference deployment (protocol.md §10) with the additions of
-§10.4 and the settings measured on Envoy 1.40 (envoy-notes.md):
+turns it into YAML. The layout follows the reference deployment, with a fail-open variant, a cheaper
+response path and the settings measured on Envoy 1.40 (docs/deploy.md, "The Envoy exchange"):
 
 * one data listener (HTTP/1.1 or h2c, ``codec_type: AUTO``). Its connection manager first removes any
   client-sent ``x-gateway-destination-endpoint`` (an *early* header mutation, applied before the route
@@ -11,7 +11,7 @@ turns it into YAML. The layout follows the reference deployment (protocol.md §1
 
   1. optionally ``envoy.filters.http.header_to_metadata`` — copies a request header into the dynamic
      metadata ``envoy.lb.subset_hint / x-gateway-destination-endpoint-subset`` (a string
-     ``"ip:port,ip:port"``), which ext_proc forwards to the EPP as the subset hint (§2.6);
+     ``"ip:port,ip:port"``), which ext_proc forwards to the EPP as the subset hint;
   2. ``envoy.filters.http.ext_proc`` — the EPP;
   3. FULL_DUPLEX_STREAMED only: ``epp-response-rewrite``, a second ext_proc filter that is off except
      on the ``epp-rewritten`` route: it sends the response body of model-rewritten requests to the
@@ -263,7 +263,7 @@ def processing_mode(body_mode: str, response_body_mode: str) -> dict[str, str]:
 def ext_proc_filter(
     *, body_mode: str, response_body_mode: str, fail_open: bool, authority: str
 ) -> dict[str, Any]:
-    """The ext_proc filter calling the EPP (protocol.md §1.1 plus the §10.4 metadata options)."""
+    """The ext_proc filter calling the EPP: the reference settings plus the metadata options."""
     return {
         "name": "envoy.filters.http.ext_proc",
         "typed_config": {
@@ -399,7 +399,7 @@ def http_connection_manager(
     stripped_headers: Sequence[str] = DEFAULT_STRIPPED_HEADERS,
     access_log: bool = False,
 ) -> dict[str, Any]:
-    """The data listener's HTTP connection manager (reference settings, §10.1)."""
+    """The data listener's HTTP connection manager (the reference's settings)."""
     hcm: dict[str, Any] = {
         "@type": f"{_TYPE}.filters.network.http_connection_manager.v3.HttpConnectionManager",
         "stat_prefix": "inference",

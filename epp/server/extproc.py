@@ -12,7 +12,10 @@ Message flow (protocol.md §1), per request body mode announced in ``protocol_co
 
 Response headers are answered at once; response bodies are passed through (re-chunked in
 FULL_DUPLEX mode, buffered when not streaming) with the model name rewritten back when it was
-rewritten on the way in. Failures become an ``ImmediateResponse`` and the stream ends cleanly; an
+rewritten on the way in. The shipped bootstraps send response bodies only for rewritten requests:
+in BUFFERED mode the response-headers reply asks for it (``mode_override``); in FULL_DUPLEX mode a
+second ext_proc filter opens a stream of response messages only (no routing, the rewrite in its
+``envoy.lb`` metadata). The stream stays open until the HTTP stream ends (response trailers SEND). Failures become an ``ImmediateResponse`` and the stream ends cleanly; an
 unexpected exception ends the stream with gRPC UNKNOWN (Envoy's failure mode decides) without
 touching other streams. However the stream ends, in-flight accounting is released.
 """
@@ -297,7 +300,7 @@ class _Stream:
         remove = []
         want_body = False
         if reverse is not None:
-            remove.append("content-length")  # the body is rewritten below (quirk Q6)
+            remove.append("content-length")  # the rewritten body has another length
             if self.resp_mode == NONE:  # BUFFERED request mode: ask for this response's body
                 want_body = True
                 self.resp_mode = FULL_DUPLEX_STREAMED
@@ -342,7 +345,7 @@ class _Stream:
         return self._rewrite_whole_bytes(body)
 
     def _rewrite_whole_bytes(self, body: bytes) -> bytes:
-        """Non-streaming response: JSON-aware reverse model rewrite (quirk Q15)."""
+        """Non-streaming response: JSON-aware reverse model rewrite (the ``model`` field only)."""
         reverse = self.reverse
         if reverse is None or not body:
             return body

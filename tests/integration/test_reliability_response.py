@@ -28,7 +28,14 @@ from epp import envoy_config, stack
 from tests.integration.conftest import MODEL, READY_TIMEOUT, Envoy, Epp, Rig, Sim
 
 # Slow sims: 100 ms between output tokens, so max_tokens sets the length of a generation.
-SLOW_SIM_ARGS = ("--time-to-first-token", "0", "--prefill-time-per-token", "0", "--inter-token-latency", "100")
+SLOW_SIM_ARGS = (
+    "--time-to-first-token",
+    "0",
+    "--prefill-time-per-token",
+    "0",
+    "--inter-token-latency",
+    "100",
+)
 LONG_TOKENS = 40  # ~4 s of streaming
 ACTIVE_REQUEST_CONFIG: dict[str, Any] = {
     "plugins": [{"type": "active-request-scorer"}, {"type": "max-score-picker"}],
@@ -146,7 +153,11 @@ def start_stream(envoy: Envoy, tokens: int, headers: dict[str, str] | None = Non
 
 def short_request(envoy: Envoy) -> int | None:
     body = json.dumps(
-        {"model": MODEL, "messages": [{"role": "user", "content": f"short {time.monotonic_ns()}"}], "max_tokens": 1}
+        {
+            "model": MODEL,
+            "messages": [{"role": "user", "content": f"short {time.monotonic_ns()}"}],
+            "max_tokens": 1,
+        }
     ).encode()
     resp = envoy.post("/v1/chat/completions", body)
     assert resp.status == 200, resp
@@ -250,7 +261,9 @@ def test_frozen_epp_fails_open_to_the_fallback(rig: Rig, body_mode: str) -> None
         # Once Envoy has noticed (health check, PING timeout), requests are served by the fallback.
         deadline = time.monotonic() + FROZEN_BOUND
         while True:
-            body = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "max_tokens": 1})
+            body = json.dumps(
+                {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "max_tokens": 1}
+            )
             try:
                 resp = envoy.post("/v1/chat/completions", body.encode())
                 if resp.status == 200 and resp.port == sims[0].port:
@@ -316,7 +329,9 @@ def rewrite_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str
         rig.close()
 
 
-def _chat(envoy: Envoy, marker: str, *, stream: bool, headers: dict[str, str]) -> tuple[int, list[str], bytes]:
+def _chat(
+    envoy: Envoy, marker: str, *, stream: bool, headers: dict[str, str]
+) -> tuple[int, list[str], bytes]:
     body = json.dumps(
         {"model": MODEL, "messages": [{"role": "user", "content": marker}], "stream": stream, "max_tokens": 3}
     ).encode()
@@ -364,9 +379,7 @@ def test_the_rewrite_header_can_be_ignored(rewrite_stack: dict[str, Any]) -> Non
     sim: Sim = rewrite_stack["sim"]
     envoy: Envoy = rewrite_stack["envoys"][("FULL_DUPLEX_STREAMED", "ignore")]
     marker = f"ignored-{time.monotonic_ns()}"
-    status, models, body = _chat(
-        envoy, marker, stream=False, headers={"x-llm-d-model-name-rewrite": TARGET}
-    )
+    status, models, body = _chat(envoy, marker, stream=False, headers={"x-llm-d-model-name-rewrite": TARGET})
     assert status == 200, body
     seen = sim.find(marker)
     assert seen is not None

@@ -139,7 +139,9 @@ def test_buffered_asks_for_rewritten_bodies_by_mode_override_instead() -> None:
 def test_a_frozen_epp_is_bounded() -> None:
     b = ec.envoy_bootstrap()
     ext = _clusters(b)["ext_proc"]
-    options = ext["typed_extension_protocol_options"]["envoy.extensions.upstreams.http.v3.HttpProtocolOptions"]
+    options = ext["typed_extension_protocol_options"][
+        "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
+    ]
     h2 = options["explicit_http_config"]["http2_protocol_options"]
     assert h2["connection_keepalive"] == {"interval": "1s", "timeout": "2s"}
     assert ext["connect_timeout"] == "2s"
@@ -349,3 +351,18 @@ def test_envoy_rejects_garbage(tmp_path: Path) -> None:
     path = tmp_path / "bad.yaml"
     path.write_text(ec.render(b))
     assert _validate(path).returncode != 0
+
+
+@pytest.mark.parametrize("body_mode", ["FULL_DUPLEX_STREAMED", "BUFFERED"])
+@pytest.mark.parametrize("fail_open", [False, True])
+def test_epp_run_keeps_the_stream_open_to_the_response_end(
+    tmp_path: Path, body_mode: str, fail_open: bool
+) -> None:
+    from epp import stack
+
+    b = stack.LocalStack(stack.StackOptions(body_mode=body_mode, fail_open=fail_open), tmp_path).bootstrap()
+    assert _filters(b)["envoy.filters.http.ext_proc"]["processing_mode"]["response_trailer_mode"] == "SEND"
+    h2 = _clusters(b)["ext_proc"]["typed_extension_protocol_options"][
+        "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
+    ]["explicit_http_config"]["http2_protocol_options"]
+    assert "connection_keepalive" in h2
