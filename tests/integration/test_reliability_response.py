@@ -216,6 +216,25 @@ def test_in_flight_accounting_covers_the_whole_streamed_generation(
     assert seen == {s.port for s in sims}, f"after the generation, picks stick to {seen}"
 
 
+@pytest.mark.parametrize("body_mode", ["FULL_DUPLEX_STREAMED", "BUFFERED"])
+def test_a_client_disconnect_mid_generation_releases_the_request(rig: Rig, body_mode: str) -> None:
+    sims = start_slow_sims(rig, 1)
+    epp = rig.start_epp(sims)
+    envoy = rig.start_envoy(epp, body_mode=body_mode)
+    body = json.dumps(
+        {"model": MODEL, "messages": [{"role": "user", "content": "bye"}], "stream": True, "max_tokens": 600}
+    ).encode()
+    conn = http.client.HTTPConnection("127.0.0.1", envoy.port, timeout=60)
+    conn.request("POST", "/v1/chat/completions", body=body, headers={"content-type": "application/json"})
+    resp = conn.getresponse()
+    assert resp.status == 200
+    assert resp.read1(65536)
+    poll("the request counted as running", lambda: metric(epp, RUNNING) == 1)
+    conn.sock.shutdown(2)  # the client goes away a minute before the generation would end
+    conn.close()
+    poll("running-requests gauge back to 0 after the disconnect", lambda: metric(epp, RUNNING) == 0)
+
+
 # ------------------------------------------------------------------------------ frozen EPP bounds
 
 FROZEN_BOUND = 30.0  # generous under load; the configured bounds are a few seconds
@@ -318,8 +337,15 @@ def rewrite_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str
         honour = rig.start_epp(sims, name="epp-honour")
         ignore = rig.start_epp(sims, name="epp-ignore", extra=["--allow-model-rewrite-header=false"])
         envoys = {
-            (mode, "honour"): rig.start_envoy(honour, body_mode=mode, name=f"envoy-{mode.lower()}-honour")
+            (mode, "honour" if not fail_open else "fail-open"): rig.start_envoy(
+                honour,
+                body_mode=mode,
+                fail_open=fail_open,
+                fallback=sims,
+                name=f"envoy-{mode.lower()}-{'open' if fail_open else 'closed'}",
+            )
             for mode in ("FULL_DUPLEX_STREAMED", "BUFFERED")
+            for fail_open in (False, True)
         }
         envoys[("FULL_DUPLEX_STREAMED", "ignore")] = rig.start_envoy(
             ignore, body_mode="FULL_DUPLEX_STREAMED", name="envoy-ignore"
@@ -345,13 +371,14 @@ def _chat(
 
 
 @pytest.mark.parametrize("body_mode", ["FULL_DUPLEX_STREAMED", "BUFFERED"])
+@pytest.mark.parametrize("failure", ["honour", "fail-open"], ids=["fail-closed", "fail-open"])
 @pytest.mark.parametrize("stream", [True, False], ids=["stream", "json"])
 @pytest.mark.parametrize("header", ["x-llm-d-model-name-rewrite", "x-gateway-model-name-rewrite"])
 def test_a_rewritten_model_is_reversed_in_the_response(
-    rewrite_stack: dict[str, Any], body_mode: str, stream: bool, header: str
+    rewrite_stack: dict[str, Any], body_mode: str, failure: str, stream: bool, header: str
 ) -> None:
     sim: Sim = rewrite_stack["sim"]
-    envoy: Envoy = rewrite_stack["envoys"][(body_mode, "honour")]
+    envoy: Envoy = rewrite_stack["envoys"][(body_mode, failure)]
     marker = f"rw-{time.monotonic_ns()}"
     status, models, body = _chat(envoy, marker, stream=stream, headers={header: TARGET})
     assert status == 200, body
