@@ -15,8 +15,9 @@ FULL_DUPLEX mode, buffered when not streaming) with the model name rewritten bac
 rewritten on the way in. The shipped bootstraps send response bodies only for rewritten requests:
 in BUFFERED mode the response-headers reply asks for it (``mode_override``); in FULL_DUPLEX mode a
 second ext_proc filter opens a stream of response messages only (no routing, the rewrite in its
-``envoy.lb`` metadata). The stream stays open until the HTTP stream ends (response trailers SEND). Failures become an ``ImmediateResponse`` and the stream ends cleanly; an
-unexpected exception ends the stream with gRPC UNKNOWN (Envoy's failure mode decides) without
+``envoy.lb`` metadata). The stream stays open until the HTTP stream ends (response trailers SEND).
+
+Failures become an ``ImmediateResponse`` and the stream ends cleanly; an unexpected exception ends the stream with gRPC UNKNOWN (Envoy's failure mode decides) without
 touching other streams. However the stream ends, in-flight accounting is released.
 """
 
