@@ -17,8 +17,9 @@ in BUFFERED mode the response-headers reply asks for it (``mode_override``); in 
 second ext_proc filter opens a stream of response messages only (no routing, the rewrite in its
 ``envoy.lb`` metadata). The stream stays open until the HTTP stream ends (response trailers SEND).
 
-Failures become an ``ImmediateResponse`` and the stream ends cleanly; an unexpected exception ends the stream with gRPC UNKNOWN (Envoy's failure mode decides) without
-touching other streams. However the stream ends, in-flight accounting is released.
+Failures become an ``ImmediateResponse`` and the stream ends cleanly; an unexpected exception
+ends the stream with gRPC UNKNOWN (Envoy's failure mode decides) without touching other streams.
+However the stream ends, in-flight accounting is released.
 """
 
 from __future__ import annotations
