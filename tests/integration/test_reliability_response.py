@@ -5,8 +5,12 @@
   ``active-request-scorer`` that steers new requests away from the busy endpoint) are above 0, they
   return to 0 afterwards, and the duration metric covers the whole generation; for every shipped
   bootstrap variant (both body modes, fail-closed and fail-open, the standalone TLS sidecar).
+* A client disconnect mid-generation releases the request at once.
 * A frozen (SIGSTOPped) EPP fails requests within a bound (fail-closed) or lets the fallback serve
   them (fail-open), while a healthy EPP lets a generation stream far longer than those bounds.
+* A model rewrite (client header) is undone in the response's ``model`` through every bootstrap
+  (BUFFERED: mode override; FULL_DUPLEX_STREAMED: the second ext_proc filter, opened only for
+  rewritten requests); ``--allow-model-rewrite-header=false`` ignores the header.
 """
 
 from __future__ import annotations
