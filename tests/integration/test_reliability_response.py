@@ -351,6 +351,10 @@ def rewrite_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str
             for mode in ("FULL_DUPLEX_STREAMED", "BUFFERED")
             for fail_open in (False, True)
         }
+        tls = rig.start_epp(sims, name="epp-tls", extra=["--secure-serving=true"])
+        envoys[("FULL_DUPLEX_STREAMED", "sidecar")] = rig.start_envoy(
+            tls, name="envoy-sidecar", tls=True, access_log=True
+        )
         envoys[("FULL_DUPLEX_STREAMED", "ignore")] = rig.start_envoy(
             ignore, body_mode="FULL_DUPLEX_STREAMED", name="envoy-ignore"
         )
@@ -374,8 +378,17 @@ def _chat(
     return resp.status, models, resp.body
 
 
-@pytest.mark.parametrize("body_mode", ["FULL_DUPLEX_STREAMED", "BUFFERED"])
-@pytest.mark.parametrize("failure", ["honour", "fail-open"], ids=["fail-closed", "fail-open"])
+@pytest.mark.parametrize(
+    ("body_mode", "failure"),
+    [
+        ("FULL_DUPLEX_STREAMED", "honour"),
+        ("BUFFERED", "honour"),
+        ("FULL_DUPLEX_STREAMED", "fail-open"),
+        ("BUFFERED", "fail-open"),
+        ("FULL_DUPLEX_STREAMED", "sidecar"),
+    ],
+    ids=["full-duplex", "buffered", "full-duplex-fail-open", "buffered-fail-open", "standalone-sidecar"],
+)
 @pytest.mark.parametrize("stream", [True, False], ids=["stream", "json"])
 @pytest.mark.parametrize("header", ["x-llm-d-model-name-rewrite", "x-gateway-model-name-rewrite"])
 def test_a_rewritten_model_is_reversed_in_the_response(
