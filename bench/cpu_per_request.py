@@ -25,8 +25,9 @@ connections and reads the target's CPU time (utime + stime of all its threads, f
 
 The load generator is ``wrk`` with a Lua POST script when ``wrk`` is on PATH (one thread), otherwise
 this script itself in ``--loadgen`` mode (aiohttp on uvloop). ``--response`` swaps the response
-side of the front Envoy's ext_proc exchange (the variants compared in docs/deploy.md). The table shows the medians over the R
-runs; ``EPP - stub`` is the EPP's own work per request above the floor every ext_proc server pays.
+side of the front Envoy's ext_proc exchange (the variants compared in docs/deploy.md). The table
+shows the medians over the R runs; ``EPP - stub`` is the EPP's own work per request above the floor
+every ext_proc server pays.
 """
 
 from __future__ import annotations
