@@ -24,8 +24,10 @@ connections and reads the target's CPU time (utime + stime of all its threads, f
     CPU µs per request = delta(utime + stime) / completed requests
 
 The load generator is ``wrk`` with a Lua POST script when ``wrk`` is on PATH (one thread), otherwise
-this script itself in ``--loadgen`` mode (aiohttp on uvloop). The table shows the medians over the R
-runs; ``EPP - stub`` is the EPP's own work per request above the floor every ext_proc server pays.
+this script itself in ``--loadgen`` mode (aiohttp on uvloop). ``--response`` swaps the response
+side of the front Envoy's ext_proc exchange (the variants compared in docs/deploy.md). The table
+shows the medians over the R runs; ``EPP - stub`` is the EPP's own work per request above the floor
+every ext_proc server pays.
 """
 
 from __future__ import annotations
@@ -386,6 +388,49 @@ def envoy_argv(config: Path, concurrency: int = 0) -> list[str]:
     return argv
 
 
+# ------------------------------------------------------------------------------ response exchanges
+
+# ``--response``: the response side of the front Envoy's ext_proc exchange (docs/deploy.md, "The Envoy
+# exchange"). ``shipped`` is what epp.envoy_config generates.
+RESPONSE_EXCHANGES = ("shipped", "headers-only", "streamed", "full-duplex", "observer")
+
+
+def response_exchange(bootstrap: dict[str, Any], exchange: str) -> dict[str, Any]:
+    """Rewrite the ext_proc filter's response phases of a generated bootstrap (in place)."""
+    listener = bootstrap["static_resources"]["listeners"][0]
+    hcm = listener["filter_chains"][0]["filters"][0]["typed_config"]
+    filters = hcm["http_filters"]
+    main = next(f for f in filters if f["name"] == "envoy.filters.http.ext_proc")
+    mode = main["typed_config"]["processing_mode"]
+    if exchange == "headers-only":  # the stream ends at the response headers (full duplex)
+        mode.pop("response_trailer_mode", None)
+    elif exchange == "streamed":
+        mode["response_body_mode"] = "STREAMED"
+    elif exchange == "full-duplex":
+        mode["response_body_mode"] = "FULL_DUPLEX_STREAMED"
+    elif exchange == "observer":  # a second filter that Envoy does not wait for
+        mode.pop("response_trailer_mode", None)
+        observer = {
+            "name": "epp-observer",
+            "typed_config": {
+                **{k: v for k, v in main["typed_config"].items() if k != "message_timeout"},
+                "observability_mode": True,
+                "processing_mode": {
+                    "request_header_mode": "SKIP",
+                    "response_header_mode": "SEND",
+                    "request_body_mode": "NONE",
+                    "response_body_mode": "STREAMED",
+                    "request_trailer_mode": "SKIP",
+                    "response_trailer_mode": "SKIP",
+                },
+            },
+        }
+        filters.insert(filters.index(main) + 1, observer)
+    elif exchange != "shipped":
+        raise ValueError(f"unknown response exchange {exchange!r}")
+    return bootstrap
+
+
 # ----------------------------------------------------------------------------------------- stacks
 
 
@@ -494,7 +539,14 @@ class Target:
     """The measured ext_proc server (``epp`` or ``stub``) behind its own front Envoy."""
 
     def __init__(
-        self, kind: str, mode: str, backends: Backends, workdir: Path, body: bytes, front_concurrency: int
+        self,
+        kind: str,
+        mode: str,
+        backends: Backends,
+        workdir: Path,
+        body: bytes,
+        front_concurrency: int,
+        response: str = "shipped",
     ) -> None:
         self.kind = kind
         self.mode = mode
@@ -502,6 +554,7 @@ class Target:
         self.workdir = workdir
         self.body = body
         self.front_concurrency = front_concurrency
+        self.response = response
         self.port, self.admin_port, self.grpc_port, self.health_port, self.metrics_port = free_ports(5)
         self.supervisor = stack.Supervisor(workdir / "logs")
         self.server: stack.Child | None = None
@@ -551,6 +604,7 @@ class Target:
             extproc_port=self.grpc_port,
             body_mode=self.mode,
         )
+        response_exchange(bootstrap, self.response)
         config = self.workdir / "envoy.yaml"
         config.write_text(envoy_config.render(bootstrap))
         self.envoy = self.supervisor.start("envoy", envoy_argv(config, self.front_concurrency))
@@ -615,7 +669,8 @@ def bench_target(
 ) -> list[RunResult]:
     label = f"{mode:<21} {kind:<4}"
     results: list[RunResult] = []
-    with Target(kind, mode, backends, workdir / mode / kind, body, args.front_concurrency) as target:
+    target_dir = workdir / mode / kind
+    with Target(kind, mode, backends, target_dir, body, args.front_concurrency, args.response) as target:
         assert target.server is not None and target.envoy is not None
         server, envoy = target.server.pid, target.envoy.pid
         print(f"  {label} load: {shlex.join(loadgen.argv(target.url, args.requests))}", flush=True)
@@ -710,6 +765,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         help="front Envoy --concurrency (default: Envoy's own, one worker per CPU)",
     )
     add("--body-bytes", type=int, default=1024, help="request body size (default 1024)")
+    add(
+        "--response",
+        choices=RESPONSE_EXCHANGES,
+        default="shipped",
+        help="response side of the ext_proc exchange (default: the shipped bootstrap's)",
+    )
     add(
         "--modes",
         nargs="+",

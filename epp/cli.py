@@ -147,6 +147,14 @@ def _add_serve(sub: Any) -> None:
         "score the endpoint neutrally and the pool gauges leave it out (2s)",
     )
     add_bool(p, "--disable-endpoint-subset-filter", False, "ignore Envoy's subset hint")
+    add_bool(
+        p,
+        "--allow-model-rewrite-header",
+        True,
+        "honour a client's x-llm-d-model-name-rewrite (or x-gateway-model-name-rewrite) header: the "
+        "request goes to that model, the response names the requested one (default true, as the "
+        "reference); false: ignore it. InferenceModelRewrite rules win either way",
+    )
     p.add_argument(
         "--max-request-body-bytes",
         type=int,
@@ -364,6 +372,7 @@ def _serve(args: argparse.Namespace) -> int:
         max_buffered_request_body_bytes=args.max_buffered_request_body_bytes,
         request_idle_timeout=args.request_idle_timeout,
         debug_response_header=args.debug_response_header,
+        allow_model_rewrite_header=args.allow_model_rewrite_header,
         grace_period=args.grace_period,
         drain_delay=args.drain_delay,
     )

@@ -1,8 +1,8 @@
 """Envoy bootstrap generator for running Envoy in front of the EPP.
 
 ``envoy_bootstrap()`` returns a complete static Envoy v3 bootstrap as a plain ``dict``; ``render()``
-turns it into YAML. The layout follows the reference deployment (protocol.md §10) with the additions of
-§10.4 and the settings measured on Envoy 1.40 (envoy-notes.md):
+turns it into YAML. The layout follows the reference deployment, with a fail-open variant, a cheaper
+response path and the settings measured on Envoy 1.40 (docs/deploy.md, "The Envoy exchange"):
 
 * one data listener (HTTP/1.1 or h2c, ``codec_type: AUTO``). Its connection manager first removes any
   client-sent ``x-gateway-destination-endpoint`` (an *early* header mutation, applied before the route
@@ -11,9 +11,12 @@ turns it into YAML. The layout follows the reference deployment (protocol.md §1
 
   1. optionally ``envoy.filters.http.header_to_metadata`` — copies a request header into the dynamic
      metadata ``envoy.lb.subset_hint / x-gateway-destination-endpoint-subset`` (a string
-     ``"ip:port,ip:port"``), which ext_proc forwards to the EPP as the subset hint (§2.6);
+     ``"ip:port,ip:port"``), which ext_proc forwards to the EPP as the subset hint;
   2. ``envoy.filters.http.ext_proc`` — the EPP;
-  3. ``envoy.filters.http.router``;
+  3. FULL_DUPLEX_STREAMED only: ``epp-response-rewrite``, a second ext_proc filter that is off except
+     on the ``epp-rewritten`` route: it sends the response body of model-rewritten requests to the
+     EPP (see ``rewrite_response_filter``);
+  4. ``envoy.filters.http.router``;
 
 * cluster ``ext_proc`` (STATIC, HTTP/2, plain text unless ``tls``) pointing at the EPP; with an
   :class:`EppTls` Envoy verifies the EPP's certificate (CA and DNS name) and presents its own
@@ -59,6 +62,11 @@ SUBSET_KEY = "x-gateway-destination-endpoint-subset"
 LB_NAMESPACE = "envoy.lb"
 
 EXT_PROC_CLUSTER = "ext_proc"
+# The second ext_proc filter of the FULL_DUPLEX_STREAMED bootstraps (see rewrite_response_filter).
+REWRITE_FILTER = "epp-response-rewrite"
+# envoy.lb metadata the EPP sets on a model-rewritten request (epp.server.replies.REWRITE_METADATA_KEY).
+REWRITE_METADATA_KEY = "x-gateway-model-name-rewrite"
+REWRITE_STAT_PREFIX = "rewrite"
 ORIGINAL_DST_CLUSTER = "original_destination_cluster"
 FALLBACK_CLUSTER = "fallback_cluster"
 
@@ -74,6 +82,10 @@ CONNECTION_BUFFER_LIMIT = 32768
 # buffer limit; the reference layout (FULL_DUPLEX_STREAMED) has no such limit, so raise it per route.
 BUFFERED_BODY_LIMIT = 64 * 1024 * 1024
 LONG_TIMEOUT = "86400s"
+# Bounds on a frozen or unreachable EPP (see ext_proc_filter and ext_proc_cluster).
+MESSAGE_TIMEOUT = "5s"
+EXTPROC_CONNECT_TIMEOUT = "2s"
+EXTPROC_KEEPALIVE = {"interval": "1s", "timeout": "2s"}
 CIRCUIT_BREAKER_LIMIT = 40000
 MAX_DOWNSTREAM_CONNECTIONS = 50000
 
@@ -156,7 +168,11 @@ def envoy_bootstrap(
     )
     hcm = http_connection_manager(
         filters,
-        route_config(fail_open=fail_open, buffered=body_mode in ("BUFFERED", "BUFFERED_PARTIAL")),
+        route_config(
+            fail_open=fail_open,
+            buffered=body_mode in ("BUFFERED", "BUFFERED_PARTIAL"),
+            rewrite_route=needs_rewrite_filter(body_mode, response_body_mode),
+        ),
         stripped_headers=stripped_headers,
         access_log=access_log,
     )
@@ -202,6 +218,8 @@ def http_filters(
             authority=authority,
         )
     )
+    if needs_rewrite_filter(body_mode, response_body_mode):
+        filters.append(rewrite_response_filter(fail_open=fail_open, authority=authority))
     filters.append(
         {
             "name": "envoy.filters.http.router",
@@ -253,7 +271,14 @@ def subset_hint_filter(header: str) -> dict[str, Any]:
 
 
 def processing_mode(body_mode: str, response_body_mode: str) -> dict[str, str]:
-    """ext_proc processing mode; full-duplex bodies require the matching trailer mode SEND."""
+    """ext_proc processing mode; full-duplex bodies require the matching trailer mode SEND.
+
+    ``response_trailer_mode: SEND`` is always on: it keeps the ext_proc stream open until the HTTP
+    stream ends (Envoy half-closes it then; a response_trailers message comes only when the upstream
+    sends trailers), so the EPP's in-flight accounting covers the whole response at no extra
+    message. Without it Envoy 1.40 closes the stream right after the response headers in
+    FULL_DUPLEX_STREAMED mode (in-flight state released at the first byte).
+    """
     mode = {
         "request_header_mode": "SEND",
         "response_header_mode": "SEND",
@@ -262,15 +287,14 @@ def processing_mode(body_mode: str, response_body_mode: str) -> dict[str, str]:
     }
     if body_mode == "FULL_DUPLEX_STREAMED":
         mode["request_trailer_mode"] = "SEND"
-    if response_body_mode == "FULL_DUPLEX_STREAMED":
-        mode["response_trailer_mode"] = "SEND"
+    mode["response_trailer_mode"] = "SEND"
     return mode
 
 
 def ext_proc_filter(
     *, body_mode: str, response_body_mode: str, fail_open: bool, authority: str
 ) -> dict[str, Any]:
-    """The ext_proc filter calling the EPP (protocol.md §1.1 plus the §10.4 metadata options)."""
+    """The ext_proc filter calling the EPP: the reference settings plus the metadata options."""
     return {
         "name": "envoy.filters.http.ext_proc",
         "typed_config": {
@@ -280,8 +304,13 @@ def ext_proc_filter(
                 "timeout": "10s",
             },
             "failure_mode_allow": fail_open,
-            "message_timeout": "1000s",
+            # Per message awaiting a reply (BUFFERED; no timeout applies to FULL_DUPLEX_STREAMED
+            # bodies): a frozen EPP fails the request within this bound. The EPP answers in ms.
+            "message_timeout": MESSAGE_TIMEOUT,
             "processing_mode": processing_mode(body_mode, response_body_mode),
+            # BUFFERED: the EPP asks for the response body of a model-rewritten request in its
+            # response-headers reply (ignored by Envoy 1.40 in FULL_DUPLEX_STREAMED mode).
+            "allow_mode_override": True,
             "metadata_options": {
                 # Without receiving_namespaces Envoy silently drops the EPP's envoy.lb metadata.
                 "receiving_namespaces": {"untyped": [LB_NAMESPACE]},
@@ -291,12 +320,76 @@ def ext_proc_filter(
     }
 
 
+def needs_rewrite_filter(body_mode: str, response_body_mode: str) -> bool:
+    """Whether model-rewritten responses need the second filter: no response body reaches the
+    main one and it cannot ask for it per request (mode override ignored in full duplex)."""
+    return body_mode == "FULL_DUPLEX_STREAMED" and response_body_mode == "NONE"
+
+
+_NOTHING = {
+    "request_header_mode": "SKIP",
+    "response_header_mode": "SKIP",
+    "request_body_mode": "NONE",
+    "response_body_mode": "NONE",
+    "request_trailer_mode": "SKIP",
+    "response_trailer_mode": "SKIP",
+}
+_REWRITE_RESPONSE = {
+    **_NOTHING,
+    "response_header_mode": "SEND",
+    "response_body_mode": "FULL_DUPLEX_STREAMED",
+    "response_trailer_mode": "SEND",
+}
+
+
+def rewrite_response_filter(*, fail_open: bool, authority: str) -> dict[str, Any]:
+    """A second ext_proc filter to the EPP that reverses a model rewrite in the response body.
+
+    By default it sends nothing (no stream is opened). The ``epp-rewritten`` route (chosen after the
+    EPP's reply, on the rewrite metadata the EPP sets only when it rewrote the model) turns on its
+    response phases; its stream then starts at the response headers and carries the incoming and
+    target model in the forwarded ``envoy.lb`` metadata. Only rewritten requests pay for it.
+    """
+    return {
+        "name": REWRITE_FILTER,
+        "typed_config": {
+            "@type": f"{_TYPE}.filters.http.ext_proc.v3.ExternalProcessor",
+            "grpc_service": {
+                "envoy_grpc": {"cluster_name": EXT_PROC_CLUSTER, "authority": authority},
+                "timeout": "10s",
+            },
+            "failure_mode_allow": fail_open,
+            "message_timeout": MESSAGE_TIMEOUT,
+            "stat_prefix": REWRITE_STAT_PREFIX,  # http.<hcm>.ext_proc.rewrite.streams_started, ...
+            "processing_mode": dict(_NOTHING),
+            "metadata_options": {"forwarding_namespaces": {"untyped": [LB_NAMESPACE]}},
+        },
+    }
+
+
+def _rewritten_route() -> dict[str, Any]:
+    route = _route(ORIGINAL_DST_CLUSTER, name="epp-rewritten")
+    route["match"]["dynamic_metadata"] = [
+        {"filter": LB_NAMESPACE, "path": [{"key": REWRITE_METADATA_KEY}], "value": {"present_match": True}}
+    ]
+    route["typed_per_filter_config"] = {
+        REWRITE_FILTER: {
+            "@type": f"{_TYPE}.filters.http.ext_proc.v3.ExtProcPerRoute",
+            "overrides": {"processing_mode": dict(_REWRITE_RESPONSE)},
+        }
+    }
+    return route
+
+
 # ---------------------------------------------------------------------------------- listener, routes
 
 
-def route_config(*, fail_open: bool, buffered: bool) -> dict[str, Any]:
-    """Routes: ORIGINAL_DST for EPP-picked requests; fail-open adds a catch-all to the fallback cluster."""
-    routes: list[dict[str, Any]] = []
+def route_config(*, fail_open: bool, buffered: bool, rewrite_route: bool = False) -> dict[str, Any]:
+    """Routes: ORIGINAL_DST for EPP-picked requests; fail-open adds a catch-all to the fallback cluster.
+
+    ``rewrite_route`` puts the ``epp-rewritten`` route (see ``rewrite_response_filter``) first.
+    """
+    routes: list[dict[str, Any]] = [_rewritten_route()] if rewrite_route else []
     if fail_open:
         routes.append(
             _route(
@@ -337,7 +430,7 @@ def http_connection_manager(
     stripped_headers: Sequence[str] = DEFAULT_STRIPPED_HEADERS,
     access_log: bool = False,
 ) -> dict[str, Any]:
-    """The data listener's HTTP connection manager (reference settings, §10.1)."""
+    """The data listener's HTTP connection manager (the reference's settings)."""
     hcm: dict[str, Any] = {
         "@type": f"{_TYPE}.filters.network.http_connection_manager.v3.HttpConnectionManager",
         "stat_prefix": "inference",
@@ -427,7 +520,7 @@ def ext_proc_cluster(
     cluster: dict[str, Any] = {
         "name": EXT_PROC_CLUSTER,
         "type": "STATIC",
-        "connect_timeout": "10s",
+        "connect_timeout": EXTPROC_CONNECT_TIMEOUT,
         "lb_policy": "LEAST_REQUEST",
         "circuit_breakers": _circuit_breakers(max_retries=1024),
         "typed_extension_protocol_options": {
@@ -437,6 +530,10 @@ def ext_proc_cluster(
                     "http2_protocol_options": {
                         "initial_stream_window_size": 65536,
                         "initial_connection_window_size": 1048576,
+                        # HTTP/2 PINGs: a frozen EPP (no PING ack) loses its connection, and with it
+                        # every open ext_proc stream, within interval + timeout. A live EPP answers
+                        # them however long a generation streams (its gRPC server accepts the rate).
+                        "connection_keepalive": dict(EXTPROC_KEEPALIVE),
                     }
                 },
             }

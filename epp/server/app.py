@@ -73,6 +73,7 @@ class ServeOptions:
     max_buffered_request_body_bytes: int = 256 << 20
     request_idle_timeout: float = 60.0
     debug_response_header: bool = True
+    allow_model_rewrite_header: bool = True
     grace_period: float = 5.0
     drain_delay: float = 1.0
 
@@ -84,6 +85,10 @@ def _grpc_options(max_body: int) -> list[tuple[str, int]]:
         ("grpc.max_receive_message_length", limit),
         ("grpc.max_send_message_length", limit),
         ("grpc.max_concurrent_streams", 100_000),
+        # Envoy's ext_proc cluster pings every second (a frozen EPP is detected by the missing ack);
+        # gRPC's default ping policy would answer that with GOAWAY and break open streams.
+        ("grpc.http2.min_recv_ping_interval_without_data_ms", 500),
+        ("grpc.http2.max_ping_strikes", 0),
     ]
 
 
@@ -134,6 +139,7 @@ class EppServer:
             saturation_detector=cfg.saturation_detector,
             objectives=kube.objectives if kube is not None else None,
             rewrites=kube.rewrites if kube is not None else None,
+            client_model_rewrite=opts.allow_model_rewrite_header,
         )
         self.stream_options = StreamOptions(
             max_body_bytes=opts.max_request_body_bytes,

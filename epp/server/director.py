@@ -59,6 +59,9 @@ REQUEST_ID_HEADER = "x-request-id"
 OBJECTIVE_HEADER = "x-gateway-inference-objective"
 FAIRNESS_HEADER = "x-gateway-inference-fairness-id"
 MODEL_REWRITE_HEADER = "x-gateway-model-name-rewrite"
+LLM_D_MODEL_REWRITE_HEADER = "x-llm-d-model-name-rewrite"
+# A client's model rewrite, the current name first (the reference's order); see Director.
+MODEL_REWRITE_HEADERS = (LLM_D_MODEL_REWRITE_HEADER, MODEL_REWRITE_HEADER)
 DEFAULT_FAIRNESS_ID = "default-flow"
 PRODUCERS_BUDGET_SECONDS = 0.4
 SATURATED = 1.0  # legacy admission: saturation at or above this drops sheddable requests
@@ -74,7 +77,7 @@ EPP_OWNED_HEADERS = (
     "x-gateway-destination-endpoint-subset",
     OBJECTIVE_HEADER,
     FAIRNESS_HEADER,
-    MODEL_REWRITE_HEADER,
+    *MODEL_REWRITE_HEADERS,
 )
 
 
@@ -136,7 +139,10 @@ class Director:
         objectives: ObjectiveStore | None = None,
         rewrites: RewriteStore | None = None,
         rng: random.Random | None = None,
+        client_model_rewrite: bool = True,
     ) -> None:
+        """``client_model_rewrite``: honour a client's model-rewrite header (``epp serve
+        --allow-model-rewrite-header``); when false the header is ignored (and still not forwarded)."""
         self.store = store
         self.parser = parser
         self.scheduler = scheduler
@@ -146,6 +152,7 @@ class Director:
         self.objectives = objectives
         self.rewrites = rewrites
         self._rng = rng or random.Random()
+        self.client_model_rewrite = client_model_rewrite
 
     # --- candidates ------------------------------------------------------------------------
 
@@ -190,7 +197,12 @@ class Director:
             incoming = ""
         if not incoming:
             raise InferenceError(ErrorCode.BAD_REQUEST, "model not found in request body")
-        target = headers.get(MODEL_REWRITE_HEADER) or incoming
+        target = incoming
+        if self.client_model_rewrite:
+            for name in MODEL_REWRITE_HEADERS:
+                if headers.get(name):
+                    target = headers[name]
+                    break
         if self.rewrites is not None:  # a rule for the incoming model overrides the header
             choice = self.rewrites.choose(incoming, self._rng)
             if choice is not None:

@@ -20,9 +20,14 @@ read, the idle timeout (gRPC DEADLINE_EXCEEDED) and the global body budget (HTTP
 
 Response headers are answered at once; response bodies are passed through (re-chunked in
 FULL_DUPLEX mode, buffered when not streaming) with the model name rewritten back when it was
-rewritten on the way in. Failures become an ``ImmediateResponse`` and the stream ends cleanly; an
-unexpected exception ends the stream with gRPC UNKNOWN (Envoy's failure mode decides) without
-touching other streams. However the stream ends, in-flight accounting is released.
+rewritten on the way in. The shipped bootstraps send response bodies only for rewritten requests:
+in BUFFERED mode the response-headers reply asks for it (``mode_override``); in FULL_DUPLEX mode a
+second ext_proc filter opens a stream of response messages only (no routing, the rewrite in its
+``envoy.lb`` metadata). The stream stays open until the HTTP stream ends (response trailers SEND).
+
+Failures become an ``ImmediateResponse`` and the stream ends cleanly; an unexpected exception
+ends the stream with gRPC UNKNOWN (Envoy's failure mode decides) without touching other streams.
+However the stream ends, in-flight accounting is released.
 """
 
 from __future__ import annotations
@@ -190,6 +195,7 @@ class _Stream:
         "resp_mode",
         "resp_streaming",
         "response",
+        "reverse",
         "routing",
         "t_received",
         "task",
@@ -219,6 +225,7 @@ class _Stream:
         self.response: ResponseInfo | None = None
         self.t_received = 0.0
         self.model_pairs: tuple[tuple[bytes, bytes], ...] | None = None
+        self.reverse: tuple[str, str] | None = None  # (incoming, target) to undo in the response body
 
     # --- request path ------------------------------------------------------------------------
 
@@ -339,8 +346,12 @@ class _Stream:
             set_headers, remove, routing.body if self.req_mode == BUFFERED and routing.body_changed else None
         )
         if self.req_mode == BUFFERED and not on_headers:
-            return replies.request_body_reply(common, routing.destination)
-        return replies.request_headers_reply(common, routing.destination)
+            reply = replies.request_body_reply(common, routing.destination)
+        else:
+            reply = replies.request_headers_reply(common, routing.destination)
+        if routing.body_changed and request is not None:
+            replies.add_rewrite_metadata(reply, request.incoming_model, request.target_model)
+        return reply
 
     def _begin(self, routing: Routing) -> None:
         """Count the request as in flight (endpoints, running-requests gauge): once per stream."""
@@ -356,9 +367,29 @@ class _Stream:
 
     # --- response path -----------------------------------------------------------------------
 
+    def _reverse_models(self) -> tuple[str, str] | None:
+        """``(incoming, target)`` when this stream must undo a model rewrite in the response body.
+
+        The routing stream does it when it gets the body: a response body mode is configured, or the
+        request body mode is BUFFERED (then the response-headers reply asks for the body). In
+        FULL_DUPLEX_STREAMED mode that ask is ignored by Envoy, so the bootstrap routes rewritten
+        requests to a second ext_proc filter whose stream (no routing, the rewrite in its
+        ``envoy.lb`` metadata) starts at the response headers and rewrites the body.
+        """
+        routing = self.routing
+        if routing is None:
+            return replies.rewrite_models(self.metadata)
+        request = routing.request
+        if not routing.body_changed or request is None:
+            return None
+        if self.resp_mode == NONE and self.req_mode != BUFFERED:
+            return None
+        return request.incoming_model, request.target_model
+
     def on_response_headers(self, req: ep.ProcessingRequest) -> list[ep.ProcessingResponse]:
         opts, routing = self.opts, self.routing
-        if not opts.response_header and not opts.response_body and not (routing and routing.body_changed):
+        reverse = self.reverse = self._reverse_models()
+        if not opts.response_header and not opts.response_body and reverse is None:
             # Nothing looks at the response: only note whether its body will be an event stream.
             request = routing.request if routing is not None else None
             self.resp_streaming = bool(request is not None and request.stream) or _is_event_stream(
@@ -370,7 +401,6 @@ class _Stream:
         self.response = response = ResponseInfo(
             headers=headers, status=int(status) if status.isdigit() else 0
         )
-        routing = self.routing
         request = routing.request if routing is not None else None
         self.resp_streaming = bool(
             (request is not None and request.stream) or "text/event-stream" in headers.get("content-type", "")
@@ -385,9 +415,13 @@ class _Stream:
                 plugin.response_header(request, response, endpoint)
             set_headers.update({k: v for k, v in headers.items() if before.get(k) != v})
         remove = []
-        if routing is not None and routing.body_changed and self.resp_mode != NONE:
-            remove.append("content-length")  # the body is rewritten below (quirk Q6)
-        return [replies.response_headers_reply(set_headers, remove)]
+        want_body = False
+        if reverse is not None:
+            remove.append("content-length")  # the rewritten body has another length
+            if self.resp_mode == NONE:  # BUFFERED request mode: ask for this response's body
+                want_body = True
+                self.resp_mode = FULL_DUPLEX_STREAMED
+        return [replies.response_headers_reply(set_headers, remove, want_body=want_body)]
 
     def on_response_body(self, req: ep.ProcessingRequest) -> list[ep.ProcessingResponse]:
         msg = req.response_body
@@ -428,20 +462,19 @@ class _Stream:
         return self._rewrite_whole_bytes(body)
 
     def _rewrite_whole_bytes(self, body: bytes) -> bytes:
-        """Non-streaming response: JSON-aware reverse model rewrite (quirk Q15)."""
-        routing = self.routing
-        if routing is None or not routing.body_changed or routing.request is None or not body:
+        """Non-streaming response: JSON-aware reverse model rewrite (the ``model`` field only)."""
+        reverse = self.reverse
+        if reverse is None or not body:
             return body
-        return replace_existing_model(body, routing.request.incoming_model)
+        return replace_existing_model(body, reverse[0])
 
     def _rewrite_chunk(self, chunk: bytes) -> bytes:
         """Streaming response: replace ``"model":"<target>"`` per chunk (both common spacings)."""
-        routing = self.routing
-        if routing is None or not routing.body_changed or routing.request is None:
+        reverse = self.reverse
+        if reverse is None:
             return chunk
         if self.model_pairs is None:  # computed once per stream
-            r = routing.request
-            self.model_pairs = model_literal_pairs(r.target_model, r.incoming_model)
+            self.model_pairs = model_literal_pairs(reverse[1], reverse[0])
         for old, new in self.model_pairs:
             chunk = chunk.replace(old, new)
         return chunk

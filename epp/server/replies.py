@@ -12,6 +12,7 @@ from collections.abc import Iterable, Mapping
 
 import orjson
 from envoy.config.core.v3.base_pb2 import HeaderValue, HeaderValueOption
+from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2 as pm
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 from envoy.type.v3.http_status_pb2 import HttpStatus
 from google.protobuf.struct_pb2 import Struct
@@ -21,6 +22,10 @@ from epp.framework.errors import InferenceError
 DESTINATION_HEADER = "x-gateway-destination-endpoint"
 DESTINATION_NAMESPACE = "envoy.lb"
 BODY_PIECE_LIMIT = 62000
+# ``envoy.lb`` metadata of a rewritten request: {"incoming": model asked for, "target": model served}.
+# The FULL_DUPLEX_STREAMED bootstraps route on it to a second ext_proc filter that sends the
+# response body (epp.envoy_config.REWRITE_METADATA_KEY is the same name).
+REWRITE_METADATA_KEY = "x-gateway-model-name-rewrite"
 
 ProcessingResponse = ep.ProcessingResponse
 
@@ -59,6 +64,37 @@ def request_headers_reply(
     return resp
 
 
+def add_rewrite_metadata(resp: ep.ProcessingResponse, incoming: str, target: str) -> None:
+    """Mark a routing reply as model-rewritten (see ``REWRITE_METADATA_KEY``)."""
+    ns = resp.dynamic_metadata.fields[DESTINATION_NAMESPACE].struct_value
+    models = ns.fields[REWRITE_METADATA_KEY].struct_value
+    models.fields["incoming"].string_value = incoming
+    models.fields["target"].string_value = target
+
+
+def rewrite_models(metadata: Mapping[str, Mapping[str, object]]) -> tuple[str, str] | None:
+    """``(incoming, target)`` from the merged metadata of a stream, if the request was rewritten."""
+    models = metadata.get(DESTINATION_NAMESPACE, {}).get(REWRITE_METADATA_KEY)
+    if isinstance(models, Mapping):
+        incoming, target = models.get("incoming"), models.get("target")
+        if isinstance(incoming, str) and isinstance(target, str) and incoming and target:
+            return incoming, target
+    return None
+
+
+# Sent in the response-headers reply of a rewritten request in BUFFERED mode: Envoy then streams this
+# one response's body to the EPP (FULL_DUPLEX_STREAMED needs the trailers too). Envoy 1.40 honours
+# it only when the request body mode is not FULL_DUPLEX_STREAMED.
+_RESPONSE_BODY_OVERRIDE = pm.ProcessingMode(
+    request_header_mode=pm.ProcessingMode.SEND,
+    response_header_mode=pm.ProcessingMode.SEND,
+    request_body_mode=pm.ProcessingMode.BUFFERED,
+    response_body_mode=pm.ProcessingMode.FULL_DUPLEX_STREAMED,
+    request_trailer_mode=pm.ProcessingMode.SKIP,
+    response_trailer_mode=pm.ProcessingMode.SEND,
+)
+
+
 def request_body_reply(
     common: ep.CommonResponse | None = None, destination: str | None = None
 ) -> ep.ProcessingResponse:
@@ -92,12 +128,16 @@ def streamed_body_replies(
 
 
 def response_headers_reply(
-    set_headers: Mapping[str, str], remove: Iterable[str] = ()
+    set_headers: Mapping[str, str], remove: Iterable[str] = (), *, want_body: bool = False
 ) -> ep.ProcessingResponse:
+    """``want_body``: ask for this response's body (mode override, BUFFERED request mode only)."""
     common = ep.CommonResponse()
     if set_headers or remove:
         common.header_mutation.CopyFrom(header_mutation(set_headers, remove))
-    return ep.ProcessingResponse(response_headers=ep.HeadersResponse(response=common))
+    resp = ep.ProcessingResponse(response_headers=ep.HeadersResponse(response=common))
+    if want_body:
+        resp.mode_override.CopyFrom(_RESPONSE_BODY_OVERRIDE)
+    return resp
 
 
 def response_body_reply(body: bytes | None = None) -> ep.ProcessingResponse:

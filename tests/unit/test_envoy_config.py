@@ -10,6 +10,7 @@ import pytest
 import yaml
 
 from epp import envoy_config as ec
+from epp.server import replies
 
 REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "deploy" / "envoy"
@@ -78,7 +79,7 @@ def test_default_is_the_reference_sidecar_layout() -> None:
     listener = b["static_resources"]["listeners"][0]
     assert listener["address"]["socket_address"] == {"address": "127.0.0.1", "port_value": 8081}
     assert b["admin"]["address"]["socket_address"] == {"address": "127.0.0.1", "port_value": 19000}
-    assert _filter_names(b) == ["envoy.filters.http.ext_proc", "envoy.filters.http.router"]
+    assert _filter_names(b) == ["envoy.filters.http.ext_proc", ec.REWRITE_FILTER, "envoy.filters.http.router"]
     ext = _filters(b)["envoy.filters.http.ext_proc"]
     assert ext["processing_mode"] == {
         "request_header_mode": "SEND",
@@ -86,8 +87,10 @@ def test_default_is_the_reference_sidecar_layout() -> None:
         "request_body_mode": "FULL_DUPLEX_STREAMED",
         "response_body_mode": "NONE",
         "request_trailer_mode": "SEND",
+        "response_trailer_mode": "SEND",
     }
-    assert ext["message_timeout"] == "1000s"
+    assert ext["message_timeout"] == "5s"
+    assert ext["allow_mode_override"] is True
     assert ext["grpc_service"]["timeout"] == "10s"
     assert ext["grpc_service"]["envoy_grpc"]["cluster_name"] == "ext_proc"
     assert ext["failure_mode_allow"] is False
@@ -96,8 +99,54 @@ def test_default_is_the_reference_sidecar_layout() -> None:
         "forwarding_namespaces": {"untyped": ["envoy.lb", "envoy.lb.subset_hint"]},
     }
     routes = _routes(b)
-    assert len(routes) == 1
-    assert routes[0]["route"]["cluster"] == "original_destination_cluster"
+    assert [r["name"] for r in routes] == ["epp-rewritten", "epp-picked"]
+    assert {r["route"]["cluster"] for r in routes} == {"original_destination_cluster"}
+
+
+@pytest.mark.parametrize("body_mode", ["FULL_DUPLEX_STREAMED", "BUFFERED"])
+@pytest.mark.parametrize("fail_open", [False, True])
+def test_every_bootstrap_keeps_the_stream_open_to_the_response_end(body_mode: str, fail_open: bool) -> None:
+    b = ec.envoy_bootstrap(body_mode=body_mode, fail_open=fail_open, fallback_endpoints=["127.0.0.1:1"])
+    mode = _filters(b)["envoy.filters.http.ext_proc"]["processing_mode"]
+    assert mode["response_trailer_mode"] == "SEND"
+    assert mode["response_body_mode"] == "NONE"
+
+
+def test_the_rewrite_filter_is_off_except_on_the_rewritten_route() -> None:
+    b = ec.envoy_bootstrap()
+    rewrite = _filters(b)[ec.REWRITE_FILTER]
+    assert set(rewrite["processing_mode"].values()) == {"SKIP", "NONE"}
+    assert rewrite["metadata_options"] == {"forwarding_namespaces": {"untyped": ["envoy.lb"]}}
+    first = _routes(b)[0]
+    assert first["match"]["dynamic_metadata"] == [
+        {"filter": "envoy.lb", "path": [{"key": ec.REWRITE_METADATA_KEY}], "value": {"present_match": True}}
+    ]
+    mode = first["typed_per_filter_config"][ec.REWRITE_FILTER]["overrides"]["processing_mode"]
+    assert mode["response_header_mode"] == "SEND"
+    assert mode["response_body_mode"] == "FULL_DUPLEX_STREAMED"
+    assert mode["response_trailer_mode"] == "SEND"
+    assert mode["request_header_mode"] == "SKIP"
+    assert ec.REWRITE_METADATA_KEY == replies.REWRITE_METADATA_KEY
+
+
+def test_buffered_asks_for_rewritten_bodies_by_mode_override_instead() -> None:
+    b = ec.envoy_bootstrap(body_mode="BUFFERED")
+    assert ec.REWRITE_FILTER not in _filters(b)
+    assert [r["name"] for r in _routes(b)] == ["epp-picked"]
+    assert _filters(b)["envoy.filters.http.ext_proc"]["allow_mode_override"] is True
+
+
+def test_a_frozen_epp_is_bounded() -> None:
+    b = ec.envoy_bootstrap()
+    ext = _clusters(b)["ext_proc"]
+    options = ext["typed_extension_protocol_options"][
+        "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
+    ]
+    h2 = options["explicit_http_config"]["http2_protocol_options"]
+    assert h2["connection_keepalive"] == {"interval": "1s", "timeout": "2s"}
+    assert ext["connect_timeout"] == "2s"
+    for name in ("envoy.filters.http.ext_proc", ec.REWRITE_FILTER):
+        assert _filters(b)[name]["message_timeout"] == "5s"
 
 
 def test_clusters() -> None:
@@ -152,7 +201,8 @@ def test_response_full_duplex_needs_response_trailers() -> None:
 def test_fail_open_routes_and_fallback_cluster() -> None:
     b = ec.envoy_bootstrap(fail_open=True, fallback_endpoints=["127.0.0.1:8000", "[::1]:8001"])
     assert _filters(b)["envoy.filters.http.ext_proc"]["failure_mode_allow"] is True
-    first, second = _routes(b)
+    rewritten, first, second = _routes(b)
+    assert rewritten["name"] == "epp-rewritten"
     assert first["match"]["headers"] == [{"name": "x-gateway-destination-endpoint", "present_match": True}]
     assert first["route"]["cluster"] == "original_destination_cluster"
     assert "headers" not in second["match"]
@@ -211,6 +261,7 @@ def test_subset_hint_filter_runs_before_ext_proc() -> None:
     assert _filter_names(b) == [
         "envoy.filters.http.header_to_metadata",
         "envoy.filters.http.ext_proc",
+        ec.REWRITE_FILTER,
         "envoy.filters.http.router",
     ]
     (rule,) = _filters(b)["envoy.filters.http.header_to_metadata"]["request_rules"]
@@ -300,3 +351,18 @@ def test_envoy_rejects_garbage(tmp_path: Path) -> None:
     path = tmp_path / "bad.yaml"
     path.write_text(ec.render(b))
     assert _validate(path).returncode != 0
+
+
+@pytest.mark.parametrize("body_mode", ["FULL_DUPLEX_STREAMED", "BUFFERED"])
+@pytest.mark.parametrize("fail_open", [False, True])
+def test_epp_run_keeps_the_stream_open_to_the_response_end(
+    tmp_path: Path, body_mode: str, fail_open: bool
+) -> None:
+    from epp import stack
+
+    b = stack.LocalStack(stack.StackOptions(body_mode=body_mode, fail_open=fail_open), tmp_path).bootstrap()
+    assert _filters(b)["envoy.filters.http.ext_proc"]["processing_mode"]["response_trailer_mode"] == "SEND"
+    h2 = _clusters(b)["ext_proc"]["typed_extension_protocol_options"][
+        "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
+    ]["explicit_http_config"]["http2_protocol_options"]
+    assert "connection_keepalive" in h2
