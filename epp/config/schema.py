@@ -1,12 +1,12 @@
 """The raw ``EndpointPickerConfig`` document: dataclasses for each section and strict decoding.
 
-Only the *shape* is checked here; plugins, defaults and cross-references are ``epp.config.loader``'s.
+Only the *shape* is checked here, with ``epp.framework.decode``; plugins, defaults and
+cross-references are checked by the loading phases (``epp.config.loader``).
 Every element carries ``path``, the dotted path of its YAML node, so that errors name the exact field.
 """
 
 from __future__ import annotations
 
-import math
 import re
 from dataclasses import dataclass, field
 from decimal import ROUND_CEILING, Decimal, InvalidOperation
@@ -14,6 +14,16 @@ from typing import Any
 
 import yaml
 
+from epp.framework.decode import (
+    decode_bool,
+    decode_int,
+    decode_list,
+    decode_mapping,
+    decode_number,
+    decode_str,
+    kind_of,
+)
+from epp.framework.durations import parse_go_duration
 from epp.framework.errors import ConfigError
 
 API_VERSION = "llm-d.ai/v1alpha1"
@@ -188,84 +198,37 @@ def parse_yaml(text: str, source: str = "<config>") -> Any:
         loader.dispose()
 
 
-# --- scalar helpers --------------------------------------------------------------------------------
-
-
-def _join(path: str, key: str) -> str:
-    return f"{path}.{key}" if path else key
-
-
-def _kind(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "boolean"
-    if isinstance(value, dict):
-        return "mapping"
-    if isinstance(value, list):
-        return "list"
-    if isinstance(value, int | float):
-        return "number"
-    return type(value).__name__
+# --- optional values: an absent (null) field is Go's zero value ----------------------------------
 
 
 def _mapping(value: Any, path: str, allowed: tuple[str, ...]) -> dict[str, Any]:
     """A mapping with only ``allowed`` keys; ``None`` (an empty YAML node) is an empty mapping."""
-    if value is None:
-        return {}
-    if not isinstance(value, dict):
-        raise ConfigError(path, f"expected a mapping, got {_kind(value)}")
-    for key in value:
-        if not isinstance(key, str):
-            raise ConfigError(path, f"field names must be strings, got {key!r}")
-        if key not in allowed:
-            raise ConfigError(_join(path, key), f'unknown field "{key}"')
-    return value
+    return {} if value is None else decode_mapping(value, path, allowed)
 
 
 def _list(value: Any, path: str) -> list[Any]:
-    if value is None:
-        return []
-    if not isinstance(value, list):
-        raise ConfigError(path, f"expected a list, got {_kind(value)}")
-    return value
+    return [] if value is None else decode_list(value, path)
 
 
 def _str(value: Any, path: str) -> str:
     """A string; ``None`` (absent) is the empty string, as Go's zero value."""
-    if value is None:
-        return ""
-    if not isinstance(value, str):
-        raise ConfigError(path, f"expected a string, got {_kind(value)} {value!r}")
-    return value
+    return "" if value is None else decode_str(value, path)
 
 
 def _opt_str(value: Any, path: str) -> str | None:
-    return None if value is None else _str(value, path)
+    return None if value is None else decode_str(value, path)
 
 
 def _opt_bool(value: Any, path: str) -> bool | None:
-    if value is None or isinstance(value, bool):
-        return value
-    raise ConfigError(path, f"expected a boolean, got {_kind(value)} {value!r}")
+    return None if value is None else decode_bool(value, path)
 
 
 def _opt_int(value: Any, path: str) -> int | None:
-    if value is None:
-        return None
-    if isinstance(value, int) and not isinstance(value, bool):
-        return value
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    raise ConfigError(path, f"expected an integer, got {_kind(value)} {value!r}")
+    return None if value is None else decode_int(value, path)
 
 
 def _opt_weight(value: Any, path: str) -> float | None:
-    if value is None:
-        return None
-    if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
-        return float(value)
-    raise ConfigError(path, f"expected a number, got {_kind(value)} {value!r}")
+    return None if value is None else decode_number(value, path, finite=True)
 
 
 # --- quantities and durations ----------------------------------------------------------------------
@@ -294,7 +257,7 @@ def parse_quantity(value: Any, path: str) -> Quantity | None:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int | float | str):
-        raise ConfigError(path, f'expected a quantity such as "1Gi" or "500", got {_kind(value)}')
+        raise ConfigError(path, f'expected a quantity such as "1Gi" or "500", got {kind_of(value)}')
     text = str(value).strip()
     m = _QUANTITY_RE.match(text)
     if m is None:
@@ -312,19 +275,6 @@ def parse_quantity(value: Any, path: str) -> Quantity | None:
     return Quantity(text, int(number.to_integral_value(rounding=ROUND_CEILING)))
 
 
-_DURATION_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|μs|ms|s|m|h)")
-_DURATION_UNIT = {
-    "ns": 1e-9,
-    "us": 1e-6,
-    "µs": 1e-6,
-    "μs": 1e-6,
-    "ms": 1e-3,
-    "s": 1.0,
-    "m": 60.0,
-    "h": 3600.0,
-}
-
-
 def parse_duration(value: Any, path: str) -> Duration | None:
     """A Go duration string (``"1h30m"``, ``"200ms"``, ``"-5s"``; ``0`` alone needs no unit)."""
     if value is None:
@@ -332,22 +282,12 @@ def parse_duration(value: Any, path: str) -> Duration | None:
     if value == 0 and not isinstance(value, bool):
         return Duration("0s", 0.0)
     if not isinstance(value, str):
-        raise ConfigError(path, f'expected a duration string such as "30s", got {_kind(value)} {value!r}')
+        raise ConfigError(path, f'expected a duration string such as "30s", got {kind_of(value)} {value!r}')
     text = value.strip()
-    body = text[1:] if text[:1] in "+-" else text
-    sign = -1.0 if text.startswith("-") else 1.0
-    if body == "0":
-        return Duration(text, 0.0)
-    pos, seconds = 0, 0.0
-    while pos < len(body):
-        m = _DURATION_PART.match(body, pos)
-        if m is None:
-            break
-        seconds += float(m[1]) * _DURATION_UNIT[m[2]]
-        pos = m.end()
-    if not body or pos != len(body):
+    seconds = parse_go_duration(text)
+    if seconds is None:
         raise ConfigError(path, f'invalid duration {text!r} (examples: "30s", "1m30s", "200ms")')
-    return Duration(text, sign * seconds)
+    return Duration(text, seconds)
 
 
 # --- document decoding --------------------------------------------------------------------------
@@ -382,7 +322,7 @@ def decode_document(raw: Any) -> ConfigDocument:
     or ``None``) until each plugin's typed ``Params`` decodes them.
     """
     if not isinstance(raw, dict):
-        raise ConfigError("", f"expected a mapping at the top level, got {_kind(raw)}")
+        raise ConfigError("", f"expected a mapping at the top level, got {kind_of(raw)}")
     top = _mapping(raw, "", _TOP_FIELDS)
     api_version = _str(top.get("apiVersion"), "apiVersion")
     if api_version not in (API_VERSION, DEPRECATED_API_VERSION):
@@ -417,7 +357,7 @@ def _plugin(raw: Any, path: str) -> PluginSpec:
     name = _str(m.get("name"), f"{path}.name") or type_name
     params = m.get("parameters")
     if params is not None and not isinstance(params, dict):
-        raise ConfigError(f"{path}.parameters", f"parameters must be a mapping, got {_kind(params)}")
+        raise ConfigError(f"{path}.parameters", f"parameters must be a mapping, got {kind_of(params)}")
     return PluginSpec(type=type_name, name=name, parameters=params, path=path)
 
 

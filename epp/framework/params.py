@@ -1,72 +1,17 @@
-"""Typed plugin parameters: frozen dataclasses with snake_case fields, written in camelCase in YAML."""
+"""Typed plugin parameters: frozen dataclasses with snake_case fields, written in camelCase in YAML.
+
+Decoding is ``epp.framework.decode``'s, the same strict decoder as the configuration document's.
+"""
 
 from __future__ import annotations
 
 import dataclasses
-import types
-import typing
-from collections.abc import Mapping
 from typing import Any
 
+from epp.framework.decode import decode_dataclass, kind_of, yaml_key
 from epp.framework.errors import ConfigError
 
-
-def yaml_key(f: dataclasses.Field[Any]) -> str:
-    """The YAML key of a Params field: explicit ``metadata['key']`` or camelCase of the name."""
-    explicit = f.metadata.get("key")
-    if explicit:
-        return str(explicit)
-    head, *rest = f.name.split("_")
-    return head + "".join(p[:1].upper() + p[1:] for p in rest)
-
-
-def _check(value: Any, hint: Any, where: str) -> Any:
-    origin = typing.get_origin(hint)
-    if hint is Any:
-        return value
-    if origin in (typing.Union, types.UnionType):
-        errors = []
-        for arm in typing.get_args(hint):
-            try:
-                return _check(value, arm, where)
-            except ConfigError as e:
-                errors.append(e.reason)
-        raise ConfigError(where, " or ".join(errors))
-    if hint is type(None):
-        if value is None:
-            return None
-        raise ConfigError(where, f"expected null, got {type(value).__name__}")
-    if hint is bool:
-        if isinstance(value, bool):
-            return value
-        raise ConfigError(where, f"expected a boolean, got {value!r}")
-    if hint is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-        if isinstance(value, float) and value.is_integer():
-            return int(value)
-        raise ConfigError(where, f"expected an integer, got {value!r}")
-    if hint is float:
-        if isinstance(value, int | float) and not isinstance(value, bool):
-            return float(value)
-        raise ConfigError(where, f"expected a number, got {value!r}")
-    if hint is str:
-        if isinstance(value, str):
-            return value
-        raise ConfigError(where, f"expected a string, got {value!r}")
-    if origin in (list, tuple) or hint in (list, tuple):
-        if not isinstance(value, list):
-            raise ConfigError(where, f"expected a list, got {type(value).__name__}")
-        args = typing.get_args(hint)
-        item = args[0] if args else Any
-        return tuple(_check(v, item, f"{where}[{i}]") for i, v in enumerate(value))
-    if origin in (dict, Mapping) or hint in (dict,):
-        if not isinstance(value, dict):
-            raise ConfigError(where, f"expected a mapping, got {type(value).__name__}")
-        return dict(value)
-    if dataclasses.is_dataclass(hint) and isinstance(hint, type):
-        return decode_params(hint, value, where)
-    return value
+__all__ = ["decode_params", "encode_params", "ensure_valid", "yaml_key"]
 
 
 def ensure_valid(params: Any) -> None:
@@ -88,25 +33,8 @@ def decode_params(cls: type, raw: Any, where: str) -> Any:
     if raw is None:
         raw = {}
     if not isinstance(raw, dict):
-        raise ConfigError(where, f"parameters must be a mapping, got {type(raw).__name__}")
-    hints = typing.get_type_hints(cls)
-    fields = {yaml_key(f): f for f in dataclasses.fields(cls)}
-    unknown = sorted(set(raw) - set(fields))
-    if unknown:
-        known = ", ".join(sorted(fields)) or "none"
-        raise ConfigError(f"{where}.{unknown[0]}", f"unknown parameter (known: {known})")
-    kwargs = {}
-    for key, f in fields.items():
-        if key in raw:
-            kwargs[f.name] = _check(raw[key], hints[f.name], f"{where}.{key}")
-    params = cls(**kwargs)
-    validate = getattr(params, "validate", None)
-    if validate is not None:
-        problem = validate()
-        if problem:
-            field_name, _, reason = problem.partition(": ")
-            raise ConfigError(f"{where}.{field_name}" if reason else where, reason or problem)
-    return params
+        raise ConfigError(where, f"parameters must be a mapping, got {kind_of(raw)}")
+    return decode_dataclass(cls, raw, where)
 
 
 def encode_params(params: Any) -> dict[str, Any]:

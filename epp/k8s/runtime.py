@@ -11,10 +11,10 @@ from kubernetes_asyncio import client
 from epp.datalayer.objectives import ObjectiveStore
 from epp.datalayer.rewrites import RewriteStore
 from epp.framework import EndpointNotifier
-from epp.k8s.alpha import AlphaWatchers
 from epp.k8s.client import api_client
 from epp.k8s.leader import LeaderElector, lease_name, new_identity
 from epp.k8s.pods import PoolSpec
+from epp.k8s.policy_watchers import PolicyWatchers
 from epp.k8s.pool_discovery import DEFAULT_APP_PROTOCOLS, PoolDiscovery
 from epp.k8s.resources import POOL_GROUP
 
@@ -46,7 +46,7 @@ class KubeRuntime:
 
     api: client.ApiClient
     discovery: PoolDiscovery
-    alpha: AlphaWatchers | None = None
+    policy_watchers: PolicyWatchers | None = None
     leader: LeaderElector | None = None
     objectives: ObjectiveStore | None = None
     rewrites: RewriteStore | None = None
@@ -70,7 +70,7 @@ class KubeRuntime:
                 pool_name=opts.pool_name, pool_group=opts.pool_group
             )
             rewrites: RewriteStore | None = RewriteStore(pool_name=opts.pool_name, pool_group=opts.pool_group)
-            alpha: AlphaWatchers | None = AlphaWatchers(
+            policy_watchers: PolicyWatchers | None = PolicyWatchers(
                 api, opts.namespace, objectives=objectives, rewrites=rewrites
             )
         else:
@@ -79,7 +79,7 @@ class KubeRuntime:
                 api, opts.namespace, spec=spec, metrics_port=opts.metrics_port, app_protocols=app_protocols
             )
             objectives = rewrites = None
-            alpha = None
+            policy_watchers = None
             log.info("standalone mode: InferenceObjective and InferenceModelRewrite are not watched")
         leader = None
         if opts.leader_election:
@@ -93,19 +93,19 @@ class KubeRuntime:
                 retry_period=opts.retry_period,
                 advertise=opts.advertise_address,
             )
-        return cls(api, discovery, alpha, leader, objectives, rewrites)
+        return cls(api, discovery, policy_watchers, leader, objectives, rewrites)
 
     async def start(self, notifier: EndpointNotifier) -> None:
         await self.discovery.start(notifier)
-        if self.alpha is not None:
-            self.alpha.start()
+        if self.policy_watchers is not None:
+            self.policy_watchers.start()
         if self.leader is not None:
             self.leader.start()
 
     async def stop(self) -> None:
         if self.leader is not None:
             await self.leader.stop()  # first: a standby takes over while we drain
-        if self.alpha is not None:
-            await self.alpha.stop()
+        if self.policy_watchers is not None:
+            await self.policy_watchers.stop()
         await self.discovery.stop()
         await self.api.close()

@@ -23,7 +23,7 @@ from epp.plugins.producers import inflight_load as inflight_load
 from epp.plugins.profile_handlers import data_parallel as data_parallel
 from epp.plugins.profile_handlers import disagg as disagg
 from epp.plugins.profile_handlers import disagg_headers as disagg_headers
-from epp.plugins.profile_handlers import pd as pd
+from epp.plugins.profile_handlers import pd_legacy as pd_legacy
 from epp.plugins.profile_handlers import single
 from epp.plugins.saturation import utilization_detector as utilization_detector
 from epp.plugins.scorers import active_request as active_request

@@ -998,6 +998,15 @@ def test_unknown_parameter_key_is_rejected_naming_the_key() -> None:
     assert "maxNumOfEndpoints" in err.reason  # lists the known keys
 
 
+def test_parameter_keys_that_are_not_strings_are_a_config_error() -> None:
+    """A YAML key such as ``1:`` among the parameters is reported, not a crash of the loader."""
+    err = load_error(
+        "plugins:\n- {type: queue-scorer}\n- {type: max-score-picker, parameters: {1: 2, x: 3}}\n"
+    )
+    assert err.field == "plugins[1].parameters"
+    assert err.reason == "field names must be strings, got 1"
+
+
 def test_flow_control_values_are_not_checked_with_the_gate_off() -> None:
     cfg = load("flowControl: {maxBytes: '-1', defaultRequestTTL: -5s}\n")
     assert "flowControl" not in cfg.feature_gates

@@ -57,7 +57,7 @@ from epp.plugins.profile_handlers.disagg import (
     DisaggProfiles,
 )
 from epp.plugins.profile_handlers.disagg_headers import DisaggHeadersHandler, DisaggHeadersParams
-from epp.plugins.profile_handlers.pd import PdParams, PdProfileHandler
+from epp.plugins.profile_handlers.pd_legacy import PdParams, PdProfileHandler
 from epp.plugins.scorers.queue import QueueScorer
 from epp.scheduling import Scheduler, SchedulerProfile, WeightedScorer
 

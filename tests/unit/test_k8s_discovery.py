@@ -19,9 +19,9 @@ from kubernetes_asyncio import client
 from epp.datalayer.objectives import ObjectiveStore
 from epp.datalayer.rewrites import RewriteStore
 from epp.datalayer.store import EndpointStore
-from epp.k8s.alpha import AlphaWatchers
 from epp.k8s.client import KubeConfigError, api_client
 from epp.k8s.pods import PoolSpec
+from epp.k8s.policy_watchers import PolicyWatchers
 from epp.k8s.pool_discovery import PoolDiscovery
 from epp.k8s.resources import POD, call, read_json
 from tests.fakekube import FakeKube, objects
@@ -258,7 +258,7 @@ async def test_objectives_and_rewrites_follow_their_objects(kube: FakeKube, api:
     objectives = ObjectiveStore(pool_name="pool", pool_group="inference.networking.k8s.io")
     rewrites = RewriteStore(pool_name="pool", pool_group="inference.networking.k8s.io")
     kube.create(objects.objective(NS, "batch", -1))
-    watchers = AlphaWatchers(api, NS, objectives=objectives, rewrites=rewrites)
+    watchers = PolicyWatchers(api, NS, objectives=objectives, rewrites=rewrites)
     watchers.start()
     try:
         await until(lambda: objectives.priority("batch") == -1)
@@ -281,7 +281,7 @@ async def test_alpha_kinds_without_crds_do_not_break_discovery(
 ) -> None:
     kube.set_group_installed("inference.networking.x-k8s.io", False)
     objectives = ObjectiveStore(pool_name="pool", pool_group="inference.networking.k8s.io")
-    watchers = AlphaWatchers(api, NS, objectives=objectives)
+    watchers = PolicyWatchers(api, NS, objectives=objectives)
     watchers.start()
     try:
         kube.create(pool_obj())

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from epp.flags import parse_bool, parse_duration
 from epp.framework import ApiKind, Endpoint, EndpointMetadata, InferenceError
+from epp.framework.durations import parse_go_duration
 from epp.plugins.parsers.openai import OpenAIParser, api_for_path
 from epp.server.body_rewrite import replace_existing_model, replace_model
 from epp.server.subset import filter_by_subset, subset_entries
@@ -126,6 +127,20 @@ def test_ipv6_hostport_is_bracketed() -> None:
 )
 def test_durations(text: str, seconds: float) -> None:
     assert parse_duration(text) == pytest.approx(seconds)
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"), [(".5s", 0.5), ("1.s", 1.0), ("+2s", 2.0), ("-1m", -60.0), ("3μs", 3e-6), ("0", 0.0)]
+)
+def test_flag_durations_accept_every_go_duration(text: str, seconds: float) -> None:
+    """Flags and the config file parse durations alike (signs, bare fractions, both micro signs)."""
+    assert parse_duration(text) == pytest.approx(seconds)
+    assert parse_go_duration(text) == pytest.approx(seconds)
+
+
+@pytest.mark.parametrize("text", ["", "s", "5", "1.5", ".s", "1x", "1s2", "--1s", "1 s", "+"])
+def test_invalid_go_durations(text: str) -> None:
+    assert parse_go_duration(text) is None
 
 
 def test_bad_duration_and_bool() -> None:

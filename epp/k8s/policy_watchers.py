@@ -1,4 +1,4 @@
-"""Watchers of the alpha resources the director reads: InferenceObjective and InferenceModelRewrite."""
+"""Watchers of the pool's request policies: InferenceObjective (priority) and InferenceModelRewrite."""
 
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ class _SinkHandler:
         return None
 
 
-class AlphaWatchers:
+class PolicyWatchers:
     """Reflectors for InferenceObjective and InferenceModelRewrite in ``namespace``.
 
     Each feeds its store, which decides whether an object belongs to this pool (``spec.poolRef``).
