@@ -8,11 +8,8 @@ import pytest
 
 from epp.config import ConfigError, load_config
 from epp.framework import CycleState, Endpoint, EndpointMetadata, Metrics, SaturationDetector
-from epp.plugins.saturation.utilization_detector import (
-    UtilizationDetector,
-    UtilizationDetectorParams,
-    parse_go_duration,
-)
+from epp.framework.durations import parse_go_duration
+from epp.plugins.saturation.utilization_detector import UtilizationDetector, UtilizationDetectorParams
 
 HEADER = "apiVersion: llm-d.ai/v1alpha1\nkind: EndpointPickerConfig\n"
 NO_ENV: dict[str, str] = {}

@@ -35,7 +35,6 @@ the input is returned unchanged (decision D12; the limit on KV is not capped at 
 
 from __future__ import annotations
 
-import re
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -52,6 +51,7 @@ from epp.framework import (
     SaturationDetector,
     register,
 )
+from epp.framework.durations import parse_go_duration
 from epp.framework.params import ensure_valid
 
 log = structlog.get_logger("epp.plugins.utilization_detector")
@@ -68,43 +68,6 @@ STALE_ENDPOINTS = promlite.Gauge(
     ["detector"],
 )
 promlite.register(STALE_ENDPOINTS)
-
-_GO_DURATION_PART = re.compile(r"(\d+\.?\d*|\.\d+)(ns|us|µs|μs|ms|s|m|h)")
-_UNIT_SECONDS = {
-    "ns": 1e-9,
-    "us": 1e-6,
-    "µs": 1e-6,  # U+00B5 MICRO SIGN
-    "μs": 1e-6,  # U+03BC GREEK SMALL LETTER MU
-    "ms": 1e-3,
-    "s": 1.0,
-    "m": 60.0,
-    "h": 3600.0,
-}
-
-
-def parse_go_duration(text: str) -> float | None:
-    """Seconds of a Go duration string (``"200ms"``, ``"1.5s"``, ``"1m30s"``, ``"-2s"``, ``"0"``).
-
-    Returns None when ``text`` is not a valid Go duration (a bare number other than 0 needs a unit).
-    """
-    s = text.strip()
-    sign = 1.0
-    if s[:1] in ("+", "-"):
-        sign = -1.0 if s[0] == "-" else 1.0
-        s = s[1:]
-    if s == "0":
-        return 0.0
-    if not s:
-        return None
-    pos, total = 0, 0.0
-    for m in _GO_DURATION_PART.finditer(s):
-        if m.start() != pos:
-            return None
-        total += float(m.group(1)) * _UNIT_SECONDS[m.group(2)]
-        pos = m.end()
-    if pos != len(s):
-        return None
-    return sign * total
 
 
 @dataclass(slots=True, frozen=True)
