@@ -339,12 +339,12 @@ class Director:
 
     # --- end of request ----------------------------------------------------------------------
 
-    def begin(self, routing: Routing) -> None:
+    def track_in_flight(self, routing: Routing) -> None:
         """The reply was sent: count the request as in flight on its endpoints."""
         for e in routing.endpoints:
             e.inflight += 1
 
-    def finish(self, routing: Routing) -> None:
+    def release_in_flight(self, routing: Routing) -> None:
         """The ext_proc stream ended (however): release in-flight state and run done hooks."""
         for e in routing.endpoints:
             e.inflight -= 1

@@ -368,7 +368,7 @@ class _Stream:
         if self.routing is not None:
             raise RuntimeError("ext_proc stream routed twice")
         self.routing = routing
-        self.director.begin(routing)
+        self.director.track_in_flight(routing)
         r = routing.request
         if r is not None:
             metrics.REQUEST_TOTAL.labels(r.incoming_model, r.target_model, str(r.priority)).inc()
@@ -508,7 +508,7 @@ class _Stream:
             metrics.REQUEST_ERROR_TOTAL.labels(model, target, self.error.code.text).inc()
         if routing is None:
             return
-        self.director.finish(routing)
+        self.director.release_in_flight(routing)
         if request is not None:
             metrics.RUNNING_REQUESTS.labels(request.incoming_model).dec()
             metrics.REQUEST_DURATION.labels(request.incoming_model, request.target_model).observe(
