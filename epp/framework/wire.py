@@ -23,6 +23,8 @@ SUBSET_KEY: Final = "x-gateway-destination-endpoint-subset"
 REQUEST_ID_HEADER: Final = "x-request-id"
 OBJECTIVE_HEADER: Final = "x-gateway-inference-objective"
 FAIRNESS_HEADER: Final = "x-gateway-inference-fairness-id"
+DEFAULT_FAIRNESS_ID: Final = "default-flow"
+"""The fairness id of a request without ``FAIRNESS_HEADER``."""
 MODEL_REWRITE_HEADER: Final = "x-gateway-model-name-rewrite"
 LLM_D_MODEL_REWRITE_HEADER: Final = "x-llm-d-model-name-rewrite"
 MODEL_REWRITE_HEADERS: Final = (LLM_D_MODEL_REWRITE_HEADER, MODEL_REWRITE_HEADER)

@@ -50,6 +50,7 @@ from epp.framework import (
 )
 from epp.framework.wire import (
     DATA_PARALLEL_HEADER,
+    DEFAULT_FAIRNESS_ID,
     DESTINATION_SERVED_HEADER,
     ENCODERS_HEADER,
     FAIRNESS_HEADER,
@@ -66,7 +67,6 @@ from epp.server.subset import filter_by_subset, subset_entries
 
 log = structlog.get_logger("epp.director")
 
-DEFAULT_FAIRNESS_ID = "default-flow"
 PRODUCERS_BUDGET_SECONDS = 0.4
 SATURATED = 1.0  # legacy admission: saturation at or above this drops sheddable requests
 SHED_MESSAGE = "system saturated, sheddable request dropped"
