@@ -29,14 +29,16 @@ from typing import Any
 
 import grpc
 from envoy.config.core.v3.base_pb2 import HeaderValue, HeaderValueOption
+from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2 as pm
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
 from google.protobuf.struct_pb2 import Struct
 
-DESTINATION_HEADER = "x-gateway-destination-endpoint"
-LB_NAMESPACE = "envoy.lb"
+from epp.framework.wire import DESTINATION_HEADER, LB_NAMESPACE
+
 # ProcessingMode.BodySendMode values
-BUFFERED, FULL_DUPLEX_STREAMED = 2, 4
+BUFFERED: int = pm.ProcessingMode.BUFFERED
+FULL_DUPLEX_STREAMED: int = pm.ProcessingMode.FULL_DUPLEX_STREAMED
 
 
 def routing_common(destination: str) -> ep.CommonResponse:

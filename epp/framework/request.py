@@ -8,6 +8,8 @@ from typing import Any
 
 import orjson
 
+from epp.framework.wire import DEFAULT_FAIRNESS_ID
+
 
 class ApiKind(enum.Enum):
     """Which OpenAI API a request body belongs to (chosen by path suffix)."""
@@ -80,7 +82,7 @@ class LLMRequest:
     target_model: str
     priority: int = 0
     objective: str = ""
-    fairness_id: str = "default-flow"
+    fairness_id: str = DEFAULT_FAIRNESS_ID
     request_size_bytes: int = 0
     state: dict[str, Any] = field(default_factory=dict)  # per-request plugin state (PluginState)
 

@@ -3,8 +3,6 @@
 One plugin per module; parameters and algorithms are described in docs/plugins.md.
 """
 
-from epp.plugins.datalayer import core_metrics_extractor as core_metrics_extractor
-from epp.plugins.datalayer import metrics_data_source as metrics_data_source
 from epp.plugins.deciders import always_disagg as always_disagg
 from epp.plugins.deciders import multimodal as multimodal
 from epp.plugins.deciders import prefix_based as prefix_based
@@ -36,5 +34,7 @@ from epp.plugins.scorers import prefix_cache as prefix_cache
 from epp.plugins.scorers import running_requests_size as running_requests_size
 from epp.plugins.scorers import session_affinity as session_affinity
 from epp.plugins.scorers import token_load as token_load
+from epp.plugins.scraping import core_metrics_extractor as core_metrics_extractor
+from epp.plugins.scraping import metrics_data_source as metrics_data_source
 
 __all__ = ["kv_cache_utilization", "max_score", "queue", "random_picker", "single"]

@@ -48,6 +48,18 @@ from epp.framework import (
     SaturationDetector,
     SchedulingResult,
 )
+from epp.framework.wire import (
+    DATA_PARALLEL_HEADER,
+    DEFAULT_FAIRNESS_ID,
+    DESTINATION_SERVED_HEADER,
+    ENCODERS_HEADER,
+    FAIRNESS_HEADER,
+    MODEL_REWRITE_HEADERS,
+    OBJECTIVE_HEADER,
+    PREFILL_HEADER,
+    REQUEST_ID_HEADER,
+    SUBSET_KEY,
+)
 from epp.log_limit import LOGS
 from epp.scheduling import Scheduler
 from epp.server.body_rewrite import replace_model
@@ -55,14 +67,6 @@ from epp.server.subset import filter_by_subset, subset_entries
 
 log = structlog.get_logger("epp.director")
 
-REQUEST_ID_HEADER = "x-request-id"
-OBJECTIVE_HEADER = "x-gateway-inference-objective"
-FAIRNESS_HEADER = "x-gateway-inference-fairness-id"
-MODEL_REWRITE_HEADER = "x-gateway-model-name-rewrite"
-LLM_D_MODEL_REWRITE_HEADER = "x-llm-d-model-name-rewrite"
-# A client's model rewrite, the current name first (the reference's order); see Director.
-MODEL_REWRITE_HEADERS = (LLM_D_MODEL_REWRITE_HEADER, MODEL_REWRITE_HEADER)
-DEFAULT_FAIRNESS_ID = "default-flow"
 PRODUCERS_BUDGET_SECONDS = 0.4
 SATURATED = 1.0  # legacy admission: saturation at or above this drops sheddable requests
 SHED_MESSAGE = "system saturated, sheddable request dropped"
@@ -70,11 +74,11 @@ SHED_MESSAGE = "system saturated, sheddable request dropped"
 # Request headers only the EPP may write. A client-sent copy is consumed here and never forwarded
 # (the reference forwards them); one present after PreRequest was set by a plugin.
 EPP_OWNED_HEADERS = (
-    "x-prefiller-host-port",
-    "x-encoder-hosts-ports",
-    "x-data-parallel-host-port",
-    "x-gateway-destination-endpoint-served",
-    "x-gateway-destination-endpoint-subset",
+    PREFILL_HEADER,
+    ENCODERS_HEADER,
+    DATA_PARALLEL_HEADER,
+    DESTINATION_SERVED_HEADER,
+    SUBSET_KEY,
     OBJECTIVE_HEADER,
     FAIRNESS_HEADER,
     *MODEL_REWRITE_HEADERS,
@@ -335,12 +339,12 @@ class Director:
 
     # --- end of request ----------------------------------------------------------------------
 
-    def begin(self, routing: Routing) -> None:
+    def track_in_flight(self, routing: Routing) -> None:
         """The reply was sent: count the request as in flight on its endpoints."""
         for e in routing.endpoints:
             e.inflight += 1
 
-    def finish(self, routing: Routing) -> None:
+    def release_in_flight(self, routing: Routing) -> None:
         """The ext_proc stream ended (however): release in-flight state and run done hooks."""
         for e in routing.endpoints:
             e.inflight -= 1

@@ -40,6 +40,7 @@ from typing import Any
 
 import grpc
 import structlog
+from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2 as pm
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
 from google.protobuf.message import DecodeError
@@ -52,18 +53,27 @@ from epp.framework import (
     ResponseHeaderProcessor,
     ResponseInfo,
 )
+from epp.framework.wire import (
+    DEBUG_RESPONSE_HEADER,
+    DESTINATION_HEADER,
+    REQUEST_ID_HEADER,
+)
 from epp.log_limit import LOGS
 from epp.server import replies
 from epp.server.body_rewrite import model_literal_pairs, replace_existing_model
-from epp.server.director import EPP_OWNED_HEADERS, REQUEST_ID_HEADER, Director, Routing
+from epp.server.director import EPP_OWNED_HEADERS, Director, Routing
 from epp.server.stream_limits import RequestPhaseLimits
 
 log = structlog.get_logger("epp.extproc")
 
-# ProcessingMode.BodySendMode values (envoy/extensions/filters/http/ext_proc/v3/processing_mode.proto)
-NONE, STREAMED, BUFFERED, BUFFERED_PARTIAL, FULL_DUPLEX_STREAMED = 0, 1, 2, 3, 4
+# ProcessingMode.BodySendMode values, bound once as module names for the per-message comparisons.
+NONE: int = pm.ProcessingMode.NONE
+STREAMED: int = pm.ProcessingMode.STREAMED
+BUFFERED: int = pm.ProcessingMode.BUFFERED
+BUFFERED_PARTIAL: int = pm.ProcessingMode.BUFFERED_PARTIAL
+FULL_DUPLEX_STREAMED: int = pm.ProcessingMode.FULL_DUPLEX_STREAMED
 
-_NEVER_ECHO = frozenset({"content-length", replies.DESTINATION_HEADER})
+_NEVER_ECHO = frozenset({"content-length", DESTINATION_HEADER})
 
 
 class StreamOptions:
@@ -147,7 +157,7 @@ _REJECTED_BUDGET = metrics.EXTPROC_STREAMS_REJECTED.labels("body_budget")
 _REJECTED_PROTOCOL = metrics.EXTPROC_STREAMS_REJECTED.labels("protocol_error")
 
 # Replies that never change, built once.
-_RESPONSE_HEADERS_DEBUG = replies.response_headers_reply({"x-went-into-resp-headers": "true"})
+_RESPONSE_HEADERS_DEBUG = replies.response_headers_reply({DEBUG_RESPONSE_HEADER: "true"})
 _RESPONSE_HEADERS_PLAIN = replies.response_headers_reply({})
 _CONTINUE_REQUEST_HEADERS = replies.request_headers_reply()
 
@@ -330,7 +340,7 @@ class _Stream:
         In-flight accounting begins here, before anything else can fail, so ``finish`` releases it.
         """
         self._begin(routing)
-        set_headers = {replies.DESTINATION_HEADER: routing.destination}
+        set_headers = {DESTINATION_HEADER: routing.destination}
         client = self.headers
         if self.request_id_generated:
             set_headers[REQUEST_ID_HEADER] = client[REQUEST_ID_HEADER]
@@ -358,7 +368,7 @@ class _Stream:
         if self.routing is not None:
             raise RuntimeError("ext_proc stream routed twice")
         self.routing = routing
-        self.director.begin(routing)
+        self.director.track_in_flight(routing)
         r = routing.request
         if r is not None:
             metrics.REQUEST_TOTAL.labels(r.incoming_model, r.target_model, str(r.priority)).inc()
@@ -407,7 +417,7 @@ class _Stream:
         )
         set_headers: dict[str, str] = {}
         if self.opts.debug_response_header:
-            set_headers["x-went-into-resp-headers"] = "true"
+            set_headers[DEBUG_RESPONSE_HEADER] = "true"
         if self.opts.response_header and request is not None:
             before = dict(headers)
             endpoint = routing.endpoints[0] if routing and routing.endpoints else None
@@ -498,7 +508,7 @@ class _Stream:
             metrics.REQUEST_ERROR_TOTAL.labels(model, target, self.error.code.text).inc()
         if routing is None:
             return
-        self.director.finish(routing)
+        self.director.release_in_flight(routing)
         if request is not None:
             metrics.RUNNING_REQUESTS.labels(request.incoming_model).dec()
             metrics.REQUEST_DURATION.labels(request.incoming_model, request.target_model).observe(

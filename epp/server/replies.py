@@ -18,14 +18,9 @@ from envoy.type.v3.http_status_pb2 import HttpStatus
 from google.protobuf.struct_pb2 import Struct
 
 from epp.framework.errors import InferenceError
+from epp.framework.wire import DESTINATION_HEADER, LB_NAMESPACE, REWRITE_METADATA_KEY
 
-DESTINATION_HEADER = "x-gateway-destination-endpoint"
-DESTINATION_NAMESPACE = "envoy.lb"
 BODY_PIECE_LIMIT = 62000
-# ``envoy.lb`` metadata of a rewritten request: {"incoming": model asked for, "target": model served}.
-# The FULL_DUPLEX_STREAMED bootstraps route on it to a second ext_proc filter that sends the
-# response body (epp.envoy_config.REWRITE_METADATA_KEY is the same name).
-REWRITE_METADATA_KEY = "x-gateway-model-name-rewrite"
 
 ProcessingResponse = ep.ProcessingResponse
 
@@ -41,7 +36,7 @@ def header_mutation(set_headers: Mapping[str, str], remove: Iterable[str] = ()) 
 
 def destination_metadata(destination: str) -> Struct:
     md = Struct()
-    md.fields[DESTINATION_NAMESPACE].struct_value.fields[DESTINATION_HEADER].string_value = destination
+    md.fields[LB_NAMESPACE].struct_value.fields[DESTINATION_HEADER].string_value = destination
     return md
 
 
@@ -66,7 +61,7 @@ def request_headers_reply(
 
 def add_rewrite_metadata(resp: ep.ProcessingResponse, incoming: str, target: str) -> None:
     """Mark a routing reply as model-rewritten (see ``REWRITE_METADATA_KEY``)."""
-    ns = resp.dynamic_metadata.fields[DESTINATION_NAMESPACE].struct_value
+    ns = resp.dynamic_metadata.fields[LB_NAMESPACE].struct_value
     models = ns.fields[REWRITE_METADATA_KEY].struct_value
     models.fields["incoming"].string_value = incoming
     models.fields["target"].string_value = target
@@ -74,7 +69,7 @@ def add_rewrite_metadata(resp: ep.ProcessingResponse, incoming: str, target: str
 
 def rewrite_models(metadata: Mapping[str, Mapping[str, object]]) -> tuple[str, str] | None:
     """``(incoming, target)`` from the merged metadata of a stream, if the request was rewritten."""
-    models = metadata.get(DESTINATION_NAMESPACE, {}).get(REWRITE_METADATA_KEY)
+    models = metadata.get(LB_NAMESPACE, {}).get(REWRITE_METADATA_KEY)
     if isinstance(models, Mapping):
         incoming, target = models.get("incoming"), models.get("target")
         if isinstance(incoming, str) and isinstance(target, str) and incoming and target:

@@ -14,9 +14,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from epp.framework.endpoint import Endpoint
-
-SUBSET_NAMESPACE = "envoy.lb.subset_hint"
-SUBSET_KEY = "x-gateway-destination-endpoint-subset"
+from epp.framework.wire import SUBSET_KEY, SUBSET_NAMESPACE
 
 
 def subset_entries(metadata: dict[str, dict[str, Any]]) -> list[str] | None:

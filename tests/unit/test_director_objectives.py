@@ -289,7 +289,7 @@ async def test_weighted_split_through_the_director(store: EndpointStore) -> None
         routing = await director.route(dict(PATH), CHAT, {})
         assert routing.request is not None
         counts[routing.request.target_model] += 1
-        director.finish(routing)
+        director.release_in_flight(routing)
     assert set(counts) == {"demo-stable", "demo-canary"}
     assert abs(counts["demo-canary"] / n - 0.10) < 0.027  # 4 standard deviations
 

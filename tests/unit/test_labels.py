@@ -13,7 +13,7 @@ from epp.datalayer.rewrites import RewriteStore
 from epp.datalayer.served_models import ServedModels
 from epp.datalayer.store import EndpointStore
 from epp.framework import Endpoint, EndpointMetadata, Metrics
-from epp.plugins.datalayer.core_metrics_extractor import BUILTIN_ENGINES, _compile, extract_metrics
+from epp.plugins.scraping.core_metrics_extractor import BUILTIN_ENGINES, _compile, extract_metrics
 from tests.fakekube.objects import model_rewrite
 
 

@@ -30,8 +30,6 @@ from epp.framework import (
 )
 from epp.framework.attributes import INFLIGHT_LOAD_KEY, InFlightLoad
 from epp.framework.params import decode_params
-from epp.plugins.datalayer.core_metrics_extractor import CoreMetricsExtractor, CoreMetricsExtractorParams
-from epp.plugins.datalayer.metrics_data_source import MetricsDataSource, MetricsDataSourceParams
 from epp.plugins.pickers._common import PickerParams
 from epp.plugins.pickers.max_score import MaxScorePicker
 from epp.plugins.saturation.utilization_detector import UtilizationDetector, UtilizationDetectorParams
@@ -42,6 +40,8 @@ from epp.plugins.scorers.load_aware import LoadAwareParams, LoadAwareScorer
 from epp.plugins.scorers.lora_affinity import LoraAffinityScorer
 from epp.plugins.scorers.queue import QueueScorer
 from epp.plugins.scorers.running_requests_size import RunningRequestsSizeScorer
+from epp.plugins.scraping.core_metrics_extractor import CoreMetricsExtractor, CoreMetricsExtractorParams
+from epp.plugins.scraping.metrics_data_source import MetricsDataSource, MetricsDataSourceParams
 from epp.scheduling import SchedulerProfile, WeightedScorer
 from tests.unit.test_scraper import MetricsServer
 

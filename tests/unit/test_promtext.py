@@ -8,11 +8,11 @@ import pytest
 
 from epp.framework import ConfigError, Endpoint, EndpointMetadata, Metrics
 from epp.framework.params import decode_params
-from epp.plugins.datalayer.core_metrics_extractor import (
+from epp.plugins.scraping.core_metrics_extractor import (
     CoreMetricsExtractor,
     CoreMetricsExtractorParams,
 )
-from epp.plugins.datalayer.promtext import Selector, info_labels, lora_info, split_csv
+from epp.plugins.scraping.promtext import Selector, info_labels, lora_info, split_csv
 
 VLLM_PAGE = b"""\
 # HELP python_gc_objects_collected_total Objects collected during gc

@@ -17,8 +17,8 @@ from epp.datalayer.scraper import MetricsScraper, is_stale
 from epp.datalayer.store import EndpointStore
 from epp.framework import ConfigError, Endpoint, EndpointMetadata, Metrics, MetricsState
 from epp.framework.params import decode_params
-from epp.plugins.datalayer.core_metrics_extractor import CoreMetricsExtractor, CoreMetricsExtractorParams
-from epp.plugins.datalayer.metrics_data_source import HttpError, MetricsDataSource, MetricsDataSourceParams
+from epp.plugins.scraping.core_metrics_extractor import CoreMetricsExtractor, CoreMetricsExtractorParams
+from epp.plugins.scraping.metrics_data_source import HttpError, MetricsDataSource, MetricsDataSourceParams
 from epp.server.tls import self_signed_pem
 
 INTERVAL = 0.02

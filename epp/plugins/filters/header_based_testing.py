@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 from epp.framework import CycleState, Endpoint, Filter, LLMRequest, register
-
-HEADER = "test-epp-endpoint-selection"
+from epp.framework.wire import TEST_ENDPOINT_SELECTION_HEADER
 
 
 def _split_host_port(item: str) -> tuple[str, str] | None:
@@ -36,7 +35,7 @@ class HeaderBasedTestingFilter(Filter):
     type_name = "header-based-testing-filter"
 
     def filter(self, cycle: CycleState, request: LLMRequest, endpoints: list[Endpoint]) -> list[Endpoint]:
-        header = request.headers.get(HEADER, "")
+        header = request.headers.get(TEST_ENDPOINT_SELECTION_HEADER, "")
         if not header.strip():
             return []
         by_ip: dict[str, Endpoint] = {}

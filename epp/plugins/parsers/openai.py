@@ -23,6 +23,7 @@ from typing import Any
 import orjson
 
 from epp.framework import ApiKind, ErrorCode, InferenceError, Parser, RequestBody, register
+from epp.framework.wire import FORWARDED_PATH_HEADER, ORIGINAL_PATH_HEADER
 
 _SUFFIXES: tuple[tuple[str, ApiKind], ...] = (
     ("/conversations", ApiKind.CONVERSATIONS),
@@ -89,7 +90,7 @@ class OpenAIParser(Parser):
             raise _bad(
                 f"error unmarshaling request bodyMap: expected a JSON object, got {type(payload).__name__}"
             )
-        path = headers.get(":path") or headers.get("x-original-path") or headers.get("x-forwarded-path")
+        path = headers.get(":path") or headers.get(ORIGINAL_PATH_HEADER) or headers.get(FORWARDED_PATH_HEADER)
         api = api_for_path(path) if path else ApiKind.COMPLETIONS
         _validate(api, payload)
         return RequestBody(api=api, payload=payload, raw=body, stream=payload.get("stream") is True)

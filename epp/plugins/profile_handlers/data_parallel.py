@@ -20,10 +20,9 @@ from epp.framework import (
     SchedulingResult,
     register,
 )
+from epp.framework.wire import DATA_PARALLEL_HEADER
 
 log = structlog.get_logger("epp.profile_handlers")
-
-DATA_PARALLEL_HEADER = "x-data-parallel-host-port"
 
 
 class PortRewrittenEndpoint(Endpoint):

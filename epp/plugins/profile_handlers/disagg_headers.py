@@ -5,9 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from epp.framework import CycleState, LLMRequest, PreRequest, SchedulingResult, register
-
-PREFILL_HEADER = "x-prefiller-host-port"
-ENCODERS_HEADER = "x-encoder-hosts-ports"
+from epp.framework.wire import ENCODERS_HEADER, PREFILL_HEADER
 
 
 def set_disagg_headers(

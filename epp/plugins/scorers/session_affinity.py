@@ -29,8 +29,7 @@ from epp.framework import (
     Scorer,
     register,
 )
-
-HEADER = "x-session-token"
+from epp.framework.wire import SESSION_TOKEN_HEADER
 
 log = structlog.get_logger("epp.plugins.session_affinity")
 
@@ -46,17 +45,17 @@ class SessionAffinityScorer(Scorer, ResponseHeaderProcessor):
     category = "Affinity"
 
     def score(self, cycle: CycleState, request: LLMRequest, endpoints: list[Endpoint]) -> list[float]:
-        token = request.headers.get(HEADER, "")
+        token = request.headers.get(SESSION_TOKEN_HEADER, "")
         target = ""
         if token:
             try:
                 target = base64.b64decode(token, validate=True).decode("utf-8", "replace")
             except (binascii.Error, ValueError) as e:
-                log.debug("cannot decode session token", header=HEADER, error=str(e))
+                log.debug("cannot decode session token", header=SESSION_TOKEN_HEADER, error=str(e))
         if not target:
             return [0.0] * len(endpoints)
         return [1.0 if e.metadata.key == target else 0.0 for e in endpoints]
 
     def response_header(self, request: LLMRequest, response: ResponseInfo, endpoint: Endpoint | None) -> None:
         if endpoint is not None:
-            response.headers[HEADER] = session_token(endpoint)
+            response.headers[SESSION_TOKEN_HEADER] = session_token(endpoint)

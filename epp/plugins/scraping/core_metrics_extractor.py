@@ -44,7 +44,7 @@ import structlog
 from epp.framework import Endpoint, Extractor, Metrics, register
 from epp.framework.interfaces import ExtractResult, Handle
 from epp.framework.params import ensure_valid
-from epp.plugins.datalayer.promtext import Selector, info_labels, lora_info
+from epp.plugins.scraping.promtext import Selector, info_labels, lora_info
 
 log = structlog.get_logger("epp.datalayer.extractor")
 

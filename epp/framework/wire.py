@@ -1,0 +1,46 @@
+"""Wire names: the HTTP headers and Envoy metadata namespaces and keys the EPP reads or writes.
+
+Every module that puts one of these names on the wire imports it from here, so a name is spelled
+once. Header names are lower case (Envoy's ext_proc sends them so).
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+# Routing: EPP -> Envoy.
+DESTINATION_HEADER: Final = "x-gateway-destination-endpoint"
+"""The picked endpoint (``ip:port``), as a request header and as a key of ``LB_NAMESPACE``."""
+DESTINATION_SERVED_HEADER: Final = "x-gateway-destination-endpoint-served"
+LB_NAMESPACE: Final = "envoy.lb"
+"""The dynamic metadata namespace of the routing reply."""
+SUBSET_NAMESPACE: Final = "envoy.lb.subset_hint"
+"""The filter metadata namespace of the subset hint (Envoy -> EPP)."""
+SUBSET_KEY: Final = "x-gateway-destination-endpoint-subset"
+"""The subset hint's key in ``SUBSET_NAMESPACE``; also a request header only the EPP may write."""
+
+# Request headers the EPP reads.
+REQUEST_ID_HEADER: Final = "x-request-id"
+OBJECTIVE_HEADER: Final = "x-gateway-inference-objective"
+FAIRNESS_HEADER: Final = "x-gateway-inference-fairness-id"
+DEFAULT_FAIRNESS_ID: Final = "default-flow"
+"""The fairness id of a request without ``FAIRNESS_HEADER``."""
+MODEL_REWRITE_HEADER: Final = "x-gateway-model-name-rewrite"
+LLM_D_MODEL_REWRITE_HEADER: Final = "x-llm-d-model-name-rewrite"
+MODEL_REWRITE_HEADERS: Final = (LLM_D_MODEL_REWRITE_HEADER, MODEL_REWRITE_HEADER)
+"""A client's model rewrite, the current name first."""
+REWRITE_METADATA_KEY: Final = MODEL_REWRITE_HEADER
+"""The ``LB_NAMESPACE`` key of a model-rewritten request: {"incoming": asked for, "target": served}."""
+ORIGINAL_PATH_HEADER: Final = "x-original-path"
+FORWARDED_PATH_HEADER: Final = "x-forwarded-path"
+SESSION_TOKEN_HEADER: Final = "x-session-token"
+"""Session affinity: request and response header carrying the serving endpoint's token."""
+TEST_ENDPOINT_SELECTION_HEADER: Final = "test-epp-endpoint-selection"
+
+# Request headers plugins write for the model server.
+PREFILL_HEADER: Final = "x-prefiller-host-port"
+ENCODERS_HEADER: Final = "x-encoder-hosts-ports"
+DATA_PARALLEL_HEADER: Final = "x-data-parallel-host-port"
+
+# Response headers.
+DEBUG_RESPONSE_HEADER: Final = "x-went-into-resp-headers"
