@@ -152,7 +152,7 @@ schedulingProfiles:
 
 
 def build_pd() -> Setup:
-    """The sample P/D configuration (scheduling.md §3.6) with the default scorers, via the loader.
+    """The reference's sample P/D configuration with the default scorers, via the loader.
 
     Endpoints alternate ``llm-d.ai/role`` prefill/decode; the decider disaggregates when at least
     16 prompt tokens are not cached on the chosen decode endpoint, so both profiles usually run.

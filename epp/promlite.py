@@ -1,21 +1,6 @@
 """Cheap Prometheus counters, gauges and histograms for the per-request path.
 
-prometheus-client takes a lock and validates on every ``inc``/``observe`` (about 2 µs each); a
-request records a dozen values. These primitives keep plain Python numbers per label set (the GIL
-makes each update atomic; the request path runs on one event loop) and render them through a
-prometheus-client collector at scrape time, so the exposition format, names and ``REGISTRY`` lookups
-are unchanged. ``labels(...)`` returns a cached child; keep the child when recording repeatedly.
-
-Labels fed from request data are declared with ``bounded={"label": bound}``: ``labels(...)``
-passes those values through ``bound.bound(value)`` (``epp.labels.BoundedLabel``) before the child
-lookup, so a client cannot create series without limit; a family with bounded labels also stops
-at ``MAX_BOUNDED_SERIES`` distinct combinations, after which new ones record with every bounded
-label set to ``other``.
-
-``start_http_server`` serves ``/metrics`` on its own thread like prometheus-client's, but writes
-these families' text directly (label strings cached per series) instead of building one sample
-object per bucket: a page of 50,000 samples renders several times faster, so a scrape holds the
-GIL (and delays the event loop) for much less time.
+Plain Python numbers per label set, rendered at scrape time through a prometheus-client collector.
 """
 
 from __future__ import annotations
