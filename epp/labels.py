@@ -21,7 +21,13 @@ promlite.register(LABEL_OVERFLOW_TOTAL)
 
 
 class BoundedLabel:
-    """The label values one kind of request-derived value may take (see the module docstring)."""
+    """The label values one kind of request-derived value may take.
+
+    ``bound(value)`` is one dict lookup for a value seen before. Pinned values (configuration) always
+    keep their label; served values (reported by the model servers) keep theirs, at most ``limit``;
+    once any value is served every other one records as ``OVERFLOW``; before that the first ``limit``
+    distinct values are admitted. Admission is sticky, so paired gauge updates stay balanced.
+    """
 
     __slots__ = ("_admitted", "_folded", "_labels", "_served", "limit", "name", "restricted")
 

@@ -41,7 +41,12 @@ class _Window:
 
 
 class LogLimiter:
-    """At most ``burst`` lines per cause per ``interval`` seconds (see the module docstring)."""
+    """At most ``burst`` lines per cause per ``interval`` seconds, then one summary line.
+
+    ``log(emit, cause, event, **fields)`` counts every event (and every dropped one) per cause; the
+    first event of the next window is preceded by ``log lines suppressed``. Causes are a bounded set
+    chosen by the call sites, never request data.
+    """
 
     def __init__(
         self,

@@ -47,7 +47,12 @@ def is_stale(endpoint: Endpoint, threshold: float, now: float | None = None) -> 
 
 
 class MetricsScraper:
-    """Keeps every store endpoint's ``metrics`` fresh; ``start()`` in a running loop, ``stop()``."""
+    """Keeps every store endpoint's ``metrics`` fresh; ``start()`` in a running loop, ``stop()``.
+
+    One task per endpoint: poll with a timeout, extract, replace the snapshot as a whole (readers never
+    see half an update) with ``fresh_until = update_time + staleness``. A tick starts only after the
+    previous scrape ended; missed ticks are dropped. Failures are logged on state changes only.
+    """
 
     def __init__(
         self,

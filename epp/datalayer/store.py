@@ -14,6 +14,12 @@ Listener = Callable[[Endpoint], None]
 
 
 class EndpointStore:
+    """Endpoints by key, written by one discovery task, read by every request.
+
+    ``endpoints()`` returns a tuple rebuilt on the first read after a change: O(1) per request, and a
+    burst of changes costs one rebuild. Listeners are told of additions and removals.
+    """
+
     def __init__(self) -> None:
         self._by_key: dict[str, Endpoint] = {}
         self._snapshot: tuple[Endpoint, ...] | None = ()

@@ -94,7 +94,12 @@ def _bind(server: grpc.aio.Server, address: str, opts: ServeOptions) -> None:
 
 
 class EppServer:
-    """The running EPP; ``run()`` serves until ``stop()`` or a signal."""
+    """The running EPP; ``run()`` serves until ``stop()`` or a signal.
+
+    Start-up: health, replication and metrics servers, the endpoint source, scraping, ext_proc.
+    Shutdown: readiness off and the Lease released, ``--drain-delay``, then ext_proc drains for
+    ``--grace-period`` and the data layer stops.
+    """
 
     def __init__(
         self,

@@ -481,7 +481,13 @@ class _Stream:
 
 
 class ExternalProcessor(ep_grpc.ExternalProcessorServicer):
-    """``envoy.service.ext_proc.v3.ExternalProcessor``: a read/write loop per stream."""
+    """``envoy.service.ext_proc.v3.ExternalProcessor``: a read/write loop per stream.
+
+    FULL_DUPLEX_STREAMED: the body is buffered until ``end_of_stream`` (or trailers), then the routing
+    headers reply and the body re-sent in ``streamed_response`` pieces. BUFFERED: an empty headers
+    reply, then a body reply carrying the routing. Failures become an ``ImmediateResponse``; however the
+    stream ends, in-flight accounting is released.
+    """
 
     def __init__(self, director: Director, opts: StreamOptions | None = None) -> None:
         self.director = director

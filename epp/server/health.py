@@ -22,6 +22,13 @@ log = structlog.get_logger("epp.health")
 
 
 class Health:
+    """Readiness conditions and degradations behind the gRPC health service.
+
+    ``""``, ``readiness`` and the ext_proc service name are SERVING only while every condition holds
+    (``pool`` synced, ``leader`` when electing, ``serving``); ``liveness`` as soon as the process runs.
+    ``reasons()`` names what is missing; degradations (``set_degraded``) are logged, never gate it.
+    """
+
     def __init__(self, *, leader_election: bool = False) -> None:
         self.servicer = HealthServicer()
         self._conditions: dict[str, tuple[bool, str]] = {

@@ -20,7 +20,12 @@ class Watched(Protocol):
 
 
 class RequestPhaseLimits:
-    """Server-wide state of the idle timeout (0 = none) and the body budget (0 = unlimited)."""
+    """Server-wide state of the idle timeout (0 = none) and the body budget (0 = unlimited).
+
+    One sweeper task, alive only while some stream is in its request phase, wakes every ``interval``
+    seconds and expires the late ones: a stream pays a timestamp per message and a set insertion and
+    removal, no timer of its own. The timeout never applies once the request is routed.
+    """
 
     __slots__ = ("_loop", "_sweeper", "_waiting", "budget", "buffered", "gauge", "idle_timeout", "interval")
 

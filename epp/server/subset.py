@@ -41,6 +41,7 @@ def _split(entry: str) -> tuple[str, int | None]:
 
 
 def filter_by_subset(endpoints: Sequence[Endpoint], entries: list[str]) -> list[Endpoint]:
+    """The endpoints the hint allows: ``ip:port`` entries match that endpoint, bare IPs every port."""
     exact: set[tuple[str, int]] = set()
     hosts: set[str] = set()
     for entry in entries:

@@ -67,7 +67,12 @@ class LoraInfo:
 
 @dataclass(slots=True, frozen=True)
 class Selector:
-    """A compiled metric spec. Build it with ``Selector.parse``; it holds the byte needles."""
+    """A compiled metric spec. Build it with ``Selector.parse``; it holds the byte needles.
+
+    Spec: ``name{label=value,...}``, quotes optional, equality matchers only (others are rejected at
+    parse), ``__*`` labels ignored except ``__name__`` without a leading name; ``label=""`` matches
+    series without that label. Among matches the largest explicit timestamp wins, else the first.
+    """
 
     name: str
     matchers: tuple[tuple[str, str], ...] = ()

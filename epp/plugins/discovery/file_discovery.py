@@ -75,6 +75,13 @@ class LoadResult:
 
 @register
 class FileDiscovery(EndpointDiscovery):
+    """Loads the endpoints file at ``start`` and, with ``watchFile``, polls it for changes.
+
+    Change detection stats the path (not an open file) every 0.2 s, so in-place writes, atomic
+    replacement, symlink swaps and delete-then-recreate are all seen. A rejected reload keeps the last
+    good set. Notifier calls come from ``start``'s caller, then from the one watch task, in order.
+    """
+
     type_name = "file-discovery"
     Params = FileDiscoveryParams
 

@@ -15,7 +15,12 @@ NEUTRAL = 0.5
 
 
 class MetricScorer(Scorer, abc.ABC):
-    """A scorer over scraped metrics; subclasses implement ``score_known``."""
+    """A scorer over scraped metrics; subclasses implement ``score_known``.
+
+    ``score_known`` sees only the candidates whose metrics are known (so unknown zeros do not stretch a
+    min-max scale); the others get ``neutral_score`` of the known scores. When all are known the
+    candidate list itself is passed.
+    """
 
     def score(self, cycle: CycleState, request: LLMRequest, endpoints: list[Endpoint]) -> Sequence[float]:
         now = time.monotonic()
