@@ -1,4 +1,4 @@
-"""``no-hit-lru-scorer``: send requests without a prefix-cache hit over the least recently used ones."""
+"""``no-hit-lru-scorer``: spread cold (no prefix hit) requests over the least recently used endpoints."""
 
 from __future__ import annotations
 
