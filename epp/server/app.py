@@ -1,7 +1,4 @@
-"""``epp serve``: wire the configuration, the data layer and the gRPC servers together.
-
-Start-up and shutdown order are described in docs/deploy.md ("Start-up and shutdown").
-"""
+"""``epp serve``: wire the configuration, the data layer and the gRPC servers together."""
 
 from __future__ import annotations
 
