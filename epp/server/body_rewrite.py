@@ -59,7 +59,8 @@ def model_value_span(text: str) -> tuple[int, int] | None:
     """Character span of the top-level ``model`` value in a JSON object text (last one wins).
 
     ``None`` when the object has no top-level ``model``; ``ValueError`` when the text is not a JSON
-    object.
+    object. Values are skipped with the C JSON scanner; one it cannot take (too deep, an integer too
+    long for ``int``) is skipped by counting brackets outside string literals.
     """
     i = _skip_ws(text, 0)
     if text[i : i + 1] != "{":
