@@ -1,17 +1,7 @@
 """Open-loop load generator for ``bench/routing.py`` (and the routing-quality integration test).
 
-Runs in its own process (aiohttp client on uvloop) so that its CPU never competes with the EPP's
-event loop. The workload is fully determined by ``--seed``: G groups of requests that share a long
-system prompt (different varied text per group) followed by a unique user question, a uniformly
-random group per request, and Poisson arrivals at ``--rate`` requests/s. Every request is a
-streaming chat completion with ``stream_options.include_usage``; per request it records the TTFT
-(time from sending to the first SSE ``data:`` chunk), the output tokens (from the usage chunk, else
-the number of content chunks), the serving pod (``x-inference-pod``) and any error.
-
-The result is one JSON document (``{"wall_seconds": ..., "requests": [...]}``) written to
-``--output`` (default stdout)::
-
-    python bench/_loadgen.py --url http://127.0.0.1:8081 --rate 6 --requests 240 --output out.json
+Seeded groups of streaming chat requests sharing a system prompt, Poisson arrivals; per request the
+TTFT, output tokens, serving pod and error, as one JSON document on ``--output`` (default stdout).
 """
 
 from __future__ import annotations

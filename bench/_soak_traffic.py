@@ -1,16 +1,7 @@
 """Traffic of ``bench/soak.py``: well-behaved clients and hostile ones, all on 127.0.0.1.
 
-* :class:`GoodClient` — chat completions through Envoy, streamed or not, sharing one of a few long
-  system prompts or with a prompt unique from its first character (every unique prompt is counted);
-* :class:`HostileHttp` — through Envoy: thousands of distinct ``"model"`` values, malformed JSON,
-  deeply nested JSON with ``x-gateway-model-name-rewrite``, bodies over the EPP's size limit;
-* :class:`HostileGrpc` — straight to the EPP's ext_proc port: with a real grpc.aio client, streams
-  that send headers and stall, streams holding MiBs of partial body, duplicate ``end_of_stream``,
-  undecodable messages; with hand-built HTTP/2 frames on a socket, malformed gRPC framing.
-
-Every outcome is counted in a :class:`Tally` by kind and by a short status string (an HTTP status,
-a gRPC status code name, or what the connection did). Nothing here runs longer than the deadline it
-is given: every loop checks it and every request has a timeout.
+Every outcome is counted in a :class:`Tally`; every loop checks its deadline and every request has
+a timeout.
 """
 
 from __future__ import annotations

@@ -1,33 +1,7 @@
 """EPP CPU per request and requests/s through a real Envoy (``make bench-cpu``).
 
-What runs (every port is a free one, every Envoy gets ``--use-dynamic-base-id``):
-
-* the backends, started once: by default (``--backend static``) B listeners of ONE extra Envoy
-  (``--concurrency 1``) answering with ``direct_response``: ``POST /v1/...`` -> a small fixed
-  OpenAI chat.completion, ``GET /metrics`` -> a small fixed vLLM metrics page (so the EPP's scraper
-  works), ``GET /health`` and ``GET /v1/models``. Nearly free, they leave the machine's cores to the
-  processes under test. ``--backend sim`` uses B ``epp sim`` processes instead (no prefill, no
-  inter-token delay, one output token), as ``epp run`` does; being Python they take much CPU.
-* per body mode (BUFFERED and FULL_DUPLEX_STREAMED by default) and target: the target and a front
-  Envoy with the bootstrap of ``epp.envoy_config.envoy_bootstrap`` (fail-closed, that body mode):
-
-  - ``epp``: ``epp serve`` with its default scheduling config and the backends in a file-discovery
-    endpoints file;
-  - ``stub`` (``--with-stub``, on by default): ``bench/extproc_stub.py``, a minimal ext_proc server
-    on the same gRPC stack that routes every request to the first backend: the gRPC/Envoy floor.
-
-For each target the script warms the stack up, measures its idle CPU, then R times sends N
-non-streaming ~1 KB chat requests from a separate load-generator process with C concurrent
-connections and reads the target's CPU time (utime + stime of all its threads, from
-``/proc/<pid>/stat``) before and after:
-
-    CPU µs per request = delta(utime + stime) / completed requests
-
-The load generator is ``wrk`` with a Lua POST script when ``wrk`` is on PATH (one thread), otherwise
-this script itself in ``--loadgen`` mode (aiohttp on uvloop). ``--response`` swaps the response
-side of the front Envoy's ext_proc exchange (the variants compared in docs/deploy.md). The table
-shows the medians over the R runs; ``EPP - stub`` is the EPP's own work per request above the floor
-every ext_proc server pays.
+CPU µs per request = delta(utime + stime of the target) / completed requests, for ``epp serve`` and
+for ``bench/extproc_stub.py`` (the gRPC/Envoy floor); the set-up is described in docs/benchmarks.md.
 """
 
 from __future__ import annotations

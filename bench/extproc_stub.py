@@ -1,22 +1,7 @@
 """A minimal ext_proc server: the gRPC/Envoy floor the EPP's CPU per request is compared with.
 
-It does what Envoy needs for the EPP's routing and nothing else: no parsing, no scheduling, no
-metrics. Every request goes to the fixed ``--destination`` (``ip:port``). Per ext_proc stream (one
-HTTP request), with the request body mode taken from ``protocol_config`` as the EPP does:
-
-* request headers: BUFFERED -> an empty ``HeadersResponse``; FULL_DUPLEX_STREAMED -> nothing until
-  the body has ended; headers with ``end_of_stream`` (no body, e.g. GET) -> the routing reply at once;
-* request body with ``end_of_stream`` (or the request trailers): the routing reply, i.e. the
-  ``x-gateway-destination-endpoint`` header mutation, ``clear_route_cache`` and the ``envoy.lb``
-  dynamic metadata. BUFFERED: one ``BodyResponse`` carrying it. FULL_DUPLEX_STREAMED: a
-  ``HeadersResponse`` carrying it, then the buffered body as one ``streamed_response`` piece;
-* response headers: an empty ``HeadersResponse``;
-* response body and trailers: passed through unchanged.
-
-Same ``grpc.aio`` server, ``context.read()``/``context.write()`` loop, xds-protos message classes
-and uvloop as the EPP, so the difference between the two is the EPP's own work.
-
-Run: ``python bench/extproc_stub.py --port 9102 --destination 127.0.0.1:8000``.
+Every request goes to the fixed ``--destination`` with the EPP's message exchange and gRPC stack,
+but no parsing, scheduling or metrics.
 """
 
 from __future__ import annotations

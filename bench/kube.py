@@ -1,11 +1,6 @@
 """Kubernetes discovery cost: initial sync, watch events and a 410 relist, for large pools.
 
-The fake API server (tests/fakekube, the real list/watch protocol over HTTP) runs in a child process,
-driven through a pipe; the EPP side (kubernetes-asyncio client, reflector, pods -> rank endpoints,
-endpoint store) runs on this process's event loop, and only its CPU time is counted.
-
-Prints, per pool size: initial sync (wall and CPU, per pod), CPU per watch event (readiness flips,
-each removing or adding the pod's rank endpoints), and a full relist after 410 Gone.
+The fake API server (tests/fakekube) runs in a child process; only the EPP side's CPU is counted.
 """
 
 from __future__ import annotations

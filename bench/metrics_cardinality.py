@@ -1,13 +1,5 @@
 """Metric cardinality under client-chosen model names, and routing latency while /metrics is scraped.
 
-Starts one simulated vLLM server (``epp sim``, model ``demo``) and the real ``epp serve`` over it,
-then talks ext_proc directly to the EPP's gRPC port (as Envoy would, FULL_DUPLEX_STREAMED):
-
-1. sends ``--names`` requests, each with a distinct ``"model"`` (plus some for ``demo``);
-2. reports the ``/metrics`` page size, its series count, scrape time and the EPP's RSS;
-3. measures routing latency (one request at a time) while idle and while a thread scrapes
-   ``/metrics`` in a loop, and prints p50/p99 for both.
-
 Run: ``.venv/bin/python bench/metrics_cardinality.py --names 5000``.
 """
 

@@ -1,32 +1,7 @@
 """Routing quality: the EPP's default scheduling against (random) round-robin (``make bench-routing``).
 
-What runs, once per config, in ``epp run``'s stack (:class:`epp.stack.LocalStack`) on free ports:
-
-* N ``epp sim`` simulators (``--sims``, 4), started fresh for every config so that their prefix
-  caches start cold;
-* ``epp serve`` over them (file discovery) with the config under test:
-
-  - ``round-robin*``: a profile with only ``random-picker`` (epp has no round-robin picker; uniform
-    random choice is the stand-in — the same load spread on average, with no affinity at all);
-  - ``default``: no scheduling config, i.e. the EPP's default profile (queue-scorer x2 +
-    kv-cache-utilization-scorer x2 + prefix-cache-scorer x3, max-score-picker);
-
-* a real Envoy in front (``epp.envoy_config`` bootstrap, FULL_DUPLEX_STREAMED, fail-closed);
-* the load generator ``bench/_loadgen.py`` in a separate process (aiohttp on uvloop): the SAME
-  seeded workload for every config — G groups (``--groups``, 8) of streaming chat requests sharing a
-  long system prompt (``--prompt-tokens``, ~3,000 tokens = 4 characters each) plus a unique question,
-  Poisson arrivals at ``--rate`` requests/s.
-
-The table shows per config the TTFT (mean/p50/p90), output tokens/s and requests/s over the run's
-wall time, errors, and the fleet's prefix-cache hit rate from the simulators' own counters, scraped
-from every sim's ``/metrics`` before and after the run::
-
-    hit rate = sum(delta vllm:prefix_cache_hits_total) / sum(delta vllm:prefix_cache_queries_total)
-
-(both counted in prompt tokens). The simulator models prefix caching only when ``epp sim`` has
-``--prefill-time-per-token`` (its vLLM-like engine); the script checks ``epp sim --help`` and passes
-the engine's flags only when they exist. Extra simulator flags go through ``--sim-args`` (appended
-last, so they override the defaults).
+The same seeded workload through Envoy, the EPP and fresh ``epp sim`` servers per config; TTFT,
+throughput and the fleet's prefix-cache hit rate (set-up and figures in docs/benchmarks.md).
 """
 
 from __future__ import annotations

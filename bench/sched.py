@@ -1,22 +1,7 @@
 """Benchmark one scheduling cycle as the director runs it: producers, ``Scheduler.schedule``, PreRequest.
 
-Run: ``.venv/bin/python bench/sched.py [--iterations N] [--endpoints 10,100,1000] [--seed S]``.
-
-Configurations (built directly from plugin classes, not through the config loader):
-
-* ``default``: the default profile: ``queue-scorer`` w2 + ``kv-cache-utilization-scorer`` w2 +
-  ``prefix-cache-scorer`` w3 (with ``approx-prefix-cache-producer``), ``max-score-picker``,
-  ``single-profile-handler``.
-* ``pd``: the sample prefill/decode configuration with the default scorers in both profiles,
-  ``prefix-based-pd-decider`` and ``disagg-profile-handler`` (loaded through the config loader).
-
-Setup per endpoint count: endpoints with random queue lengths and KV utilisation; a prefix index
-warmed with unrelated prompts on every endpoint plus, on a few endpoints, the benchmark prompt's
-prefix (some hold the whole prompt, some only its first half); a ~1 KB chat prompt. Each iteration
-builds a fresh request (so the lazily derived prompt text is paid for inside the producer) and a
-fresh cycle state, then times produce -> schedule -> pre_request. PreRequest keeps updating the
-index, as in production. Plugin-duration metrics are off (the scheduler's timer is None). Prints the
-median and p99 in microseconds per configuration and endpoint count, with a per-stage breakdown.
+Run: ``.venv/bin/python bench/sched.py [--iterations N] [--endpoints 10,100,1000] [--seed S]``;
+median and p99 µs per configuration and endpoint count, with a per-stage breakdown.
 """
 
 from __future__ import annotations
@@ -152,7 +137,7 @@ schedulingProfiles:
 
 
 def build_pd() -> Setup:
-    """The sample P/D configuration (scheduling.md §3.6) with the default scorers, via the loader.
+    """The reference's sample P/D configuration with the default scorers, via the loader.
 
     Endpoints alternate ``llm-d.ai/role`` prefill/decode; the decider disaggregates when at least
     16 prompt tokens are not cached on the chosen decode endpoint, so both profiles usually run.

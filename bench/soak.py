@@ -1,36 +1,7 @@
 """Soak: the real stack under mixed good and hostile traffic, then a kill -9 of the EPP (``make bench-soak``).
 
-Phase 1 (``--duration`` seconds, default 180; ``--short``: 20): :class:`epp.stack.LocalStack` (the
-stack of ``epp run``) on free ports of 127.0.0.1 — ``--sims`` ``epp sim`` servers, ``epp serve``
-with file discovery, a real Envoy (fail-closed, ``--body-mode``) — plus one more simulator in the
-pool whose ``GET /metrics`` fails (500, unparsable text or a 30 s hang, in turn). Traffic, from this
-process (aiohttp and grpc.aio on one event loop; ``bench/_soak_traffic.py``):
-
-* well-behaved: Poisson chat completions through Envoy at ``--rate``/s, half streamed, a
-  ``--unique-fraction`` of them with a prompt unique from its first character (at the default rate a
-  one-hour run sends about 100,000 unique prompts), the others sharing one of 8 system prompts;
-* hostile, through Envoy: thousands of distinct ``"model"`` values, malformed JSON, deeply nested
-  JSON with ``x-gateway-model-name-rewrite``, bodies over the EPP's size limit;
-* hostile, on the EPP's ext_proc port: streams that send headers and stall, streams holding
-  ``--partial-mib`` MiB of partial body, duplicate ``end_of_stream``, undecodable messages, and
-  malformed gRPC framing in hand-built HTTP/2.
-
-It prints, at the start, at the end (hostile streams still held) and after the hostile clients
-left: the EPP's RSS, its open ext_proc streams (an EPP gauge whose name says stream when there is
-one; otherwise Envoy's ``cluster.ext_proc.upstream_rq_active`` and the established TCP connections
-to the EPP's gRPC port from ``/proc/net/tcp``), the size and series count of its ``/metrics`` page,
-the sum of ``inference_objective_running_requests`` and the size of its log; then the outcomes of
-every kind of client by status.
-
-Phase 2, once per body mode (FULL_DUPLEX_STREAMED, BUFFERED): the same stack with the fail-open
-bootstrap (``epp.envoy_config``, the layout of ``deploy/envoy/envoy-fail-open.yaml``) under
-well-behaved load; the EPP is killed with SIGKILL, started again after ``--down`` seconds, and the
-outcomes are printed for three windows: before the kill, from the kill until the new EPP is ready,
-and after that. "via EPP" means the response passed the EPP (its ``x-went-into-resp-headers``);
-"bypassed" means Envoy failed open.
-
-Everything runs on 127.0.0.1, bounded in count (concurrency caps per kind) and time (every loop
-has a deadline, every request a timeout); the stack is stopped at the end.
+Phase 1 measures memory, streams, ``/metrics`` size and outcomes; phase 2 kills the EPP behind a
+fail-open Envoy in each body mode (set-up in docs/benchmarks.md).
 """
 
 from __future__ import annotations

@@ -1,9 +1,4 @@
-"""``BackgroundTask``: the one long-running task a component owns (a watch loop, a refresher).
-
-``start()`` creates it unless it is already running; ``stop()`` cancels it and waits until it has
-ended, so that a stopped component never acts again. Used by the reflectors, leader election, file
-discovery and the pool gauges.
-"""
+"""``BackgroundTask``: the one long-running task a component owns (a watch loop, a refresher)."""
 
 from __future__ import annotations
 

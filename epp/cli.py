@@ -1,8 +1,6 @@
 """The ``epp`` command: ``serve`` (the EPP), ``sim`` (a simulated vLLM server), ``run`` (a local
 stack: Envoy + EPP + simulators), ``check-config`` (validate a config, print the effective one) and
 ``certs`` (a CA and the key pairs the Kubernetes manifests mount).
-
-``serve`` keeps the reference EPP's flag names and defaults where they exist.
 """
 
 from __future__ import annotations

@@ -1,23 +1,6 @@
 """Bounded values for metric labels that come from requests (model names, fairness ids).
 
-A client chooses the ``model`` of its request body and the fairness-id header, and every distinct
-label value is a new Prometheus series that never goes away. ``BoundedLabel.bound(value)`` maps a
-request-derived value to the label value to record, in one dict lookup for every value seen before:
-
-* pinned values (configuration: InferenceModelRewrite sources and targets) always keep their own
-  label and do not count against any cap;
-* served values (what the model servers report: base model names, LoRA adapters) keep their own
-  label, at most ``limit`` of them;
-* once any served value is known the set is *restricted*: every other value records as
-  ``OVERFLOW`` (``"other"``, the reference's overflow value);
-* while nothing is known to be served (before the first scrape, or engines that report no model
-  names) the first ``limit`` distinct values are admitted, the rest record as ``OVERFLOW``.
-
-Admission is sticky: a value that got its own label keeps it, so paired updates (a running gauge's
-increment and decrement) stay balanced. A value that recorded as ``OVERFLOW`` and later becomes
-served gets its own label from then on; a request in flight across that moment leaves a residue of
-one on the overflow series of a gauge. Values folded into ``OVERFLOW`` are counted per label in
-``llm_d_epp_metric_label_overflow_total{label}``.
+Served and pinned values keep their own label; any other value records as ``other``.
 """
 
 from __future__ import annotations
@@ -38,7 +21,13 @@ promlite.register(LABEL_OVERFLOW_TOTAL)
 
 
 class BoundedLabel:
-    """The label values one kind of request-derived value may take (see the module docstring)."""
+    """The label values one kind of request-derived value may take.
+
+    ``bound(value)`` is one dict lookup for a value seen before. Pinned values (configuration) always
+    keep their label; served values (reported by the model servers) keep theirs, at most ``limit``;
+    once any value is served every other one records as ``OVERFLOW``; before that the first ``limit``
+    distinct values are admitted. Admission is sticky, so paired gauge updates stay balanced.
+    """
 
     __slots__ = ("_admitted", "_folded", "_labels", "_served", "limit", "name", "restricted")
 

@@ -1,16 +1,4 @@
-"""Rate limits for log lines that clients can trigger (rejected requests, malformed gRPC frames).
-
-``LogLimiter.log(emit, cause, event, **fields)`` logs through ``emit`` (a bound structlog method
-such as ``log.info`` or ``log.exception``) the first ``burst`` events of ``cause`` in every
-``interval`` seconds and drops the rest; the first event of the next window is preceded by one
-summary line (``log lines suppressed``, with ``cause`` and ``suppressed``). Every event, logged or
-not, counts in ``llm_d_epp_client_log_events_total{cause}`` and every dropped one in
-``llm_d_epp_client_log_events_suppressed_total{cause}``.
-
-Causes are a bounded set chosen by the call sites (``rejected_<error code>``, ``stream_failed``,
-``grpc``), never request data. Cost per event: a dict lookup, a clock read and two additions.
-``LOGS`` is the process-wide limiter (5 lines per cause per 10 s).
-"""
+"""Rate limits for log lines that clients can trigger (rejected requests, malformed gRPC frames)."""
 
 from __future__ import annotations
 
@@ -53,7 +41,12 @@ class _Window:
 
 
 class LogLimiter:
-    """At most ``burst`` lines per cause per ``interval`` seconds (see the module docstring)."""
+    """At most ``burst`` lines per cause per ``interval`` seconds, then one summary line.
+
+    ``log(emit, cause, event, **fields)`` counts every event (and every dropped one) per cause; the
+    first event of the next window is preceded by ``log lines suppressed``. Causes are a bounded set
+    chosen by the call sites, never request data.
+    """
 
     def __init__(
         self,

@@ -1,7 +1,6 @@
 """structlog setup: human-readable on a terminal, one JSON object per line otherwise.
 
-grpc's own warnings and errors go through the stdlib root handler, rate-limited per
-``epp.log_limit`` (cause ``grpc``).
+grpc's own warnings and errors go through the stdlib root handler, rate-limited (cause ``grpc``).
 """
 
 from __future__ import annotations

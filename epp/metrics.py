@@ -1,13 +1,7 @@
 """The EPP's own Prometheus metrics, with the reference's names, types and labels.
 
-Metric objects are module-level so any layer can record into them. Those recorded per request use
-``epp.promlite`` (plain numbers rendered at scrape time); the rest use prometheus-client directly.
-HELP texts start with ``[ALPHA]`` as in the reference.
-
-Every label fed from request data is bounded (``epp.labels``): model names go through
-``labels.MODEL_NAMES`` (models the pool does not serve record as ``other``), so the number of series
-stays bounded whatever clients send. ``priority`` comes from the InferenceObjective store and
-``error_code`` from a fixed set.
+Module-level objects; per-request ones use ``epp.promlite``. Request-derived labels go through
+``epp.labels``.
 """
 
 from __future__ import annotations

@@ -1,21 +1,6 @@
 """Cheap Prometheus counters, gauges and histograms for the per-request path.
 
-prometheus-client takes a lock and validates on every ``inc``/``observe`` (about 2 µs each); a
-request records a dozen values. These primitives keep plain Python numbers per label set (the GIL
-makes each update atomic; the request path runs on one event loop) and render them through a
-prometheus-client collector at scrape time, so the exposition format, names and ``REGISTRY`` lookups
-are unchanged. ``labels(...)`` returns a cached child; keep the child when recording repeatedly.
-
-Labels fed from request data are declared with ``bounded={"label": bound}``: ``labels(...)``
-passes those values through ``bound.bound(value)`` (``epp.labels.BoundedLabel``) before the child
-lookup, so a client cannot create series without limit; a family with bounded labels also stops
-at ``MAX_BOUNDED_SERIES`` distinct combinations, after which new ones record with every bounded
-label set to ``other``.
-
-``start_http_server`` serves ``/metrics`` on its own thread like prometheus-client's, but writes
-these families' text directly (label strings cached per series) instead of building one sample
-object per bucket: a page of 50,000 samples renders several times faster, so a scrape holds the
-GIL (and delays the event loop) for much less time.
+Plain Python numbers per label set, rendered at scrape time through a prometheus-client collector.
 """
 
 from __future__ import annotations
@@ -71,6 +56,12 @@ class HistogramChild:
 
 
 class _Family:
+    """Children by label values; bounded labels pass through their bound before the lookup.
+
+    A family with bounded labels stops at ``MAX_BOUNDED_SERIES`` combinations; later ones record with
+    every bounded label set to ``other``. Updates are plain additions (one event loop, the GIL).
+    """
+
     kind = ""
 
     def __init__(
@@ -342,7 +333,11 @@ def _app(registry: CollectorRegistry) -> Callable[[dict[str, Any], Any], Iterabl
 def start_http_server(
     port: int, addr: str = "0.0.0.0", registry: CollectorRegistry = REGISTRY
 ) -> tuple[WSGIServer, threading.Thread]:
-    """Serve ``exposition(registry)`` on ``addr:port`` from a daemon thread (any path)."""
+    """Serve ``exposition(registry)`` on ``addr:port`` from a daemon thread (any path).
+
+    These families' text is written directly (label strings cached per series), several times faster
+    than one sample object per bucket, so a scrape holds the GIL for much less time.
+    """
 
     class _Server(ThreadingWSGIServer):
         address_family = socket.AF_INET6 if ":" in addr else socket.AF_INET

@@ -1,17 +1,4 @@
-"""Prometheus view of endpoint-metrics freshness: endpoints by state, scrape failures by reason.
-
-* ``llm_d_epp_datalayer_endpoints{state}`` (gauge, computed when ``/metrics`` is scraped, so the
-  request path never touches it): the endpoints of every live scraper by ``MetricsState``
-  (``never``, ``fresh``, ``stale``, ``failed``; all four are always exported);
-* ``llm_d_epp_datalayer_scrape_failures_total{reason}`` (counter): failed scrape attempts, one of
-  ``FAILURE_REASONS`` (every reason is exported from the start, at 0);
-* ``llm_d_epp_datalayer_metrics_staleness_threshold_seconds`` (gauge): the age after which an
-  endpoint's metrics count as unknown (``--metrics-staleness-threshold``; the largest one when a
-  process runs several scrapers).
-
-Only ``fresh`` endpoints are known to the metric-based scorers; the other states are scored
-neutrally (see ``epp.plugins.scorers._metric_scorer``).
-"""
+"""Prometheus view of endpoint-metrics freshness: endpoints by state, scrape failures by reason."""
 
 from __future__ import annotations
 

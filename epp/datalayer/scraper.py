@@ -1,31 +1,7 @@
 """The scrape loop: one asyncio task per endpoint polling its metrics and replacing its snapshot.
 
-``MetricsScraper(store, source, extractor)`` subscribes to the ``EndpointStore``: an added endpoint
-gets a task that ticks every ``interval`` (``--refresh-metrics-interval``, 50 ms); a removed one has
-its task cancelled at once (which also closes its connection). Each tick polls the source with a
-per-poll ``timeout`` (1 s) and hands the body to the extractor, which returns a new ``Metrics``
-snapshot; the scraper assigns it to ``endpoint.metrics`` (a whole-object replacement, so readers
-never see a half-updated snapshot) with ``fresh_until = update_time + staleness``
-(``--metrics-staleness-threshold``, 2 s): until then the metrics are *known* to the scheduler.
-
-Scrapes of one endpoint never overlap: the next tick is taken only after the current scrape ended;
-a scrape longer than the interval delays the next one, and missed ticks are dropped rather than
-replayed in a burst (like a Go ticker).
-
-Failures: a poll error or timeout increments
-``llm_d_inference_scheduler_datalayer_poll_errors_total{source_type}``; per-field extraction errors
-increment ``..._extract_errors_total{source_type, extractor_type}`` once per scrape. Every failed
-attempt (a poll error, a body from which nothing could be extracted, an extractor crash) also
-increments ``llm_d_epp_datalayer_scrape_failures_total{reason}`` and records the reason in the
-snapshot's ``failure`` (replaced only when the reason changes). The previous values stay but are
-no longer trusted once ``fresh_until`` passed: the endpoint's state becomes ``failed`` (or
-``stale``) and metric-based scorers score it neutrally. Stale endpoints are never removed. Logging
-happens on state changes only (an endpoint starts failing, fails for another reason, recovers, or
-its extraction errors change), not on every tick.
-
-The contracts the scraper needs from its plugins (``PollingSource``, ``Poller``,
-``MetricsExtractor``, ``ExtractResult``) are defined here because the framework's ``DataSource``
-and ``Extractor`` base classes declare no methods.
+Also defines the contracts the scraper needs from its plugins (``PollingSource``, ``Poller``,
+``MetricsExtractor``, ``ExtractResult``): the framework's data-layer base classes declare none.
 """
 
 from __future__ import annotations
@@ -71,7 +47,12 @@ def is_stale(endpoint: Endpoint, threshold: float, now: float | None = None) -> 
 
 
 class MetricsScraper:
-    """Keeps every store endpoint's ``metrics`` fresh; ``start()`` in a running loop, ``stop()``."""
+    """Keeps every store endpoint's ``metrics`` fresh; ``start()`` in a running loop, ``stop()``.
+
+    One task per endpoint: poll with a timeout, extract, replace the snapshot as a whole (readers never
+    see half an update) with ``fresh_until = update_time + staleness``. A tick starts only after the
+    previous scrape ended; missed ticks are dropped. Failures are logged on state changes only.
+    """
 
     def __init__(
         self,

@@ -1,14 +1,4 @@
-"""The model names the pool serves, handed to the model-name label bound of the EPP's metrics.
-
-``ServedModels(store, interval=1.0)`` collects, every ``interval`` seconds, what the endpoints'
-scraped metrics report: base models (``Metrics.served_models``, the ``model_name`` label of the
-running-requests series) and LoRA adapters (``active_models``, ``waiting_models``), and passes new
-names to ``epp.labels.MODEL_NAMES.serve``. Once a name is known to be served it keeps its own label
-on the request metrics; names the pool does not serve record as ``other`` (see ``epp.labels``).
-InferenceModelRewrite sources and targets are pinned by the rewrite store itself.
-
-Cost: one pass over the endpoints per tick (a set union of a few names each); nothing per request.
-"""
+"""The model names the pool serves, handed to the model-name label bound of the EPP's metrics."""
 
 from __future__ import annotations
 

@@ -1,11 +1,4 @@
-"""The endpoint store: the single place discovery writes endpoints to and the scheduler reads from.
-
-Discovery calls ``upsert``/``delete`` (one task, causal order). Readers call ``endpoints()``, which
-returns a tuple rebuilt on the first read after a change, so a request gets the current list in O(1)
-and a burst of changes (an initial sync of thousands of pods) costs one rebuild, not one per change.
-Listeners (the metrics scraper, plugins holding per-endpoint state) are told about additions and
-removals so that per-endpoint resources are started and released.
-"""
+"""The endpoint store: the single place discovery writes endpoints to and the scheduler reads from."""
 
 from __future__ import annotations
 
@@ -21,6 +14,12 @@ Listener = Callable[[Endpoint], None]
 
 
 class EndpointStore:
+    """Endpoints by key, written by one discovery task, read by every request.
+
+    ``endpoints()`` returns a tuple rebuilt on the first read after a change: O(1) per request, and a
+    burst of changes costs one rebuild. Listeners are told of additions and removals.
+    """
+
     def __init__(self) -> None:
         self._by_key: dict[str, Endpoint] = {}
         self._snapshot: tuple[Endpoint, ...] | None = ()

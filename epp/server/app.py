@@ -1,16 +1,4 @@
-"""``epp serve``: wire the configuration, the data layer and the gRPC servers together.
-
-Start-up order: health server (NOT_SERVING), replication server (leader election with
-``--ha-replication-cert-path``: mutual TLS on its own port) and Prometheus endpoint -> the endpoint source
-(file discovery: initial load, a failure exits non-zero; Kubernetes: the InferencePool/pod
-reflectors, the objective/rewrite watchers and leader election start in the background) ->
-metrics scraping -> ext_proc server. Readiness is SERVING while every condition of
-:mod:`epp.server.health` holds (pool synced, leader when electing, server up).
-SIGINT/SIGTERM: readiness goes NOT_SERVING and a held Lease is released (a standby takes over);
-after ``--drain-delay`` (time for Envoy's health checks to notice) the ext_proc server stops
-accepting streams and lets in-flight ones finish for ``--grace-period`` seconds; then the data
-layer stops.
-"""
+"""``epp serve``: wire the configuration, the data layer and the gRPC servers together."""
 
 from __future__ import annotations
 
@@ -103,7 +91,12 @@ def _bind(server: grpc.aio.Server, address: str, opts: ServeOptions) -> None:
 
 
 class EppServer:
-    """The running EPP; ``run()`` serves until ``stop()`` or a signal."""
+    """The running EPP; ``run()`` serves until ``stop()`` or a signal.
+
+    Start-up: health, replication and metrics servers, the endpoint source, scraping, ext_proc.
+    Shutdown: readiness off and the Lease released, ``--drain-delay``, then ext_proc drains for
+    ``--grace-period`` and the data layer stops.
+    """
 
     def __init__(
         self,

@@ -1,13 +1,6 @@
 """Replace the top-level ``"model"`` value of a JSON body while keeping every other byte.
 
-Used when the target model differs from the requested one (``x-gateway-model-name-rewrite``).
-Unlike the reference (which re-encodes the whole body with Go's rules: sorted keys, float64
-numbers), only the model's string literal is replaced, so key order, spacing and large integers
-such as ``seed`` reach the model server exactly as the client sent them.
-
-Top-level values are skipped with the C JSON scanner; one it cannot take (nesting deeper than the
-recursion limit, an integer too long for ``int``) is skipped by counting brackets outside string
-literals instead, so no input reaches an exception other than ``ValueError``.
+Used when the target model differs from the requested one; only the model's string literal changes.
 """
 
 from __future__ import annotations
@@ -66,7 +59,8 @@ def model_value_span(text: str) -> tuple[int, int] | None:
     """Character span of the top-level ``model`` value in a JSON object text (last one wins).
 
     ``None`` when the object has no top-level ``model``; ``ValueError`` when the text is not a JSON
-    object.
+    object. Values are skipped with the C JSON scanner; one it cannot take (too deep, an integer too
+    long for ``int``) is skipped by counting brackets outside string literals.
     """
     i = _skip_ws(text, 0)
     if text[i : i + 1] != "{":

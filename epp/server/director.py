@@ -1,21 +1,7 @@
 """The director: from a parsed request to a routing decision.
 
-Order of steps: parse -> model (required) and rewrite (header,
-then an InferenceModelRewrite rule for the incoming model, which overrides the header) ->
-InferenceObjective priority -> candidates (subset hint) -> legacy admission (sheddable requests
-dropped when the candidates are saturated) -> data producers (400 ms budget, errors logged) ->
-admitters -> scheduler (profile handler decides) -> PreRequest plugins -> body to forward.
-Requests without a body (GET) and parser skips go to a random candidate instead.
-
-Status codes: 400 bad body, no model, a model that is not a string, or a body whose model cannot
-be rewritten, 429 for a sheddable request (priority < 0) while the
-saturation detector reports >= 1.0 over the candidates (checked before the empty-candidates case,
-as in the reference, so a sheddable request to an empty pool is shed), 503 no candidate endpoint
-(also for GET with an empty pool, where the reference answers 500), 429 when scheduling
-found no endpoint, the admitter's own code for a denial (the reference always answers 500).
-
-The objective and rewrite stores (filled by the Kubernetes watchers) and the saturation detector are
-optional: without them every priority is 0, only the rewrite header applies, and nothing is shed.
+Parse, model and rewrite, priority, candidates, shedding, data producers, admitters, scheduler,
+PreRequest plugins; every failure becomes an HTTP status with an OpenAI-style error.
 """
 
 from __future__ import annotations

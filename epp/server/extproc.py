@@ -1,33 +1,7 @@
 """The ext_proc stream handler: one gRPC stream per HTTP request.
 
-Message flow, per request body mode announced in ``protocol_config``:
-
-* FULL_DUPLEX_STREAMED (the reference mode): headers -> nothing; body chunks are buffered until
-  ``end_of_stream`` (or the request trailers, which the reference ignores); then one
-  request-headers reply with the routing header mutation, ``envoy.lb`` metadata and
-  ``clear_route_cache``, followed by the body in ``streamed_response`` pieces of at most 62000
-  bytes (and a trailers reply when trailers came).
-* BUFFERED: headers -> an empty reply (continue); the whole body -> a body reply carrying the
-  routing header mutation and metadata (and the body only when the model was rewritten). A body
-  without ``end_of_stream`` is whole too: Envoy sends the request trailers after it.
-* Headers with ``end_of_stream`` (GET) -> a random candidate, answered at once.
-
-A stream moves through explicit phases (``Phase``): it is routed at most once, and a request
-message its phase does not expect (a second ``end_of_stream``, a body after headers that ended
-the request, ...) ends that stream alone with gRPC FAILED_PRECONDITION. While the request is being
-read, the idle timeout (gRPC DEADLINE_EXCEEDED) and the global body budget (HTTP 503) of
-:mod:`epp.server.stream_limits` apply.
-
-Response headers are answered at once; response bodies are passed through (re-chunked in
-FULL_DUPLEX mode, buffered when not streaming) with the model name rewritten back when it was
-rewritten on the way in. The shipped bootstraps send response bodies only for rewritten requests:
-in BUFFERED mode the response-headers reply asks for it (``mode_override``); in FULL_DUPLEX mode a
-second ext_proc filter opens a stream of response messages only (no routing, the rewrite in its
-``envoy.lb`` metadata). The stream stays open until the HTTP stream ends (response trailers SEND).
-
-Failures become an ``ImmediateResponse`` and the stream ends cleanly; an unexpected exception
-ends the stream with gRPC UNKNOWN (Envoy's failure mode decides) without touching other streams.
-However the stream ends, in-flight accounting is released.
+A stream moves through explicit phases (``Phase``) and is routed at most once; how each Envoy
+body mode is answered is described in docs/deploy.md ("The Envoy exchange").
 """
 
 from __future__ import annotations
@@ -178,7 +152,7 @@ def _struct_value(v: Any) -> Any:
 
 
 def _merge_metadata(into: dict[str, dict[str, Any]], req: ep.ProcessingRequest) -> None:
-    """Merge (not replace, quirk Q17) the request's filter metadata into ``into``."""
+    """Merge (not replace) the request's filter metadata into ``into``."""
     for ns, st in req.metadata_context.filter_metadata.items():
         into.setdefault(ns, {}).update({k: _struct_value(v) for k, v in st.fields.items()})
 
@@ -517,7 +491,13 @@ class _Stream:
 
 
 class ExternalProcessor(ep_grpc.ExternalProcessorServicer):
-    """``envoy.service.ext_proc.v3.ExternalProcessor``: a read/write loop per stream."""
+    """``envoy.service.ext_proc.v3.ExternalProcessor``: a read/write loop per stream.
+
+    FULL_DUPLEX_STREAMED: the body is buffered until ``end_of_stream`` (or trailers), then the routing
+    headers reply and the body re-sent in ``streamed_response`` pieces. BUFFERED: an empty headers
+    reply, then a body reply carrying the routing. Failures become an ``ImmediateResponse``; however the
+    stream ends, in-flight accounting is released.
+    """
 
     def __init__(self, director: Director, opts: StreamOptions | None = None) -> None:
         self.director = director

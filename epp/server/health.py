@@ -1,22 +1,7 @@
 """gRPC health (standard Health Checking Protocol) on ``--grpc-health-port``.
 
-Service names ``""`` (overall), ``liveness``, ``readiness`` and
-``envoy.service.ext_proc.v3.ExternalProcessor``. ``liveness`` is SERVING as soon as the process
-runs. The others are SERVING only while every readiness condition holds:
-
-* ``pool`` — the endpoint source finished its initial load (file discovery) or the InferencePool was
-  found, its pods listed and its ``appProtocol`` is supported (the reference's "datastore synced");
-* ``leader`` — with ``--ha-enable-leader-election``, this replica holds the Lease (always true
-  otherwise);
-* ``serving`` — the ext_proc server is up and not shutting down (graceful shutdown turns it off).
-
-``reasons()`` tells which condition is missing (logged on every change, for operators).
-
-Degradations (``set_degraded``) are problems that do *not* gate readiness because the EPP still
-serves correctly with what it has, e.g. ``discovery``: the endpoints file on disk was rejected and
-the last good endpoint set is being served. Taking the replica out of service would not help (every
-replica reads the same file) and would turn a bad edit into an outage. ``degraded()`` lists them;
-each change is logged at warning level as ``readiness degraded`` (or ``readiness recovered``).
+Readiness is the conjunction of named conditions (``pool``, ``leader``, ``serving``); degradations
+are reported but do not gate it.
 """
 
 from __future__ import annotations
@@ -37,6 +22,13 @@ log = structlog.get_logger("epp.health")
 
 
 class Health:
+    """Readiness conditions and degradations behind the gRPC health service.
+
+    ``""``, ``readiness`` and the ext_proc service name are SERVING only while every condition holds
+    (``pool`` synced, ``leader`` when electing, ``serving``); ``liveness`` as soon as the process runs.
+    ``reasons()`` names what is missing; degradations (``set_degraded``) are logged, never gate it.
+    """
+
     def __init__(self, *, leader_election: bool = False) -> None:
         self.servicer = HealthServicer()
         self._conditions: dict[str, tuple[bool, str]] = {

@@ -1,30 +1,7 @@
 """Warm standbys: the leader streams its plugins' learned-state updates to the other replicas.
 
-With ``--ha-enable-leader-election`` only the leader routes, so only its request hooks learn (the
-approximate prefix index records where each prompt went). Without help a standby that becomes
-leader would start with an empty index and send every known prefix to an arbitrary endpoint once
-(one cache miss per prompt group or chat session). Here:
-
-* every replica's ``ReplicatedState`` plugins record their updates (``start_recording``);
-* ``ReplicationHub`` (every replica; only the leader has updates) drains them every 50 ms and sends
-  one batch to each connected follower over gRPC on the replication port (``--ha-replication-port``,
-  mutual TLS: see below): ``/epp.replication.v1.Replication/Follow``, server streaming, each message
-  an orjson object ``{"<plugin name>": [update, ...]}`` of at most 1 MiB. A new follower first gets
-  ``{"$reset": true}`` and a snapshot of the current state (``snapshot_updates``, in batches), then
-  the live batches. Only the leader serves the stream. A follower more than 32 MiB behind is cut
-  off (it reconnects and resyncs from a snapshot), never slowing the leader or diverging;
-* ``ReplicationFollower`` (every replica) connects to the leader's advertised address (from the
-  Lease, see ``epp.k8s.leader``) while it is not the leader itself, applies each batch, and
-  reconnects with backoff when the stream breaks or the leader changes.
-
-Only replicas take part: the port requires a client certificate signed by the replicas' CA, and
-the hub serves only a peer whose certificate names ``epp.server.tls.REPLICA_NAME`` (a client
-certificate from the same CA issued to Envoy does not); the follower likewise checks that the
-leader's certificate is signed by that CA and names it.
-
-Updates are applied in the leader's order, so a follower's state equals the leader's (a record the
-snapshot already contains may be applied again: ``add`` is idempotent but for recency). Nothing
-here runs per request: the request hooks only append to a list.
+``ReplicationHub`` serves the leader's batches over gRPC (mutual TLS, replicas only);
+``ReplicationFollower`` applies them on every other replica.
 """
 
 from __future__ import annotations
@@ -80,10 +57,13 @@ class _Follower:
 class ReplicationHub:
     """Drains the replicated plugins and fans the batches out to the connected followers.
 
-    Only the leader serves the stream (``is_leader``): a replica that restarted in place under the
-    leader's address, or a standby, answers FAILED_PRECONDITION instead of resetting the standbys'
-    warm state with its own empty one. With ``peer_name`` (on a mutual-TLS port) a follower whose
-    verified certificate does not name it is answered PERMISSION_DENIED.
+    Every 50 ms the updates go out as orjson messages ``{"<plugin name>": [update, ...]}`` of at most
+    1 MiB; a new follower first gets ``{"$reset": true}`` and a snapshot. A follower more than 32 MiB
+    behind is cut off (it reconnects and resyncs), so the leader never slows down. Only the leader
+    serves the stream (``is_leader``): a replica that restarted in place under the leader's address, or
+    a standby, answers FAILED_PRECONDITION instead of resetting the standbys' warm state with its own
+    empty one. With ``peer_name`` (on a mutual-TLS port) a follower whose verified certificate does
+    not name it is answered PERMISSION_DENIED.
     """
 
     def __init__(

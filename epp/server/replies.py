@@ -1,10 +1,4 @@
-"""Builders for the ``ProcessingResponse`` messages the EPP sends to Envoy (upb classes of xds-protos).
-
-Shapes follow protocol.md §2: the routing reply carries the destination header (``raw_value``
-only), ``clear_route_cache`` and the ``envoy.lb`` dynamic metadata; bodies are re-sent as
-``streamed_response`` pieces of at most 62000 bytes in FULL_DUPLEX_STREAMED mode; errors are an
-``ImmediateResponse`` with an OpenAI-style JSON body.
-"""
+"""Builders for the ``ProcessingResponse`` messages the EPP sends to Envoy (upb classes of xds-protos)."""
 
 from __future__ import annotations
 

@@ -1,15 +1,4 @@
-"""Limits on ext_proc streams in their request phase: an idle timeout and a global body budget.
-
-A stream is in its request phase from the moment it opens until its request is routed (the whole
-body, or the trailers, arrived). The idle timeout cuts a stream whose last request-phase message
-is older than ``idle_timeout`` seconds; it never applies once the request is routed, so a long
-response is never cut. One sweeper task, alive only while some stream is in its request phase,
-wakes every ``interval`` seconds and expires the late ones: a stream pays a timestamp per message
-and a set insertion and removal, no timer or task of its own.
-
-The budget bounds the request-body bytes that all streams together hold while waiting for the rest
-of their body; a chunk that would go over it is refused (the stream answers 503).
-"""
+"""Limits on ext_proc streams in their request phase: an idle timeout and a global body budget."""
 
 from __future__ import annotations
 
@@ -31,7 +20,12 @@ class Watched(Protocol):
 
 
 class RequestPhaseLimits:
-    """Server-wide state of the idle timeout (0 = none) and the body budget (0 = unlimited)."""
+    """Server-wide state of the idle timeout (0 = none) and the body budget (0 = unlimited).
+
+    One sweeper task, alive only while some stream is in its request phase, wakes every ``interval``
+    seconds and expires the late ones: a stream pays a timestamp per message and a set insertion and
+    removal, no timer of its own. The timeout never applies once the request is routed.
+    """
 
     __slots__ = ("_loop", "_sweeper", "_waiting", "budget", "buffered", "gauge", "idle_timeout", "interval")
 

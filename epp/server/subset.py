@@ -1,11 +1,6 @@
-"""The Envoy subset hint.
+"""The Envoy subset hint: the endpoints the EPP may pick from.
 
 Read from ``filter_metadata["envoy.lb.subset_hint"]["x-gateway-destination-endpoint-subset"]``.
-
-GIE rule: the EPP must pick only from the listed endpoints; an empty list or no match means 503.
-Unlike the reference (IP-only match, list values only; quirk Q2), an ``ip:port`` entry matches that
-exact endpoint, a bare IP matches every port of that host, and the value may be a list of strings
-or one comma-separated string.
 """
 
 from __future__ import annotations
@@ -44,6 +39,7 @@ def _split(entry: str) -> tuple[str, int | None]:
 
 
 def filter_by_subset(endpoints: Sequence[Endpoint], entries: list[str]) -> list[Endpoint]:
+    """The endpoints the hint allows: ``ip:port`` entries match that endpoint, bare IPs every port."""
     exact: set[tuple[str, int]] = set()
     hosts: set[str] = set()
     for entry in entries:

@@ -1,17 +1,4 @@
-"""TLS material for the EPP's gRPC servers and the replication client.
-
-* ``--secure-serving`` without ``--cert-path``: a fresh self-signed pair (the reference default,
-  which no client can verify);
-* ``--cert-path DIR``: ``DIR/tls.crt`` and ``DIR/tls.key``; with a client CA
-  (``--grpc-client-ca-file``) the server also requires a client certificate it signed (mTLS);
-* ``--enable-cert-reload``: the files are checked again (at most once a second, on a new TLS
-  handshake) and a renewed pair is served to new connections; a half-written or mismatched pair is
-  ignored until it is whole;
-* the replication stream: every replica holds one key pair and CA (``tls.crt``, ``tls.key``,
-  ``ca.crt``); the leader serves it, standbys present it as their client certificate, and both
-  sides require the other's certificate to be signed by ``ca.crt`` and to name
-  :data:`REPLICA_NAME`.
-"""
+"""TLS material for the EPP's gRPC servers and the replication client."""
 
 from __future__ import annotations
 

@@ -1,14 +1,4 @@
-"""Prometheus metrics of ``file-discovery`` (kept with the plugin that records them).
-
-* ``llm_d_epp_discovery_file_load_failures_total{reason}`` (counter): loads of the endpoints file
-  that were rejected, the endpoints in use staying as they were; ``reason`` is one of
-  ``LOAD_FAILURE_REASONS`` (all exported from the start, at 0). A rejected content is counted once,
-  not on every poll.
-* ``llm_d_epp_discovery_file_rejected`` (gauge): 1 while the file on disk is rejected and the last
-  good endpoint set is served, else 0.
-* ``llm_d_epp_discovery_file_invalid_entries`` (gauge): invalid entries in the last file parsed
-  (skipped, or all of them when the file was rejected for having no valid entry).
-"""
+"""Prometheus metrics of ``file-discovery`` (kept with the plugin that records them)."""
 
 from __future__ import annotations
 

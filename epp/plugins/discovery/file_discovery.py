@@ -1,69 +1,4 @@
-"""``file-discovery``: endpoints from a YAML or JSON file, for running without Kubernetes.
-
-Type: ``file-discovery`` (an ``EndpointDiscovery``, selected by ``dataLayer.discovery.pluginRef``).
-Parameters:
-
-* ``path`` (required): the endpoints file; missing → ``file-discovery: 'path' parameter is required``;
-* ``watchFile`` (false): reload the file when it changes; false = read once at startup.
-
-File format (at most 1 MiB)::
-
-    endpoints:
-    - name: vllm-0             # required
-      namespace: inference     # optional, default "default"
-      address: "10.0.0.1"      # IPv4 literal
-      port: 8000               # integer or string, 1..65535
-      labels: {llm-d.ai/role: decode, llm-d.ai/engine-type: vllm}   # optional
-
-Each valid entry becomes the endpoint ``{namespace}/{name}`` with ``metrics_host = address:port``
-(metrics are scraped from the serving port) and the entry's labels (role filters, selectors and the
-engine type work as with pods). Entries are processed top to bottom; for a duplicate
-``{namespace, name}`` the last entry wins.
-
-Algorithm: ``start(notifier)`` loads the file once and upserts every valid entry. A file-level
-error (cannot read, over 1 MiB → ``endpoints file <path> exceeds 1 MiB limit``, bad YAML/JSON or
-shape → ``unmarshalling <path>: ...``) raises ``FileDiscoveryError("file-discovery: initial load
-failed: ...")`` and the EPP exits. So does a file that lists entries none of which is valid
-(``<path>: none of its N endpoint entries is valid``): it is rejected like a syntax error, not
-applied as an empty pool. With ``watchFile`` a background task then polls the path every 0.2 s; on
-change it reloads: a rejected file (a file-level error, or entries that are all invalid) is logged
-once per distinct content and the last good endpoint set stays; otherwise valid entries are upserted
-(identical metadata is a no-op in the store) and every endpoint of the previous load missing from
-the new valid set is deleted. An explicit empty list (``endpoints: []``, or no ``endpoints`` key)
-is valid and empties the pool. Every invalid entry is logged (``skipping invalid endpoint entry``,
-naming the entry and the reason) each time a new content is read. All notifier calls come from the
-caller of ``start`` and then from the single watch task, in causal order. ``stop()`` cancels the
-watch.
-
-Reporting: ``llm_d_epp_discovery_file_load_failures_total{reason}``,
-``llm_d_epp_discovery_file_rejected`` (1 while the last good set is served instead of the file)
-and ``llm_d_epp_discovery_file_invalid_entries`` (see ``_metrics``); ``on_problem`` receives
-``endpoints file rejected (...); serving the last good set of N endpoints`` or
-``N invalid endpoint entries skipped``, and ``""`` once a clean file was applied. The server
-shows it as the ``discovery`` degradation of readiness: the EPP stays ready while it serves the
-last good set (every replica reads the same file, so going unready would only add an outage).
-
-Change detection: ``os.stat`` of the path (following symlinks) every 0.2 s, comparing
-``(st_mtime_ns, st_size, st_ino, st_dev)``. Stating the path rather than an open file picks up
-in-place writes, atomic replacement (write a temporary file + ``os.replace``: a new inode), a
-ConfigMap ``..data`` symlink swap (the target changes), and delete-then-recreate (the path is
-missing for a while, which is a file-level error that keeps the endpoints, then reappears). This is
-the effect of watching the parent directory without an inotify dependency; 0.2 s of latency is
-irrelevant for endpoint lists. Content identical to the last load is not re-applied. Because
-file-system timestamps are coarse, a file modified in the last 2 s is re-read on every poll (and
-compared) so that a second write within the same timestamp tick is not missed.
-
-Differences from the reference (quirk D20), deliberately following what users expect:
-
-* ``port`` may be an integer or a string holding 1..65535 (the reference rejects YAML integers,
-  failing the whole file);
-* invalid entries (``endpoint "<n>": invalid IPv4 address "<a>"``, ``invalid port "<p>"``, a
-  missing name...) are logged and skipped on the initial load too (the reference aborts start-up,
-  but skips them on reload), so one bad line never takes the EPP down;
-* the watch survives delete-and-recreate of the file (the reference may lose its fsnotify watch);
-* label values that are YAML scalars other than strings (``8``, ``true``) are accepted as their
-  string form (``"8"``, ``"true"``) instead of failing the file.
-"""
+"""``file-discovery``: endpoints from a YAML or JSON file, for running without Kubernetes."""
 
 from __future__ import annotations
 
@@ -140,6 +75,13 @@ class LoadResult:
 
 @register
 class FileDiscovery(EndpointDiscovery):
+    """Loads the endpoints file at ``start`` and, with ``watchFile``, polls it for changes.
+
+    Change detection stats the path (not an open file) every 0.2 s, so in-place writes, atomic
+    replacement, symlink swaps and delete-then-recreate are all seen. A rejected reload keeps the last
+    good set. Notifier calls come from ``start``'s caller, then from the one watch task, in order.
+    """
+
     type_name = "file-discovery"
     Params = FileDiscoveryParams
 
@@ -393,7 +335,7 @@ def _endpoint(entry: Any, index: int) -> EndpointMetadata:
 
 
 def _port(value: Any) -> int | None:
-    # Quirk D20: the reference demands a string; integers are accepted here too.
+    # An integer or a string holding one (the reference accepts only strings).
     if isinstance(value, bool):
         return None
     if isinstance(value, str):

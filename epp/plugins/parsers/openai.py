@@ -1,19 +1,4 @@
-"""``openai-parser``: the default request parser for OpenAI-style JSON bodies.
-
-Type: ``openai-parser``. Parameters: none.
-Algorithm:
-
-1. The body must decode into a JSON object (400 ``error unmarshaling request bodyMap: ...``).
-2. The API path is ``:path``, else ``x-original-path``, else ``x-forwarded-path``, else
-   ``/v1/completions``. Unlike the reference, a query string is stripped before matching (users
-   expect ``/v1/completions?x=1`` to be a completions request).
-3. The API is chosen by path suffix, first match wins: ``/conversations``, ``/responses``,
-   ``/chat/completions``, ``/completions``, ``/embeddings``; anything else is completions.
-4. The API's required field is validated (400 with the reference's message when missing).
-5. ``stream`` counts only when it is the JSON boolean ``true``.
-
-The ``model`` field is not checked here: the director does that after parsing (reference order).
-"""
+"""``openai-parser``: the default request parser for OpenAI-style JSON bodies."""
 
 from __future__ import annotations
 

@@ -1,37 +1,4 @@
-"""``utilization-detector``: pool saturation from queue depth and KV-cache use (legacy admission).
-
-Type: ``utilization-detector``. A ``SaturationDetector`` (the default one: the configuration loader
-instantiates it when ``saturationDetector`` is not set) and a ``Filter`` (used as a filter only when
-a scheduling profile references it).
-
-Parameters (defaults):
-
-* ``queueDepthThreshold`` (5, must be > 0): waiting requests at which an endpoint counts as full;
-* ``kvCacheUtilThreshold`` (0.8, must be in (0, 1]): KV-cache use at which an endpoint counts as full;
-* ``metricsStalenessThreshold`` (``"200ms"``, a Go duration string, must be > 0): metrics older than
-  this are not trusted;
-* ``stalenessPolicy`` (``saturated``; or ``ignore``): how saturation counts an endpoint whose
-  metrics are missing or stale;
-* ``headroom`` (0.0, must be >= 0; a warning is logged above 1.0, which looks like a percentage):
-  burst allowance of the filter.
-
-Invalid values are reported together, for example
-``invalid utilization detector configuration: queueDepthThreshold must be strictly positive, got 0``.
-
-Saturation (``saturation(endpoints)``): no endpoints → 1.0; otherwise the unweighted mean over the
-endpoints of ``max(waiting_queue_size / queueDepthThreshold, kv_cache_usage / kvCacheUtilThreshold)``,
-where an endpoint whose metrics were never scraped (``update_time == 0``) or are older than
-``metricsStalenessThreshold`` counts 1.0 with ``stalenessPolicy: saturated`` (fail-closed: a fleet
-whose scrapes all fail sheds every sheddable request), or is left out of the mean with ``ignore``
-(an all-stale set then reads 0.0; an empty set still reads 1.0). The result is not capped:
-``>= 1.0`` means saturated, and the director then drops sheddable requests (priority < 0) with 429.
-Each evaluation sets ``llm_d_epp_flow_control_stale_endpoints{detector}`` (the reference's gauge)
-to the number of stale endpoints it saw, under both policies.
-
-Filter: keeps endpoints with fresh metrics, ``q < queueDepthThreshold * (1 + headroom)`` and
-``kv < kvCacheUtilThreshold * (1 + headroom)``; fails open: when that would drop every endpoint,
-the input is returned unchanged (decision D12; the limit on KV is not capped at 1.0).
-"""
+"""``utilization-detector``: pool saturation from queue depth and KV-cache use (legacy admission)."""
 
 from __future__ import annotations
 
@@ -191,4 +158,4 @@ class UtilizationDetector(SaturationDetector, Filter):
                 continue
             if m.waiting_queue_size < q_limit and m.kv_cache_usage_percent < kv_limit:
                 kept.append(e)
-        return kept or endpoints  # fail open (D12)
+        return kept or endpoints  # fail open

@@ -1,24 +1,6 @@
 """The rule shared by scorers that read scraped model-server metrics: unknown metrics score neutrally.
 
-An endpoint's metrics are *unknown* when they were never scraped or are older than
-``--metrics-staleness-threshold`` (``Metrics.known``: the scraper sets ``fresh_until``), whatever
-the reason (a ``/metrics`` that fails, hangs or returns garbage, a new endpoint). Its values are
-then zeros or old numbers, and an idle-looking endpoint would attract most of the traffic.
-
-A ``MetricScorer`` implements ``score_known`` and is called only with the candidates whose metrics
-are known (min-max normalisations run over them alone, so unknown zeros do not stretch the scale).
-Every other candidate gets the *neutral* score: the mean of the known candidates' scores (clamped
-to [0, 1] like the profile does), never above the best of them, exactly their common value when
-they are all equal. An endpoint with unknown metrics thus ranks like an average endpoint: with
-max-score picking it never beats the best known endpoint on metrics and wins only ties (at most
-its fair share when all are equal). Because the mean is linear, its weighted sum over several
-metric scorers is the mean of the known endpoints' sums, so the combination cannot favour it
-either. When no candidate has known metrics every candidate scores ``NEUTRAL`` (0.5): the scorer
-then does not discriminate. Scorers fed by the EPP's own in-flight counts (``active-request-scorer``,
-``token-load-scorer``) and affinity scorers are not metric scorers and keep scoring every endpoint.
-
-Cost: one ``time.monotonic()`` and one comparison per candidate; the all-known case calls
-``score_known`` with the candidate list itself.
+Only candidates whose metrics are known are scored; every other one gets the mean of their scores.
 """
 
 from __future__ import annotations
@@ -33,7 +15,12 @@ NEUTRAL = 0.5
 
 
 class MetricScorer(Scorer, abc.ABC):
-    """A scorer over scraped metrics; subclasses implement ``score_known``."""
+    """A scorer over scraped metrics; subclasses implement ``score_known``.
+
+    ``score_known`` sees only the candidates whose metrics are known (so unknown zeros do not stretch a
+    min-max scale); the others get ``neutral_score`` of the known scores. When all are known the
+    candidate list itself is passed.
+    """
 
     def score(self, cycle: CycleState, request: LLMRequest, endpoints: list[Endpoint]) -> Sequence[float]:
         now = time.monotonic()

@@ -1,22 +1,4 @@
-"""``active-request-scorer``: prefer endpoints with fewer requests in flight from this EPP.
-
-Type: ``active-request-scorer`` (Distribution). Consumes ``INFLIGHT_LOAD_KEY`` (so the config loader
-auto-creates ``inflight-load-producer``).
-
-Parameters (defaults):
-
-* ``idleThreshold`` (0): an endpoint with at most this many in-flight requests is idle and scores 1.0
-  (negative values count as 0, as in the reference);
-* ``maxBusyScore`` (1.0, must be in [0, 1]): the best score a busy endpoint can get;
-* ``requestTimeout`` (deprecated, any value): accepted for compatibility and ignored; in-flight
-  requests are tracked by ``inflight-load-producer`` until their stream ends, not by a timeout.
-
-Algorithm: ``count = InFlightLoad.requests`` (0 when missing), ``maxCount`` over the candidates;
-``count <= idleThreshold`` → 1.0, otherwise ``(maxCount - count) / maxCount * maxBusyScore``.
-
-Deliberate difference from the reference (quirk D10): an omitted ``maxBusyScore`` is the documented
-1.0; the reference's config factory decodes it to 0 (busy endpoints all score 0).
-"""
+"""``active-request-scorer``: prefer endpoints with fewer requests in flight from this EPP."""
 
 from __future__ import annotations
 

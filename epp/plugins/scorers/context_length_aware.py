@@ -1,36 +1,4 @@
-"""``context-length-aware``: route requests by their length to endpoints labelled with a length range.
-
-Type: ``context-length-aware`` (Affinity); both a Scorer and a Filter, so a profile that lists it
-uses it in both slots.
-
-Parameters:
-
-* ``label`` (string, default ``llm-d.ai/context-length-range``; must be non-empty): the endpoint
-  label holding the range, written ``min-max`` (for example ``0-2048``);
-* ``enableFiltering`` (bool, default false): also act as a filter.
-
-Request length L (tokens): for a completions prompt given as token ids, the number of ids;
-otherwise ``int(0.25 * chars)`` where chars is the UTF-8 byte length (Go ``len``) of the message
-contents (chat) or of the prompt text (every other API).
-
-Score per endpoint: no label → 0.5; unparsable label → 0.0. In range (``min <= L <= max``), with
-width ``w = max - min``: ``w == 0`` → 1.0, else
-``0.3 + 0.7 * (0.7 / (1 + w / 10000) + 0.3 * (max - L) / w)``. Out of range:
-``0.3 / (1 + d / 1000)`` with d the distance to the nearest bound. An in-range endpoint therefore
-always outscores an out-of-range one.
-
-Filter (only with ``enableFiltering``): keep unlabelled endpoints and those whose range contains L;
-drop endpoints whose label does not parse. Without ``enableFiltering`` the filter passes everything.
-
-A label parses when it is exactly two integers (surrounding spaces allowed, optional ``+``) joined by
-one ``-`` with ``min <= max``.
-
-Differences from the reference (which estimates chars only from string chat contents and the
-completions prompt, so every other request measures 0): text blocks of structured chat contents
-count (joined as the reference's plain text: each text plus a space), prompts of the other APIs use
-their prompt text, and token-id prompts count their ids, so every request form gets a length
-(the spirit of quirk D17).
-"""
+"""``context-length-aware``: route requests by length to endpoints labelled with a length range."""
 
 from __future__ import annotations
 

@@ -1,10 +1,4 @@
-"""``kv-cache-utilization-scorer``: prefer endpoints with free KV cache.
-
-Type: ``kv-cache-utilization-scorer`` (Distribution). Parameters: none.
-Algorithm: ``score = 1 - kv_cache_usage_percent`` (a 0..1 fraction); the framework clamps to [0, 1].
-An endpoint with unknown metrics (never scraped or stale: its 0 % is not real) gets the neutral
-score, the mean of the known endpoints' scores (``_metric_scorer``).
-"""
+"""``kv-cache-utilization-scorer``: prefer endpoints with free KV cache."""
 
 from __future__ import annotations
 

@@ -1,13 +1,4 @@
-"""``load-aware-scorer``: score by waiting-queue length against a threshold.
-
-Type: ``load-aware-scorer`` (Distribution).
-Parameters: ``threshold`` (int, default 128; a value <= 0 means the default, as in the reference,
-which only logs it).
-Algorithm: ``q = waiting_queue_size``; ``q == 0`` → 0.5; otherwise
-``0.5 * (1 - min(q, T) / T)``. An idle endpoint never scores above 0.5 (the reference reserves the
-upper half for a future "spare capacity" signal). Endpoints with unknown metrics score neutrally
-(the mean of the known endpoints' scores, ``_metric_scorer``).
-"""
+"""``load-aware-scorer``: score by waiting-queue length against a threshold."""
 
 from __future__ import annotations
 

@@ -1,16 +1,4 @@
-"""``lora-affinity-scorer``: prefer endpoints that already serve (or can load) the LoRA adapter.
-
-Type: ``lora-affinity-scorer`` (Affinity). Parameters: none.
-Algorithm: the adapter is the request's target model. Per endpoint, first match wins:
-
-1. the adapter is in ``active_models`` → 1.0;
-2. ``len(active_models) + len(waiting_models) < max_active_models`` (room to load one more) → 0.8;
-3. the adapter is in ``waiting_models`` → 0.6;
-4. otherwise → 0.0.
-
-Capacity is checked before "waiting", as in the reference. The adapter lists come from the
-scraped metrics: an endpoint whose metrics are unknown scores neutrally (``_metric_scorer``).
-"""
+"""``lora-affinity-scorer``: prefer endpoints that already serve (or can load) the LoRA adapter."""
 
 from __future__ import annotations
 

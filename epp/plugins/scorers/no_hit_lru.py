@@ -1,30 +1,4 @@
-"""``no-hit-lru-scorer``: spread cold (no prefix-cache hit) requests over the least recently used endpoints.
-
-Type: ``no-hit-lru-scorer`` (Distribution); also a PreRequest plugin.
-
-Parameters:
-
-* ``lruSize`` (int, default 1024; a value <= 0 means the default): how many endpoints the LRU tracks;
-* ``prefixPluginType``, ``prefixPluginName``, ``prefixMatchInfoProducerName`` (strings): accepted for
-  configuration compatibility and unused (the reference ignores the first two too; the match info is
-  read from the one ``PrefixCacheMatchInfoKey`` attribute, whichever producer wrote it).
-
-Algorithm. The request is *warm* when some candidate has a ``PrefixCacheMatchInfo`` with
-``match_blocks > 0`` in ``cycle[PrefixCacheMatchInfoKey]``, else *cold* (also when no producer
-wrote any match info).
-
-* Warm: every endpoint scores 0.5.
-* Cold with one candidate: 1.0.
-* Cold with N > 1 candidates: endpoints never used for a cold request score ``1 - i / (N - 1)``, i
-  being their index among the never-used ones in candidate order; a used endpoint scores
-  ``max(0, 1 - rank / (N - 1))`` with ``rank = never_used_count + lru_position`` (0 = oldest in the
-  whole LRU, which may also hold endpoints that are not candidates now, as in the reference).
-
-Score records the cold flag in the cycle state; PreRequest consumes it and, for a cold request,
-marks the primary profile's first target and the ``prefill`` profile's first target (when present)
-as most recently used. Endpoints are keyed by ``namespace/name``. The LRU is process-local and
-bounded by ``lruSize`` (the oldest entry is evicted).
-"""
+"""``no-hit-lru-scorer``: spread cold (no prefix hit) requests over the least recently used endpoints."""
 
 from __future__ import annotations
 

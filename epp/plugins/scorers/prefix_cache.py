@@ -1,24 +1,4 @@
-"""``prefix-cache-scorer``: prefer endpoints that probably hold the prompt's prefix in KV cache.
-
-Type: ``prefix-cache-scorer`` (Affinity). Consumes ``PREFIX_CACHE_MATCH_INFO_KEY``, so the config
-loader auto-creates ``approx-prefix-cache-producer`` when no plugin produces it.
-
-Algorithm: ``score = match_blocks / total_blocks`` from the endpoint's ``PrefixCacheMatchInfo`` in
-the cycle state; a missing entry, a wrong type or ``total_blocks == 0`` scores 0. The scorer is
-stateless: hashing and the index live in the producer.
-
-Parameters (all optional, no defaults of their own): ``autoTune``, ``blockSizeTokens``,
-``maxPrefixBlocksToMatch``, ``maxPrefixTokensToMatch``, ``lruCapacityPerServer`` and the deprecated
-``blockSize``: the producer's parameters, with the producer's meaning and validation.
-
-Deliberate difference from the reference (quirk D5): the reference accepts these parameters here
-(sample configs pass them) and silently ignores them. Here they take effect: they are validated with
-the producer's rules when the config loads, and ``producer_params()`` returns the producer ``Params``
-they describe (``None`` when none were given), so the loader configures the producer it auto-creates
-with them. They do not change a producer declared explicitly in ``plugins:`` (configure that one
-directly). A missing match entry is not logged per endpoint as in the reference (it only happens
-when no producer ran, and logging 100 lines per request would cost more than the scoring).
-"""
+"""``prefix-cache-scorer``: prefer endpoints that probably hold the prompt's prefix in KV cache."""
 
 from __future__ import annotations
 
@@ -67,7 +47,7 @@ class PrefixCacheScorer(Scorer):
     consumes = frozenset({PREFIX_CACHE_MATCH_INFO_KEY})
 
     def producer_params(self) -> ApproxPrefixCacheParams | None:
-        """D5: the ``approx-prefix-cache-producer`` parameters given on this scorer, or None."""
+        """The ``approx-prefix-cache-producer`` parameters given on this scorer, or None."""
         params = self.params
         return params.producer_params() if isinstance(params, PrefixCacheScorerParams) else None
 

@@ -1,11 +1,4 @@
-"""``queue-scorer``: prefer endpoints with shorter waiting queues.
-
-Type: ``queue-scorer`` (Distribution). Parameters: none.
-Algorithm: min-max normalisation of ``waiting_queue_size`` over the candidates,
-``score = (max - q) / (max - min)``; when every candidate has the same queue length, all score 1.0.
-The normalisation runs over the candidates with known metrics; the others get the neutral score
-(the mean of the known scores, never above the best): ``epp.plugins.scorers._metric_scorer``.
-"""
+"""``queue-scorer``: prefer endpoints with shorter waiting queues."""
 
 from __future__ import annotations
 

@@ -1,10 +1,4 @@
-"""``running-requests-size-scorer``: prefer endpoints running fewer requests.
-
-Type: ``running-requests-size-scorer`` (Distribution). Parameters: none.
-Algorithm: the ``queue-scorer`` min-max formula on ``running_requests_size``:
-``score = (max - r) / (max - min)`` over the candidates; all equal → 1.0 each.
-Over the candidates with known metrics only; the others score neutrally (``_metric_scorer``).
-"""
+"""``running-requests-size-scorer``: prefer endpoints running fewer requests."""
 
 from __future__ import annotations
 

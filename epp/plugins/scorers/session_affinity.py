@@ -1,17 +1,4 @@
-"""``session-affinity-scorer``: send a session's requests back to the endpoint that served it.
-
-Type: ``session-affinity-scorer`` (Affinity). Parameters: none.
-
-Algorithm: the request header ``x-session-token`` is the standard base64 of an endpoint's
-``namespace/name`` (for example ``ns/pod-rank-0``). That endpoint scores 1.0, every other 0.0; a
-missing header or a token that is not valid base64 scores all 0.0 (logged at debug level, where
-the reference logs an error: a client can send any header, so it must not flood the log).
-
-As a response-header processor it sets ``x-session-token`` on the response to the token of the
-endpoint that served the request. Difference from the reference (quirk D11): the reference writes
-the header at the end of the response body, after the headers were already sent, so the client
-never receives it; epp sets it while the response headers are processed, so the client gets it.
-"""
+"""``session-affinity-scorer``: send a session's requests back to the endpoint that served it."""
 
 from __future__ import annotations
 

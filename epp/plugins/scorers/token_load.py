@@ -1,14 +1,4 @@
-"""``token-load-scorer``: prefer endpoints with fewer estimated tokens in flight from this EPP.
-
-Type: ``token-load-scorer`` (Distribution). Consumes ``INFLIGHT_LOAD_KEY`` (so the config loader
-auto-creates ``inflight-load-producer``).
-
-Parameters: ``queueThresholdTokens`` (4194304 = 128 requests of 32K tokens; values <= 0 mean the
-default, as in the reference): the token load at which the score reaches 0.
-
-Algorithm: ``tokens = InFlightLoad.tokens`` (0 when missing); ``tokens <= 0`` → 1.0, otherwise
-``1 - min(tokens, T) / T``.
-"""
+"""``token-load-scorer``: prefer endpoints with fewer estimated tokens in flight from this EPP."""
 
 from __future__ import annotations
 

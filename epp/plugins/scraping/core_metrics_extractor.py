@@ -1,34 +1,4 @@
-"""``core-metrics-extractor``: turns a scraped metrics page into an endpoint's ``Metrics``.
-
-Type: ``core-metrics-extractor``. Parameters:
-
-* ``engineLabelKey`` (``llm-d.ai/engine-type``): endpoint label naming the engine; when absent the
-  label ``inference.networking.k8s.io/engine-type`` is tried, then ``defaultEngine``;
-* ``defaultEngine`` (``vllm``): the engine used for endpoints without (or with an unknown) label;
-* ``engineConfigs`` (``[]``): ``[{name, queuedRequestsSpec, runningRequestsSpec, kvUsageSpec,
-  loraSpec, cacheInfoSpec, cacheBlockSizeLabelName, cacheNumBlocksLabelName, cacheBlockSizeSpec,
-  cacheNumBlocksSpec}]``; an entry overrides the built-in engine of the same name or adds an
-  engine; the name ``default`` is reserved; an empty spec (``""``) disables that metric.
-  Difference from the reference: a field *omitted* from an entry that overrides a built-in engine
-  keeps the built-in spec (the reference disables it), so overriding one metric name of ``vllm``
-  does not silently drop the others. For new engine names omitted fields are disabled.
-
-Built-in engines (scheduling.md §4.7): ``vllm``, ``sglang``, ``trtllm-serve``,
-``triton-tensorrt-llm``. Specs are PromQL instant selectors compiled once (``promtext.Selector``).
-
-Algorithm, per scrape: choose the endpoint's engine mapping; for each configured metric extract
-its value (largest timestamp, else first matching series; integers truncated). A missing family,
-no matching series or a non-finite value is an error for that field only: the field keeps its
-previous value and the others still update. Cache info sets the block size (reset to 0 first, as
-in the reference) and block count from the info metric's labels, then from the gauge specs.
-LoRA: the ``lora_requests_info`` series with the largest value gives ``ActiveModels``,
-``WaitingModels`` (rebuilt every scrape, counts 0) and ``MaxActiveModels``; an absent LoRA family
-is not an error (vLLM exports it only when LoRA is enabled), the LoRA fields then stay as they were.
-Served models: the ``model_name`` labels of the running-requests series (vLLM and SGLang label every
-series with the served model; engines without the label report none), kept only when found.
-When any field was extracted a new ``Metrics`` snapshot is returned with
-``update_time = time.monotonic()``; the scraper stores it and counts errors.
-"""
+"""``core-metrics-extractor``: turns a scraped metrics page into an endpoint's ``Metrics``."""
 
 from __future__ import annotations
 

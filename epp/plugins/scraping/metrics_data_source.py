@@ -1,25 +1,4 @@
-"""``metrics-data-source``: polls a model server's Prometheus metrics page over HTTP(S).
-
-Type: ``metrics-data-source``. Parameters:
-
-* ``scheme`` (``http``): ``http`` or ``https``;
-* ``path`` (``/metrics``): the request path (must start with ``/``);
-* ``insecureSkipVerify`` (true): with https, do not verify the server certificate.
-
-Algorithm: ``poller(endpoint)`` returns a per-endpoint poller whose ``poll()`` performs
-``GET <scheme>://<metricsHost><path>`` and returns the raw body (the extractor scans it; see
-``epp.datalayer.promtext``). Any status other than 200 is an error. Errors are ``HttpError``s
-carrying the scraper's failure reason (``http_status``, ``connect``, ``malformed_response``).
-
-HTTP client: a minimal HTTP/1.1 client on asyncio streams with one keep-alive connection per
-endpoint (the scraper never overlaps polls of one endpoint, so one connection is all it needs).
-It handles ``Content-Length``, chunked and read-until-close bodies, and retries once on a fresh
-connection when a reused keep-alive connection turns out to be closed by the server. Measured
-against a real local server with a 60 KB vLLM-like page it costs a fraction of the CPU of an
-aiohttp ``ClientSession`` per scrape, which matters because the same event loop serves requests.
-A poll that is cancelled (the scraper's timeout) or fails mid-response closes the connection, so a
-half-read response never corrupts the next one. Bodies are capped at 16 MiB.
-"""
+"""``metrics-data-source``: polls a model server's Prometheus metrics page over HTTP(S)."""
 
 from __future__ import annotations
 
@@ -79,7 +58,12 @@ class MetricsDataSource(DataSource):
 
 
 class MetricsPoller:
-    """One keep-alive HTTP/1.1 connection to one metrics host; ``poll`` calls must not overlap."""
+    """One keep-alive HTTP/1.1 connection to one metrics host; ``poll`` calls must not overlap.
+
+    Handles ``Content-Length``, chunked and read-until-close bodies; a reused connection the server
+    closed is retried once on a fresh one. A cancelled or failed poll closes the connection, so a
+    half-read response never corrupts the next. Far cheaper per scrape than an aiohttp session.
+    """
 
     __slots__ = ("_host", "_port", "_reader", "_request", "_ssl", "_writer")
 

@@ -1,22 +1,7 @@
 """Targeted extraction of metric values from Prometheus text exposition (format 0.0.4).
 
-The EPP scrapes every endpoint every 50 ms and a vLLM ``/metrics`` page is 50-100 KB, mostly
-histogram buckets the EPP never reads. Parsing every line in Python would cost milliseconds per
-scrape, so nothing here parses the whole page: a ``Selector`` looks for its metric name at line
-starts with ``bytes.find`` (C speed) and parses only the few sample lines it finds — labels only
-when the selector or the caller needs them.
-
-A metric spec is a PromQL instant selector ``name{label=value,...}``: quotes (double, single or
-backticks) are optional, only equality matchers are allowed (``!=``, ``=~`` and ``!~`` are rejected
-when the spec is compiled), ``__*`` pseudo-labels are ignored except ``__name__`` when no name
-precedes the braces, and ``label=""`` matches series without that label (as in PromQL).
-
-Series choice (reference behaviour): among the samples that match, the one with the largest explicit
-timestamp wins; without timestamps, the first in exposition order. Info metrics carry their data in
-labels: ``info_labels`` returns the chosen series' labels, ``lora_info`` decodes the
-``vllm:lora_requests_info`` series with the largest *value* (its value is a last-updated time).
-
-Compile a spec once with ``Selector.parse`` and reuse the selector for every scrape.
+A ``Selector`` (a PromQL instant selector with equality matchers, compiled once) finds its metric
+at line starts with ``bytes.find`` and parses only the sample lines it needs, never the whole page.
 """
 
 from __future__ import annotations
@@ -82,7 +67,12 @@ class LoraInfo:
 
 @dataclass(slots=True, frozen=True)
 class Selector:
-    """A compiled metric spec. Build it with ``Selector.parse``; it holds the byte needles."""
+    """A compiled metric spec. Build it with ``Selector.parse``; it holds the byte needles.
+
+    Spec: ``name{label=value,...}``, quotes optional, equality matchers only (others are rejected at
+    parse), ``__*`` labels ignored except ``__name__`` without a leading name; ``label=""`` matches
+    series without that label. Among matches the largest explicit timestamp wins, else the first.
+    """
 
     name: str
     matchers: tuple[tuple[str, str], ...] = ()
