@@ -4,10 +4,10 @@ neutral score of the metric scorers, and the utilization detector's ``stalenessP
 from __future__ import annotations
 
 import asyncio
-import math
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Sequence
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -18,7 +18,6 @@ from epp.datalayer.freshness import FAILURE_REASONS, FreshnessCollector
 from epp.datalayer.scraper import MetricsScraper
 from epp.datalayer.store import EndpointStore
 from epp.framework import (
-    ApiKind,
     ConfigError,
     CycleState,
     Endpoint,
@@ -26,7 +25,6 @@ from epp.framework import (
     LLMRequest,
     Metrics,
     MetricsState,
-    RequestBody,
 )
 from epp.framework.attributes import INFLIGHT_LOAD_KEY, InFlightLoad
 from epp.framework.params import decode_params
@@ -43,23 +41,22 @@ from epp.plugins.scorers.lora_affinity import LoraAffinityScorer
 from epp.plugins.scorers.queue import QueueScorer
 from epp.plugins.scorers.running_requests_size import RunningRequestsSizeScorer
 from epp.scheduling import SchedulerProfile, WeightedScorer
+from tests.unit import factories
+from tests.unit.factories import FRESH, endpoint, known_metrics
 from tests.unit.test_scraper import MetricsServer
 
-FRESH = math.inf
 
-
-def ep(name: str, *, fresh_until: float = FRESH, update_time: float = 1.0, **values: object) -> Endpoint:
-    metrics = Metrics(update_time=update_time, fresh_until=fresh_until, **values)  # type: ignore[arg-type]
-    return Endpoint(EndpointMetadata(name, "10.0.0.1", 8000), metrics)
+def ep(name: str, *, fresh_until: float = FRESH, update_time: float = 1.0, **values: Any) -> Endpoint:
+    return endpoint(name, metrics=known_metrics(fresh_until=fresh_until, update_time=update_time, **values))
 
 
 def never(name: str) -> Endpoint:
     """An endpoint that was never scraped: all zeros, which look idle."""
-    return Endpoint(EndpointMetadata(name, "10.0.0.9", 8000))
+    return endpoint(name, "10.0.0.9")
 
 
 def request() -> LLMRequest:
-    return LLMRequest("r", RequestBody(ApiKind.COMPLETIONS, {"model": "m", "prompt": "p"}, b""), {}, "m", "m")
+    return factories.request(request_id="r")
 
 
 # --- state -------------------------------------------------------------------------------------
