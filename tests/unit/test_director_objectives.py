@@ -29,14 +29,8 @@ from epp.framework import (
     SaturationDetector,
     SchedulingResult,
 )
-from epp.plugins.parsers.openai import OpenAIParser
-from epp.plugins.pickers._common import PickerParams
-from epp.plugins.pickers.max_score import MaxScorePicker
-from epp.plugins.profile_handlers.single import SingleProfileHandler
 from epp.plugins.saturation.utilization_detector import UtilizationDetector, UtilizationDetectorParams
-from epp.plugins.scorers.queue import QueueScorer
-from epp.scheduling import Scheduler, SchedulerProfile, WeightedScorer
-from epp.server.director import Director, DirectorHooks
+from epp.server.director import Director
 from tests.unit import factories
 from tests.unit.extproc_harness import (
     Harness,

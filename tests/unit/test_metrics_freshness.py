@@ -21,7 +21,6 @@ from epp.framework import (
     ConfigError,
     CycleState,
     Endpoint,
-    EndpointMetadata,
     LLMRequest,
     Metrics,
     MetricsState,
@@ -42,7 +41,7 @@ from epp.plugins.scorers.queue import QueueScorer
 from epp.plugins.scorers.running_requests_size import RunningRequestsSizeScorer
 from epp.scheduling import SchedulerProfile, WeightedScorer
 from tests.unit import factories
-from tests.unit.factories import FRESH, endpoint, known_metrics
+from tests.unit.factories import FRESH, endpoint, known_metrics, metadata
 from tests.unit.test_scraper import MetricsServer
 
 
@@ -244,7 +243,7 @@ def test_every_failure_reason_is_exported_at_zero() -> None:
 
 async def test_success_sets_fresh_until_then_the_metrics_go_stale(server: MetricsServer) -> None:
     store = EndpointStore()
-    store.upsert(EndpointMetadata("vllm-0", "127.0.0.1", server.port))
+    store.upsert(metadata("vllm-0", "127.0.0.1", server.port))
     scraper = _scraper(store, staleness=0.3)
     scraper.start()
     try:
@@ -279,7 +278,7 @@ async def test_failure_reasons_recorded_and_cleared_on_recovery(
     else:
         server.page = bytes(range(256)) * 8
     store = EndpointStore()
-    store.upsert(EndpointMetadata("vllm-0", "127.0.0.1", server.port))
+    store.upsert(metadata("vllm-0", "127.0.0.1", server.port))
     scraper = _scraper(store, timeout=0.2)
     before = _failures(reason)
     scraper.start()

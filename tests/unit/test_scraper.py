@@ -20,6 +20,8 @@ from epp.framework.params import decode_params
 from epp.plugins.datalayer.core_metrics_extractor import CoreMetricsExtractor, CoreMetricsExtractorParams
 from epp.plugins.datalayer.metrics_data_source import HttpError, MetricsDataSource, MetricsDataSourceParams
 from epp.server.tls import self_signed_pem
+from tests.unit import factories
+from tests.unit.factories import metadata
 
 INTERVAL = 0.02
 MODEL = 'engine="0",model_name="meta-llama/Llama-3.1-8B-Instruct"'
@@ -123,7 +125,7 @@ def _scraper(store: EndpointStore, *, timeout: float = 1.0, **source_params: obj
 
 
 def _metadata(port: int, name: str = "vllm-0") -> EndpointMetadata:
-    return EndpointMetadata(name=name, address="127.0.0.1", port=port)
+    return metadata(name, "127.0.0.1", port)
 
 
 def _poll_errors() -> float:
@@ -462,9 +464,7 @@ def test_metrics_data_source_parameters() -> None:
     params = decode_params(MetricsDataSourceParams, {}, "p")
     assert params == MetricsDataSourceParams(scheme="http", path="/metrics", insecure_skip_verify=True)
     source = MetricsDataSource("m", decode_params(MetricsDataSourceParams, {"path": "/stats"}, "p"))
-    endpoint = Endpoint(
-        EndpointMetadata(name="e", address="10.0.0.1", port=8000, metrics_host="10.0.0.2:9090")
-    )
+    endpoint = factories.endpoint("e", metrics_host="10.0.0.2:9090")
     assert source.url(endpoint) == "http://10.0.0.2:9090/stats"
     with pytest.raises(ConfigError) as info:
         decode_params(MetricsDataSourceParams, {"scheme": "ftp"}, "p")
@@ -475,7 +475,7 @@ def test_metrics_data_source_parameters() -> None:
 
 
 def test_is_stale() -> None:
-    endpoint = Endpoint(EndpointMetadata(name="e", address="10.0.0.1", port=8000))
+    endpoint = factories.endpoint("e")
     assert is_stale(endpoint, 1.0, now=100.0)
     endpoint.metrics = Metrics(update_time=99.5)
     assert not is_stale(endpoint, 1.0, now=100.0)
@@ -494,7 +494,7 @@ def test_pool_gauges_average_fresh_endpoints_only() -> None:
     for i, (queue, running, kv, updated) in enumerate(
         [(2, 4, 0.2, 99.0), (4, 8, 0.6, 99.5), (100, 100, 1.0, 50.0)]  # the last one is stale
     ):
-        store.upsert(EndpointMetadata(name=f"pod-{i}", address=f"10.0.0.{i + 1}", port=8000))
+        store.upsert(metadata(f"pod-{i}", f"10.0.0.{i + 1}"))
         _endpoint(store, f"default/pod-{i}").metrics = Metrics(
             waiting_queue_size=queue,
             running_requests_size=running,
@@ -525,7 +525,7 @@ def test_pool_gauges_average_fresh_endpoints_only() -> None:
 
 async def test_pool_gauges_task_refreshes_periodically() -> None:
     store = EndpointStore()
-    store.upsert(EndpointMetadata(name="pod-0", address="10.0.0.1", port=8000))
+    store.upsert(metadata("pod-0"))
     gauges = PoolGauges(store, "pool-b", interval=0.01)
     gauges.start()
     try:
