@@ -55,6 +55,14 @@ class MetricFields(TypedDict, total=False):
     failure: str
 
 
+class MetadataFields(TypedDict, total=False):
+    """The optional members of ``EndpointMetadata`` that ``metadata`` takes, as keyword arguments."""
+
+    namespace: str
+    labels: Mapping[str, str] | None
+    metrics_host: str
+
+
 # --- endpoints ---------------------------------------------------------------------------------
 
 
@@ -85,14 +93,11 @@ def endpoint(
     address: str = "10.0.0.1",
     port: int = 8000,
     *,
-    namespace: str = "default",
-    labels: Mapping[str, str] | None = None,
-    metrics_host: str = "",
     metrics: Metrics | None = None,
+    **fields: Unpack[MetadataFields],
 ) -> Endpoint:
     """An endpoint; without ``metrics`` it was never scraped (``Metrics()``)."""
-    md = metadata(name, address, port, namespace=namespace, labels=labels, metrics_host=metrics_host)
-    return Endpoint(md, metrics if metrics is not None else Metrics())
+    return Endpoint(metadata(name, address, port, **fields), metrics if metrics is not None else Metrics())
 
 
 def endpoints(

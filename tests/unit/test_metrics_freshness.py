@@ -3,10 +3,9 @@ neutral score of the metric scorers, and the utilization detector's ``stalenessP
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import pytest
@@ -42,6 +41,7 @@ from epp.plugins.scorers.running_requests_size import RunningRequestsSizeScorer
 from epp.scheduling import SchedulerProfile, WeightedScorer
 from tests.unit import factories
 from tests.unit.factories import FRESH, endpoint, known_metrics, metadata
+from tests.unit.polling import until
 from tests.unit.test_scraper import MetricsServer
 
 
@@ -220,14 +220,6 @@ def _failures(reason: str) -> float:
     return value or 0.0
 
 
-async def _until(condition: Callable[[], bool], timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met in time")
-        await asyncio.sleep(0.01)
-
-
 def _endpoint(store: EndpointStore) -> Endpoint:
     (endpoint,) = store.endpoints()
     return endpoint
@@ -247,15 +239,15 @@ async def test_success_sets_fresh_until_then_the_metrics_go_stale(server: Metric
     scraper = _scraper(store, staleness=0.3)
     scraper.start()
     try:
-        await _until(lambda: _endpoint(store).metrics.update_time > 0)
+        await until(lambda: _endpoint(store).metrics.update_time > 0)
         m = _endpoint(store).metrics
         assert m.fresh_until == pytest.approx(m.update_time + 0.3)
         assert m.state(time.monotonic()) is MetricsState.FRESH and m.failure == ""
         server.page = b"# nothing here\nthis is { not prometheus\n"  # garbage from now on
         failures = _failures("no_metrics")
-        await _until(lambda: _endpoint(store).metrics.failure == "no_metrics")
+        await until(lambda: _endpoint(store).metrics.failure == "no_metrics")
         assert _failures("no_metrics") > failures
-        await _until(lambda: not _endpoint(store).metrics.known(time.monotonic()))
+        await until(lambda: not _endpoint(store).metrics.known(time.monotonic()))
         m = _endpoint(store).metrics
         assert m.state(time.monotonic()) is MetricsState.FAILED
         assert m.waiting_queue_size == 3  # the old values stay, they are just no longer trusted
@@ -283,12 +275,12 @@ async def test_failure_reasons_recorded_and_cleared_on_recovery(
     before = _failures(reason)
     scraper.start()
     try:
-        await _until(lambda: _endpoint(store).metrics.failure == reason)
+        await until(lambda: _endpoint(store).metrics.failure == reason)
         assert _failures(reason) > before
         m = _endpoint(store).metrics
         assert m.state(time.monotonic()) is MetricsState.FAILED and m.update_time == 0.0
         server.status, server.delay, server.page = 200, 0.0, good_page
-        await _until(lambda: _endpoint(store).metrics.known(time.monotonic()))
+        await until(lambda: _endpoint(store).metrics.known(time.monotonic()))
         assert _endpoint(store).metrics.failure == ""
     finally:
         await scraper.stop()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import itertools
 import struct
+from typing import Any
 
 import pytest
 import xxhash
@@ -54,7 +55,7 @@ def expected_chain(data: bytes, model: str, salt: str, block_chars: int) -> list
 
 
 def completion(prompt: str, model: str = "m", salt: str | None = None, rid: str = "r") -> LLMRequest:
-    salted = {"cache_salt": salt} if salt is not None else {}
+    salted: dict[str, Any] = {"cache_salt": salt} if salt is not None else {}
     return completions(prompt, model=model, request_id=rid, **salted)
 
 
@@ -67,7 +68,7 @@ def result(primary: Endpoint, prefill: Endpoint | None = None) -> SchedulingResu
 
 def producer(handle: StubHandle | None = None, **params: object) -> ApproxPrefixCacheProducer:
     p = decode_params(ApproxPrefixCacheParams, params, "parameters")
-    return ApproxPrefixCacheProducer("approx-prefix-cache-producer", p, handle)  # type: ignore[arg-type]
+    return ApproxPrefixCacheProducer("approx-prefix-cache-producer", p, handle)
 
 
 # small blocks keep the prompts readable: 4 tokens = 16 characters per block

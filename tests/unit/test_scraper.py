@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import ssl
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -22,6 +22,7 @@ from epp.plugins.datalayer.metrics_data_source import HttpError, MetricsDataSour
 from epp.server.tls import self_signed_pem
 from tests.unit import factories
 from tests.unit.factories import metadata
+from tests.unit.polling import until
 
 INTERVAL = 0.02
 MODEL = 'engine="0",model_name="meta-llama/Llama-3.1-8B-Instruct"'
@@ -143,16 +144,6 @@ def _extract_errors() -> float:
     return value or 0.0
 
 
-async def _until(condition: Callable[[], bool], timeout: float = 5.0) -> None:
-    """Wait until ``condition()`` holds (bounded; the bound is a safety net, not an assertion)."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not condition():
-        if loop.time() > deadline:
-            raise AssertionError("condition not met in time")
-        await asyncio.sleep(0.005)
-
-
 def _endpoint(store: EndpointStore, key: str = "default/vllm-0") -> Endpoint:
     endpoint = store.get(key)
     assert endpoint is not None
@@ -169,7 +160,7 @@ async def test_metrics_land_in_store_endpoints_and_follow_changes(server: Metric
     scraper.start()
     try:
         endpoint = _endpoint(store)
-        await _until(lambda: endpoint.metrics.update_time > 0)
+        await until(lambda: endpoint.metrics.update_time > 0)
         m = endpoint.metrics
         assert (m.waiting_queue_size, m.running_requests_size, m.kv_cache_usage_percent) == (3, 7, 0.42)
         assert (m.cache_block_size, m.cache_num_blocks) == (16, 31250)
@@ -178,13 +169,13 @@ async def test_metrics_land_in_store_endpoints_and_follow_changes(server: Metric
         store.upsert(_metadata(server.port, "vllm-1"))  # added while running
         second = _endpoint(store, "default/vllm-1")
         server.page = vllm_page(waiting=9, running=1, kv=0.05)
-        await _until(
+        await until(
             lambda: endpoint.metrics.waiting_queue_size == 9 and second.metrics.waiting_queue_size == 9
         )
         assert endpoint.metrics.kv_cache_usage_percent == 0.05
         assert scraper.scraped_endpoints == {endpoint, second}
         # Keep-alive: one connection per endpoint, reused for every scrape.
-        await _until(lambda: server.requests >= 10)
+        await until(lambda: server.requests >= 10)
         assert len(server.peers) == 2
     finally:
         await scraper.stop()
@@ -198,19 +189,19 @@ async def test_dead_server_counts_poll_errors_and_keeps_metrics_stale(server: Me
     scraper.start()
     try:
         endpoint = _endpoint(store)
-        await _until(lambda: endpoint.metrics.waiting_queue_size == 3)
+        await until(lambda: endpoint.metrics.waiting_queue_size == 3)
         await server.stop()
         errors_before = _poll_errors()
-        await _until(lambda: _poll_errors() >= errors_before + 3)
+        await until(lambda: _poll_errors() >= errors_before + 3)
         last = endpoint.metrics
-        await _until(lambda: scraper.is_stale(endpoint, 0.1))
+        await until(lambda: scraper.is_stale(endpoint, 0.1))
         assert endpoint.metrics is last  # nothing replaced the old snapshot
         assert (last.waiting_queue_size, last.running_requests_size) == (3, 7)
 
         # The server comes back on the same port: scraping recovers on a new connection.
         server.page = vllm_page(waiting=4)
         await server.start()
-        await _until(lambda: endpoint.metrics.waiting_queue_size == 4)
+        await until(lambda: endpoint.metrics.waiting_queue_size == 4)
         assert not scraper.is_stale(endpoint, 5.0)
     finally:
         await scraper.stop()
@@ -223,7 +214,7 @@ async def test_unreachable_endpoint_is_stale_from_the_start() -> None:
     errors_before = _poll_errors()
     scraper.start()
     try:
-        await _until(lambda: _poll_errors() >= errors_before + 2)
+        await until(lambda: _poll_errors() >= errors_before + 2)
         endpoint = _endpoint(store)
         assert endpoint.metrics == Metrics(failure="connect")  # no values, the reason recorded
         assert endpoint.metrics.state(time.monotonic()) is MetricsState.FAILED
@@ -239,10 +230,10 @@ async def test_removed_endpoint_stops_being_scraped(server: MetricsServer) -> No
     scraper.start()
     try:
         endpoint = _endpoint(store)
-        await _until(lambda: server.requests >= 3)
+        await until(lambda: server.requests >= 3)
         store.delete(endpoint.metadata.key)
         assert scraper.scraped_endpoints == frozenset()  # the task is dropped synchronously
-        await _until(lambda: server.in_flight == 0)
+        await until(lambda: server.in_flight == 0)
         await asyncio.sleep(0)  # let the cancelled task run its cleanup
         count = server.requests
         await asyncio.sleep(INTERVAL * 10)
@@ -259,7 +250,7 @@ async def test_slow_server_never_gets_overlapping_scrapes(server: MetricsServer)
     errors_before = _poll_errors()
     scraper.start()
     try:
-        await _until(lambda: server.requests >= 6)
+        await until(lambda: server.requests >= 6)
         assert server.max_in_flight == 1
         assert _poll_errors() == errors_before  # slow but within the timeout: no errors
         assert _endpoint(store).metrics.waiting_queue_size == 3
@@ -276,11 +267,11 @@ async def test_poll_timeout_counts_an_error_and_the_next_poll_is_clean(server: M
     scraper.start()
     try:
         endpoint = _endpoint(store)
-        await _until(lambda: _poll_errors() >= errors_before + 2)
+        await until(lambda: _poll_errors() >= errors_before + 2)
         assert endpoint.metrics.update_time == 0.0
         assert server.max_in_flight <= 2  # a timed-out request may still finish server-side
         server.delay = 0.0
-        await _until(lambda: endpoint.metrics.waiting_queue_size == 3)
+        await until(lambda: endpoint.metrics.waiting_queue_size == 3)
     finally:
         await scraper.stop()
 
@@ -293,10 +284,10 @@ async def test_non_200_status_is_a_poll_error(server: MetricsServer) -> None:
     errors_before = _poll_errors()
     scraper.start()
     try:
-        await _until(lambda: _poll_errors() >= errors_before + 2)
+        await until(lambda: _poll_errors() >= errors_before + 2)
         assert _endpoint(store).metrics.update_time == 0.0
         server.status = 200
-        await _until(lambda: _endpoint(store).metrics.waiting_queue_size == 3)
+        await until(lambda: _endpoint(store).metrics.waiting_queue_size == 3)
     finally:
         await scraper.stop()
 
@@ -311,7 +302,7 @@ async def test_chunked_and_connection_close_responses(server: MetricsServer) -> 
     scraper.start()
     try:
         endpoint = _endpoint(store)
-        await _until(lambda: server.requests >= 4 and endpoint.metrics.waiting_queue_size == 5)
+        await until(lambda: server.requests >= 4 and endpoint.metrics.waiting_queue_size == 5)
         assert endpoint.metrics.cache_num_blocks == 31250  # the last chunk was reassembled
         assert len(server.peers) >= 3  # "Connection: close" made the client reconnect
     finally:
@@ -327,7 +318,7 @@ async def test_extraction_errors_are_counted_and_partial_metrics_kept(server: Me
     scraper.start()
     try:
         endpoint = _endpoint(store)
-        await _until(lambda: _extract_errors() >= errors_before + 2)
+        await until(lambda: _extract_errors() >= errors_before + 2)
         assert endpoint.metrics.running_requests_size == 2
         assert endpoint.metrics.update_time > 0
     finally:
@@ -347,8 +338,8 @@ async def test_https_with_insecure_skip_verify(tmp_path: Path) -> None:
     scraper.start()
     verifying.start()
     try:
-        await _until(lambda: _endpoint(store).metrics.waiting_queue_size == 3)
-        await _until(lambda: _poll_errors() >= errors_before + 2)  # the verifying client rejects it
+        await until(lambda: _endpoint(store).metrics.waiting_queue_size == 3)
+        await until(lambda: _poll_errors() >= errors_before + 2)  # the verifying client rejects it
         assert _endpoint(verifying_store).metrics.update_time == 0.0
     finally:
         await scraper.stop()
@@ -371,14 +362,14 @@ async def test_stop_then_start_again_resumes_scraping(server: MetricsServer) -> 
     store.upsert(_metadata(server.port))
     scraper = _scraper(store)
     scraper.start()
-    await _until(lambda: server.requests >= 1)
+    await until(lambda: server.requests >= 1)
     await scraper.stop()
     store.upsert(_metadata(server.port, "vllm-1"))  # added while stopped: not scraped
     assert scraper.scraped_endpoints == frozenset()
     scraper.start()
     try:
         second = _endpoint(store, "default/vllm-1")
-        await _until(lambda: second.metrics.waiting_queue_size == 3)
+        await until(lambda: second.metrics.waiting_queue_size == 3)
         assert len(scraper.scraped_endpoints) == 2
     finally:
         await scraper.stop()
@@ -529,10 +520,10 @@ async def test_pool_gauges_task_refreshes_periodically() -> None:
     gauges = PoolGauges(store, "pool-b", interval=0.01)
     gauges.start()
     try:
-        await _until(lambda: _gauge("inference_pool_ready_pods", {"name": "pool-b"}) == 0)
+        await until(lambda: _gauge("inference_pool_ready_pods", {"name": "pool-b"}) == 0)
         endpoint = _endpoint(store, "default/pod-0")
         endpoint.metrics = Metrics(waiting_queue_size=5, update_time=time.monotonic())
-        await _until(lambda: _gauge("inference_pool_ready_pods", {"name": "pool-b"}) == 1)
+        await until(lambda: _gauge("inference_pool_ready_pods", {"name": "pool-b"}) == 1)
         assert _gauge("inference_pool_average_queue_size", {"name": "pool-b"}) == 5
     finally:
         await gauges.stop()
