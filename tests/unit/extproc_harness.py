@@ -12,30 +12,14 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
 from google.protobuf.struct_pb2 import Struct
 
 from epp.datalayer.store import EndpointStore
-from epp.framework import EndpointMetadata, Filter
-from epp.plugins.parsers.openai import OpenAIParser
-from epp.plugins.pickers._common import PickerParams
-from epp.plugins.pickers.max_score import MaxScorePicker
-from epp.plugins.profile_handlers.single import SingleProfileHandler
-from epp.plugins.scorers.queue import QueueScorer
-from epp.scheduling import Scheduler, SchedulerProfile, WeightedScorer
+from epp.framework import EndpointMetadata
 from epp.server.director import Director
 from epp.server.extproc import BUFFERED, FULL_DUPLEX_STREAMED, ExternalProcessor, StreamOptions
+from tests.unit import factories
 
 
 def endpoint(i: int, port: int = 8000) -> EndpointMetadata:
-    return EndpointMetadata(name=f"ep-{i}", address=f"10.0.0.{i}", port=port)
-
-
-def build_director(store: EndpointStore, filters: Sequence[Filter] = ()) -> Director:
-    profile = SchedulerProfile(
-        name="default",
-        filters=list(filters),
-        scorers=[WeightedScorer(QueueScorer("queue-scorer", None), 1.0)],
-        picker=MaxScorePicker("max-score-picker", PickerParams()),
-    )
-    scheduler = Scheduler(SingleProfileHandler("single-profile-handler", None), {"default": profile})
-    return Director(store, OpenAIParser("openai-parser", None), scheduler)
+    return factories.metadata(f"ep-{i}", f"10.0.0.{i}", port)
 
 
 @dataclass
@@ -67,7 +51,7 @@ class Harness:
 async def start(
     store: EndpointStore, director: Director | None = None, opts: StreamOptions | None = None
 ) -> Harness:
-    director = director or build_director(store)
+    director = director or factories.director(store)
     server = grpc.aio.server()
     processor = ExternalProcessor(director, opts)
     ep_grpc.add_ExternalProcessorServicer_to_server(processor, server)

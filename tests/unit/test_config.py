@@ -31,7 +31,6 @@ from epp.framework import (
     DataSource,
     Endpoint,
     EndpointDiscovery,
-    EndpointMetadata,
     EndpointNotifier,
     Extractor,
     Filter,
@@ -56,6 +55,7 @@ from epp.framework import (
     registry,
 )
 from epp.framework.params import encode_params
+from tests.unit.factories import endpoint
 
 HEADER = "apiVersion: llm-d.ai/v1alpha1\nkind: EndpointPickerConfig\n"
 NO_ENV: dict[str, str] = {}
@@ -1159,8 +1159,8 @@ def test_plugins_dict_keeps_declaration_order_with_defaults_appended() -> None:
 def test_handle_resolves_earlier_plugins_and_endpoints() -> None:
     StubNeedsEarlier.seen_endpoints.clear()
     eps = [
-        Endpoint(EndpointMetadata("a", "10.0.0.1", 8000)),
-        Endpoint(EndpointMetadata("b", "10.0.0.2", 8000)),
+        endpoint("a", "10.0.0.1"),
+        endpoint("b", "10.0.0.2"),
     ]
     cfg = load(
         "plugins:\n- {type: queue-scorer}\n- {type: test-needs-earlier, parameters: {ref: queue-scorer}}\n",

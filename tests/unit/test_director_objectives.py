@@ -29,14 +29,9 @@ from epp.framework import (
     SaturationDetector,
     SchedulingResult,
 )
-from epp.plugins.parsers.openai import OpenAIParser
-from epp.plugins.pickers._common import PickerParams
-from epp.plugins.pickers.max_score import MaxScorePicker
-from epp.plugins.profile_handlers.single import SingleProfileHandler
 from epp.plugins.saturation.utilization_detector import UtilizationDetector, UtilizationDetectorParams
-from epp.plugins.scorers.queue import QueueScorer
-from epp.scheduling import Scheduler, SchedulerProfile, WeightedScorer
-from epp.server.director import Director, DirectorHooks
+from epp.server.director import Director
+from tests.unit import factories
 from tests.unit.extproc_harness import (
     Harness,
     body_msg,
@@ -104,33 +99,6 @@ class BrokenDetector(SaturationDetector):
         raise RuntimeError("boom")
 
 
-def make_director(
-    store: EndpointStore,
-    *,
-    saturation_detector: SaturationDetector | None = None,
-    objectives: ObjectiveStore | None = None,
-    rewrites: RewriteStore | None = None,
-    rng: random.Random | None = None,
-    seen: Seen | None = None,
-) -> Director:
-    profile = SchedulerProfile(
-        name="default",
-        scorers=[WeightedScorer(QueueScorer("queue-scorer", None), 1.0)],
-        picker=MaxScorePicker("max-score-picker", PickerParams()),
-    )
-    scheduler = Scheduler(SingleProfileHandler("single-profile-handler", None), {"default": profile})
-    return Director(
-        store,
-        OpenAIParser("openai-parser", None),
-        scheduler,
-        DirectorHooks(pre_request=[seen] if seen is not None else []),
-        saturation_detector=saturation_detector,
-        objectives=objectives,
-        rewrites=rewrites,
-        rng=rng,
-    )
-
-
 @pytest.fixture
 def store() -> EndpointStore:
     s = EndpointStore()
@@ -189,7 +157,9 @@ async def test_objective_priority_reaches_the_request_and_the_request_metric(
     store: EndpointStore, objectives: ObjectiveStore, run: Any, header: str | None, priority: int
 ) -> None:
     seen = Seen()
-    director = make_director(store, objectives=objectives, seen=seen)  # no detector: nothing is shed
+    director = factories.director(
+        store, objectives=objectives, pre_request=[seen]
+    )  # no detector: nothing is shed
     labels = {"model_name": "demo", "target_model_name": "demo", "priority": str(priority)}
     before = sample("inference_objective_request_total", **labels)
     headers = {"x-gateway-inference-objective": header} if header is not None else {}
@@ -206,7 +176,7 @@ async def test_objective_priority_reaches_the_request_and_the_request_metric(
 
 async def test_without_an_objective_store_every_priority_is_zero(store: EndpointStore, run: Any) -> None:
     seen = Seen()
-    director = make_director(store, saturation_detector=CountingDetector(5.0), seen=seen)
+    director = factories.director(store, saturation_detector=CountingDetector(5.0), pre_request=[seen])
     await run(director, [headers_msg({"x-gateway-inference-objective": "batch"}), body_msg(CHAT, True)], 2)
     assert seen.requests[0].priority == 0
 
@@ -215,7 +185,7 @@ async def test_objective_updates_apply_to_the_next_request(
     store: EndpointStore, objectives: ObjectiveStore
 ) -> None:
     seen = Seen()
-    director = make_director(store, objectives=objectives, seen=seen)
+    director = factories.director(store, objectives=objectives, pre_request=[seen])
     headers = {"x-gateway-inference-objective": "critical"}
     await director.route({**PATH, **headers}, CHAT, {})
     objectives.upsert_object(objective("critical", 99))
@@ -231,7 +201,7 @@ async def test_objective_updates_apply_to_the_next_request(
 async def test_rewrite_rule_overrides_the_header_and_is_counted(store: EndpointStore, run: Any) -> None:
     rewrites = RewriteStore(pool_name=POOL)
     rewrites.upsert_object(model_rewrite("demo-upgrade", "demo", ("demo-v2", 1)))
-    director = make_director(store, rewrites=rewrites)
+    director = factories.director(store, rewrites=rewrites)
     decision = {"model_rewrite_name": "demo-upgrade", "model_name": "demo", "target_model": "demo-v2"}
     total = {"model_name": "demo", "target_model_name": "demo-v2", "priority": "0"}
     before = sample("inference_extension_model_rewrite_decisions_total", **decision)
@@ -251,7 +221,7 @@ async def test_rewrite_rule_overrides_the_header_and_is_counted(store: EndpointS
 async def test_header_applies_when_no_rule_matches_the_incoming_model(store: EndpointStore, run: Any) -> None:
     rewrites = RewriteStore(pool_name=POOL)
     rewrites.upsert_object(model_rewrite("other", "other-model", ("x", 1)))
-    director = make_director(store, rewrites=rewrites)
+    director = factories.director(store, rewrites=rewrites)
     out = await run(
         director, [headers_msg({"x-gateway-model-name-rewrite": "from-header"}), body_msg(CHAT, True)], 2
     )
@@ -262,7 +232,7 @@ async def test_rule_is_looked_up_by_the_incoming_model_not_the_header(store: End
     rewrites = RewriteStore(pool_name=POOL)
     rewrites.upsert_object(model_rewrite("by-header-name", "from-header", ("wrong", 1)))
     seen = Seen()
-    director = make_director(store, rewrites=rewrites, seen=seen)
+    director = factories.director(store, rewrites=rewrites, pre_request=[seen])
     routing = await director.route({**PATH, "x-gateway-model-name-rewrite": "from-header"}, CHAT, {})
     assert seen.requests[0].target_model == "from-header"
     assert json.loads(routing.body)["model"] == "from-header"
@@ -272,7 +242,7 @@ async def test_rule_without_targets_leaves_the_model_as_sent(store: EndpointStor
     """Quirk Q10: the reference would forward ``"model": ""``."""
     rewrites = RewriteStore(pool_name=POOL)
     rewrites.upsert_object(model_rewrite("empty", "demo"))
-    director = make_director(store, rewrites=rewrites)
+    director = factories.director(store, rewrites=rewrites)
     routing = await director.route(dict(PATH), CHAT, {})
     assert routing.body == CHAT and not routing.body_changed
     routing = await director.route({**PATH, "x-gateway-model-name-rewrite": "from-header"}, CHAT, {})
@@ -282,7 +252,7 @@ async def test_rule_without_targets_leaves_the_model_as_sent(store: EndpointStor
 async def test_weighted_split_through_the_director(store: EndpointStore) -> None:
     rewrites = RewriteStore(pool_name=POOL)
     rewrites.upsert_object(model_rewrite("canary", "demo", ("demo-stable", 90), ("demo-canary", 10)))
-    director = make_director(store, rewrites=rewrites, rng=random.Random(2024))
+    director = factories.director(store, rewrites=rewrites, rng=random.Random(2024))
     n = 2000
     counts: collections.Counter[str] = collections.Counter()
     for _ in range(n):
@@ -297,7 +267,7 @@ async def test_weighted_split_through_the_director(store: EndpointStore) -> None
 async def test_store_driven_rewrite_is_reversed_in_the_response_body(store: EndpointStore, run: Any) -> None:
     rewrites = RewriteStore(pool_name=POOL)
     rewrites.upsert_object(model_rewrite("r", "demo", ("demo-v2", 1)))
-    director = make_director(store, rewrites=rewrites)
+    director = factories.director(store, rewrites=rewrites)
     out = await run(
         director,
         [
@@ -320,7 +290,7 @@ async def test_store_driven_rewrite_is_reversed_in_the_response_body(store: Endp
 async def test_store_driven_rewrite_is_reversed_in_streamed_chunks(store: EndpointStore, run: Any) -> None:
     rewrites = RewriteStore(pool_name=POOL)
     rewrites.upsert_object(model_rewrite("r", None, ("demo-v2", 1)))  # a generic rule
-    director = make_director(store, rewrites=rewrites)
+    director = factories.director(store, rewrites=rewrites)
     body = b'{"model":"demo","stream":true,"messages":[{"role":"user","content":"hi"}]}'
     out = await run(
         director,
@@ -345,11 +315,11 @@ async def test_sheddable_request_is_429_when_saturated(
 ) -> None:
     fresh_metrics(store, queue=5)  # q/5 = 1.0 on every endpoint
     seen = Seen()
-    director = make_director(
+    director = factories.director(
         store,
         saturation_detector=UtilizationDetector("utilization-detector"),
         objectives=objectives,
-        seen=seen,
+        pre_request=[seen],
     )
     (reply,) = await run(
         director, [headers_msg({"x-gateway-inference-objective": "batch"}), body_msg(CHAT, True)], 1
@@ -370,7 +340,7 @@ async def test_sheddable_request_is_429_when_metrics_are_stale(
     store: EndpointStore, objectives: ObjectiveStore, run: Any
 ) -> None:
     # The endpoints were never scraped: missing metrics count as saturated.
-    director = make_director(
+    director = factories.director(
         store, saturation_detector=UtilizationDetector("utilization-detector"), objectives=objectives
     )
     (reply,) = await run(
@@ -386,11 +356,11 @@ async def test_sheddable_request_is_admitted_when_not_saturated(
     seen = Seen()
     # a generous staleness threshold keeps the test independent of how fast the server starts
     relaxed = UtilizationDetectorParams(metrics_staleness_threshold="60s")
-    director = make_director(
+    director = factories.director(
         store,
         saturation_detector=UtilizationDetector("utilization-detector", relaxed),
         objectives=objectives,
-        seen=seen,
+        pre_request=[seen],
     )
     out = await run(
         director, [headers_msg({"x-gateway-inference-objective": "batch"}), body_msg(CHAT, True)], 2
@@ -404,7 +374,7 @@ async def test_priority_zero_or_more_is_never_shed_and_never_asks_the_detector(
     store: EndpointStore, objectives: ObjectiveStore, run: Any, header: str | None
 ) -> None:
     detector = CountingDetector(100.0)
-    director = make_director(store, saturation_detector=detector, objectives=objectives)
+    director = factories.director(store, saturation_detector=detector, objectives=objectives)
     headers = {"x-gateway-inference-objective": header} if header is not None else {}
     out = await run(director, [headers_msg(headers), body_msg(CHAT, True)], 2)
     assert out[0].WhichOneof("response") == "request_headers"
@@ -421,7 +391,7 @@ async def test_the_detector_sees_the_candidates(store: EndpointStore, objectives
             seen_candidates.append(sorted(e.hostport for e in endpoints))
             return 0.0
 
-    director = make_director(store, saturation_detector=Recording("r", None), objectives=objectives)
+    director = factories.director(store, saturation_detector=Recording("r", None), objectives=objectives)
     subset = {"envoy.lb.subset_hint": {"x-gateway-destination-endpoint-subset": ["10.0.0.2"]}}
     await director.route({**PATH, "x-gateway-inference-objective": "batch"}, CHAT, subset)
     assert seen_candidates == [["10.0.0.2:8000"]]
@@ -431,7 +401,7 @@ async def test_sheddable_request_with_no_candidates_is_shed_first(
     store: EndpointStore, objectives: ObjectiveStore, run: Any
 ) -> None:
     """As in the reference, admission comes before the empty-candidates check (saturation of none = 1)."""
-    director = make_director(
+    director = factories.director(
         store, saturation_detector=UtilizationDetector("utilization-detector"), objectives=objectives
     )
     msgs = [
@@ -449,7 +419,9 @@ async def test_sheddable_request_with_no_candidates_is_shed_first(
 
 
 async def test_a_failing_detector_admits(store: EndpointStore, objectives: ObjectiveStore, run: Any) -> None:
-    director = make_director(store, saturation_detector=BrokenDetector("broken", None), objectives=objectives)
+    director = factories.director(
+        store, saturation_detector=BrokenDetector("broken", None), objectives=objectives
+    )
     out = await run(
         director, [headers_msg({"x-gateway-inference-objective": "batch"}), body_msg(CHAT, True)], 2
     )
@@ -459,7 +431,7 @@ async def test_a_failing_detector_admits(store: EndpointStore, objectives: Objec
 async def test_without_a_detector_nothing_is_shed(
     store: EndpointStore, objectives: ObjectiveStore, run: Any
 ) -> None:
-    director = make_director(store, objectives=objectives)
+    director = factories.director(store, objectives=objectives)
     out = await run(
         director, [headers_msg({"x-gateway-inference-objective": "batch"}), body_msg(CHAT, True)], 2
     )

@@ -6,7 +6,6 @@ are test-local (the reference's ``llm-d.ai/role`` sets).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,13 +20,10 @@ from epp.framework import (
     ConfigError,
     CycleState,
     Endpoint,
-    EndpointMetadata,
     Filter,
     LLMRequest,
-    Metrics,
     Plugin,
     ProfileRunResult,
-    RequestBody,
     SchedulingError,
     SchedulingOutcome,
     SchedulingResult,
@@ -60,6 +56,8 @@ from epp.plugins.profile_handlers.disagg_headers import DisaggHeadersHandler, Di
 from epp.plugins.profile_handlers.pd_legacy import PdParams, PdProfileHandler
 from epp.plugins.scorers.queue import QueueScorer
 from epp.scheduling import Scheduler, SchedulerProfile, WeightedScorer
+from tests.unit import factories
+from tests.unit.factories import StubHandle, chat, known_metrics
 
 ROLE = "llm-d.ai/role"
 PREFILL_HEADER = "x-prefiller-host-port"
@@ -138,29 +136,14 @@ def stage(name: str, fail: bool = False, k: int = 1) -> _Tracked:
 
 def ep(i: int, role: str | None, queue: int = 0, port: int = 8000, address: str = "") -> Endpoint:
     labels = {ROLE: role} if role is not None else {}
-    md = EndpointMetadata(f"pod{i}-rank-0", address or f"10.0.0.{i}", port, labels=labels)
-    return Endpoint(md, Metrics(waiting_queue_size=queue, fresh_until=math.inf))
+    metrics = known_metrics(waiting_queue_size=queue)
+    return factories.endpoint(
+        f"pod{i}-rank-0", address or f"10.0.0.{i}", port, labels=labels, metrics=metrics
+    )
 
 
 def completions(prompt: Any = "hello", headers: dict[str, str] | None = None, model: str = "m") -> LLMRequest:
-    body = RequestBody(ApiKind.COMPLETIONS, {"model": model, "prompt": prompt}, b"")
-    return LLMRequest("r1", body, dict(headers or {}), model, model)
-
-
-def chat(messages: list[Any], model: str = "m") -> LLMRequest:
-    body = RequestBody(ApiKind.CHAT_COMPLETIONS, {"model": model, "messages": messages}, b"")
-    return LLMRequest("r1", body, {}, model, model)
-
-
-class _Handle:
-    def __init__(self, *plugins: Plugin) -> None:
-        self.plugins = {p.name: p for p in plugins}
-
-    def plugin(self, name: str) -> Plugin | None:
-        return self.plugins.get(name)
-
-    def endpoints(self) -> Sequence[Endpoint]:
-        return ()
+    return factories.completions(prompt, headers=headers, model=model)
 
 
 class _Fixed(Decider):
@@ -189,7 +172,7 @@ class _Capturing(DisaggProfileHandler):
 
 
 def disagg(*deciders: Plugin, params: DisaggParams | None = None) -> _Capturing:
-    return _Capturing("disagg-profile-handler", params or DisaggParams(), _Handle(*deciders))
+    return _Capturing("disagg-profile-handler", params or DisaggParams(), StubHandle(*deciders))
 
 
 def nested(prefill: str = "", encode: str = "") -> DisaggParams:
@@ -533,9 +516,8 @@ def test_completions_input_token_estimate(prompt: Any, tokens: int) -> None:
 def test_chat_estimate_is_json_of_messages_and_other_apis_decline() -> None:
     # [{"role":"user","content":"hi"}] is 32 characters
     assert estimate_input_tokens(chat([{"role": "user", "content": "hi"}]).body) == 8
-    body = RequestBody(ApiKind.RESPONSES, {"model": "m", "input": "x" * 4000}, b"")
-    assert estimate_input_tokens(body) is None
-    req = LLMRequest("r", body, {}, "m", "m")
+    req = factories.request({"model": "m", "input": "x" * 4000}, api=ApiKind.RESPONSES, request_id="r")
+    assert estimate_input_tokens(req.body) is None
     decode = ep(0, "decode")
     assert prefix_decider(1).disaggregate(with_match(decode, 0, 16), req, decode) is False
 
@@ -594,7 +576,7 @@ def test_mixing_flat_and_nested_parameters_is_an_error_naming_the_flat_key() -> 
     # built directly (not through the loader), the handler refuses the mix as well
     mixed = DisaggParams(profiles=DisaggProfiles(decode="d"), encode_profile="e")
     with pytest.raises(ConfigError, match="cannot mix"):
-        DisaggProfileHandler("h", mixed, _Handle())
+        DisaggProfileHandler("h", mixed, StubHandle())
 
 
 def test_flat_parameters_are_promoted_and_round_trip() -> None:
@@ -625,7 +607,7 @@ def test_flat_parameters_are_promoted_and_round_trip() -> None:
     ],
 )
 def test_decider_lookup_errors(deciders: DisaggDeciders, field_path: str, message: str) -> None:
-    handle = _Handle(QueueScorer("queue", None), AlwaysDisaggDecider("always", None))
+    handle = StubHandle(QueueScorer("queue", None), AlwaysDisaggDecider("always", None))
     with pytest.raises(ConfigError) as info:
         DisaggProfileHandler("h", DisaggParams(deciders=deciders), handle)
     assert info.value.field == field_path
@@ -640,7 +622,7 @@ def test_a_duck_typed_decider_is_accepted() -> None:
             return True
 
     pool = [ep(0, "decode"), ep(1, "both")]
-    handler = DisaggProfileHandler("h", nested(prefill="duck"), _Handle(_Duck("duck", None)))
+    handler = DisaggProfileHandler("h", nested(prefill="duck"), StubHandle(_Duck("duck", None)))
     result, _ = run(handler, [stage("decode"), stage("prefill")], completions(), pool)
     assert result is not None and targets(result, "prefill") == [pool[1]]
 
@@ -660,7 +642,7 @@ def test_registered_types_and_alias() -> None:
 
 
 def pd(decider: Plugin, **params: Any) -> PdProfileHandler:
-    return PdProfileHandler("pd", PdParams(decider_plugin_name=decider.name, **params), _Handle(decider))
+    return PdProfileHandler("pd", PdParams(decider_plugin_name=decider.name, **params), StubHandle(decider))
 
 
 def test_pd_handler_keeps_prefill_leaves_headers_to_the_headers_handler() -> None:
@@ -744,16 +726,16 @@ def test_pd_parameter_errors(raw: dict[str, Any], field_path: str, reason: str) 
 def test_pd_decider_lookup_errors() -> None:
     params = PdParams()  # default decider name: prefix-based-pd-decider, which must exist
     with pytest.raises(ConfigError) as info:
-        PdProfileHandler("pd", params, _Handle())
+        PdProfileHandler("pd", params, StubHandle())
     assert (info.value.field, info.value.reason) == (
         "deciderPluginName",
         "invalid decider plugin type: prefix-based-pd-decider",
     )
     with pytest.raises(ConfigError) as info:
-        PdProfileHandler("pd", PdParams(decider_plugin_name="queue"), _Handle(QueueScorer("queue", None)))
+        PdProfileHandler("pd", PdParams(decider_plugin_name="queue"), StubHandle(QueueScorer("queue", None)))
     assert info.value.reason == "decider plugin of type: queue does not implement pdDeciderPlugin"
     decider = PrefixBasedPDDecider("prefix-based-pd-decider", PrefixBasedPDDeciderParams(16))
-    handler = PdProfileHandler("pd", params, _Handle(decider))
+    handler = PdProfileHandler("pd", params, StubHandle(decider))
     assert handler.decider is decider
     assert handler.validate_profiles(["prefill"]) is not None
     assert handler.validate_profiles(["prefill", "decode"]) is None

@@ -13,10 +13,10 @@ from epp.datalayer.store import EndpointStore
 from epp.framework import CycleState, Endpoint, Filter, LLMRequest, PreRequest, SchedulingResult
 from epp.server.director import DirectorHooks
 from epp.server.extproc import BUFFERED, NONE, StreamOptions
+from tests.unit import factories
 from tests.unit.extproc_harness import (
     Harness,
     body_msg,
-    build_director,
     destination_metadata,
     endpoint,
     headers_msg,
@@ -283,7 +283,7 @@ class _RejectAll(Filter):
 
 
 async def test_scheduling_failure_is_429(store: EndpointStore) -> None:
-    h = await start(store, director=build_director(store, filters=[_RejectAll("reject-all", None)]))
+    h = await start(store, director=factories.director(store, filters=[_RejectAll("reject-all", None)]))
     try:
         (reply,) = await h.exchange([headers_msg({}), body_msg(CHAT, True)], expect=1)
     finally:
@@ -310,7 +310,7 @@ class _SetPrefill(PreRequest):
 async def test_plugin_set_control_header_is_forwarded_even_when_the_client_sent_the_same_value(
     store: EndpointStore,
 ) -> None:
-    director = build_director(store)
+    director = factories.director(store)
     director.hooks = DirectorHooks(pre_request=[_SetPrefill("set-prefill", None)])
     h = await start(store, director=director)
     try:

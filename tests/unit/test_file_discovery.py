@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +23,7 @@ from epp.plugins.discovery.file_discovery import (
     FileDiscoveryParams,
     parse_endpoints,
 )
+from tests.unit.polling import until
 
 
 def _write(path: Path, endpoints: list[Any]) -> None:
@@ -45,16 +46,6 @@ def _discovery(path: Path, watch: bool = False) -> FileDiscovery:
     discovery = FileDiscovery("files", decode_params(FileDiscoveryParams, raw, "plugins[0].parameters"))
     discovery.poll_interval = 0.01
     return discovery
-
-
-async def _until(condition: Callable[[], bool], timeout: float = 5.0) -> None:
-    """Wait until ``condition()`` holds (bounded; the bound is a safety net, not an assertion)."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not condition():
-        if loop.time() > deadline:
-            raise AssertionError("condition not met in time")
-        await asyncio.sleep(0.005)
 
 
 @pytest.fixture
@@ -199,7 +190,7 @@ async def test_reload_adds_updates_and_removes(watched: tuple[Path, EndpointStor
     path, store, _ = watched
     kept = store.get("default/a")
     _write(path, [_ep("a", "10.0.0.1", labels={"llm-d.ai/role": "prefill"}), _ep("c", "10.0.0.4")])
-    await _until(lambda: store.keys() == {"default/a", "default/c"})
+    await until(lambda: store.keys() == {"default/a", "default/c"})
     updated = store.get("default/a")
     assert updated is kept  # same address: updated in place, metrics and counters kept
     assert updated is not None and dict(updated.metadata.labels) == {"llm-d.ai/role": "prefill"}
@@ -208,9 +199,9 @@ async def test_reload_adds_updates_and_removes(watched: tuple[Path, EndpointStor
 async def test_atomic_rename_is_picked_up(watched: tuple[Path, EndpointStore, FileDiscovery]) -> None:
     path, store, _ = watched
     _replace(path, [_ep("z", "10.0.0.9")])
-    await _until(lambda: store.keys() == {"default/z"})
+    await until(lambda: store.keys() == {"default/z"})
     _replace(path, [_ep("z", "10.0.0.9"), _ep("y", "10.0.0.8")])
-    await _until(lambda: store.keys() == {"default/z", "default/y"})
+    await until(lambda: store.keys() == {"default/z", "default/y"})
 
 
 async def test_configmap_symlink_swap_is_picked_up(tmp_path: Path) -> None:
@@ -231,7 +222,7 @@ async def test_configmap_symlink_swap_is_picked_up(tmp_path: Path) -> None:
         _write(second / "endpoints.yaml", [_ep("b", "10.0.0.2")])
         (tmp_path / "..data_tmp").symlink_to(second.name)
         os.replace(tmp_path / "..data_tmp", tmp_path / "..data")
-        await _until(lambda: store.keys() == {"default/b"})
+        await until(lambda: store.keys() == {"default/b"})
     finally:
         await discovery.stop()
 
@@ -242,16 +233,16 @@ async def test_file_level_error_on_reload_keeps_endpoints(
     path, store, discovery = watched
     with capture_logs() as logs:
         path.write_text("endpoints: [broken\n")
-        await _until(lambda: any("reloading endpoints file failed" in e["event"] for e in logs))
+        await until(lambda: any("reloading endpoints file failed" in e["event"] for e in logs))
         assert store.keys() == {"default/a", "default/b"}
         assert discovery.loaded_keys == {"default/a", "default/b"}
 
         path.unlink()  # deleted: also a file-level error, endpoints stay
-        await _until(lambda: sum("reloading endpoints file failed" in e["event"] for e in logs) >= 2)
+        await until(lambda: sum("reloading endpoints file failed" in e["event"] for e in logs) >= 2)
         assert store.keys() == {"default/a", "default/b"}
 
     _write(path, [_ep("b", "10.0.0.2"), _ep("c", "10.0.0.3")])  # recreated: the watch survives
-    await _until(lambda: store.keys() == {"default/b", "default/c"})
+    await until(lambda: store.keys() == {"default/b", "default/c"})
 
 
 async def test_entry_invalid_on_reload_is_removed_others_kept(
@@ -259,7 +250,7 @@ async def test_entry_invalid_on_reload_is_removed_others_kept(
 ) -> None:
     path, store, _ = watched
     _write(path, [_ep("a", "10.0.0.1"), _ep("b", "not-an-ip")])
-    await _until(lambda: store.keys() == {"default/a"})
+    await until(lambda: store.keys() == {"default/a"})
 
 
 async def test_same_size_rewrite_within_one_timestamp_tick_is_seen(
@@ -275,7 +266,7 @@ async def test_same_size_rewrite_within_one_timestamp_tick_is_seen(
         before.st_mtime_ns,
         before.st_ino,
     )
-    await _until(lambda: store.keys() == {"default/a", "default/c"})
+    await until(lambda: store.keys() == {"default/a", "default/c"})
 
 
 async def test_without_watch_or_after_stop_changes_are_ignored(tmp_path: Path) -> None:
@@ -293,7 +284,7 @@ async def test_without_watch_or_after_stop_changes_are_ignored(tmp_path: Path) -
     await probe.start(probe_store)  # a live watcher sees the new file at once...
     try:
         _replace(path, [_ep("c", "10.0.0.3")])
-        await _until(lambda: probe_store.keys() == {"default/c"})  # ...and reloads it
+        await until(lambda: probe_store.keys() == {"default/c"})  # ...and reloads it
         assert static_store.keys() == {"default/a"}  # ...while the others never did
         assert watched_store.keys() == {"default/a"}
     finally:
@@ -335,7 +326,7 @@ async def test_all_invalid_reload_keeps_the_last_good_set_and_reports_it(
     before = _failures("no_valid_entries")
     with capture_logs() as logs:
         _replace(path, [_ep("a", address="not-an-ip"), _ep("c", port=0), "junk"])
-        await _until(lambda: _sample("llm_d_epp_discovery_file_rejected") == 1)
+        await until(lambda: _sample("llm_d_epp_discovery_file_rejected") == 1)
         await asyncio.sleep(0.1)  # several more polls of the same (recently written) content
     assert store.keys() == {"default/a", "default/b"}
     assert discovery.loaded_keys == {"default/a", "default/b"}
@@ -349,11 +340,11 @@ async def test_all_invalid_reload_keeps_the_last_good_set_and_reports_it(
     assert "serving the last good set of 2 endpoints" in problems[0]
 
     _replace(path, [_ep("a", "10.0.0.1"), _ep("b", "10.0.0.2")])  # back to the content in use
-    await _until(lambda: _sample("llm_d_epp_discovery_file_rejected") == 0)
+    await until(lambda: _sample("llm_d_epp_discovery_file_rejected") == 0)
     assert problems[-1] == ""
 
     _replace(path, [_ep("c", "10.0.0.3"), _ep("d", "bad")])  # partly invalid: applied, reported
-    await _until(lambda: store.keys() == {"default/c"})
+    await until(lambda: store.keys() == {"default/c"})
     assert problems[-1] == f"1 invalid endpoint entry skipped in {path}"
     assert _sample("llm_d_epp_discovery_file_invalid_entries") == 1
 
@@ -366,7 +357,7 @@ async def test_syntax_error_and_all_invalid_are_treated_the_same(
     discovery.on_problem = problems.append
     before = _failures("parse_error")
     path.write_text("endpoints: [broken\n")
-    await _until(lambda: bool(problems))
+    await until(lambda: bool(problems))
     assert store.keys() == {"default/a", "default/b"}
     assert _failures("parse_error") == before + 1
     assert _sample("llm_d_epp_discovery_file_rejected") == 1
@@ -380,6 +371,6 @@ async def test_explicit_empty_list_still_empties_the_pool(
     problems: list[str] = []
     discovery.on_problem = problems.append
     _replace(path, [])
-    await _until(lambda: len(store) == 0)
+    await until(lambda: len(store) == 0)
     assert _sample("llm_d_epp_discovery_file_rejected") == 0
     assert problems == [""]

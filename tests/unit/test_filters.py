@@ -2,20 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 import pytest
 
 from epp.framework import (
-    ApiKind,
     ConfigError,
     CycleState,
     Endpoint,
-    EndpointMetadata,
     Filter,
-    LLMRequest,
-    RequestBody,
 )
 from epp.framework.params import decode_params
 from epp.framework.registry import lookup
@@ -25,19 +20,9 @@ from epp.plugins.filters.encode_filter import EncodeFilter
 from epp.plugins.filters.header_based_testing import HeaderBasedTestingFilter
 from epp.plugins.filters.label_selector import LabelSelectorFilter
 from epp.plugins.filters.prefill_filter import PrefillFilter
+from tests.unit.factories import endpoint, request
 
 ROLE = "llm-d.ai/role"
-
-
-def ep(
-    name: str, labels: Mapping[str, str] | None = None, address: str = "10.0.0.1", port: int = 8000
-) -> Endpoint:
-    return Endpoint(EndpointMetadata(name, address, port, labels=dict(labels or {})))
-
-
-def request(headers: dict[str, str] | None = None) -> LLMRequest:
-    body = RequestBody(ApiKind.COMPLETIONS, {"model": "m", "prompt": "p"}, b"")
-    return LLMRequest("r1", body, headers or {}, "m", "m")
 
 
 def build(cls: type[Filter], raw: dict[str, Any] | None = None) -> Any:
@@ -50,22 +35,22 @@ def names(endpoints: list[Endpoint]) -> list[str]:
 
 
 def run(f: Filter, endpoints: list[Endpoint], headers: dict[str, str] | None = None) -> list[str]:
-    return names(f.filter(CycleState(), request(headers), endpoints))
+    return names(f.filter(CycleState(), request(headers=headers), endpoints))
 
 
 # --- role filters -----------------------------------------------------------------------------
 
 ROLE_ENDPOINTS = [
-    ep("decode", {ROLE: "decode"}),
-    ep("prefill", {ROLE: "prefill"}),
-    ep("encode", {ROLE: "encode"}),
-    ep("prefill-decode", {ROLE: "prefill-decode"}),
-    ep("encode-prefill", {ROLE: "encode-prefill"}),
-    ep("encode-prefill-decode", {ROLE: "encode-prefill-decode"}),
-    ep("both", {ROLE: "both"}),
-    ep("other-role", {ROLE: "router"}),
-    ep("empty-role", {ROLE: ""}),
-    ep("unlabelled", {"app": "vllm"}),
+    endpoint("decode", labels={ROLE: "decode"}),
+    endpoint("prefill", labels={ROLE: "prefill"}),
+    endpoint("encode", labels={ROLE: "encode"}),
+    endpoint("prefill-decode", labels={ROLE: "prefill-decode"}),
+    endpoint("encode-prefill", labels={ROLE: "encode-prefill"}),
+    endpoint("encode-prefill-decode", labels={ROLE: "encode-prefill-decode"}),
+    endpoint("both", labels={ROLE: "both"}),
+    endpoint("other-role", labels={ROLE: "router"}),
+    endpoint("empty-role", labels={ROLE: ""}),
+    endpoint("unlabelled", labels={"app": "vllm"}),
 ]
 
 
@@ -114,7 +99,12 @@ def test_role_filters_take_no_parameters() -> None:
 
 
 def test_by_label_keeps_valid_values_and_optionally_unlabelled() -> None:
-    endpoints = [ep("a", {"tier": "gold"}), ep("b", {"tier": "bronze"}), ep("c"), ep("d", {"tier": "silver"})]
+    endpoints = [
+        endpoint("a", labels={"tier": "gold"}),
+        endpoint("b", labels={"tier": "bronze"}),
+        endpoint("c"),
+        endpoint("d", labels={"tier": "silver"}),
+    ]
     strict = build(ByLabelFilter, {"label": "tier", "validValues": ["gold", "silver"]})
     assert run(strict, endpoints) == ["a", "d"]
     lenient = build(ByLabelFilter, {"label": "tier", "validValues": ["gold"], "allowsNoLabel": True})
@@ -125,7 +115,9 @@ def test_by_label_keeps_valid_values_and_optionally_unlabelled() -> None:
 
 def test_by_label_absent_label_reads_as_empty_value_like_the_reference() -> None:
     f = build(ByLabelFilter, {"label": "tier", "validValues": [""]})
-    assert run(f, [ep("a", {"tier": ""}), ep("b"), ep("c", {"tier": "x"})]) == ["a", "b"]
+    assert run(
+        f, [endpoint("a", labels={"tier": ""}), endpoint("b"), endpoint("c", labels={"tier": "x"})]
+    ) == ["a", "b"]
 
 
 def test_by_label_requires_a_label() -> None:
@@ -155,11 +147,11 @@ def test_by_label_rejects_non_string_values() -> None:
 # --- label-selector-filter --------------------------------------------------------------------
 
 SELECTOR_ENDPOINTS = [
-    ep("gold-east", {"tier": "gold", "zone": "east"}),
-    ep("gold-west", {"tier": "gold", "zone": "west"}),
-    ep("silver", {"tier": "silver"}),
-    ep("bare", {}),
-    ep("canary", {"tier": "gold", "canary": "true"}),
+    endpoint("gold-east", labels={"tier": "gold", "zone": "east"}),
+    endpoint("gold-west", labels={"tier": "gold", "zone": "west"}),
+    endpoint("silver", labels={"tier": "silver"}),
+    endpoint("bare", labels={}),
+    endpoint("canary", labels={"tier": "gold", "canary": "true"}),
 ]
 
 
@@ -208,7 +200,7 @@ def test_label_selector_empty_selector_matches_everything() -> None:
 
 def test_label_selector_prefixed_keys() -> None:
     f = build(LabelSelectorFilter, {"matchLabels": {"llm-d.ai/role": "decode"}})
-    assert run(f, [ep("a", {ROLE: "decode"}), ep("b", {ROLE: "prefill"})]) == ["a"]
+    assert run(f, [endpoint("a", labels={ROLE: "decode"}), endpoint("b", labels={ROLE: "prefill"})]) == ["a"]
 
 
 def test_label_selector_registered_under_both_names() -> None:
@@ -295,7 +287,7 @@ def test_label_selector_accepts_valid_edge_values() -> None:
         {"matchLabels": {"example.com/a_b-c.d": "", "x": "A" + "b" * 61 + "9"}},
     )
     labels = {"example.com/a_b-c.d": "", "x": "A" + "b" * 61 + "9"}
-    assert run(f, [ep("yes", labels), ep("no", {"x": labels["x"]})]) == ["yes"]
+    assert run(f, [endpoint("yes", labels=labels), endpoint("no", labels={"x": labels["x"]})]) == ["yes"]
 
 
 # --- header-based-testing-filter --------------------------------------------------------------
@@ -309,10 +301,10 @@ def hb(value: str | None, endpoints: list[Endpoint]) -> list[str]:
 
 
 IP_ENDPOINTS = [
-    ep("a", address="10.0.0.1", port=8000),
-    ep("b", address="10.0.0.2", port=8000),
-    ep("c", address="10.0.0.3", port=8001),
-    ep("v6", address="fd00::5", port=8000),
+    endpoint("a", address="10.0.0.1", port=8000),
+    endpoint("b", address="10.0.0.2", port=8000),
+    endpoint("c", address="10.0.0.3", port=8001),
+    endpoint("v6", address="fd00::5", port=8000),
 ]
 
 
@@ -343,7 +335,7 @@ def test_header_filter_ipv6_forms() -> None:
 
 
 def test_header_filter_dedupes_by_ip() -> None:
-    ranks = [ep("r0", address="10.0.0.7", port=8000), ep("r1", address="10.0.0.7", port=8001)]
+    ranks = [endpoint("r0", address="10.0.0.7", port=8000), endpoint("r1", address="10.0.0.7", port=8001)]
     # second item names another endpoint of the same IP: dropped
     assert hb("10.0.0.7:8001,10.0.0.7:8000", ranks) == ["r1"]
     assert hb("10.0.0.7:8000,10.0.0.7:8000", ranks) == ["r0"]

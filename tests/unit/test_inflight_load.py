@@ -8,15 +8,11 @@ from collections.abc import Sequence
 import pytest
 
 from epp.framework import (
-    ApiKind,
     ConfigError,
     CycleState,
     Endpoint,
-    EndpointMetadata,
     LLMRequest,
-    Plugin,
     ProfileRunResult,
-    RequestBody,
     ResponseInfo,
     SchedulingResult,
 )
@@ -25,15 +21,11 @@ from epp.framework.params import decode_params
 from epp.plugins.producers.inflight_load import InFlightLoadProducer, estimate_tokens
 from epp.plugins.scorers.active_request import ActiveRequestParams, ActiveRequestScorer
 from epp.plugins.scorers.token_load import TokenLoadParams, TokenLoadScorer
-
-
-def endpoints(n: int) -> list[Endpoint]:
-    return [Endpoint(EndpointMetadata(f"e{i}", f"10.0.0.{i}", 8000)) for i in range(n)]
+from tests.unit.factories import StubHandle, completions, endpoint, endpoints
 
 
 def request(size: int = 400, prompt: str = "", rid: str = "r") -> LLMRequest:
-    body = RequestBody(ApiKind.COMPLETIONS, {"model": "m", "prompt": prompt}, b"")
-    return LLMRequest(rid, body, {}, "m", "m", request_size_bytes=size)
+    return completions(prompt, size=size, request_id=rid)
 
 
 def result(
@@ -45,17 +37,6 @@ def result(
     if encode is not None:
         results["encode"] = ProfileRunResult([encode])
     return SchedulingResult(results, "decode")
-
-
-class StubHandle:
-    def __init__(self, eps: Sequence[Endpoint]) -> None:
-        self.eps = list(eps)
-
-    def plugin(self, name: str) -> Plugin | None:
-        return None
-
-    def endpoints(self) -> Sequence[Endpoint]:
-        return self.eps
 
 
 async def loads(prod: InFlightLoadProducer, eps: list[Endpoint]) -> list[tuple[int, int]]:
@@ -157,7 +138,7 @@ async def test_dropped_request_releases_its_charges() -> None:
 
 async def test_removed_endpoint_counters_are_dropped_without_negative_releases() -> None:
     eps = endpoints(2)
-    handle = StubHandle(eps)
+    handle = StubHandle(endpoints=eps)
     prod = InFlightLoadProducer("inflight-load-producer", None, handle)
     old = request(400, rid="old")
     prod.pre_request(CycleState(), old, result(eps[1]))
@@ -168,7 +149,7 @@ async def test_removed_endpoint_counters_are_dropped_without_negative_releases()
     await prod.produce(CycleState(), request(), [eps[0]])
     assert prod.snapshot() == {}
 
-    back = Endpoint(EndpointMetadata("e1", "10.0.0.1", 8000))  # same key, new endpoint object
+    back = endpoint("e1", "10.0.0.1")  # same key, new endpoint object
     handle.eps = [eps[0], back]
     new = request(800, rid="new")
     prod.pre_request(CycleState(), new, result(back))

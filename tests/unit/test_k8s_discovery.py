@@ -7,7 +7,6 @@ mode, the alpha resources and in-cluster configuration.
 
 from __future__ import annotations
 
-import asyncio
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
@@ -25,6 +24,7 @@ from epp.k8s.policy_watchers import PolicyWatchers
 from epp.k8s.pool_discovery import PoolDiscovery
 from epp.k8s.resources import POD, call, read_json
 from tests.fakekube import FakeKube, objects
+from tests.unit.polling import until
 
 NS = "ns"
 POOL_API = objects.POOL_API
@@ -81,17 +81,6 @@ class Watcher:
         await until(
             predicate, timeout, lambda: f"endpoints={sorted(self.names())} status={self.statuses[-3:]}"
         )
-
-
-async def until(
-    predicate: Callable[[], bool], timeout: float = 10.0, state: Callable[[], str] = lambda: ""
-) -> None:
-    """Poll ``predicate`` (the watch is asynchronous); AssertionError with ``state()`` on timeout."""
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not predicate():
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"timed out; {state()}")
-        await asyncio.sleep(0.02)
 
 
 @pytest.fixture

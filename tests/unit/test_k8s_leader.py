@@ -13,6 +13,7 @@ from kubernetes_asyncio import client
 from epp.k8s.client import api_client
 from epp.k8s.leader import LeaderElector, lease_name
 from tests.fakekube import FakeKube
+from tests.unit.polling import until
 
 NS = "ns"
 LEASE = lease_name(NS, "pool")
@@ -37,16 +38,6 @@ def elector(api: client.ApiClient, identity: str, lease: float = 1.5, renew: flo
     return LeaderElector(
         api, NS, LEASE, identity, lease_duration=lease, renew_deadline=renew, retry_period=0.1
     )
-
-
-async def until(predicate: object, timeout: float = 10.0) -> float:
-    """Wait for ``predicate()``; returns the seconds it took."""
-    t0 = time.monotonic()
-    while not predicate():  # type: ignore[operator]
-        if time.monotonic() - t0 > timeout:
-            raise AssertionError("timed out")
-        await asyncio.sleep(0.01)
-    return time.monotonic() - t0
 
 
 def holder(kube: FakeKube) -> str:

@@ -12,9 +12,10 @@ from epp import labels, metrics, promlite
 from epp.datalayer.rewrites import RewriteStore
 from epp.datalayer.served_models import ServedModels
 from epp.datalayer.store import EndpointStore
-from epp.framework import Endpoint, EndpointMetadata, Metrics
+from epp.framework import Metrics
 from epp.plugins.scraping.core_metrics_extractor import BUILTIN_ENGINES, _compile, extract_metrics
 from tests.fakekube.objects import model_rewrite
+from tests.unit.factories import metadata
 
 
 @pytest.fixture(autouse=True)
@@ -45,7 +46,7 @@ def test_served_values_restrict_the_set() -> None:
 
 def test_a_served_name_admitted_before_the_first_scrape_still_restricts() -> None:
     store = EndpointStore()
-    store.upsert(EndpointMetadata(name="a", address="10.0.0.1", port=8000))
+    store.upsert(metadata("a"))
     assert labels.MODEL_NAMES.bound("base") == "base"  # before anything is known: admitted
     store.endpoints()[0].metrics = Metrics(served_models=("base",))
     ServedModels(store).refresh()
@@ -112,13 +113,9 @@ def test_request_metrics_bound_incoming_and_target_models() -> None:
     assert len(metrics.REQUEST_TOTAL) <= series + 2
 
 
-def _endpoint(name: str, m: Metrics) -> Endpoint:
-    return Endpoint(EndpointMetadata(name=name, address="10.0.0.1", port=8000), metrics=m)
-
-
 def test_served_models_come_from_scraped_model_names_and_lora_adapters() -> None:
     store = EndpointStore()
-    store.upsert(EndpointMetadata(name="a", address="10.0.0.1", port=8000))
+    store.upsert(metadata("a"))
     ep = store.endpoints()[0]
     ep.metrics = Metrics(
         served_models=("base",),

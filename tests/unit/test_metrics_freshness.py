@@ -3,11 +3,10 @@ neutral score of the metric scorers, and the utilization detector's ``stalenessP
 
 from __future__ import annotations
 
-import asyncio
-import math
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -18,15 +17,12 @@ from epp.datalayer.freshness import FAILURE_REASONS, FreshnessCollector
 from epp.datalayer.scraper import MetricsScraper
 from epp.datalayer.store import EndpointStore
 from epp.framework import (
-    ApiKind,
     ConfigError,
     CycleState,
     Endpoint,
-    EndpointMetadata,
     LLMRequest,
     Metrics,
     MetricsState,
-    RequestBody,
 )
 from epp.framework.attributes import INFLIGHT_LOAD_KEY, InFlightLoad
 from epp.framework.params import decode_params
@@ -43,23 +39,23 @@ from epp.plugins.scorers.running_requests_size import RunningRequestsSizeScorer
 from epp.plugins.scraping.core_metrics_extractor import CoreMetricsExtractor, CoreMetricsExtractorParams
 from epp.plugins.scraping.metrics_data_source import MetricsDataSource, MetricsDataSourceParams
 from epp.scheduling import SchedulerProfile, WeightedScorer
+from tests.unit import factories
+from tests.unit.factories import FRESH, endpoint, known_metrics, metadata
+from tests.unit.polling import until
 from tests.unit.test_scraper import MetricsServer
 
-FRESH = math.inf
 
-
-def ep(name: str, *, fresh_until: float = FRESH, update_time: float = 1.0, **values: object) -> Endpoint:
-    metrics = Metrics(update_time=update_time, fresh_until=fresh_until, **values)  # type: ignore[arg-type]
-    return Endpoint(EndpointMetadata(name, "10.0.0.1", 8000), metrics)
+def ep(name: str, *, fresh_until: float = FRESH, update_time: float = 1.0, **values: Any) -> Endpoint:
+    return endpoint(name, metrics=known_metrics(fresh_until=fresh_until, update_time=update_time, **values))
 
 
 def never(name: str) -> Endpoint:
     """An endpoint that was never scraped: all zeros, which look idle."""
-    return Endpoint(EndpointMetadata(name, "10.0.0.9", 8000))
+    return endpoint(name, "10.0.0.9")
 
 
 def request() -> LLMRequest:
-    return LLMRequest("r", RequestBody(ApiKind.COMPLETIONS, {"model": "m", "prompt": "p"}, b""), {}, "m", "m")
+    return factories.request(request_id="r")
 
 
 # --- state -------------------------------------------------------------------------------------
@@ -224,14 +220,6 @@ def _failures(reason: str) -> float:
     return value or 0.0
 
 
-async def _until(condition: Callable[[], bool], timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met in time")
-        await asyncio.sleep(0.01)
-
-
 def _endpoint(store: EndpointStore) -> Endpoint:
     (endpoint,) = store.endpoints()
     return endpoint
@@ -247,19 +235,19 @@ def test_every_failure_reason_is_exported_at_zero() -> None:
 
 async def test_success_sets_fresh_until_then_the_metrics_go_stale(server: MetricsServer) -> None:
     store = EndpointStore()
-    store.upsert(EndpointMetadata("vllm-0", "127.0.0.1", server.port))
+    store.upsert(metadata("vllm-0", "127.0.0.1", server.port))
     scraper = _scraper(store, staleness=0.3)
     scraper.start()
     try:
-        await _until(lambda: _endpoint(store).metrics.update_time > 0)
+        await until(lambda: _endpoint(store).metrics.update_time > 0)
         m = _endpoint(store).metrics
         assert m.fresh_until == pytest.approx(m.update_time + 0.3)
         assert m.state(time.monotonic()) is MetricsState.FRESH and m.failure == ""
         server.page = b"# nothing here\nthis is { not prometheus\n"  # garbage from now on
         failures = _failures("no_metrics")
-        await _until(lambda: _endpoint(store).metrics.failure == "no_metrics")
+        await until(lambda: _endpoint(store).metrics.failure == "no_metrics")
         assert _failures("no_metrics") > failures
-        await _until(lambda: not _endpoint(store).metrics.known(time.monotonic()))
+        await until(lambda: not _endpoint(store).metrics.known(time.monotonic()))
         m = _endpoint(store).metrics
         assert m.state(time.monotonic()) is MetricsState.FAILED
         assert m.waiting_queue_size == 3  # the old values stay, they are just no longer trusted
@@ -282,17 +270,17 @@ async def test_failure_reasons_recorded_and_cleared_on_recovery(
     else:
         server.page = bytes(range(256)) * 8
     store = EndpointStore()
-    store.upsert(EndpointMetadata("vllm-0", "127.0.0.1", server.port))
+    store.upsert(metadata("vllm-0", "127.0.0.1", server.port))
     scraper = _scraper(store, timeout=0.2)
     before = _failures(reason)
     scraper.start()
     try:
-        await _until(lambda: _endpoint(store).metrics.failure == reason)
+        await until(lambda: _endpoint(store).metrics.failure == reason)
         assert _failures(reason) > before
         m = _endpoint(store).metrics
         assert m.state(time.monotonic()) is MetricsState.FAILED and m.update_time == 0.0
         server.status, server.delay, server.page = 200, 0.0, good_page
-        await _until(lambda: _endpoint(store).metrics.known(time.monotonic()))
+        await until(lambda: _endpoint(store).metrics.known(time.monotonic()))
         assert _endpoint(store).metrics.failure == ""
     finally:
         await scraper.stop()

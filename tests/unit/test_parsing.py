@@ -14,6 +14,7 @@ from epp.framework.durations import parse_go_duration
 from epp.plugins.parsers.openai import OpenAIParser, api_for_path
 from epp.server.body_rewrite import replace_existing_model, replace_model
 from epp.server.subset import filter_by_subset, subset_entries
+from tests.unit.factories import endpoint
 
 P = OpenAIParser("openai-parser", None)
 
@@ -100,7 +101,7 @@ def test_replace_model_property(other: dict[str, object], model: str) -> None:
 
 
 def _ep(addr: str, port: int) -> Endpoint:
-    return Endpoint(EndpointMetadata(f"{addr}-{port}", addr, port))
+    return endpoint(f"{addr}-{port}", addr, port)
 
 
 def test_subset_matching_rules() -> None:

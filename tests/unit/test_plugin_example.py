@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from epp.config import load_config
-from epp.framework import ApiKind, CycleState, Endpoint, EndpointMetadata, LLMRequest, RequestBody, registry
+from epp.framework import CycleState, registry
+from tests.unit.factories import completions, endpoint
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "plugins.md"
 
@@ -40,13 +41,9 @@ def installed_example(tmp_path: Path) -> Iterator[None]:
 def test_example_plugin_loads_from_its_entry_point_and_steers_scheduling(installed_example: None) -> None:
     config = _blocks("yaml")[-1]
     cfg = load_config(config)
-    endpoints = [
-        Endpoint(EndpointMetadata(f"e{i}", f"10.0.0.{i}", 8000, labels={"zone": "a" if i == 3 else "b"}))
-        for i in range(5)
-    ]
-    body = RequestBody(ApiKind.COMPLETIONS, {"model": "m", "prompt": "hello"}, b"")
+    endpoints = [endpoint(f"e{i}", f"10.0.0.{i}", labels={"zone": "a" if i == 3 else "b"}) for i in range(5)]
     for _ in range(20):
-        result, err = cfg.scheduler.schedule(CycleState(), LLMRequest("r", body, {}, "m", "m"), endpoints)
+        result, err = cfg.scheduler.schedule(CycleState(), completions("hello", request_id="r"), endpoints)
         assert err is None and result is not None and result.primary is not None
         assert result.primary.target_endpoints == [endpoints[3]]
 

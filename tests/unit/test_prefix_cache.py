@@ -5,7 +5,7 @@ from __future__ import annotations
 import gc
 import itertools
 import struct
-from collections.abc import Sequence
+from typing import Any
 
 import pytest
 import xxhash
@@ -15,16 +15,12 @@ from prometheus_client import REGISTRY
 
 from epp.config.loader import load_config
 from epp.framework import (
-    ApiKind,
     ConfigError,
     CycleState,
     Endpoint,
-    EndpointMetadata,
     LLMRequest,
     Metrics,
-    Plugin,
     ProfileRunResult,
-    RequestBody,
     SchedulingResult,
 )
 from epp.framework.attributes import PREFIX_CACHE_MATCH_INFO_KEY, PrefixCacheMatchInfo
@@ -37,6 +33,7 @@ from epp.plugins.producers.approx_prefix_cache import (
     hash_seed,
 )
 from epp.plugins.scorers.prefix_cache import PrefixCacheScorer, PrefixCacheScorerParams
+from tests.unit.factories import StubHandle, completions, endpoints
 
 # --- helpers -------------------------------------------------------------------------------------
 
@@ -58,17 +55,8 @@ def expected_chain(data: bytes, model: str, salt: str, block_chars: int) -> list
 
 
 def completion(prompt: str, model: str = "m", salt: str | None = None, rid: str = "r") -> LLMRequest:
-    payload: dict[str, object] = {"model": model, "prompt": prompt}
-    if salt is not None:
-        payload["cache_salt"] = salt
-    return LLMRequest(rid, RequestBody(ApiKind.COMPLETIONS, payload, b""), {}, model, model)
-
-
-def endpoints(n: int, **metrics: int) -> list[Endpoint]:
-    return [
-        Endpoint(EndpointMetadata(f"e{i}", f"10.0.0.{i}", 8000), Metrics(**metrics))  # type: ignore[arg-type]
-        for i in range(n)
-    ]
+    salted: dict[str, Any] = {"cache_salt": salt} if salt is not None else {}
+    return completions(prompt, model=model, request_id=rid, **salted)
 
 
 def result(primary: Endpoint, prefill: Endpoint | None = None) -> SchedulingResult:
@@ -78,20 +66,9 @@ def result(primary: Endpoint, prefill: Endpoint | None = None) -> SchedulingResu
     return SchedulingResult(results, "decode")
 
 
-class StubHandle:
-    def __init__(self, eps: Sequence[Endpoint]) -> None:
-        self.eps = list(eps)
-
-    def plugin(self, name: str) -> Plugin | None:
-        return None
-
-    def endpoints(self) -> Sequence[Endpoint]:
-        return self.eps
-
-
 def producer(handle: StubHandle | None = None, **params: object) -> ApproxPrefixCacheProducer:
     p = decode_params(ApproxPrefixCacheParams, params, "parameters")
-    return ApproxPrefixCacheProducer("approx-prefix-cache-producer", p, handle)  # type: ignore[arg-type]
+    return ApproxPrefixCacheProducer("approx-prefix-cache-producer", p, handle)
 
 
 # small blocks keep the prompts readable: 4 tokens = 16 characters per block
@@ -315,7 +292,8 @@ async def test_pre_request_indexes_primary_and_prefill_targets() -> None:
 
 
 async def test_auto_tune_uses_first_candidate_block_size_and_endpoint_capacity() -> None:
-    eps = endpoints(2, cache_block_size=8, cache_num_blocks=3)  # 32-char blocks, 3-entry LRUs
+    # 32-char blocks, 3-entry LRUs
+    eps = endpoints(2, metrics=Metrics(cache_block_size=8, cache_num_blocks=3))
     prod = producer()  # autoTune defaults to true
     prompt = "q" * 32 * 5
     cycle = await route(prod, completion(prompt), eps, eps[0])
@@ -326,7 +304,7 @@ async def test_auto_tune_uses_first_candidate_block_size_and_endpoint_capacity()
 
 async def test_lru_capacity_per_server_is_honoured_without_auto_tune() -> None:
     # D5: the reference always uses 31250; here the parameter is the fixed capacity
-    eps = endpoints(1, cache_num_blocks=1000)
+    eps = endpoints(1, metrics=Metrics(cache_num_blocks=1000))
     prod = producer(autoTune=False, blockSizeTokens=4, lruCapacityPerServer=2)
     await route(prod, completion("w" * 16 * 6), eps, eps[0])
     assert prod.index.capacity("default/e0") == 2
@@ -336,7 +314,7 @@ async def test_lru_capacity_per_server_is_honoured_without_auto_tune() -> None:
 
 async def test_endpoints_that_left_the_pool_are_dropped() -> None:
     eps = endpoints(3)
-    handle = StubHandle(eps)
+    handle = StubHandle(endpoints=eps)
     prod = producer(handle, **SMALL)
     for e in eps:
         await route(prod, completion("s" * 64, rid=e.metadata.name), eps, e)

@@ -6,13 +6,14 @@ import math
 
 import pytest
 
-from epp.framework import ConfigError, Endpoint, EndpointMetadata, Metrics
+from epp.framework import ConfigError, Endpoint, Metrics
 from epp.framework.params import decode_params
 from epp.plugins.scraping.core_metrics_extractor import (
     CoreMetricsExtractor,
     CoreMetricsExtractorParams,
 )
 from epp.plugins.scraping.promtext import Selector, info_labels, lora_info, split_csv
+from tests.unit.factories import endpoint
 
 VLLM_PAGE = b"""\
 # HELP python_gc_objects_collected_total Objects collected during gc
@@ -45,10 +46,7 @@ vllm:cache_config_info{block_size="16",cache_dtype="auto",num_gpu_blocks="31250"
 
 
 def _endpoint(labels: dict[str, str] | None = None, metrics: Metrics | None = None) -> Endpoint:
-    ep = Endpoint(EndpointMetadata(name="e", address="10.0.0.1", port=8000, labels=labels or {}))
-    if metrics is not None:
-        ep.metrics = metrics
-    return ep
+    return endpoint("e", labels=labels, metrics=metrics)
 
 
 def _extractor(**raw: object) -> CoreMetricsExtractor:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import grpc
@@ -19,17 +19,11 @@ from epp.server.tls import (
     replica_channel_credentials,
     replica_server_credentials,
 )
-from tests.unit.test_prefix_cache import SMALL, completion, endpoints, infos, producer, route
+from tests.unit.factories import endpoints
+from tests.unit.polling import until
+from tests.unit.test_prefix_cache import SMALL, completion, infos, producer, route
 
 PROMPT = "You are a helpful assistant. " * 8 + "Question one?"
-
-
-async def until(predicate: Callable[[], bool], timeout: float = 10.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not predicate():
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError("timed out")
-        await asyncio.sleep(0.01)
 
 
 @pytest.fixture

@@ -2,24 +2,19 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from epp.framework import (
-    ApiKind,
     CycleState,
     Endpoint,
-    EndpointMetadata,
     Filter,
     LLMRequest,
-    Metrics,
     Profile,
     ProfileHandler,
     ProfileRunResult,
-    RequestBody,
     SchedulingOutcome,
     SchedulingResult,
     Scorer,
@@ -31,22 +26,17 @@ from epp.plugins.profile_handlers.single import SingleProfileHandler
 from epp.plugins.scorers.kv_cache_utilization import KVCacheUtilizationScorer
 from epp.plugins.scorers.queue import QueueScorer
 from epp.scheduling import Scheduler, SchedulerProfile, WeightedScorer
+from tests.unit.factories import endpoint, known_metrics, request
 
 
 def make_endpoints(queues: Sequence[int], kv: Sequence[float] | None = None) -> list[Endpoint]:
     kv = kv or [0.0] * len(queues)
     return [
-        Endpoint(
-            EndpointMetadata(f"e{i}", f"10.0.0.{i}", 8000),
-            Metrics(waiting_queue_size=q, kv_cache_usage_percent=k, fresh_until=math.inf),
+        endpoint(
+            f"e{i}", f"10.0.0.{i}", metrics=known_metrics(waiting_queue_size=q, kv_cache_usage_percent=k)
         )
         for i, (q, k) in enumerate(zip(queues, kv, strict=True))
     ]
-
-
-def request() -> LLMRequest:
-    body = RequestBody(ApiKind.COMPLETIONS, {"model": "m", "prompt": "p"}, b"")
-    return LLMRequest("r1", body, {}, "m", "m")
 
 
 class _Fixed(Scorer):

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import base64
-import dataclasses
-import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -15,12 +13,10 @@ from epp.framework import (
     ConfigError,
     CycleState,
     Endpoint,
-    EndpointMetadata,
     LLMRequest,
     Metrics,
     Plugin,
     ProfileRunResult,
-    RequestBody,
     ResponseInfo,
     SchedulingResult,
 )
@@ -33,6 +29,7 @@ from epp.plugins.scorers.lora_affinity import LoraAffinityScorer
 from epp.plugins.scorers.no_hit_lru import NoHitLRUScorer
 from epp.plugins.scorers.running_requests_size import RunningRequestsSizeScorer
 from epp.plugins.scorers.session_affinity import SessionAffinityScorer
+from tests.unit.factories import endpoint, known_metrics, request
 
 CTX_LABEL = "llm-d.ai/context-length-range"
 
@@ -43,20 +40,8 @@ def ep(
     labels: Mapping[str, str] | None = None,
     namespace: str = "default",
 ) -> Endpoint:
-    return Endpoint(
-        EndpointMetadata(name, "10.0.0.1", 8000, namespace=namespace, labels=dict(labels or {})),
-        dataclasses.replace(metrics or Metrics(), fresh_until=math.inf),  # scraped, known metrics
-    )
-
-
-def request(
-    api: ApiKind = ApiKind.COMPLETIONS,
-    payload: dict[str, Any] | None = None,
-    headers: dict[str, str] | None = None,
-    model: str = "m",
-) -> LLMRequest:
-    body = RequestBody(api, payload if payload is not None else {"model": model, "prompt": "p"}, b"")
-    return LLMRequest("r1", body, headers or {}, model, model)
+    """An endpoint whose ``metrics`` (default ``Metrics()``) were scraped and are known."""
+    return endpoint(name, namespace=namespace, labels=labels, metrics=known_metrics(metrics))
 
 
 def build(cls: type[Plugin], raw: dict[str, Any] | None = None) -> Any:
@@ -336,7 +321,7 @@ def test_context_length_request_length_estimates() -> None:
         "model": "m",
         "messages": [{"role": "user", "content": "x" * 40}, {"role": "assistant", "content": "y" * 40}],
     }
-    assert s.score(CycleState(), request(ApiKind.CHAT_COMPLETIONS, chat), eps) == [1.0]  # 80 chars
+    assert s.score(CycleState(), request(chat, api=ApiKind.CHAT_COMPLETIONS), eps) == [1.0]  # 80 chars
     blocks = {
         "model": "m",
         "messages": [
@@ -351,7 +336,7 @@ def test_context_length_request_length_estimates() -> None:
         ],
     }
     # plain text = each text block plus a space: 40 + 40 = 80 chars
-    assert s.score(CycleState(), request(ApiKind.CHAT_COMPLETIONS, blocks), eps) == [1.0]
+    assert s.score(CycleState(), request(blocks, api=ApiKind.CHAT_COMPLETIONS), eps) == [1.0]
     assert s.score(CycleState(), request(payload={"model": "m", "prompt": [7] * 20}), eps) == [
         1.0
     ]  # token ids

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import ssl
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -20,6 +20,9 @@ from epp.framework.params import decode_params
 from epp.plugins.scraping.core_metrics_extractor import CoreMetricsExtractor, CoreMetricsExtractorParams
 from epp.plugins.scraping.metrics_data_source import HttpError, MetricsDataSource, MetricsDataSourceParams
 from epp.server.tls import self_signed_pem
+from tests.unit import factories
+from tests.unit.factories import metadata
+from tests.unit.polling import until
 
 INTERVAL = 0.02
 MODEL = 'engine="0",model_name="meta-llama/Llama-3.1-8B-Instruct"'
@@ -123,7 +126,7 @@ def _scraper(store: EndpointStore, *, timeout: float = 1.0, **source_params: obj
 
 
 def _metadata(port: int, name: str = "vllm-0") -> EndpointMetadata:
-    return EndpointMetadata(name=name, address="127.0.0.1", port=port)
+    return metadata(name, "127.0.0.1", port)
 
 
 def _poll_errors() -> float:
@@ -139,16 +142,6 @@ def _extract_errors() -> float:
         {"source_type": "metrics-data-source", "extractor_type": "core-metrics-extractor"},
     )
     return value or 0.0
-
-
-async def _until(condition: Callable[[], bool], timeout: float = 5.0) -> None:
-    """Wait until ``condition()`` holds (bounded; the bound is a safety net, not an assertion)."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not condition():
-        if loop.time() > deadline:
-            raise AssertionError("condition not met in time")
-        await asyncio.sleep(0.005)
 
 
 def _endpoint(store: EndpointStore, key: str = "default/vllm-0") -> Endpoint:
@@ -167,7 +160,7 @@ async def test_metrics_land_in_store_endpoints_and_follow_changes(server: Metric
     scraper.start()
     try:
         endpoint = _endpoint(store)
-        await _until(lambda: endpoint.metrics.update_time > 0)
+        await until(lambda: endpoint.metrics.update_time > 0)
         m = endpoint.metrics
         assert (m.waiting_queue_size, m.running_requests_size, m.kv_cache_usage_percent) == (3, 7, 0.42)
         assert (m.cache_block_size, m.cache_num_blocks) == (16, 31250)
@@ -176,13 +169,13 @@ async def test_metrics_land_in_store_endpoints_and_follow_changes(server: Metric
         store.upsert(_metadata(server.port, "vllm-1"))  # added while running
         second = _endpoint(store, "default/vllm-1")
         server.page = vllm_page(waiting=9, running=1, kv=0.05)
-        await _until(
+        await until(
             lambda: endpoint.metrics.waiting_queue_size == 9 and second.metrics.waiting_queue_size == 9
         )
         assert endpoint.metrics.kv_cache_usage_percent == 0.05
         assert scraper.scraped_endpoints == {endpoint, second}
         # Keep-alive: one connection per endpoint, reused for every scrape.
-        await _until(lambda: server.requests >= 10)
+        await until(lambda: server.requests >= 10)
         assert len(server.peers) == 2
     finally:
         await scraper.stop()
@@ -196,19 +189,19 @@ async def test_dead_server_counts_poll_errors_and_keeps_metrics_stale(server: Me
     scraper.start()
     try:
         endpoint = _endpoint(store)
-        await _until(lambda: endpoint.metrics.waiting_queue_size == 3)
+        await until(lambda: endpoint.metrics.waiting_queue_size == 3)
         await server.stop()
         errors_before = _poll_errors()
-        await _until(lambda: _poll_errors() >= errors_before + 3)
+        await until(lambda: _poll_errors() >= errors_before + 3)
         last = endpoint.metrics
-        await _until(lambda: scraper.is_stale(endpoint, 0.1))
+        await until(lambda: scraper.is_stale(endpoint, 0.1))
         assert endpoint.metrics is last  # nothing replaced the old snapshot
         assert (last.waiting_queue_size, last.running_requests_size) == (3, 7)
 
         # The server comes back on the same port: scraping recovers on a new connection.
         server.page = vllm_page(waiting=4)
         await server.start()
-        await _until(lambda: endpoint.metrics.waiting_queue_size == 4)
+        await until(lambda: endpoint.metrics.waiting_queue_size == 4)
         assert not scraper.is_stale(endpoint, 5.0)
     finally:
         await scraper.stop()
@@ -221,7 +214,7 @@ async def test_unreachable_endpoint_is_stale_from_the_start() -> None:
     errors_before = _poll_errors()
     scraper.start()
     try:
-        await _until(lambda: _poll_errors() >= errors_before + 2)
+        await until(lambda: _poll_errors() >= errors_before + 2)
         endpoint = _endpoint(store)
         assert endpoint.metrics == Metrics(failure="connect")  # no values, the reason recorded
         assert endpoint.metrics.state(time.monotonic()) is MetricsState.FAILED
@@ -237,10 +230,10 @@ async def test_removed_endpoint_stops_being_scraped(server: MetricsServer) -> No
     scraper.start()
     try:
         endpoint = _endpoint(store)
-        await _until(lambda: server.requests >= 3)
+        await until(lambda: server.requests >= 3)
         store.delete(endpoint.metadata.key)
         assert scraper.scraped_endpoints == frozenset()  # the task is dropped synchronously
-        await _until(lambda: server.in_flight == 0)
+        await until(lambda: server.in_flight == 0)
         await asyncio.sleep(0)  # let the cancelled task run its cleanup
         count = server.requests
         await asyncio.sleep(INTERVAL * 10)
@@ -257,7 +250,7 @@ async def test_slow_server_never_gets_overlapping_scrapes(server: MetricsServer)
     errors_before = _poll_errors()
     scraper.start()
     try:
-        await _until(lambda: server.requests >= 6)
+        await until(lambda: server.requests >= 6)
         assert server.max_in_flight == 1
         assert _poll_errors() == errors_before  # slow but within the timeout: no errors
         assert _endpoint(store).metrics.waiting_queue_size == 3
@@ -274,11 +267,11 @@ async def test_poll_timeout_counts_an_error_and_the_next_poll_is_clean(server: M
     scraper.start()
     try:
         endpoint = _endpoint(store)
-        await _until(lambda: _poll_errors() >= errors_before + 2)
+        await until(lambda: _poll_errors() >= errors_before + 2)
         assert endpoint.metrics.update_time == 0.0
         assert server.max_in_flight <= 2  # a timed-out request may still finish server-side
         server.delay = 0.0
-        await _until(lambda: endpoint.metrics.waiting_queue_size == 3)
+        await until(lambda: endpoint.metrics.waiting_queue_size == 3)
     finally:
         await scraper.stop()
 
@@ -291,10 +284,10 @@ async def test_non_200_status_is_a_poll_error(server: MetricsServer) -> None:
     errors_before = _poll_errors()
     scraper.start()
     try:
-        await _until(lambda: _poll_errors() >= errors_before + 2)
+        await until(lambda: _poll_errors() >= errors_before + 2)
         assert _endpoint(store).metrics.update_time == 0.0
         server.status = 200
-        await _until(lambda: _endpoint(store).metrics.waiting_queue_size == 3)
+        await until(lambda: _endpoint(store).metrics.waiting_queue_size == 3)
     finally:
         await scraper.stop()
 
@@ -309,7 +302,7 @@ async def test_chunked_and_connection_close_responses(server: MetricsServer) -> 
     scraper.start()
     try:
         endpoint = _endpoint(store)
-        await _until(lambda: server.requests >= 4 and endpoint.metrics.waiting_queue_size == 5)
+        await until(lambda: server.requests >= 4 and endpoint.metrics.waiting_queue_size == 5)
         assert endpoint.metrics.cache_num_blocks == 31250  # the last chunk was reassembled
         assert len(server.peers) >= 3  # "Connection: close" made the client reconnect
     finally:
@@ -325,7 +318,7 @@ async def test_extraction_errors_are_counted_and_partial_metrics_kept(server: Me
     scraper.start()
     try:
         endpoint = _endpoint(store)
-        await _until(lambda: _extract_errors() >= errors_before + 2)
+        await until(lambda: _extract_errors() >= errors_before + 2)
         assert endpoint.metrics.running_requests_size == 2
         assert endpoint.metrics.update_time > 0
     finally:
@@ -345,8 +338,8 @@ async def test_https_with_insecure_skip_verify(tmp_path: Path) -> None:
     scraper.start()
     verifying.start()
     try:
-        await _until(lambda: _endpoint(store).metrics.waiting_queue_size == 3)
-        await _until(lambda: _poll_errors() >= errors_before + 2)  # the verifying client rejects it
+        await until(lambda: _endpoint(store).metrics.waiting_queue_size == 3)
+        await until(lambda: _poll_errors() >= errors_before + 2)  # the verifying client rejects it
         assert _endpoint(verifying_store).metrics.update_time == 0.0
     finally:
         await scraper.stop()
@@ -369,14 +362,14 @@ async def test_stop_then_start_again_resumes_scraping(server: MetricsServer) -> 
     store.upsert(_metadata(server.port))
     scraper = _scraper(store)
     scraper.start()
-    await _until(lambda: server.requests >= 1)
+    await until(lambda: server.requests >= 1)
     await scraper.stop()
     store.upsert(_metadata(server.port, "vllm-1"))  # added while stopped: not scraped
     assert scraper.scraped_endpoints == frozenset()
     scraper.start()
     try:
         second = _endpoint(store, "default/vllm-1")
-        await _until(lambda: second.metrics.waiting_queue_size == 3)
+        await until(lambda: second.metrics.waiting_queue_size == 3)
         assert len(scraper.scraped_endpoints) == 2
     finally:
         await scraper.stop()
@@ -462,9 +455,7 @@ def test_metrics_data_source_parameters() -> None:
     params = decode_params(MetricsDataSourceParams, {}, "p")
     assert params == MetricsDataSourceParams(scheme="http", path="/metrics", insecure_skip_verify=True)
     source = MetricsDataSource("m", decode_params(MetricsDataSourceParams, {"path": "/stats"}, "p"))
-    endpoint = Endpoint(
-        EndpointMetadata(name="e", address="10.0.0.1", port=8000, metrics_host="10.0.0.2:9090")
-    )
+    endpoint = factories.endpoint("e", metrics_host="10.0.0.2:9090")
     assert source.url(endpoint) == "http://10.0.0.2:9090/stats"
     with pytest.raises(ConfigError) as info:
         decode_params(MetricsDataSourceParams, {"scheme": "ftp"}, "p")
@@ -475,7 +466,7 @@ def test_metrics_data_source_parameters() -> None:
 
 
 def test_is_stale() -> None:
-    endpoint = Endpoint(EndpointMetadata(name="e", address="10.0.0.1", port=8000))
+    endpoint = factories.endpoint("e")
     assert is_stale(endpoint, 1.0, now=100.0)
     endpoint.metrics = Metrics(update_time=99.5)
     assert not is_stale(endpoint, 1.0, now=100.0)
@@ -494,7 +485,7 @@ def test_pool_gauges_average_fresh_endpoints_only() -> None:
     for i, (queue, running, kv, updated) in enumerate(
         [(2, 4, 0.2, 99.0), (4, 8, 0.6, 99.5), (100, 100, 1.0, 50.0)]  # the last one is stale
     ):
-        store.upsert(EndpointMetadata(name=f"pod-{i}", address=f"10.0.0.{i + 1}", port=8000))
+        store.upsert(metadata(f"pod-{i}", f"10.0.0.{i + 1}"))
         _endpoint(store, f"default/pod-{i}").metrics = Metrics(
             waiting_queue_size=queue,
             running_requests_size=running,
@@ -525,14 +516,14 @@ def test_pool_gauges_average_fresh_endpoints_only() -> None:
 
 async def test_pool_gauges_task_refreshes_periodically() -> None:
     store = EndpointStore()
-    store.upsert(EndpointMetadata(name="pod-0", address="10.0.0.1", port=8000))
+    store.upsert(metadata("pod-0"))
     gauges = PoolGauges(store, "pool-b", interval=0.01)
     gauges.start()
     try:
-        await _until(lambda: _gauge("inference_pool_ready_pods", {"name": "pool-b"}) == 0)
+        await until(lambda: _gauge("inference_pool_ready_pods", {"name": "pool-b"}) == 0)
         endpoint = _endpoint(store, "default/pod-0")
         endpoint.metrics = Metrics(waiting_queue_size=5, update_time=time.monotonic())
-        await _until(lambda: _gauge("inference_pool_ready_pods", {"name": "pool-b"}) == 1)
+        await until(lambda: _gauge("inference_pool_ready_pods", {"name": "pool-b"}) == 1)
         assert _gauge("inference_pool_average_queue_size", {"name": "pool-b"}) == 5
     finally:
         await gauges.stop()

@@ -7,9 +7,10 @@ import time
 import pytest
 
 from epp.config import ConfigError, load_config
-from epp.framework import CycleState, Endpoint, EndpointMetadata, Metrics, SaturationDetector
+from epp.framework import CycleState, Endpoint, Metrics, SaturationDetector
 from epp.framework.durations import parse_go_duration
 from epp.plugins.saturation.utilization_detector import UtilizationDetector, UtilizationDetectorParams
+from tests.unit.factories import endpoint
 
 HEADER = "apiVersion: llm-d.ai/v1alpha1\nkind: EndpointPickerConfig\n"
 NO_ENV: dict[str, str] = {}
@@ -18,10 +19,8 @@ NO_ENV: dict[str, str] = {}
 def ep(i: int, queue: int = 0, kv: float = 0.0, age: float | None = 0.0) -> Endpoint:
     """An endpoint whose metrics were scraped ``age`` seconds ago (None: never scraped)."""
     updated = 0.0 if age is None else time.monotonic() - age
-    return Endpoint(
-        EndpointMetadata(name=f"ep-{i}", address=f"10.0.0.{i}", port=8000),
-        Metrics(waiting_queue_size=queue, kv_cache_usage_percent=kv, update_time=updated),
-    )
+    metrics = Metrics(waiting_queue_size=queue, kv_cache_usage_percent=kv, update_time=updated)
+    return endpoint(f"ep-{i}", f"10.0.0.{i}", metrics=metrics)
 
 
 def S(

@@ -11,31 +11,19 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from epp.framework import (
-    ApiKind,
     ConfigError,
     CycleState,
-    Endpoint,
-    EndpointMetadata,
-    LLMRequest,
-    RequestBody,
     ScoredEndpoint,
 )
 from epp.framework.params import decode_params
 from epp.framework.registry import lookup
 from epp.plugins.pickers._common import rng
 from epp.plugins.pickers.weighted_random import WeightedRandomPicker
+from tests.unit.factories import endpoints, request
 
 
 def scored(scores: Sequence[float]) -> list[ScoredEndpoint]:
-    return [
-        ScoredEndpoint(Endpoint(EndpointMetadata(f"e{i}", f"10.0.0.{i}", 8000)), s)
-        for i, s in enumerate(scores)
-    ]
-
-
-def request() -> LLMRequest:
-    body = RequestBody(ApiKind.COMPLETIONS, {"model": "m", "prompt": "p"}, b"")
-    return LLMRequest("r1", body, {}, "m", "m")
+    return [ScoredEndpoint(e, s) for e, s in zip(endpoints(len(scores)), scores, strict=True)]
 
 
 def picker(raw: dict[str, Any] | None = None) -> WeightedRandomPicker:
