@@ -54,7 +54,8 @@ from typing import Any
 
 import yaml
 
-from epp import envoy_config, stack
+from epp.dev.envoy import bootstrap as envoy_config
+from epp.dev.stack import local as stack
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 MODEL = "demo"

@@ -55,7 +55,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import _soak_traffic as traffic
-from epp import stack
+from epp.dev.stack import local as stack
 
 MODEL = "demo"
 SIM_ARGS = [
@@ -83,8 +83,8 @@ def flaky_sim_main(argv: list[str]) -> int:
     """``soak.py --flaky-sim <epp sim flags>``: an ``epp sim`` whose ``GET /metrics`` always fails."""
     from aiohttp import web
 
-    from epp.sim import cli as sim_cli
-    from epp.sim.server import SimServer
+    from epp.dev.sim import cli as sim_cli
+    from epp.dev.sim.server import SimServer
 
     parser = argparse.ArgumentParser(prog="soak.py --flaky-sim")
     sim_cli.add_arguments(parser)

@@ -487,7 +487,7 @@ def _certs(args: argparse.Namespace) -> int:
 
 
 def _add_sim(sub: Any) -> None:
-    from epp.sim import cli as sim_cli
+    from epp.dev.sim import cli as sim_cli
 
     p = sub.add_parser("sim", help="run a simulated OpenAI-compatible vLLM server")
     sim_cli.add_arguments(p)
@@ -495,7 +495,7 @@ def _add_sim(sub: Any) -> None:
 
 
 def _add_run(sub: Any) -> None:
-    from epp import stack
+    from epp.dev.stack import local as stack
 
     p = sub.add_parser("run", help="run a local stack: Envoy on :8081, the EPP and simulated vLLM servers")
     stack.add_arguments(p)

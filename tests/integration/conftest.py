@@ -27,8 +27,9 @@ from typing import Any
 import pytest
 import yaml
 
-from epp import envoy_config, stack
-from epp.stack import Child, Supervisor
+from epp.dev.envoy import bootstrap as envoy_config
+from epp.dev.stack import local as stack
+from epp.dev.stack.local import Child, Supervisor
 
 BODY_MODES = ("BUFFERED", "FULL_DUPLEX_STREAMED")
 SUBSET_HEADER = "x-test-endpoint-subset"

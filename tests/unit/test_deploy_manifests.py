@@ -40,7 +40,7 @@ import pytest
 import yaml
 
 from epp import __version__
-from epp import envoy_config as ec
+from epp.dev.envoy import bootstrap as ec
 from tests.unit import _kustomize as kz
 
 REPO = Path(__file__).resolve().parents[2]

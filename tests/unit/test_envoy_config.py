@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import yaml
 
-from epp import envoy_config as ec
+from epp.dev.envoy import bootstrap as ec
 from epp.server import replies
 
 REPO = Path(__file__).resolve().parents[2]
@@ -358,7 +358,7 @@ def test_envoy_rejects_garbage(tmp_path: Path) -> None:
 def test_epp_run_keeps_the_stream_open_to_the_response_end(
     tmp_path: Path, body_mode: str, fail_open: bool
 ) -> None:
-    from epp import stack
+    from epp.dev.stack import local as stack
 
     b = stack.LocalStack(stack.StackOptions(body_mode=body_mode, fail_open=fail_open), tmp_path).bootstrap()
     assert _filters(b)["envoy.filters.http.ext_proc"]["processing_mode"]["response_trailer_mode"] == "SEND"

@@ -42,7 +42,7 @@ from typing import IO, Any
 
 import yaml
 
-from epp import envoy_config
+from epp.dev.envoy import bootstrap as envoy_config
 
 DISCOVERY_PLUGIN_NAME = "epp-run-files"
 READY_TIMEOUT = 60.0

@@ -4,7 +4,7 @@
 ``tokens``) without HTTP; ``server`` is the aiohttp app; ``cli`` holds the flags and the entry point.
 """
 
-from epp.sim.engine import Engine, SimConfig
-from epp.sim.server import SimCluster, SimServer, build_app
+from epp.dev.sim.engine import Engine, SimConfig
+from epp.dev.sim.server import SimCluster, SimServer, build_app
 
 __all__ = ["Engine", "SimCluster", "SimConfig", "SimServer", "build_app"]

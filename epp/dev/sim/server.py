@@ -20,7 +20,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from epp.sim.engine import (
+from epp.dev.sim.engine import (
     Engine,
     EngineSnapshot,
     QueueFullError,
@@ -29,8 +29,8 @@ from epp.sim.engine import (
     SimConfig,
     Token,
 )
-from epp.sim.latency import Histogram
-from epp.sim.tokens import chat_tokens, id_tokens, text_tokens
+from epp.dev.sim.latency import Histogram
+from epp.dev.sim.tokens import chat_tokens, id_tokens, text_tokens
 
 __all__ = ["SimCluster", "SimConfig", "SimServer", "build_app", "rank_configs"]
 
