@@ -1,6 +1,6 @@
 """EPP CPU per request and requests/s through a real Envoy (``make bench-cpu``).
 
-What runs (every port is a free one, every Envoy gets ``--use-dynamic-base-id``):
+What runs (every port is a free one, every Envoy gets ``--disable-hot-restart``):
 
 * the backends, started once: by default (``--backend static``) B listeners of ONE extra Envoy
   (``--concurrency 1``) answering with ``direct_response``: ``POST /v1/...`` -> a small fixed
@@ -9,7 +9,7 @@ What runs (every port is a free one, every Envoy gets ``--use-dynamic-base-id``)
   processes under test. ``--backend sim`` uses B ``epp sim`` processes instead (no prefill, no
   inter-token delay, one output token), as ``epp run`` does; being Python they take much CPU.
 * per body mode (BUFFERED and FULL_DUPLEX_STREAMED by default) and target: the target and a front
-  Envoy with the bootstrap of ``epp.envoy_config.envoy_bootstrap`` (fail-closed, that body mode):
+  Envoy with the bootstrap of ``epp.dev.envoy.bootstrap.envoy_bootstrap`` (fail-closed, that body mode):
 
   - ``epp``: ``epp serve`` with its default scheduling config and the backends in a file-discovery
     endpoints file;
@@ -54,8 +54,8 @@ from typing import Any
 
 import yaml
 
+from epp.dev import stack
 from epp.dev.envoy import bootstrap as envoy_config
-from epp.dev.stack import local as stack
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 MODEL = "demo"
@@ -381,18 +381,10 @@ def backend_bootstrap(ports: Sequence[int], admin_port: int) -> dict[str, Any]:
     }
 
 
-def envoy_argv(config: Path, concurrency: int = 0) -> list[str]:
-    argv = [envoy_config.envoy_binary(), "-c", str(config), "--log-level", "warning"]
-    argv.append("--use-dynamic-base-id")  # several Envoys run at once
-    if concurrency:
-        argv += ["--concurrency", str(concurrency)]
-    return argv
-
-
 # ------------------------------------------------------------------------------ response exchanges
 
 # ``--response``: the response side of the front Envoy's ext_proc exchange (docs/deploy.md, "The Envoy
-# exchange"). ``shipped`` is what epp.envoy_config generates.
+# exchange"). ``shipped`` is what epp.dev.envoy generates.
 RESPONSE_EXCHANGES = ("shipped", "headers-only", "streamed", "full-duplex", "observer")
 
 
@@ -509,7 +501,7 @@ class Backends:
             admin = free_ports(1)[0]
             config = self.workdir / "backend-envoy.yaml"
             config.write_text(envoy_config.render(backend_bootstrap(self.ports, admin)))
-            self.supervisor.start("backend-envoy", envoy_argv(config, concurrency=1))
+            self.supervisor.start("backend-envoy", stack.envoy_argv(config, concurrency=1))
             checks = [("backend Envoy", http_ok(f"http://127.0.0.1:{admin}/ready"))]
             checks += [(f"backend :{p}", http_ok(f"http://127.0.0.1:{p}/metrics")) for p in self.ports]
         else:
@@ -608,7 +600,8 @@ class Target:
         response_exchange(bootstrap, self.response)
         config = self.workdir / "envoy.yaml"
         config.write_text(envoy_config.render(bootstrap))
-        self.envoy = self.supervisor.start("envoy", envoy_argv(config, self.front_concurrency))
+        argv = stack.envoy_argv(config, concurrency=self.front_concurrency)
+        self.envoy = self.supervisor.start("envoy", argv)
         checks += [
             ("front Envoy", http_ok(f"http://127.0.0.1:{self.admin_port}/ready")),
             (f"POST {PATH} through Envoy", post_ok(self.url, self.body)),

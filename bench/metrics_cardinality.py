@@ -30,7 +30,7 @@ from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2 as pm
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
 
-from epp.dev.stack import local as stack
+from epp.dev import stack
 
 MODEL = "demo"
 

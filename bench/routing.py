@@ -1,6 +1,6 @@
 """Routing quality: the EPP's default scheduling against (random) round-robin (``make bench-routing``).
 
-What runs, once per config, in ``epp run``'s stack (:class:`epp.stack.LocalStack`) on free ports:
+What runs, once per config, in ``epp run``'s stack (:class:`epp.dev.stack.LocalStack`) on free ports:
 
 * N ``epp sim`` simulators (``--sims``, 4), started fresh for every config so that their prefix
   caches start cold;
@@ -11,7 +11,7 @@ What runs, once per config, in ``epp run``'s stack (:class:`epp.stack.LocalStack
   - ``default``: no scheduling config, i.e. the EPP's default profile (queue-scorer x2 +
     kv-cache-utilization-scorer x2 + prefix-cache-scorer x3, max-score-picker);
 
-* a real Envoy in front (``epp.envoy_config`` bootstrap, FULL_DUPLEX_STREAMED, fail-closed);
+* a real Envoy in front (``epp.dev.envoy`` bootstrap, FULL_DUPLEX_STREAMED, fail-closed);
 * the load generator ``bench/_loadgen.py`` in a separate process (aiohttp on uvloop): the SAME
   seeded workload for every config — G groups (``--groups``, 8) of streaming chat requests sharing a
   long system prompt (``--prompt-tokens``, ~3,000 tokens = 4 characters each) plus a unique question,
@@ -46,7 +46,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from epp.dev.stack import local as stack
+from epp.dev import stack
 
 MODEL = "demo"
 LOADGEN = Path(__file__).with_name("_loadgen.py")

@@ -1,6 +1,6 @@
 """Soak: the real stack under mixed good and hostile traffic, then a kill -9 of the EPP (``make bench-soak``).
 
-Phase 1 (``--duration`` seconds, default 180; ``--short``: 20): :class:`epp.stack.LocalStack` (the
+Phase 1 (``--duration`` seconds, default 180; ``--short``: 20): :class:`epp.dev.stack.LocalStack` (the
 stack of ``epp run``) on free ports of 127.0.0.1 — ``--sims`` ``epp sim`` servers, ``epp serve``
 with file discovery, a real Envoy (fail-closed, ``--body-mode``) — plus one more simulator in the
 pool whose ``GET /metrics`` fails (500, unparsable text or a 30 s hang, in turn). Traffic, from this
@@ -23,7 +23,7 @@ the sum of ``inference_objective_running_requests`` and the size of its log; the
 every kind of client by status.
 
 Phase 2, once per body mode (FULL_DUPLEX_STREAMED, BUFFERED): the same stack with the fail-open
-bootstrap (``epp.envoy_config``, the layout of ``deploy/envoy/envoy-fail-open.yaml``) under
+bootstrap (``epp.dev.envoy``, the layout of ``deploy/envoy/envoy-fail-open.yaml``) under
 well-behaved load; the EPP is killed with SIGKILL, started again after ``--down`` seconds, and the
 outcomes are printed for three windows: before the kill, from the kill until the new EPP is ready,
 and after that. "via EPP" means the response passed the EPP (its ``x-went-into-resp-headers``);
@@ -55,7 +55,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import _soak_traffic as traffic
-from epp.dev.stack import local as stack
+from epp.dev import stack
 
 MODEL = "demo"
 SIM_ARGS = [

@@ -495,11 +495,11 @@ def _add_sim(sub: Any) -> None:
 
 
 def _add_run(sub: Any) -> None:
-    from epp.dev.stack import local as stack
+    from epp.dev.stack import cli as stack_cli
 
     p = sub.add_parser("run", help="run a local stack: Envoy on :8081, the EPP and simulated vLLM servers")
-    stack.add_arguments(p)
-    p.set_defaults(func=stack.main)
+    stack_cli.add_arguments(p)
+    p.set_defaults(func=stack_cli.main)
 
 
 def build_parser() -> argparse.ArgumentParser:

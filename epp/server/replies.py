@@ -24,7 +24,7 @@ DESTINATION_NAMESPACE = "envoy.lb"
 BODY_PIECE_LIMIT = 62000
 # ``envoy.lb`` metadata of a rewritten request: {"incoming": model asked for, "target": model served}.
 # The FULL_DUPLEX_STREAMED bootstraps route on it to a second ext_proc filter that sends the
-# response body (epp.envoy_config.REWRITE_METADATA_KEY is the same name).
+# response body (epp.dev.envoy.bootstrap.REWRITE_METADATA_KEY is the same name).
 REWRITE_METADATA_KEY = "x-gateway-model-name-rewrite"
 
 ProcessingResponse = ep.ProcessingResponse

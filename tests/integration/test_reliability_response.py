@@ -28,8 +28,8 @@ from typing import Any
 
 import pytest
 
+from epp.dev import stack
 from epp.dev.envoy import bootstrap as envoy_config
-from epp.dev.stack import local as stack
 from tests.integration.conftest import MODEL, READY_TIMEOUT, Envoy, Epp, Rig, Sim
 
 # Slow sims: 100 ms between output tokens, so max_tokens sets the length of a generation.

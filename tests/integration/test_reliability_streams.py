@@ -23,7 +23,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
 from prometheus_client.parser import text_string_to_metric_families
 
-from epp.dev.stack import local as stack
+from epp.dev import stack
 from tests.integration.conftest import (
     MODEL,
     READY_TIMEOUT,

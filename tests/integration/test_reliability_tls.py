@@ -21,8 +21,8 @@ from pathlib import Path
 import grpc
 import pytest
 
+from epp.dev import stack
 from epp.dev.envoy import bootstrap as envoy_config
-from epp.dev.stack import local as stack
 from epp.server.replication import METHOD
 from epp.server.tls import REPLICA_NAME, Authority, KeyPair
 from tests.fakekube import FakeKube, objects

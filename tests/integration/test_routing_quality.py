@@ -27,7 +27,7 @@ from typing import Any
 
 import pytest
 
-from epp.dev.stack import local as stack
+from epp.dev import stack
 from tests.integration.conftest import MODEL, READY_TIMEOUT, Rig, Sim, request
 
 pytestmark = pytest.mark.integration

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from epp.dev.stack import local as stack
+from epp.dev import stack
 from tests.integration.conftest import chat_body, marker, request
 
 READY_LINE = "Ctrl-C stops everything."

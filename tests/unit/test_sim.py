@@ -22,9 +22,10 @@ import pytest
 from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 
+from epp.dev.sim.app import build_app
 from epp.dev.sim.cli import add_arguments, config_from_args, serve
 from epp.dev.sim.engine import Engine, QueueFullError, RequestSpec, SeqState, SimConfig
-from epp.dev.sim.server import SimServer, build_app
+from epp.dev.sim.server import SimServer
 from epp.dev.sim.tokens import CHAT_MESSAGE_OVERHEAD
 
 StartSim = Callable[..., Awaitable[SimServer]]

@@ -21,7 +21,8 @@ from epp.dev.sim.engine import Engine, RequestSpec, SeqState, Sequence, SimConfi
 from epp.dev.sim.kvcache import KVCache, block_hashes, hash_seed
 from epp.dev.sim.latency import LatencyModel
 from epp.dev.sim.lora import LoraSlots
-from epp.dev.sim.server import SimCluster, SimServer, parse_request, rank_configs
+from epp.dev.sim.openai import parse_request
+from epp.dev.sim.server import SimCluster, SimServer, rank_configs
 from epp.dev.sim.tokens import CHAT_MESSAGE_OVERHEAD, chat_tokens, text_tokens
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]

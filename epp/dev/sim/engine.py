@@ -152,7 +152,7 @@ class RequestSpec:
     max_tokens: int | None = None
     """The client's output limit; ``None`` means the configured default length, finishing with ``stop``."""
     prompt: tuple[str, ...] = ()
-    """The prompt's tokens (see :mod:`epp.sim.tokens`); empty means unknown content, never cached."""
+    """The prompt's tokens (see :mod:`epp.dev.sim.tokens`); empty means unknown content, never cached."""
     remote_prefill: bool = False
     """The KV of the prompt comes from a remote prefill worker: no local prefill cost."""
 
