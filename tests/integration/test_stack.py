@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from epp.dev import stack
-from tests.integration.conftest import chat_body, marker, request
+from tests.integration.harness import chat_body, marker, request
 
 READY_LINE = "Ctrl-C stops everything."
 START_TIMEOUT = 90.0

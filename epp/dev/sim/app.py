@@ -19,10 +19,7 @@ from epp.dev.sim.context import (
     RequestJournal,
     add_identity_headers,
 )
-from epp.dev.sim.engine import (
-    Engine,
-    SimConfig,
-)
+from epp.dev.sim.engine import Engine, SimConfig
 from epp.dev.sim.metrics import EngineCollector, metrics
 from epp.dev.sim.openai import error_middleware, json_response
 

@@ -11,10 +11,7 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
-from epp.dev.sim.engine import (
-    Engine,
-    SimConfig,
-)
+from epp.dev.sim.engine import Engine, SimConfig
 
 JOURNAL_SIZE = 100
 

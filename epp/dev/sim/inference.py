@@ -10,12 +10,7 @@ import structlog
 from aiohttp import web
 
 from epp.dev.sim.context import CONFIG_KEY, CREATED_KEY, ENGINE_KEY, JOURNAL_KEY, RNG_KEY, identity_of
-from epp.dev.sim.engine import (
-    Engine,
-    QueueFullError,
-    RequestSpec,
-    Sequence,
-)
+from epp.dev.sim.engine import Engine, QueueFullError, RequestSpec, Sequence
 from epp.dev.sim.openai import (
     SSE_DONE,
     Completion,

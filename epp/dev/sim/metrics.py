@@ -12,11 +12,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 
 from epp.dev.sim.context import CONFIG_KEY, REGISTRY_KEY
-from epp.dev.sim.engine import (
-    Engine,
-    EngineSnapshot,
-    SimConfig,
-)
+from epp.dev.sim.engine import Engine, EngineSnapshot, SimConfig
 from epp.dev.sim.latency import Histogram
 
 

@@ -12,11 +12,7 @@ import orjson
 from aiohttp import web
 
 from epp.dev.sim.context import Identity
-from epp.dev.sim.engine import (
-    Sequence,
-    SimConfig,
-    Token,
-)
+from epp.dev.sim.engine import Sequence, SimConfig, Token
 from epp.dev.sim.tokens import chat_tokens, id_tokens, text_tokens
 
 JSON_CONTENT_TYPE = "application/json"

@@ -10,10 +10,7 @@ from aiohttp import web
 
 from epp.dev.sim.app import build_app
 from epp.dev.sim.context import ENGINE_KEY
-from epp.dev.sim.engine import (
-    Engine,
-    SimConfig,
-)
+from epp.dev.sim.engine import Engine, SimConfig
 
 log = structlog.get_logger("epp.sim")
 
