@@ -26,9 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from epp import envoy_config, stack
+from epp.dev import stack
+from epp.dev.envoy import bootstrap as envoy_config
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 MODEL = "demo"
@@ -354,18 +353,10 @@ def backend_bootstrap(ports: Sequence[int], admin_port: int) -> dict[str, Any]:
     }
 
 
-def envoy_argv(config: Path, concurrency: int = 0) -> list[str]:
-    argv = [envoy_config.envoy_binary(), "-c", str(config), "--log-level", "warning"]
-    argv.append("--use-dynamic-base-id")  # several Envoys run at once
-    if concurrency:
-        argv += ["--concurrency", str(concurrency)]
-    return argv
-
-
 # ------------------------------------------------------------------------------ response exchanges
 
 # ``--response``: the response side of the front Envoy's ext_proc exchange (docs/deploy.md, "The Envoy
-# exchange"). ``shipped`` is what epp.envoy_config generates.
+# exchange"). ``shipped`` is what epp.dev.envoy generates.
 RESPONSE_EXCHANGES = ("shipped", "headers-only", "streamed", "full-duplex", "observer")
 
 
@@ -465,12 +456,12 @@ class Backends:
     def __init__(self, kind: str, count: int, workdir: Path) -> None:
         self.kind = kind
         self.ports = free_ports(count)
-        self.supervisor = stack.Supervisor(workdir / "logs")
+        self.stack = stack.Stack(workdir, ready_timeout=READY_TIMEOUT)
         self.workdir = workdir
 
     @property
     def children(self) -> list[stack.Child]:
-        return self.supervisor.children
+        return self.stack.children
 
     @property
     def pids(self) -> list[int]:
@@ -480,14 +471,12 @@ class Backends:
         self.workdir.mkdir(parents=True, exist_ok=True)
         if self.kind == "static":
             admin = free_ports(1)[0]
-            config = self.workdir / "backend-envoy.yaml"
-            config.write_text(envoy_config.render(backend_bootstrap(self.ports, admin)))
-            self.supervisor.start("backend-envoy", envoy_argv(config, concurrency=1))
+            self.stack.start_envoy("backend-envoy", backend_bootstrap(self.ports, admin), concurrency=1)
             checks = [("backend Envoy", http_ok(f"http://127.0.0.1:{admin}/ready"))]
             checks += [(f"backend :{p}", http_ok(f"http://127.0.0.1:{p}/metrics")) for p in self.ports]
         else:
             for i, port in enumerate(self.ports):
-                self.supervisor.start(f"sim-{i}", stack.sim_argv(port, f"sim-{i}", MODEL, SIM_ARGS))
+                self.stack.start_sim(f"sim-{i}", port, model=MODEL, args=SIM_ARGS)
             checks = [(f"sim :{p}", http_ok(f"http://127.0.0.1:{p}/health")) for p in self.ports]
         wait_ready(checks, self.children)
 
@@ -501,12 +490,12 @@ class Backends:
         try:
             self.start()
         except BaseException:
-            self.supervisor.stop_all()
+            self.stack.stop()
             raise
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.supervisor.stop_all()
+        self.stack.stop()
 
 
 class Target:
@@ -530,7 +519,7 @@ class Target:
         self.front_concurrency = front_concurrency
         self.response = response
         self.port, self.admin_port, self.grpc_port, self.health_port, self.metrics_port = free_ports(5)
-        self.supervisor = stack.Supervisor(workdir / "logs")
+        self.stack = stack.Stack(workdir, ready_timeout=READY_TIMEOUT)
         self.server: stack.Child | None = None
         self.envoy: stack.Child | None = None
 
@@ -540,7 +529,7 @@ class Target:
 
     @property
     def children(self) -> list[stack.Child]:
-        return [*self.supervisor.children, *self.backends.children]
+        return [*self.stack.children, *self.backends.children]
 
     def alive(self) -> None:
         check_alive(self.children)
@@ -551,14 +540,13 @@ class Target:
         if self.kind == "epp":
             endpoints = self.workdir / "endpoints.yaml"
             stack.write_endpoints(endpoints, self.backends.ports)
-            config_text = yaml.safe_dump(stack.epp_config(endpoints), sort_keys=False)
-            argv = stack.serve_argv(
+            self.server = self.stack.start_epp(
+                "epp",
                 grpc_port=self.grpc_port,
                 health_port=self.health_port,
                 metrics_port=self.metrics_port,
-                config_text=config_text,
+                config=stack.epp_config(endpoints),
             )
-            self.server = self.supervisor.start("epp", argv)
             checks = [("EPP readiness", lambda: stack.grpc_serving(self.health_port))]
         else:
             destination = f"127.0.0.1:{self.backends.ports[0]}"
@@ -570,7 +558,7 @@ class Target:
                 "--destination",
                 destination,
             ]
-            self.server = self.supervisor.start("stub", argv)
+            self.server = self.stack.supervisor.start("stub", argv)
             checks = [("ext_proc stub", lambda: stack.port_in_use(self.grpc_port))]
         bootstrap = envoy_config.envoy_bootstrap(
             listen_port=self.port,
@@ -579,9 +567,7 @@ class Target:
             body_mode=self.mode,
         )
         response_exchange(bootstrap, self.response)
-        config = self.workdir / "envoy.yaml"
-        config.write_text(envoy_config.render(bootstrap))
-        self.envoy = self.supervisor.start("envoy", envoy_argv(config, self.front_concurrency))
+        self.envoy = self.stack.start_envoy("envoy", bootstrap, concurrency=self.front_concurrency)
         checks += [
             ("front Envoy", http_ok(f"http://127.0.0.1:{self.admin_port}/ready")),
             (f"POST {PATH} through Envoy", post_ok(self.url, self.body)),
@@ -592,12 +578,12 @@ class Target:
         try:
             self.start()
         except BaseException:
-            self.supervisor.stop_all()
+            self.stack.stop()
             raise
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.supervisor.stop_all()
+        self.stack.stop()
 
 
 # ------------------------------------------------------------------------------------------ bench

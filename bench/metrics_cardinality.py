@@ -16,13 +16,12 @@ import urllib.request
 from pathlib import Path
 
 import grpc
-import yaml
 from envoy.config.core.v3.base_pb2 import HeaderMap, HeaderValue
 from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2 as pm
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
 
-from epp import stack
+from epp.dev import stack
 
 MODEL = "demo"
 
@@ -138,9 +137,9 @@ def main() -> int:
         help="scrape no model names (an engine without model labels): the label cap alone bounds",
     )
     args = p.parse_args()
-    with tempfile.TemporaryDirectory() as tmp, stack.Supervisor(Path(tmp)) as sup:
+    with tempfile.TemporaryDirectory() as tmp, stack.Stack(Path(tmp), log_dir=Path(tmp)) as st:
         sim_port, grpc_port, health_port, metrics_port = (stack.free_port() for _ in range(4))
-        sim = sup.start("sim", stack.sim_argv(sim_port, "sim-0", MODEL))
+        sim = st.start_sim("sim-0", sim_port, model=MODEL)
         endpoints = Path(tmp) / "endpoints.yaml"
         stack.write_endpoints(endpoints, [sim_port])
         base = None
@@ -156,18 +155,15 @@ def main() -> int:
                 ],
                 "dataLayer": {"sources": [{"pluginRef": "src", "extractors": [{"pluginRef": "ex"}]}]},
             }
-        config = yaml.safe_dump(stack.epp_config(endpoints, base), sort_keys=False)
-        argv = stack.serve_argv(
+        epp = st.start_epp(
+            "epp",
             grpc_port=grpc_port,
             health_port=health_port,
             metrics_port=metrics_port,
-            config_text=config,
+            config=stack.epp_config(endpoints, base),
             extra=["--log-level", "warning"],
         )
-        epp = sup.start("epp", argv)
-        stack.wait_until(
-            "epp ready", lambda: stack.grpc_serving(health_port), timeout=60, children=[sim, epp]
-        )
+        st.wait("epp ready", lambda: stack.grpc_serving(health_port), children=[sim, epp])
         time.sleep(1.0)  # a few scrapes of the sim
         asyncio.run(measure(grpc_port, metrics_port, epp.pid, args.names, args.samples))
     return 0

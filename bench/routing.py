@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from epp import stack
+from epp.dev import stack
 
 MODEL = "demo"
 LOADGEN = Path(__file__).with_name("_loadgen.py")

@@ -26,7 +26,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import _soak_traffic as traffic
-from epp import stack
+from epp.dev import stack
 
 MODEL = "demo"
 SIM_ARGS = [
@@ -54,8 +54,8 @@ def flaky_sim_main(argv: list[str]) -> int:
     """``soak.py --flaky-sim <epp sim flags>``: an ``epp sim`` whose ``GET /metrics`` always fails."""
     from aiohttp import web
 
-    from epp.sim import cli as sim_cli
-    from epp.sim.server import SimServer
+    from epp.dev.sim import cli as sim_cli
+    from epp.dev.sim.server import SimServer
 
     parser = argparse.ArgumentParser(prog="soak.py --flaky-sim")
     sim_cli.add_arguments(parser)
@@ -279,11 +279,7 @@ def add_flaky_sim(st: stack.LocalStack) -> int:
     argv = [sys.executable, str(Path(__file__).resolve()), "--flaky-sim", "--port", str(port)]
     argv += ["--name", name, "--model", MODEL, *SIM_ARGS]
     child = st.supervisor.start(f"{name}-flaky-metrics", argv)
-    stack.wait_until(
-        "the simulator with failing /metrics",
-        lambda: stack.http_status(f"http://127.0.0.1:{port}/health") == 200,
-        children=[child],
-    )
+    st.wait_sim(child, f"http://127.0.0.1:{port}", what="the simulator with failing /metrics")
     stack.write_endpoints(st.endpoints_file, [*st.opts.sim_ports, port])
     return port
 
@@ -496,10 +492,7 @@ async def kill_run(
         await asyncio.sleep(args.down)
         marks["restart"] = time.monotonic() - t0
         st.epp.respawn()
-        health = st.opts.health_port
-        await asyncio.to_thread(
-            stack.wait_until, "the restarted EPP", lambda: stack.grpc_serving(health), children=[st.epp]
-        )
+        await asyncio.to_thread(st.wait_epp, st.epp, st.opts.health_port, what="the restarted EPP")
         marks["ready"] = time.monotonic() - t0
         await asyncio.sleep(args.after)
         marks["end"] = time.monotonic() - t0

@@ -485,7 +485,7 @@ def _certs(args: argparse.Namespace) -> int:
 
 
 def _add_sim(sub: Any) -> None:
-    from epp.sim import cli as sim_cli
+    from epp.dev.sim import cli as sim_cli
 
     p = sub.add_parser("sim", help="run a simulated OpenAI-compatible vLLM server")
     sim_cli.add_arguments(p)
@@ -493,11 +493,11 @@ def _add_sim(sub: Any) -> None:
 
 
 def _add_run(sub: Any) -> None:
-    from epp import stack
+    from epp.dev.stack import cli as stack_cli
 
     p = sub.add_parser("run", help="run a local stack: Envoy on :8081, the EPP and simulated vLLM servers")
-    stack.add_arguments(p)
-    p.set_defaults(func=stack.main)
+    stack_cli.add_arguments(p)
+    p.set_defaults(func=stack_cli.main)
 
 
 def build_parser() -> argparse.ArgumentParser:

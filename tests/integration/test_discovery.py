@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 import pytest
 
-from tests.integration.conftest import SUBSET_HEADER, Envoy, Rig, Sim, chat_body, marker
+from tests.integration.harness import SUBSET_HEADER, Envoy, Rig, Sim, chat_body, marker
 
 pytestmark = pytest.mark.integration
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.conftest import BODY_MODES, Envoy, Response, Rig, chat_body, marker
+from tests.integration.harness import BODY_MODES, Envoy, Response, Rig, chat_body, marker
 
 pytestmark = pytest.mark.integration
 

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from tests.integration.conftest import BODY_MODES, Envoy, Rig, chat_body, marker
+from tests.integration.harness import BODY_MODES, Envoy, Rig, chat_body, marker
 
 pytestmark = pytest.mark.integration
 

@@ -20,10 +20,10 @@ from typing import Any
 
 import pytest
 
-from epp import stack
 from epp.cli import main as epp_main
+from epp.dev import stack
 from tests.fakekube import FakeKube, objects
-from tests.integration.conftest import MODEL, Envoy, Epp, Rig, Sim, chat_body, marker
+from tests.integration.harness import MODEL, Envoy, Epp, Rig, Sim, chat_body, marker
 
 pytestmark = pytest.mark.integration
 

@@ -13,7 +13,7 @@ import pytest
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
 
-from tests.integration.conftest import MODEL, Rig
+from tests.integration.harness import MODEL, Rig
 from tests.unit.extproc_harness import body_msg, headers_msg
 
 pytestmark = pytest.mark.integration

@@ -11,8 +11,8 @@ from collections.abc import Callable
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from epp import stack
-from tests.integration.conftest import JSON_HEADERS, Epp, Rig, chat_body, marker, request
+from epp.dev import stack
+from tests.integration.harness import JSON_HEADERS, Epp, Rig, chat_body, marker, request
 
 # Long requests: 50 tokens at 40 ms each (about 2 s), so that all of them overlap and the scraped
 # endpoints show their load (running requests, KV-cache use) in their /metrics while requests

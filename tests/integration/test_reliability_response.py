@@ -28,8 +28,8 @@ from typing import Any
 
 import pytest
 
-from epp import envoy_config, stack
-from tests.integration.conftest import MODEL, READY_TIMEOUT, Envoy, Epp, Rig, Sim
+from epp.dev.envoy import bootstrap as envoy_config
+from tests.integration.harness import MODEL, Envoy, Epp, Rig, Sim
 
 # Slow sims: 100 ms between output tokens, so max_tokens sets the length of a generation.
 SLOW_SIM_ARGS = (
@@ -65,21 +65,9 @@ VARIANTS = [
 
 
 def start_slow_sims(rig: Rig, count: int, *, extra: tuple[str, ...] = ()) -> list[Sim]:
-    started = []
-    for _ in range(count):
-        name = f"slow-{len(rig.sims)}"
-        port = stack.free_port()
-        argv = stack.sim_argv(port, name, MODEL, [*SLOW_SIM_ARGS, *extra])
-        sim = Sim(name, port, rig.supervisor.start(name, argv))
-        rig.sims.append(sim)
-        started.append(sim)
+    started = [rig.add_sim(f"slow-{len(rig.sims)}", [*SLOW_SIM_ARGS, *extra]) for _ in range(count)]
     for sim in started:
-        stack.wait_until(
-            f"{sim.name} /health",
-            lambda s=sim: stack.http_status(f"{s.url}/health") == 200,
-            timeout=READY_TIMEOUT,
-            children=[sim.child],
-        )
+        rig.stack.wait_sim(sim.child, sim.url)
     return started
 
 
@@ -332,9 +320,9 @@ TARGET = "demo-v2"
 
 @pytest.fixture(scope="module")
 def rewrite_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
-    from tests.integration.conftest import _require_envoy
+    from tests.integration.harness import require_envoy
 
-    _require_envoy()
+    require_envoy()
     rig = Rig(tmp_path_factory.mktemp("rewrite") / "logs")
     try:
         sims = start_slow_sims(rig, 1, extra=("--served-model-name", TARGET))

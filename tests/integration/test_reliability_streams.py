@@ -23,10 +23,9 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
 from prometheus_client.parser import text_string_to_metric_families
 
-from epp import stack
-from tests.integration.conftest import (
+from epp.dev import stack
+from tests.integration.harness import (
     MODEL,
-    READY_TIMEOUT,
     SIM_ARGS,
     Envoy,
     Epp,
@@ -159,16 +158,8 @@ def _big_chat(size: int) -> bytes:
 
 
 def _start_slow_sim(rig: Rig, name: str) -> Sim:
-    port = stack.free_port()
-    argv = stack.sim_argv(port, name, MODEL, [*SIM_ARGS, *SLOW_SIM_ARGS])
-    sim = Sim(name, port, rig.supervisor.start(name, argv))
-    rig.sims.append(sim)
-    stack.wait_until(
-        f"{name} /health",
-        lambda: stack.http_status(f"{sim.url}/health") == 200,
-        timeout=READY_TIMEOUT,
-        children=[sim.child],
-    )
+    sim = rig.add_sim(name, [*SIM_ARGS, *SLOW_SIM_ARGS])
+    rig.stack.wait_sim(sim.child, sim.url)
     return sim
 
 

@@ -21,11 +21,12 @@ from pathlib import Path
 import grpc
 import pytest
 
-from epp import envoy_config, stack
+from epp.dev import stack
+from epp.dev.envoy import bootstrap as envoy_config
 from epp.server.replication import METHOD
 from epp.server.tls import REPLICA_NAME, Authority, KeyPair
 from tests.fakekube import FakeKube, objects
-from tests.integration.conftest import Envoy, Epp, Rig, chat_body, marker
+from tests.integration.harness import Envoy, Epp, Rig, chat_body, marker
 from tests.integration.test_kubernetes import HA, NS, kube_args
 
 pytestmark = pytest.mark.integration

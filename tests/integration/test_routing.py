@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from tests.integration.conftest import (
+from tests.integration.harness import (
     BODY_MODES,
     MODEL,
     Envoy,

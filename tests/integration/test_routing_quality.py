@@ -21,14 +21,14 @@ import json
 import re
 import subprocess
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from epp import stack
-from tests.integration.conftest import MODEL, READY_TIMEOUT, Rig, Sim, request
+from epp.dev import stack
+from tests.integration.harness import MODEL, Rig, Sim, request
 
 pytestmark = pytest.mark.integration
 
@@ -95,18 +95,10 @@ def _cache_counters(sims: Sequence[Sim]) -> tuple[float, float]:
 
 
 def _start_sims(rig: Rig, label: str) -> list[Sim]:
-    sims = []
-    for i in range(SIMS):
-        name, port = f"{label}-sim-{i}", stack.free_port()
-        child = rig.supervisor.start(name, stack.sim_argv(port, name, MODEL, SIM_ARGS))
-        sims.append(Sim(name, port, child))
+    sims = [rig.add_sim(f"{label}-sim-{i}", SIM_ARGS) for i in range(SIMS)]
     for sim in sims:
-        stack.wait_until(f"{sim.name} /health", _healthy(sim), timeout=READY_TIMEOUT, children=[sim.child])
+        rig.stack.wait_sim(sim.child, sim.url)
     return sims
-
-
-def _healthy(sim: Sim) -> Callable[[], bool]:
-    return lambda: stack.http_status(f"{sim.url}/health") == 200
 
 
 def _run(rig: Rig, label: str, config: Mapping[str, Any] | None, tmp_path: Path) -> dict[str, Any]:

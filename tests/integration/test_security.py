@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.integration.conftest import Envoy, Shared, chat_body, completion_body, marker
+from tests.integration.harness import Envoy, Shared, chat_body, completion_body, marker
 
 pytestmark = pytest.mark.integration
 

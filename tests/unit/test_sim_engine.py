@@ -16,13 +16,14 @@ import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from epp.sim.cli import add_arguments, config_from_args
-from epp.sim.engine import Engine, RequestSpec, SeqState, Sequence, SimConfig
-from epp.sim.kvcache import KVCache, block_hashes, hash_seed
-from epp.sim.latency import LatencyModel
-from epp.sim.lora import LoraSlots
-from epp.sim.server import SimCluster, SimServer, parse_request, rank_configs
-from epp.sim.tokens import CHAT_MESSAGE_OVERHEAD, chat_tokens, text_tokens
+from epp.dev.sim.cli import add_arguments, config_from_args
+from epp.dev.sim.engine import Engine, RequestSpec, SeqState, Sequence, SimConfig
+from epp.dev.sim.kvcache import KVCache, block_hashes, hash_seed
+from epp.dev.sim.latency import LatencyModel
+from epp.dev.sim.lora import LoraSlots
+from epp.dev.sim.openai import parse_request
+from epp.dev.sim.server import SimCluster, SimServer, rank_configs
+from epp.dev.sim.tokens import CHAT_MESSAGE_OVERHEAD, chat_tokens, text_tokens
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 

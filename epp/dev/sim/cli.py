@@ -7,8 +7,8 @@ import asyncio
 import signal
 from dataclasses import fields
 
-from epp.sim.engine import FAILURE_TYPES, METRICS_FAULTS, ROLES, SimConfig
-from epp.sim.server import SimCluster
+from epp.dev.sim.engine import FAILURE_TYPES, METRICS_FAULTS, ROLES, SimConfig
+from epp.dev.sim.server import SimCluster
 
 _DEFAULTS = SimConfig()
 

@@ -11,11 +11,11 @@ from collections import deque
 from collections.abc import AsyncGenerator, Iterable
 from dataclasses import dataclass, field
 
-from epp.sim.kvcache import Allocation, KVCache, block_hashes, hash_seed
-from epp.sim.latency import ITL_BUCKETS, QUEUE_TIME_BUCKETS, TTFT_BUCKETS, Histogram, LatencyModel
-from epp.sim.lora import LoraSlots
-from epp.sim.tokens import CHARS_PER_TOKEN as CHARS_PER_TOKEN
-from epp.sim.tokens import estimate_tokens as estimate_tokens
+from epp.dev.sim.kvcache import Allocation, KVCache, block_hashes, hash_seed
+from epp.dev.sim.latency import ITL_BUCKETS, QUEUE_TIME_BUCKETS, TTFT_BUCKETS, Histogram, LatencyModel
+from epp.dev.sim.lora import LoraSlots
+from epp.dev.sim.tokens import CHARS_PER_TOKEN as CHARS_PER_TOKEN
+from epp.dev.sim.tokens import estimate_tokens as estimate_tokens
 
 FINISH_STOP = "stop"
 FINISH_LENGTH = "length"
@@ -152,7 +152,7 @@ class RequestSpec:
     max_tokens: int | None = None
     """The client's output limit; ``None`` means the configured default length, finishing with ``stop``."""
     prompt: tuple[str, ...] = ()
-    """The prompt's tokens (see :mod:`epp.sim.tokens`); empty means unknown content, never cached."""
+    """The prompt's tokens (see :mod:`epp.dev.sim.tokens`); empty means unknown content, never cached."""
     remote_prefill: bool = False
     """The KV of the prompt comes from a remote prefill worker: no local prefill cost."""
 

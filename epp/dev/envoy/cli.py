@@ -1,0 +1,92 @@
+"""``python -m epp.dev.envoy``: print an Envoy bootstrap for the EPP, or regenerate the checked-in ones."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from epp.dev.envoy.bootstrap import BODY_MODES, SDS_HEADER, EppTls, envoy_bootstrap, render, sds_files
+from epp.dev.envoy.reference import reference_files
+
+_DESCRIPTION = "Envoy bootstrap generator for running Envoy in front of the EPP."
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """CLI: print a bootstrap, or regenerate the checked-in reference files with ``--write DIR``."""
+    parser = argparse.ArgumentParser(prog="python -m epp.dev.envoy", description=_DESCRIPTION)
+    parser.add_argument("--write", metavar="DIR", help="write the reference bootstraps into DIR")
+    parser.add_argument("--listen-host", default="127.0.0.1", help="listener address (0.0.0.0 in a pod)")
+    parser.add_argument("--listen-port", type=int, default=8081)
+    parser.add_argument("--admin-port", type=int, default=19000)
+    parser.add_argument("--extproc-host", default="127.0.0.1")
+    parser.add_argument("--extproc-port", type=int, default=9002)
+    parser.add_argument("--body-mode", choices=BODY_MODES, default="FULL_DUPLEX_STREAMED")
+    parser.add_argument("--response-body-mode", choices=BODY_MODES, default="NONE")
+    parser.add_argument("--fail-open", action="store_true")
+    parser.add_argument("--access-log", action="store_true", help="log every request to stdout")
+    parser.add_argument("--fallback-endpoint", action="append", default=[], metavar="IP:PORT")
+    parser.add_argument("--subset-hint-header")
+    parser.add_argument("--tls", action="store_true", help="TLS to the EPP, accepting any certificate")
+    parser.add_argument(
+        "--tls-cert-dir",
+        metavar="DIR",
+        help="mutual TLS to the EPP: DIR holds ca.crt (the EPP's CA) and Envoy's tls.crt/tls.key",
+    )
+    parser.add_argument(
+        "--tls-server-name", default="epp", help="SNI and DNS name the EPP's certificate carries"
+    )
+    parser.add_argument(
+        "--tls-sds-dir",
+        default="/etc/envoy",
+        metavar="DIR",
+        help="where the bootstrap finds the SDS files of --tls-cert-dir (default /etc/envoy)",
+    )
+    parser.add_argument(
+        "--write-sds", metavar="DIR", help="also write the SDS files of --tls-cert-dir into DIR"
+    )
+    parser.add_argument(
+        "--extproc-health-port",
+        type=int,
+        default=None,
+        help="EPP gRPC health port to health-check (default: ext_proc port + 1 when --fail-open; 0 = off)",
+    )
+    args = parser.parse_args(argv)
+    if args.write:
+        out = Path(args.write)
+        out.mkdir(parents=True, exist_ok=True)
+        for name, text in reference_files().items():
+            (out / name).write_text(text)
+            print(f"wrote {out / name}")
+        return 0
+    tls: bool | EppTls = args.tls
+    if args.tls_cert_dir:
+        tls = EppTls(args.tls_cert_dir, args.tls_sds_dir, server_name=args.tls_server_name)
+        if args.write_sds:
+            out = Path(args.write_sds)
+            out.mkdir(parents=True, exist_ok=True)
+            for name, doc in sds_files(tls).items():
+                (out / name).write_text(SDS_HEADER + render(doc))
+    elif args.write_sds:
+        parser.error("--write-sds needs --tls-cert-dir")
+    sys.stdout.write(
+        render(
+            envoy_bootstrap(
+                listen_host=args.listen_host,
+                listen_port=args.listen_port,
+                access_log=args.access_log,
+                admin_port=args.admin_port,
+                extproc_host=args.extproc_host,
+                extproc_port=args.extproc_port,
+                body_mode=args.body_mode,
+                response_body_mode=args.response_body_mode,
+                fail_open=args.fail_open,
+                fallback_endpoints=args.fallback_endpoint,
+                subset_hint_header=args.subset_hint_header,
+                tls=tls,
+                extproc_health_port=args.extproc_health_port,
+            )
+        )
+    )
+    return 0

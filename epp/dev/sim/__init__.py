@@ -1,0 +1,13 @@
+"""``epp sim``: an OpenAI-compatible simulated vLLM server for tests, load experiments and local demos.
+
+``engine`` models the engine (with ``kvcache``, ``latency``, ``lora`` and the stand-in tokenizer
+``tokens``) without HTTP. The HTTP side: ``openai`` (wire format), ``inference`` (the ``/v1``
+endpoints), ``metrics`` (``/metrics``), ``context`` (what the handlers share), ``app`` (routes) and
+``server`` (serving it); ``cli`` holds the flags and the entry point.
+"""
+
+from epp.dev.sim.app import build_app
+from epp.dev.sim.engine import Engine, SimConfig
+from epp.dev.sim.server import SimCluster, SimServer
+
+__all__ = ["Engine", "SimCluster", "SimConfig", "SimServer", "build_app"]

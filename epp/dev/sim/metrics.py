@@ -1,0 +1,145 @@
+"""``GET /metrics`` of the simulator: the engine's live state with vLLM's metric names and labels,
+and the faults ``--metrics-fault`` injects."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from epp.dev.sim.context import CONFIG_KEY, REGISTRY_KEY
+from epp.dev.sim.engine import Engine, EngineSnapshot, SimConfig
+from epp.dev.sim.latency import Histogram
+
+
+class EngineCollector(Collector):
+    """Renders the engine's real current state with vLLM's metric names and labels."""
+
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
+
+    def collect(self) -> Iterable[Metric]:
+        config = self._engine.config
+        snap = self._engine.snapshot()
+        yield from _state_gauges(config, snap)
+        yield from _info_gauges(config, snap)
+        yield from _counters(config, snap)
+        yield from _histograms(config, snap)
+
+
+def _gauge(name: str, doc: str, model: str, value: float) -> GaugeMetricFamily:
+    family = GaugeMetricFamily(name, doc, labels=["model_name"])
+    family.add_metric([model], value)
+    return family
+
+
+def _counter(name: str, doc: str, model: str, value: float) -> CounterMetricFamily:
+    family = CounterMetricFamily(name, doc, labels=["model_name"])
+    family.add_metric([model], value)
+    return family
+
+
+def _state_gauges(config: SimConfig, snap: EngineSnapshot) -> Iterable[Metric]:
+    model = config.model
+    yield _gauge(
+        "vllm:num_requests_running", "Number of requests in model execution batches.", model, snap.running
+    )
+    yield _gauge(
+        "vllm:num_requests_waiting", "Number of requests waiting to be processed.", model, snap.waiting
+    )
+    yield _gauge(
+        "vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", model, snap.kv_cache_usage
+    )
+
+
+def _info_gauges(config: SimConfig, snap: EngineSnapshot) -> Iterable[Metric]:
+    cache = GaugeMetricFamily(
+        "vllm:cache_config_info",
+        "Information of the LLMEngine CacheConfig",
+        labels=["block_size", "model_name", "num_gpu_blocks"],
+    )
+    cache.add_metric([str(config.block_size), config.model, str(config.kv_cache_size)], 1.0)
+    yield cache
+    lora = GaugeMetricFamily(
+        "vllm:lora_requests_info",
+        "Running stats on lora requests.",
+        labels=["max_lora", "model_name", "running_lora_adapters", "waiting_lora_adapters"],
+    )
+    running, waiting = ",".join(snap.running_lora_adapters), ",".join(snap.waiting_lora_adapters)
+    lora.add_metric([str(config.max_loras), config.model, running, waiting], snap.timestamp)
+    yield lora
+
+
+def _counters(config: SimConfig, snap: EngineSnapshot) -> Iterable[Metric]:
+    model, counters = config.model, snap.counters
+    yield _counter("vllm:prompt_tokens", "Number of prefill tokens processed.", model, counters.prompt_tokens)
+    yield _counter(
+        "vllm:generation_tokens", "Number of generation tokens processed.", model, counters.generation_tokens
+    )
+    success = CounterMetricFamily(
+        "vllm:request_success",
+        "Count of successfully processed requests.",
+        labels=["finished_reason", "model_name"],
+    )
+    for reason, count in counters.request_success.items():
+        success.add_metric([reason, model], count)
+    yield success
+    yield _counter(
+        "vllm:prefix_cache_queries",
+        "Prefix cache queries, in terms of number of queried tokens.",
+        model,
+        counters.prefix_cache_queries,
+    )
+    yield _counter(
+        "vllm:prefix_cache_hits",
+        "Prefix cache hits, in terms of number of cached tokens.",
+        model,
+        counters.prefix_cache_hits,
+    )
+
+
+def _histogram(name: str, doc: str, model: str, histogram: Histogram) -> HistogramMetricFamily:
+    family = HistogramMetricFamily(name, doc, labels=["model_name"])
+    family.add_metric([model], histogram.cumulative(), histogram.total)
+    return family
+
+
+def _histograms(config: SimConfig, snap: EngineSnapshot) -> Iterable[Metric]:
+    model, counters = config.model, snap.counters
+    yield _histogram(
+        "vllm:time_to_first_token_seconds",
+        "Histogram of time to first token in seconds.",
+        model,
+        counters.time_to_first_token,
+    )
+    yield _histogram(
+        "vllm:inter_token_latency_seconds",
+        "Histogram of inter-token latency in seconds.",
+        model,
+        counters.inter_token_latency,
+    )
+    yield _histogram(
+        "vllm:request_queue_time_seconds",
+        "Histogram of time spent in WAITING phase for request.",
+        model,
+        counters.request_queue_time,
+    )
+
+
+GARBAGE_METRICS = b"<html><body>\x00\xff upstream {{ not [prometheus] text\n</body></html>\n"
+
+
+async def metrics(request: web.Request) -> web.Response:
+    fault = request.app[CONFIG_KEY].metrics_fault
+    if fault == "error":
+        return web.Response(status=500, text="metrics exporter failed\n")
+    if fault == "hang":
+        await asyncio.Event().wait()  # until the client gives up (the handler is then cancelled)
+    if fault == "garbage":
+        return web.Response(body=GARBAGE_METRICS, headers={"Content-Type": CONTENT_TYPE_LATEST})
+    body = generate_latest(request.app[REGISTRY_KEY])
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})

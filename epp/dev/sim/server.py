@@ -1,0 +1,103 @@
+"""Serving the simulator: :class:`SimServer` runs one app on a port, :class:`SimCluster` one per
+data-parallel rank."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import structlog
+from aiohttp import web
+
+from epp.dev.sim.app import build_app
+from epp.dev.sim.context import ENGINE_KEY
+from epp.dev.sim.engine import Engine, SimConfig
+
+log = structlog.get_logger("epp.sim")
+
+
+class SimServer:
+    """Serves one simulator app on ``config.host:config.port`` (port 0 picks a free port).
+
+    Handlers are cancelled when their client disconnects, so a dropped request frees its slot at once.
+    Usable as ``async with SimServer(config) as sim: ... sim.url ...``.
+    """
+
+    def __init__(self, config: SimConfig) -> None:
+        self.config = config
+        self.app = build_app(config)
+        self.port = config.port
+        self._runner: web.AppRunner | None = None
+
+    @property
+    def engine(self) -> Engine:
+        return self.app[ENGINE_KEY]
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.config.host}:{self.port}"
+
+    async def start(self) -> None:
+        runner = web.AppRunner(self.app, handler_cancellation=True, access_log=None)
+        await runner.setup()
+        await web.TCPSite(runner, self.config.host, self.config.port).start()
+        self._runner = runner
+        self.port = _bound_port(runner, self.config.port)
+        log.info("sim.started", url=self.url, pod=self.config.pod_name(self.port), model=self.config.model)
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            runner, self._runner = self._runner, None
+            await runner.cleanup()
+
+    async def __aenter__(self) -> SimServer:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        await self.stop()
+
+
+def _bound_port(runner: web.AppRunner, fallback: int) -> int:
+    for address in runner.addresses:
+        if isinstance(address, tuple) and len(address) >= 2:
+            return int(address[1])
+    return fallback
+
+
+def rank_configs(config: SimConfig) -> list[SimConfig]:
+    """One config per data-parallel rank: rank ``i`` listens on ``port + i`` (any free port if 0)."""
+    step = 1 if config.port else 0
+    return [
+        dataclasses.replace(config, port=config.port + rank * step, data_parallel_size=1)
+        for rank in range(config.data_parallel_size)
+    ]
+
+
+class SimCluster:
+    """``data_parallel_size`` independent simulators (ranks), each with its own engine, cache and metrics.
+
+    Usable as ``async with SimCluster(config) as cluster: ... cluster.servers[i].url ...``.
+    """
+
+    def __init__(self, config: SimConfig) -> None:
+        self.config = config
+        self.servers = [SimServer(rank) for rank in rank_configs(config)]
+
+    async def start(self) -> None:
+        try:
+            for server in self.servers:
+                await server.start()
+        except BaseException:
+            await self.stop()
+            raise
+
+    async def stop(self) -> None:
+        for server in reversed(self.servers):
+            await server.stop()
+
+    async def __aenter__(self) -> SimCluster:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        await self.stop()

@@ -1,0 +1,227 @@
+"""``epp run``: the local stack in the foreground.
+
+Starts N ``epp sim`` (127.0.0.1:8000..), ``epp serve`` (ext_proc 9002, health 9003, metrics 9090)
+and Envoy (8081, admin 19000), waits until ``GET /v1/models`` through Envoy answers 200, prints how
+to use it and supervises: a simulator that exits is restarted on its port (backoff, a bounded number
+of times); the EPP or Envoy exiting, or a simulator over its budget, stops everything (exit 1).
+Ctrl-C or SIGTERM stops every process it started (exit 0).
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import signal
+import sys
+import tempfile
+import threading
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from epp.dev.stack.local import LocalStack, StackOptions
+from epp.dev.stack.probes import Interrupted
+from epp.dev.stack.supervisor import SIM_MAX_RESTARTS, SIM_RESTART_WINDOW, Child, ChildExited
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Flags of ``epp run``."""
+    add = parser.add_argument
+    add("--sims", type=int, default=3, help="number of simulated vLLM servers (default 3)")
+    add("--sim-base-port", type=int, default=8000, help="port of the first simulator (default 8000)")
+    add("--model", default="demo", help="model name the simulators serve (default demo)")
+    add("--sim-arg", action="append", default=[], metavar="ARG", help="extra flag for every simulator")
+    add("--port", type=int, default=8081, help="Envoy listener port (default 8081)")
+    add("--admin-port", type=int, default=19000, help="Envoy admin port (default 19000)")
+    add("--grpc-port", type=int, default=9002, help="EPP ext_proc port (default 9002)")
+    add("--grpc-health-port", type=int, default=9003, help="EPP gRPC health port (default 9003)")
+    add("--metrics-port", type=int, default=9090, help="EPP metrics port (default 9090)")
+    add(
+        "--body-mode",
+        choices=("FULL_DUPLEX_STREAMED", "BUFFERED"),
+        default="FULL_DUPLEX_STREAMED",
+        help="ext_proc request body mode (default FULL_DUPLEX_STREAMED)",
+    )
+    add("--fail-open", action="store_true", help="Envoy forwards to the simulators when the EPP is down")
+    add(
+        "--config-file",
+        default=None,
+        help="EndpointPickerConfig for the EPP (the file-discovery plugin is injected)",
+    )
+    add("--epp-arg", action="append", default=[], metavar="ARG", help="extra flag for epp serve")
+    add("--envoy-log-level", default="warning", help="Envoy --log-level (default warning)")
+    add(
+        "--sim-max-restarts",
+        type=_non_negative_int,
+        default=SIM_MAX_RESTARTS,
+        help=f"restarts of one simulator allowed within --sim-restart-window; one more exit stops the"
+        f" stack; 0 never restarts (default {SIM_MAX_RESTARTS})",
+    )
+    add(
+        "--sim-restart-window",
+        type=_positive_float,
+        default=SIM_RESTART_WINDOW,
+        metavar="SECONDS",
+        help=f"window of --sim-max-restarts (default {SIM_RESTART_WINDOW:g})",
+    )
+    add("--keep-workdir", action="store_true", help="keep the temporary directory (logs) on exit")
+    parser.epilog = (
+        "Supervision: a simulator that exits on its own is started again on its port after a backoff "
+        "(0.5 s, doubling up to 8 s) while the others keep serving; each restart is logged on stderr. "
+        "If one simulator exits more than --sim-max-restarts times within --sim-restart-window seconds, "
+        "or if the EPP or Envoy exits (they are not restarted), every process is stopped and epp run "
+        "exits with status 1. Ctrl-C or SIGTERM stops everything (status 0)."
+    )
+
+
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a non-negative integer") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a non-negative integer")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number") from None
+    if not value > 0:  # also rejects NaN
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number")
+    return value
+
+
+def options_from_args(args: argparse.Namespace) -> StackOptions:
+    config = None
+    if args.config_file:
+        try:
+            loaded = yaml.safe_load(Path(args.config_file).read_text())
+        except (OSError, yaml.YAMLError) as e:
+            raise SystemExit(f"error: --config-file {args.config_file}: {e}") from None
+        if loaded is not None and not isinstance(loaded, dict):
+            raise SystemExit(f"error: --config-file {args.config_file}: not a YAML mapping")
+        config = loaded
+    return StackOptions(
+        sims=args.sims,
+        sim_base_port=args.sim_base_port,
+        model=args.model,
+        sim_args=list(args.sim_arg),
+        port=args.port,
+        admin_port=args.admin_port,
+        grpc_port=args.grpc_port,
+        health_port=args.grpc_health_port,
+        metrics_port=args.metrics_port,
+        body_mode=args.body_mode,
+        fail_open=args.fail_open,
+        config=config,
+        epp_args=list(args.epp_arg),
+        envoy_log_level=args.envoy_log_level,
+        sim_max_restarts=args.sim_max_restarts,
+        sim_restart_window=args.sim_restart_window,
+    )
+
+
+class _Stop:
+    """SIGINT/SIGTERM set a flag instead of raising inside the supervision loop."""
+
+    def __init__(self) -> None:
+        self.event = threading.Event()
+        self.signal: int | None = None
+        self._previous: dict[int, Any] = {}
+
+    def install(self) -> None:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            self._previous[sig] = signal.signal(sig, self._handle)
+
+    def restore(self) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+    def _handle(self, signum: int, _frame: object) -> None:
+        self.signal = signum
+        self.event.set()
+
+
+def _usage(stack: LocalStack) -> str:
+    o = stack.opts
+    sims = ", ".join(f"127.0.0.1:{p}" for p in o.sim_ports)
+    return f"""
+epp stack ready ({o.body_mode}, fail-{"open" if o.fail_open else "closed"})
+  Envoy      {stack.url}  (admin http://127.0.0.1:{o.admin_port})
+  EPP        ext_proc 127.0.0.1:{o.grpc_port}, health {o.health_port}, metrics http://127.0.0.1:{o.metrics_port}/metrics
+  simulators {sims}  (model {o.model!r})
+  endpoints  {stack.endpoints_file}  (edit it to add or remove endpoints)
+  logs       {stack.supervisor.log_dir}
+
+Try:
+  curl -s {stack.url}/v1/chat/completions -H 'content-type: application/json' \\
+       -d '{{"model":"{o.model}","messages":[{{"role":"user","content":"Hello!"}}]}}'
+  curl -s -N {stack.url}/v1/completions -H 'content-type: application/json' \\
+       -d '{{"model":"{o.model}","prompt":"Hello","stream":true}}'
+
+A simulator that exits is restarted (at most {o.sim_max_restarts} times in {o.sim_restart_window:g} s); \
+the EPP or Envoy exiting stops the stack.
+Ctrl-C stops everything.
+"""
+
+
+def main(args: argparse.Namespace) -> int:
+    """Run the stack until Ctrl-C/SIGTERM (exit 0) or until a child's exit is fatal (exit 1).
+
+    Simulators that exit are restarted (see :meth:`Supervisor.poll`); the EPP or Envoy exiting, or a
+    simulator exceeding its restart budget, is fatal.
+    """
+    opts = options_from_args(args)
+    workdir = Path(tempfile.mkdtemp(prefix="epp-run-"))
+    stack = LocalStack(opts, workdir)
+    stop = _Stop()
+    stop.install()
+    failed = False
+    try:
+        try:
+            print(f"starting {opts.sims} simulators, the EPP and Envoy (work dir {workdir}) ...", flush=True)
+            stack.start(abort=stop.event.is_set)
+        except Interrupted:
+            return 0
+        except ChildExited as e:
+            failed = True
+            return _report_exit(e.child)
+        except (RuntimeError, TimeoutError, FileNotFoundError) as e:
+            failed = True
+            print(f"error: {e}", file=sys.stderr)
+            _print_tails(stack)
+            return 1
+        print(_usage(stack), flush=True)
+        while not stop.event.wait(0.2):
+            child = stack.poll()
+            if child is not None:
+                failed = True
+                return _report_exit(child)
+        print("\nstopping ...", flush=True)
+        return 0
+    finally:
+        stack.stop()
+        stop.restore()
+        if failed or args.keep_workdir:
+            print(f"logs kept in {stack.supervisor.log_dir}", file=sys.stderr)
+        else:
+            shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _report_exit(child: Child) -> int:
+    print(f"error: {child.name} exited unexpectedly with status {child.returncode()}", file=sys.stderr)
+    tail = child.tail()
+    if tail:
+        print(f"--- last lines of {child.log_path} ---\n{tail}", file=sys.stderr)
+    return 1
+
+
+def _print_tails(stack: LocalStack) -> None:
+    for child in stack.supervisor.children:
+        tail = child.tail(15)
+        if tail:
+            print(f"--- {child.name} ({child.log_path}) ---\n{tail}", file=sys.stderr)

@@ -1,0 +1,39 @@
+"""Command lines of the local stack's children: ``epp sim``, ``epp serve`` and Envoy.
+
+Envoy's command line is :func:`epp.dev.envoy.command.envoy_argv` (re-exported here).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+
+from epp.dev.envoy.command import envoy_argv as envoy_argv
+
+
+def python_argv(*args: str) -> list[str]:
+    return [sys.executable, "-m", "epp", *args]
+
+
+def sim_argv(port: int, name: str, model: str = "demo", extra: Sequence[str] = ()) -> list[str]:
+    return python_argv("sim", "--port", str(port), "--model", model, "--name", name, *extra)
+
+
+def serve_argv(
+    *,
+    grpc_port: int,
+    health_port: int,
+    metrics_port: int,
+    config_text: str,
+    extra: Sequence[str] = (),
+) -> list[str]:
+    return python_argv(
+        "serve",
+        "--secure-serving=false",
+        f"--grpc-port={grpc_port}",
+        f"--grpc-health-port={health_port}",
+        f"--metrics-port={metrics_port}",
+        "--config-text",
+        config_text,
+        *extra,
+    )

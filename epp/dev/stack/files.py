@@ -1,0 +1,86 @@
+"""What the local stack writes for the EPP: the file-discovery endpoints file and its config."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+DISCOVERY_PLUGIN_NAME = "epp-run-files"
+
+
+def endpoints_document(
+    ports: Sequence[int],
+    *,
+    host: str = "127.0.0.1",
+    prefix: str = "sim",
+    names: Sequence[str] | None = None,
+    labels: Mapping[str, Mapping[str, str]] | None = None,
+) -> dict[str, Any]:
+    """The file-discovery endpoints document for sims on ``ports``.
+
+    Endpoint ``i`` is named ``names[i]`` (default ``{prefix}-{i}``); ``labels`` maps a name to its labels.
+    """
+    names = names if names is not None else [f"{prefix}-{i}" for i in range(len(ports))]
+    labels = labels or {}
+    return {
+        "endpoints": [
+            {
+                "name": name,
+                "namespace": "default",
+                "address": host,
+                "port": str(port),
+                "labels": dict(labels.get(name, {})),
+            }
+            for name, port in zip(names, ports, strict=True)
+        ]
+    }
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` by renaming a temporary file over it (watchers never see half a file)."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def write_endpoints(
+    path: Path,
+    ports: Sequence[int],
+    *,
+    host: str = "127.0.0.1",
+    names: Sequence[str] | None = None,
+    labels: Mapping[str, Mapping[str, str]] | None = None,
+) -> None:
+    """Write the endpoints document (see :func:`endpoints_document`) atomically."""
+    document = endpoints_document(ports, host=host, names=names, labels=labels)
+    write_atomic(path, yaml.safe_dump(document, sort_keys=False))
+
+
+def epp_config(endpoints_file: Path, base: dict[str, Any] | None = None) -> dict[str, Any]:
+    """An EndpointPickerConfig with the file-discovery plugin for ``endpoints_file`` injected.
+
+    ``base`` (e.g. a user's scheduling config) is kept; an existing ``file-discovery`` plugin is
+    pointed at ``endpoints_file``, otherwise one is added, and ``dataLayer.discovery`` refers to it.
+    """
+    cfg: dict[str, Any] = dict(base or {})
+    cfg.setdefault("apiVersion", "llm-d.ai/v1alpha1")
+    cfg.setdefault("kind", "EndpointPickerConfig")
+    plugins = [dict(p) for p in cfg.get("plugins") or []]
+    discovery = next((p for p in plugins if p.get("type") == "file-discovery"), None)
+    if discovery is None:
+        discovery = {"name": DISCOVERY_PLUGIN_NAME, "type": "file-discovery"}
+        plugins.insert(0, discovery)
+    discovery["parameters"] = {
+        **(discovery.get("parameters") or {}),
+        "path": str(endpoints_file),
+        "watchFile": True,
+    }
+    cfg["plugins"] = plugins
+    data_layer = dict(cfg.get("dataLayer") or {})
+    data_layer["discovery"] = {"pluginRef": discovery.get("name") or discovery["type"]}
+    cfg["dataLayer"] = data_layer
+    return cfg

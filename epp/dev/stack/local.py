@@ -1,0 +1,259 @@
+"""The local stack: simulated vLLM servers, the EPP and a real Envoy on 127.0.0.1.
+
+:class:`Stack` starts the pieces one by one (what each needs is written into its work directory)
+under one :class:`Supervisor`; :class:`LocalStack` is ``epp run``'s composition of them: N sims on
+consecutive ports, ``epp serve`` watching a file-discovery endpoints file and Envoy in front. The
+benchmarks and the integration tests use the same two classes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from epp.dev.envoy.bootstrap import envoy_bootstrap, render
+from epp.dev.stack.commands import envoy_argv, serve_argv, sim_argv
+from epp.dev.stack.files import epp_config, write_endpoints
+from epp.dev.stack.probes import READY_TIMEOUT, grpc_serving, http_ok, port_in_use, wait_until
+from epp.dev.stack.supervisor import SIM_MAX_RESTARTS, SIM_RESTART_WINDOW, Child, RestartPolicy, Supervisor
+
+
+class Stack:
+    """Simulators, EPPs and Envoys on 127.0.0.1 under one :class:`Supervisor`.
+
+    The ``start_*`` methods start one process and return at once; :meth:`wait` and the ``wait_*``
+    methods poll a readiness probe, failing as soon as a watched process exits. :meth:`stop` (or the
+    end of a ``with`` block) stops every process, in reverse start order.
+    """
+
+    def __init__(
+        self, workdir: Path, *, log_dir: Path | None = None, ready_timeout: float = READY_TIMEOUT
+    ) -> None:
+        self.workdir = workdir
+        self.ready_timeout = ready_timeout
+        self.supervisor = Supervisor(workdir / "logs" if log_dir is None else log_dir)
+
+    @property
+    def children(self) -> list[Child]:
+        return self.supervisor.children
+
+    # ------------------------------------------------------------------------------------ processes
+
+    def start_sim(
+        self,
+        name: str,
+        port: int,
+        *,
+        model: str = "demo",
+        args: Sequence[str] = (),
+        restart: RestartPolicy | None = None,
+    ) -> Child:
+        """``epp sim`` on ``port`` serving ``model``; ``restart`` makes the supervisor restart it."""
+        return self.supervisor.start(name, sim_argv(port, name, model, args), restart=restart)
+
+    def start_epp(
+        self,
+        name: str,
+        *,
+        grpc_port: int,
+        health_port: int,
+        metrics_port: int,
+        config: Mapping[str, Any],
+        extra: Sequence[str] = (),
+    ) -> Child:
+        """``epp serve`` (plain-text ext_proc) with the EndpointPickerConfig document ``config``."""
+        config_text = yaml.safe_dump(dict(config), sort_keys=False)
+        argv = serve_argv(
+            grpc_port=grpc_port,
+            health_port=health_port,
+            metrics_port=metrics_port,
+            config_text=config_text,
+            extra=extra,
+        )
+        return self.supervisor.start(name, argv)
+
+    def start_envoy(
+        self,
+        name: str,
+        bootstrap: Mapping[str, Any],
+        *,
+        log_level: str = "warning",
+        concurrency: int | None = None,
+    ) -> Child:
+        """Envoy with ``bootstrap`` (written to ``workdir/<name>.yaml``)."""
+        path = self.workdir / f"{name}.yaml"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(render(dict(bootstrap)))
+        return self.supervisor.start(name, envoy_argv(path, log_level=log_level, concurrency=concurrency))
+
+    # ------------------------------------------------------------------------------------ readiness
+
+    def wait(
+        self,
+        what: str,
+        check: Callable[[], bool],
+        *,
+        children: Sequence[Child] | None = None,
+        abort: Callable[[], bool] | None = None,
+    ) -> None:
+        """Poll ``check`` for at most ``ready_timeout`` s (see :func:`wait_until`); ``children``
+        defaults to every process of the stack."""
+        watched = self.children if children is None else children
+        wait_until(what, check, timeout=self.ready_timeout, children=watched, abort=abort)
+
+    def wait_sim(self, child: Child, url: str, *, what: str = "") -> None:
+        """Until the simulator at ``url`` answers ``GET /health`` with 200."""
+        self.wait(what or f"{child.name} /health", http_ok(f"{url}/health"), children=[child])
+
+    def wait_epp(self, child: Child, health_port: int, *, service: str = "readiness", what: str = "") -> None:
+        """Until the EPP's gRPC health service reports ``service`` SERVING."""
+        self.wait(
+            what or f"{child.name} {service} (gRPC health)",
+            lambda: grpc_serving(health_port, service),
+            children=[child],
+        )
+
+    def wait_envoy(self, child: Child, admin_port: int, *, what: str = "") -> None:
+        """Until Envoy's admin ``/ready`` answers 200."""
+        self.wait(
+            what or f"{child.name} admin /ready",
+            http_ok(f"http://127.0.0.1:{admin_port}/ready"),
+            children=[child],
+        )
+
+    def stop(self) -> None:
+        self.supervisor.stop_all()
+
+    def __enter__(self) -> Stack:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+@dataclass
+class StackOptions:
+    """Everything ``epp run`` can vary."""
+
+    sims: int = 3
+    sim_base_port: int = 8000
+    model: str = "demo"
+    sim_args: list[str] = field(default_factory=list)
+    port: int = 8081
+    admin_port: int = 19000
+    grpc_port: int = 9002
+    health_port: int = 9003
+    metrics_port: int = 9090
+    body_mode: str = "FULL_DUPLEX_STREAMED"
+    fail_open: bool = False
+    config: dict[str, Any] | None = None
+    epp_args: list[str] = field(default_factory=list)
+    envoy_log_level: str = "warning"
+    envoy_concurrency: int | None = None
+    ready_timeout: float = READY_TIMEOUT
+    sim_max_restarts: int = SIM_MAX_RESTARTS
+    sim_restart_window: float = SIM_RESTART_WINDOW
+
+    @property
+    def sim_restart(self) -> RestartPolicy:
+        return RestartPolicy(max_restarts=self.sim_max_restarts, window=self.sim_restart_window)
+
+    @property
+    def sim_ports(self) -> list[int]:
+        return [self.sim_base_port + i for i in range(self.sims)]
+
+    def all_ports(self) -> list[int]:
+        return [
+            *self.sim_ports,
+            self.port,
+            self.admin_port,
+            self.grpc_port,
+            self.health_port,
+            self.metrics_port,
+        ]
+
+
+class LocalStack(Stack):
+    """``epp run``'s stack: sims + EPP + Envoy; ``start()`` returns once requests flow through Envoy.
+
+    Simulators restart under ``opts.sim_restart``; the EPP and Envoy are not restarted.
+    """
+
+    def __init__(self, opts: StackOptions, workdir: Path) -> None:
+        super().__init__(workdir, ready_timeout=opts.ready_timeout)
+        self.opts = opts
+        self.endpoints_file = workdir / "endpoints.yaml"
+        self.envoy_file = workdir / "envoy.yaml"
+        self.sims: list[Child] = []
+        self.epp: Child | None = None
+        self.envoy: Child | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.opts.port}"
+
+    def start(self, abort: Callable[[], bool] | None = None) -> None:
+        """Start every process and wait until requests flow; ``abort()`` true abandons the wait."""
+        o = self.opts
+        busy = [p for p in o.all_ports() if port_in_use(p)]
+        if busy:
+            raise RuntimeError(f"ports already in use: {', '.join(map(str, busy))}")
+        for i, port in enumerate(o.sim_ports):
+            self.sims.append(
+                self.start_sim(f"sim-{i}", port, model=o.model, args=o.sim_args, restart=o.sim_restart)
+            )
+        write_endpoints(self.endpoints_file, o.sim_ports)
+        self.epp = self.start_epp(
+            "epp",
+            grpc_port=o.grpc_port,
+            health_port=o.health_port,
+            metrics_port=o.metrics_port,
+            config=epp_config(self.endpoints_file, o.config),
+            extra=o.epp_args,
+        )
+        self.envoy = self.start_envoy(
+            "envoy", self.bootstrap(), log_level=o.envoy_log_level, concurrency=o.envoy_concurrency
+        )
+        self.wait_ready(abort)
+
+    def bootstrap(self) -> dict[str, Any]:
+        o = self.opts
+        return envoy_bootstrap(
+            listen_port=o.port,
+            admin_port=o.admin_port,
+            extproc_port=o.grpc_port,
+            body_mode=o.body_mode,
+            fail_open=o.fail_open,
+            fallback_endpoints=[f"127.0.0.1:{p}" for p in o.sim_ports],
+            extproc_health_port=o.health_port if o.fail_open else 0,
+        )
+
+    def wait_ready(self, abort: Callable[[], bool] | None = None) -> None:
+        o = self.opts
+        checks: list[tuple[str, Callable[[], bool]]] = [
+            (c.name, http_ok(f"http://127.0.0.1:{p}/health"))
+            for c, p in zip(self.sims, o.sim_ports, strict=True)
+        ]
+        checks += [
+            ("EPP readiness", lambda: grpc_serving(o.health_port)),
+            ("Envoy", http_ok(f"http://127.0.0.1:{o.admin_port}/ready")),
+            ("GET /v1/models through Envoy", http_ok(f"{self.url}/v1/models")),
+        ]
+        for what, check in checks:
+            self.wait(what, check, abort=abort)
+
+    def poll(self) -> Child | None:
+        """Restart simulators that exited; the child whose exit ends the stack, if any."""
+        return self.supervisor.poll()
+
+    def __enter__(self) -> LocalStack:
+        try:
+            self.start()
+        except BaseException:
+            self.stop()
+            raise
+        return self

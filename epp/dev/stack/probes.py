@@ -1,0 +1,112 @@
+"""Readiness probes of the local stack: free ports, HTTP and gRPC health checks, bounded waits."""
+
+from __future__ import annotations
+
+import socket
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Sequence
+
+from epp.dev.stack.supervisor import Child, ChildExited
+
+READY_TIMEOUT = 60.0
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that is free right now (the kernel's choice)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
+    """``count`` distinct TCP ports that are free right now."""
+    ports: list[int] = []
+    while len(ports) < count:
+        port = free_port(host)
+        if port not in ports:
+            ports.append(port)
+    return ports
+
+
+def free_port_block(count: int, host: str = "127.0.0.1") -> int:
+    """The first of ``count`` consecutive TCP ports that are free right now (for ``sim_base_port``)."""
+    for _ in range(50):
+        base = free_port(host)
+        if base + count < 65536 and not any(port_in_use(base + i, host) for i in range(count)):
+            return base
+    raise RuntimeError(f"no block of {count} free ports")
+
+
+def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return True
+    return False
+
+
+def http_status(url: str, timeout: float = 2.0) -> int | None:
+    """Status of ``GET url``; None when the connection fails."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as resp:
+            resp.read()
+            return int(resp.status)
+    except urllib.error.HTTPError as e:
+        return int(e.code)
+    except (OSError, ValueError):
+        return None
+
+
+def http_ok(url: str) -> Callable[[], bool]:
+    """A check for :func:`wait_until`: ``GET url`` answers 200."""
+    return lambda: http_status(url) == 200
+
+
+def grpc_serving(port: int, service: str = "readiness", host: str = "127.0.0.1") -> bool:
+    """True when the standard gRPC health service on ``port`` reports ``service`` SERVING."""
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    try:
+        with grpc.insecure_channel(f"{host}:{port}") as channel:
+            stub = health_pb2_grpc.HealthStub(channel)
+            reply = stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=1.0)
+            return bool(reply.status == health_pb2.HealthCheckResponse.SERVING)
+    except grpc.RpcError:
+        return False
+
+
+class Interrupted(Exception):
+    """Start-up was abandoned (Ctrl-C or SIGTERM)."""
+
+
+def wait_until(
+    what: str,
+    check: Callable[[], bool],
+    *,
+    timeout: float = READY_TIMEOUT,
+    interval: float = 0.1,
+    children: Sequence[Child] = (),
+    abort: Callable[[], bool] | None = None,
+) -> None:
+    """Poll ``check`` until true.
+
+    Raises ChildExited if a watched child dies, Interrupted when ``abort()`` turns true and
+    TimeoutError after ``timeout`` seconds.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        if check():
+            return
+        for child in children:
+            if not child.running():
+                raise ChildExited(child)
+        if abort is not None and abort():
+            raise Interrupted(what)
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(interval)
