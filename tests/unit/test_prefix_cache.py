@@ -108,7 +108,7 @@ def test_producer_hashes_prompt_text_with_model_seed() -> None:
 
 def test_short_prompt_gets_no_hashes() -> None:
     prod = producer(**SMALL)
-    assert prod.hashes(completion("x" * 15), 4) == []  # one char short of a block (quirk D6)
+    assert prod.hashes(completion("x" * 15), 4) == []  # one char short of a block: no hash
     assert len(prod.hashes(completion("x" * 16), 4)) == 1
 
 

@@ -1,48 +1,8 @@
 """Envoy bootstrap generator for running Envoy in front of the EPP.
 
-``envoy_bootstrap()`` returns a complete static Envoy v3 bootstrap as a plain ``dict``; ``render()``
-turns it into YAML. The layout follows the reference deployment, with a fail-open variant, a cheaper
-response path and the settings measured on Envoy 1.40 (docs/deploy.md, "The Envoy exchange"):
-
-* one data listener (HTTP/1.1 or h2c, ``codec_type: AUTO``). Its connection manager first removes any
-  client-sent ``x-gateway-destination-endpoint`` (an *early* header mutation, applied before the route
-  is chosen and before any filter), so that a client can never pick the endpoint itself, not even when
-  the EPP is down (fail-open) or closes the stream without answering. The HTTP filters are
-
-  1. optionally ``envoy.filters.http.header_to_metadata`` — copies a request header into the dynamic
-     metadata ``envoy.lb.subset_hint / x-gateway-destination-endpoint-subset`` (a string
-     ``"ip:port,ip:port"``), which ext_proc forwards to the EPP as the subset hint;
-  2. ``envoy.filters.http.ext_proc`` — the EPP;
-  3. FULL_DUPLEX_STREAMED only: ``epp-response-rewrite``, a second ext_proc filter that is off except
-     on the ``epp-rewritten`` route: it sends the response body of model-rewritten requests to the
-     EPP (see ``rewrite_response_filter``);
-  4. ``envoy.filters.http.router``;
-
-* cluster ``ext_proc`` (STATIC, HTTP/2, plain text unless ``tls``) pointing at the EPP; with an
-  :class:`EppTls` Envoy verifies the EPP's certificate (CA and DNS name) and presents its own
-  client certificate (mutual TLS), both read through file-based SDS so renewed files apply;
-* cluster ``original_destination_cluster`` (ORIGINAL_DST keyed on ``x-gateway-destination-endpoint``);
-* fail-open only: cluster ``fallback_cluster`` (STATIC, round robin over ``fallback_endpoints``) and a
-  second route: requests that carry the EPP's header go to ORIGINAL_DST, all others (EPP unreachable)
-  to the fallback cluster. ``clear_route_cache`` in the EPP's reply makes Envoy pick the route after
-  ext_proc has set the header. Envoy also health-checks the EPP (see ``extproc_health_port``).
-
-Envoy 1.40 behaviour this layout relies on (measured with the integration tests):
-
-* in BUFFERED mode the EPP may route from the *body* reply: its header mutation and
-  ``clear_route_cache`` are applied; if it changes the body it must also set ``Content-Length`` in that
-  reply, otherwise Envoy answers 500 ("mismatch between content length and the length of the mutated
-  body");
-* in FULL_DUPLEX_STREAMED mode Envoy forwards the body upstream chunked (``Content-Length`` set by the
-  EPP is dropped);
-* the subset hint arrives on every ext_proc message as a *string*
-  ``filter_metadata["envoy.lb.subset_hint"]["x-gateway-destination-endpoint-subset"]``; the EPP's own
-  ``envoy.lb`` metadata comes back on the response messages;
-* ``use_remote_address`` (as in the reference) makes Envoy replace a client's ``x-request-id``.
-
-Every variant is accepted by ``envoy --mode validate`` (checked by ``tests/unit/test_envoy_config.py``).
-``python -m epp.dev.envoy --write deploy/envoy`` regenerates the checked-in reference bootstraps
-(:mod:`epp.dev.envoy.reference`).
+``envoy_bootstrap()`` returns a complete static Envoy v3 bootstrap as a ``dict`` (fail-closed or
+fail-open, either body mode, optional mutual TLS to the EPP); ``render()`` turns it into YAML. The
+layout and the Envoy behaviour it relies on are described in deploy/README.md.
 """
 
 from __future__ import annotations
@@ -53,16 +13,17 @@ from typing import Any, Literal
 
 import yaml
 
-DESTINATION_HEADER = "x-gateway-destination-endpoint"
-SUBSET_NAMESPACE = "envoy.lb.subset_hint"
-SUBSET_KEY = "x-gateway-destination-endpoint-subset"
-LB_NAMESPACE = "envoy.lb"
+from epp.framework.wire import (
+    DESTINATION_HEADER,
+    LB_NAMESPACE,
+    REWRITE_METADATA_KEY,
+    SUBSET_KEY,
+    SUBSET_NAMESPACE,
+)
 
 EXT_PROC_CLUSTER = "ext_proc"
 # The second ext_proc filter of the FULL_DUPLEX_STREAMED bootstraps (see rewrite_response_filter).
 REWRITE_FILTER = "epp-response-rewrite"
-# envoy.lb metadata the EPP sets on a model-rewritten request (epp.server.replies.REWRITE_METADATA_KEY).
-REWRITE_METADATA_KEY = "x-gateway-model-name-rewrite"
 REWRITE_STAT_PREFIX = "rewrite"
 ORIGINAL_DST_CLUSTER = "original_destination_cluster"
 FALLBACK_CLUSTER = "fallback_cluster"

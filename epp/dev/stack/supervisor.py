@@ -1,7 +1,7 @@
 """Process supervision for the local stack.
 
 Each :class:`Child` runs in its own process group (a stop reaches its own children too) and, on
-Linux, gets SIGTERM if its parent dies (``PR_SET_PDEATHSIG``): no orphans even after ``kill -9``.
+Linux, gets SIGTERM if its parent dies (``setpriv --pdeathsig``): no orphans even after ``kill -9``.
 A :class:`Supervisor` restarts the children that have a :class:`RestartPolicy` and reports the
 first one whose exit is fatal.
 """
@@ -9,8 +9,8 @@ first one whose exit is fatal.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -26,25 +26,15 @@ SIM_MAX_RESTARTS = 5
 SIM_RESTART_WINDOW = 60.0
 
 
-def _load_prctl() -> Callable[..., int] | None:
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        prctl: Callable[..., int] = ctypes.CDLL(None, use_errno=True).prctl
-        return prctl
-    except (OSError, AttributeError):
-        return None
+# util-linux's setpriv sets the parent-death signal and then execs the command, so no Python code
+# runs in the child between fork and exec (a preexec_fn would force fork(), whose gRPC fork handlers
+# can abort the child while other threads of this process use gRPC).
+_SETPRIV = shutil.which("setpriv") if sys.platform.startswith("linux") else None
 
 
-# Resolved once in the parent: the child only makes the call (no dlopen between fork and exec).
-_PRCTL = _load_prctl()
-_PR_SET_PDEATHSIG = 1
-
-
-def _pdeathsig() -> None:  # pragma: no cover - runs in the child between fork and exec
-    """Ask the kernel to SIGTERM this child when its parent dies (Linux only; best effort)."""
-    if _PRCTL is not None:
-        _PRCTL(_PR_SET_PDEATHSIG, signal.SIGTERM)
+def _dies_with_parent(argv: Sequence[str]) -> list[str]:
+    """``argv``, run so that the kernel sends it SIGTERM when its parent dies (where setpriv exists)."""
+    return [_SETPRIV, "--pdeathsig", "TERM", "--", *argv] if _SETPRIV else list(argv)
 
 
 @dataclass
@@ -66,13 +56,12 @@ class Child:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(
-            self.argv,
+            _dies_with_parent(self.argv),
             stdin=subprocess.DEVNULL,
             stdout=self._log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
             env=self.env,
-            preexec_fn=_pdeathsig if _PRCTL is not None else None,
         )
         return self
 
