@@ -220,7 +220,7 @@ class PrefixParams:
 
 
 class StubPrefixConsumer(StubScorer):
-    """A scorer consuming the prefix match info, accepting the producer's parameters (forwarded to the auto-created producer)."""
+    """A scorer consuming the prefix match info; the producer's parameters it accepts are forwarded."""
 
     type_name = "test-prefix-consumer"
     Params = PrefixParams
