@@ -148,13 +148,16 @@ class GoodClient:
                 headers=JSON_HEADERS,
                 timeout=aiohttp.ClientTimeout(total=self.timeout),
             ) as resp:
-                payload = await resp.read()
-                status = str(resp.status)
-                if resp.status == 200 and stream and b"data: [DONE]" not in payload:
-                    status = "200 without [DONE]"
+                status = self.status(resp, await resp.read(), stream)
         except (TimeoutError, aiohttp.ClientError, OSError) as e:
             status = _error_name(e)
         self.tally.add(kind, status, started)
+
+    def status(self, resp: Any, payload: bytes, stream: bool) -> str:
+        """How a response is counted: its HTTP status, and a stream that did not end properly."""
+        if resp.status == 200 and stream and b"data: [DONE]" not in payload:
+            return "200 without [DONE]"
+        return str(resp.status)
 
 
 # ------------------------------------------------------------------------------ hostile HTTP

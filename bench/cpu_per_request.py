@@ -24,10 +24,14 @@ import urllib.request
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench._workdir import run_in_workdir
 from epp.dev import stack
 from epp.dev.envoy import bootstrap as envoy_config
+from epp.dev.stack import Stack
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 MODEL = "demo"
@@ -450,7 +454,27 @@ def wait_ready(checks: Sequence[tuple[str, Callable[[], bool]]], children: Seque
             raise StartupError(f"{e}{tails}") from None
 
 
-class Backends:
+class _Supervised:
+    """Processes started by ``start()`` in ``stack``, all stopped on leaving (or a failed start)."""
+
+    stack: Stack
+
+    def start(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        try:
+            self.start()
+        except BaseException:
+            self.stack.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stack.stop()
+
+
+class Backends(_Supervised):
     """The model servers every target routes to: one static Envoy, or ``epp sim`` processes."""
 
     def __init__(self, kind: str, count: int, workdir: Path) -> None:
@@ -486,19 +510,8 @@ class Backends:
             return f"{len(self.ports)} direct_response listeners of one Envoy (--concurrency 1): {where}"
         return f"{len(self.ports)} epp sim processes: {where}"
 
-    def __enter__(self) -> Backends:
-        try:
-            self.start()
-        except BaseException:
-            self.stack.stop()
-            raise
-        return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.stack.stop()
-
-
-class Target:
+class Target(_Supervised):
     """The measured ext_proc server (``epp`` or ``stub``) behind its own front Envoy."""
 
     def __init__(
@@ -573,17 +586,6 @@ class Target:
             (f"POST {PATH} through Envoy", post_ok(self.url, self.body)),
         ]
         wait_ready(checks, self.children)
-
-    def __enter__(self) -> Target:
-        try:
-            self.start()
-        except BaseException:
-            self.stack.stop()
-            raise
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stack.stop()
 
 
 # ------------------------------------------------------------------------------------------ bench
@@ -772,7 +774,8 @@ def main(argv: list[str] | None = None) -> int:
         flush=True,
     )
     rows: list[tuple[str, Summary, Summary | None]] = []
-    try:
+
+    def run() -> int:
         with Backends(args.backend, args.backends, workdir / "backends") as backends:
             print(f"backends: {backends.describe()}", flush=True)
             for mode in args.modes:
@@ -781,18 +784,15 @@ def main(argv: list[str] | None = None) -> int:
                     for kind in targets
                 }
                 rows.append((mode, summaries["epp"], summaries.get("stub")))
-    except (StartupError, RuntimeError, TimeoutError, OSError, subprocess.SubprocessError) as e:
-        print(f"error: {e}\nlogs in {workdir}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        print(f"interrupted; logs in {workdir}", file=sys.stderr)
-        return 130
-    print_table(rows, args.runs, args.backend, nproc)
-    if args.keep_logs:
-        print(f"logs in {workdir}")
-    else:
-        shutil.rmtree(workdir, ignore_errors=True)
-    return 0
+        return 0
+
+    return run_in_workdir(
+        workdir,
+        run,
+        errors=(StartupError, RuntimeError, TimeoutError, OSError, subprocess.SubprocessError),
+        keep_logs=args.keep_logs,
+        report=lambda: print_table(rows, args.runs, args.backend, nproc),
+    )
 
 
 if __name__ == "__main__":

@@ -10,7 +10,6 @@ import argparse
 import json
 import re
 import shlex
-import shutil
 import statistics
 import subprocess
 import sys
@@ -21,6 +20,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench._workdir import run_in_workdir
 from epp.dev import stack
 
 MODEL = "demo"
@@ -340,22 +342,20 @@ def main(argv: list[str] | None = None) -> int:
         flush=True,
     )
     results: list[Result] = []
-    try:
+
+    def run() -> int:
         for label in args.configs:
             safe = re.sub(r"[^a-z0-9]+", "-", label.lower()).strip("-")
             results.append(run_config(label, CONFIGS[label], args, sim_args, workdir / safe))
-    except (RuntimeError, TimeoutError, OSError, subprocess.SubprocessError) as e:
-        print(f"error: {e}\nlogs in {workdir}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        print(f"interrupted; logs in {workdir}", file=sys.stderr)
-        return 130
-    print_table(results)
-    if args.keep_logs:
-        print(f"logs in {workdir}")
-    else:
-        shutil.rmtree(workdir, ignore_errors=True)
-    return 0
+        return 0
+
+    return run_in_workdir(
+        workdir,
+        run,
+        errors=(RuntimeError, TimeoutError, OSError, subprocess.SubprocessError),
+        keep_logs=args.keep_logs,
+        report=lambda: print_table(results),
+    )
 
 
 if __name__ == "__main__":

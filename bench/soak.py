@@ -12,7 +12,6 @@ import os
 import random
 import re
 import shlex
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -26,6 +25,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import _soak_traffic as traffic
+from bench._workdir import run_in_workdir
 from epp.dev import stack
 
 MODEL = "demo"
@@ -505,26 +505,9 @@ async def kill_run(
 class _MarkedClient(traffic.GoodClient):
     """A good client that also says whether the response passed the EPP."""
 
-    async def one(self, i: int) -> None:
-        import aiohttp
-
-        data, stream = self.body(i)
-        started = time.monotonic() - self.t0
-        try:
-            async with self.session.post(
-                self.url,
-                data=data,
-                headers=traffic.JSON_HEADERS,
-                timeout=aiohttp.ClientTimeout(total=self.timeout),
-            ) as resp:
-                payload = await resp.read()
-                status = str(resp.status)
-                if resp.status == 200 and stream and b"data: [DONE]" not in payload:
-                    status = "200 without [DONE]"
-                status += " via EPP" if resp.headers.get(EPP_MARK_HEADER) else " bypassed"
-        except (TimeoutError, aiohttp.ClientError, OSError) as e:
-            status = traffic._error_name(e)
-        self.tally.add("stream" if stream else "plain", status, started)
+    def status(self, resp: Any, payload: bytes, stream: bool) -> str:
+        mark = " via EPP" if resp.headers.get(EPP_MARK_HEADER) else " bypassed"
+        return super().status(resp, payload, stream) + mark
 
 
 def phase2(args: argparse.Namespace, workdir: Path) -> int:
@@ -640,23 +623,18 @@ def main(argv: list[str] | None = None) -> int:
     workdir = Path(tempfile.mkdtemp(prefix="epp-bench-soak-"))
     print(f"command: {shlex.join([sys.executable, *sys.argv])}")
     print(f"work dir {workdir}; nproc {len(os.sched_getaffinity(0))}; epp serve {shlex.join(args.epp_args)}")
-    status = 0
-    try:
+
+    def run() -> int:
+        status = 0
         if not args.skip_soak:
             status = phase1(args, plan, workdir)
         if args.kill_modes:
             status = phase2(args, workdir) or status
-    except (RuntimeError, TimeoutError, OSError) as e:
-        print(f"error: {e}\nlogs in {workdir}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        print(f"interrupted; logs in {workdir}", file=sys.stderr)
-        return 130
-    if args.keep_logs or status:
-        print(f"logs in {workdir}")
-    else:
-        shutil.rmtree(workdir, ignore_errors=True)
-    return status
+        return status
+
+    return run_in_workdir(
+        workdir, run, errors=(RuntimeError, TimeoutError, OSError), keep_logs=args.keep_logs
+    )
 
 
 if __name__ == "__main__":

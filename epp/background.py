@@ -1,10 +1,15 @@
-"""``BackgroundTask``: the one long-running task a component owns (a watch loop, a refresher)."""
+"""``BackgroundTask``: the one long-running task a component owns (a watch loop, a refresher).
+
+``RepeatingTask`` is one that calls a synchronous step every interval, logging a failing step.
+"""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Coroutine
 from typing import Any
+
+import structlog
 
 
 class BackgroundTask:
@@ -33,3 +38,28 @@ class BackgroundTask:
         if task is not None:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
+
+
+class RepeatingTask(BackgroundTask):
+    """Calls ``step()`` every ``interval()`` seconds; a step that raises is logged (``failure``),
+    and the next one runs as planned."""
+
+    __slots__ = ()
+
+    def __init__(
+        self,
+        name: str,
+        step: Callable[[], object],
+        interval: Callable[[], float],
+        log: structlog.stdlib.BoundLogger,
+        failure: str,
+    ) -> None:
+        async def run() -> None:
+            while True:
+                try:
+                    step()
+                except Exception:
+                    log.exception(failure)
+                await asyncio.sleep(interval())
+
+        super().__init__(name, run)

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import asyncio
 import time
 
 import structlog
 
-from epp.background import BackgroundTask
+from epp.background import RepeatingTask
 from epp.datalayer.scraper import is_stale
 from epp.datalayer.store import EndpointStore
 from epp.metrics import POOL_AVG_KV, POOL_AVG_QUEUE, POOL_AVG_RUNNING, POOL_PER_POD_QUEUE, POOL_READY_PODS
@@ -41,7 +40,9 @@ class PoolGauges:
         self.interval = interval
         self.staleness = staleness
         self._per_pod: set[str] = set()
-        self._task = BackgroundTask("pool gauges", self._run)
+        self._task = RepeatingTask(
+            "pool gauges", self.refresh, lambda: self.interval, log, "refreshing pool gauges failed"
+        )
 
     def refresh(self, now: float | None = None) -> None:
         """Compute and set every gauge once from the store's current endpoints."""
@@ -76,11 +77,3 @@ class PoolGauges:
 
     async def stop(self) -> None:
         await self._task.stop()
-
-    async def _run(self) -> None:
-        while True:
-            try:
-                self.refresh()
-            except Exception:
-                log.exception("refreshing pool gauges failed")
-            await asyncio.sleep(self.interval)

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import asyncio
-
 import structlog
 
 from epp import labels
-from epp.background import BackgroundTask
+from epp.background import RepeatingTask
 from epp.datalayer.store import EndpointStore
 
 log = structlog.get_logger("epp.datalayer.served_models")
@@ -30,7 +28,9 @@ class ServedModels:
         self.interval = interval
         self.bound = bound if bound is not None else labels.MODEL_NAMES
         self._known: set[str] = set()  # names already handed to the bound
-        self._task = BackgroundTask("served models", self._run)
+        self._task = RepeatingTask(
+            "served models", self.refresh, lambda: self.interval, log, "collecting served model names failed"
+        )
 
     def refresh(self) -> None:
         """Tell the bound of every model name the endpoints currently report."""
@@ -49,11 +49,3 @@ class ServedModels:
 
     async def stop(self) -> None:
         await self._task.stop()
-
-    async def _run(self) -> None:
-        while True:
-            try:
-                self.refresh()
-            except Exception:
-                log.exception("collecting served model names failed")
-            await asyncio.sleep(self.interval)

@@ -29,6 +29,7 @@ from epp.framework import (
     InferenceError,
     LLMRequest,
     Parser,
+    Plugin,
     PreRequest,
     RequestDone,
     SaturationDetector,
@@ -82,6 +83,11 @@ def _json_type(value: object) -> str:
     if isinstance(value, dict):
         return "object"
     return type(value).__name__
+
+
+def _plugin_failed(cause: str, event: str, plugin: Plugin, error: Exception) -> None:
+    """A rate-limited warning that ``plugin`` raised ``error`` (the request goes on without it)."""
+    LOGS.log(log.warning, cause, event, plugin=plugin.typed_name, error=str(error))
 
 
 def _rewritten(raw: bytes, target: str) -> bytes:
@@ -252,13 +258,7 @@ class Director:
             try:
                 plugin.pre_request(cycle, request, result)
             except Exception as exc:  # the request is routed anyway; request_done still runs later
-                LOGS.log(
-                    log.warning,
-                    "pre_request_failed",
-                    "pre-request hook failed",
-                    plugin=plugin.typed_name,
-                    error=str(exc),
-                )
+                _plugin_failed("pre_request_failed", "pre-request hook failed", plugin, exc)
             metrics.observe_plugin("PreRequest", plugin, time.perf_counter() - t0)
 
         changed = target != incoming
@@ -285,13 +285,7 @@ class Director:
         try:
             return detector.saturation(candidates) >= SATURATED
         except Exception as e:
-            LOGS.log(
-                log.warning,
-                "saturation_failed",
-                "saturation detector failed",
-                plugin=detector.typed_name,
-                error=str(e),
-            )
+            _plugin_failed("saturation_failed", "saturation detector failed", detector, e)
             return False
 
     async def _produce(self, cycle: CycleState, request: LLMRequest, candidates: list[Endpoint]) -> None:
@@ -307,13 +301,7 @@ class Director:
                     try:
                         await producer.produce(cycle, request, candidates)
                     except Exception as e:  # a producer failure never fails the request
-                        LOGS.log(
-                            log.warning,
-                            "producer_failed",
-                            "data producer failed",
-                            plugin=producer.typed_name,
-                            error=str(e),
-                        )
+                        _plugin_failed("producer_failed", "data producer failed", producer, e)
                     metrics.observe_plugin("DataProducer", producer, time.perf_counter() - t0)
         except TimeoutError:
             LOGS.log(
@@ -339,10 +327,4 @@ class Director:
                 try:
                     plugin.request_done(routing.request, routing.result)
                 except Exception as exc:
-                    LOGS.log(
-                        log.warning,
-                        "request_done_failed",
-                        "request-done hook failed",
-                        plugin=plugin.typed_name,
-                        error=str(exc),
-                    )
+                    _plugin_failed("request_done_failed", "request-done hook failed", plugin, exc)

@@ -35,23 +35,11 @@ class TlsFileError(Exception):
 
 def self_signed_pem(common_name: str = "epp") -> tuple[bytes, bytes]:
     """A fresh EC key and self-signed certificate, as PEM ``(key, cert)``."""
-    from cryptography import x509
     from cryptography.hazmat.primitives import hashes
-    from cryptography.x509.oid import NameOID
 
     key = _new_key()
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
-    now = datetime.datetime.now(datetime.UTC)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=3650))
-        .sign(key, hashes.SHA256())
-    )
+    name = _name(common_name)
+    cert = _builder(name, name, key, days=3650).sign(key, hashes.SHA256())
     return _key_pem(key), _cert_pem(cert)
 
 
@@ -222,6 +210,31 @@ def _new_key() -> ec.EllipticCurvePrivateKey:
     return ec.generate_private_key(ec.SECP256R1())
 
 
+def _name(common_name: str) -> x509.Name:
+    from cryptography import x509
+    from cryptography.x509.oid import NameOID
+
+    return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
+
+
+def _builder(
+    subject: x509.Name, issuer: x509.Name, key: ec.EllipticCurvePrivateKey, *, days: int
+) -> x509.CertificateBuilder:
+    """A certificate for ``key`` from ``subject`` by ``issuer``, valid from 5 minutes ago for ``days``."""
+    from cryptography import x509
+
+    now = datetime.datetime.now(datetime.UTC)
+    return (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(issuer)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=days))
+    )
+
+
 def _key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
     from cryptography.hazmat.primitives import serialization
 
@@ -247,19 +260,11 @@ class Authority:
     def create(cls, common_name: str = "epp-ca", days: int = 3650) -> Authority:
         from cryptography import x509
         from cryptography.hazmat.primitives import hashes
-        from cryptography.x509.oid import NameOID
 
         key = _new_key()
-        name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
-        now = datetime.datetime.now(datetime.UTC)
+        name = _name(common_name)
         cert = (
-            x509.CertificateBuilder()
-            .subject_name(name)
-            .issuer_name(name)
-            .public_key(key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(minutes=5))
-            .not_valid_after(now + datetime.timedelta(days=days))
+            _builder(name, name, key, days=days)
             .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
             .add_extension(
                 x509.KeyUsage(
@@ -295,22 +300,15 @@ class Authority:
 
         from cryptography import x509
         from cryptography.hazmat.primitives import hashes, serialization
-        from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+        from cryptography.x509.oid import ExtendedKeyUsageOID
 
         ca_key = serialization.load_pem_private_key(self.key, password=None)
         ca_cert = x509.load_pem_x509_certificate(self.cert)
         key = _new_key()
-        now = datetime.datetime.now(datetime.UTC)
         usages = [ExtendedKeyUsageOID.SERVER_AUTH] if server else []
         usages += [ExtendedKeyUsageOID.CLIENT_AUTH] if client else []
         builder = (
-            x509.CertificateBuilder()
-            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)]))
-            .issuer_name(ca_cert.subject)
-            .public_key(key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(minutes=5))
-            .not_valid_after(now + datetime.timedelta(days=days))
+            _builder(_name(common_name), ca_cert.subject, key, days=days)
             .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
             .add_extension(x509.ExtendedKeyUsage(usages), critical=False)
             .add_extension(

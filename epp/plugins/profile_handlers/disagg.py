@@ -10,6 +10,7 @@ import structlog
 from epp.framework import (
     ConfigError,
     CycleState,
+    Endpoint,
     Handle,
     LLMRequest,
     PreRequest,
@@ -124,22 +125,52 @@ class DisaggParams:
         return bool(p.decode or p.prefill or p.encode or d.prefill or d.encode)
 
 
+def lookup_decider(
+    handle: Handle | None, field_path: str, name: str, *, not_found: str, not_a_decider: str
+) -> SupportsDisaggregate:
+    """The decider plugin named ``name`` (declared earlier); ConfigError at ``field_path`` with
+    ``not_found`` when there is none, with ``not_a_decider`` when it cannot decide."""
+    plugin = handle.plugin(name) if handle is not None else None
+    if plugin is None:
+        raise ConfigError(field_path, not_found)
+    if not isinstance(plugin, SupportsDisaggregate):
+        raise ConfigError(field_path, not_a_decider)
+    return plugin
+
+
 def resolve_decider(
     handle: Handle | None, field_path: str, name: str, kind: str
 ) -> SupportsDisaggregate | None:
     """The decider plugin named ``name`` (declared earlier), None when unset; ConfigError otherwise."""
     if not name:
         return None
-    plugin = handle.plugin(name) if handle is not None else None
-    if plugin is None:
-        raise ConfigError(field_path, f"{field_path} plugin not found: {name}")
-    if not isinstance(plugin, SupportsDisaggregate):
-        raise ConfigError(field_path, f"plugin {name} does not implement {kind}")
-    return plugin
+    return lookup_decider(
+        handle,
+        field_path,
+        name,
+        not_found=f"{field_path} plugin not found: {name}",
+        not_a_decider=f"plugin {name} does not implement {kind}",
+    )
 
 
 def has_endpoints(result: ProfileRunResult | None) -> bool:
     return result is not None and bool(result.target_endpoints)
+
+
+def decode_stage(
+    decode: str, profiles: Mapping[str, Profile], results: Mapping[str, ProfileRunResult | None]
+) -> tuple[Mapping[str, Profile], Endpoint | None]:
+    """Decode runs first: ``(profiles to run now, None)`` until it has, then ``({}, its first target)``.
+
+    A decode profile that is missing or found no endpoint leaves nothing to run.
+    """
+    if decode not in results:
+        profile = profiles.get(decode)
+        return ({decode: profile} if profile is not None else {}), None
+    decode_result = results[decode]
+    if decode_result is None or not decode_result.target_endpoints:
+        return {}, None
+    return {}, decode_result.target_endpoints[0]
 
 
 @register
@@ -173,14 +204,9 @@ class DisaggProfileHandler(ProfileHandler, PreRequest):
         profiles: Mapping[str, Profile],
         results: MutableMapping[str, ProfileRunResult | None],
     ) -> Mapping[str, Profile]:
-        decode = self.decode_profile
-        if decode not in results:
-            profile = profiles.get(decode)
-            return {decode: profile} if profile is not None else {}
-        decode_result = results[decode]
-        if decode_result is None or not decode_result.target_endpoints:
-            return {}
-        decode_endpoint = decode_result.target_endpoints[0]
+        pending, decode_endpoint = decode_stage(self.decode_profile, profiles, results)
+        if decode_endpoint is None:
+            return pending
 
         for stage, decider in (
             (self.encode_profile, self.encode_decider),

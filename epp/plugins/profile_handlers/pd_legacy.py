@@ -6,7 +6,6 @@ from collections.abc import Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
 
 from epp.framework import (
-    ConfigError,
     CycleState,
     Handle,
     LLMRequest,
@@ -23,7 +22,12 @@ from epp.framework.interfaces import SupportsDisaggregate
 from epp.framework.params import ensure_valid
 from epp.plugins.profile_handlers import _metrics
 from epp.plugins.profile_handlers.data_parallel import rewrite_to_primary_port, validate_port
-from epp.plugins.profile_handlers.disagg import DECODE_FAILED, has_endpoints
+from epp.plugins.profile_handlers.disagg import (
+    DECODE_FAILED,
+    decode_stage,
+    has_endpoints,
+    lookup_decider,
+)
 
 
 @dataclass(slots=True, frozen=True)
@@ -54,15 +58,13 @@ class PdProfileHandler(ProfileHandler):
         super().__init__(name, params, handle)
         ensure_valid(params)  # also when constructed directly, not through the loader
         decider_name = params.decider_plugin_name
-        plugin = handle.plugin(decider_name) if handle is not None else None
-        if plugin is None:
-            raise ConfigError("deciderPluginName", f"invalid decider plugin type: {decider_name}")
-        if not isinstance(plugin, SupportsDisaggregate):
-            raise ConfigError(
-                "deciderPluginName",
-                f"decider plugin of type: {decider_name} does not implement pdDeciderPlugin",
-            )
-        self.decider: SupportsDisaggregate = plugin
+        self.decider: SupportsDisaggregate = lookup_decider(
+            handle,
+            "deciderPluginName",
+            decider_name,
+            not_found=f"invalid decider plugin type: {decider_name}",
+            not_a_decider=f"decider plugin of type: {decider_name} does not implement pdDeciderPlugin",
+        )
 
     def pick_profiles(
         self,
@@ -72,16 +74,13 @@ class PdProfileHandler(ProfileHandler):
         results: MutableMapping[str, ProfileRunResult | None],
     ) -> Mapping[str, Profile]:
         decode = self.params.decode_profile
-        if decode not in results:
-            profile = profiles.get(decode)
-            return {decode: profile} if profile is not None else {}
-        decode_result = results[decode]
-        if decode_result is None or not decode_result.target_endpoints:
-            return {}
+        pending, decode_endpoint = decode_stage(decode, profiles, results)
+        if decode_endpoint is None:
+            return pending
         prefill = self.params.prefill_profile
         prefill_profile = profiles.get(prefill)
         if prefill_profile is not None and prefill not in results:
-            if self.decider.disaggregate(cycle, request, decode_result.target_endpoints[0]):
+            if self.decider.disaggregate(cycle, request, decode_endpoint):
                 return {prefill: prefill_profile}
             results[prefill] = None  # declined: recorded so that it is not evaluated again
         used = prefill != decode and has_endpoints(results.get(prefill))

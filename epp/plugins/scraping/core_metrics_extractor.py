@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
@@ -171,16 +171,16 @@ def extract_metrics(mapping: EngineMapping, previous: Metrics, body: bytes) -> E
     """A new snapshot from ``body`` (None when nothing was extracted) and the per-field errors."""
     errors: list[str] = []
     changes: dict[str, object] = {}
-    for selector, attr, as_int in (
-        (mapping.queued, "waiting_queue_size", True),
-        (mapping.running, "running_requests_size", True),
-        (mapping.kv_usage, "kv_cache_usage_percent", False),
-    ):
-        if selector is None:
-            continue
-        value = _value(selector, body, errors)
-        if value is not None:
-            changes[attr] = int(value) if as_int else value
+    _extract_values(
+        (
+            (mapping.queued, "waiting_queue_size", True),
+            (mapping.running, "running_requests_size", True),
+            (mapping.kv_usage, "kv_cache_usage_percent", False),
+        ),
+        body,
+        changes,
+        errors,
+    )
     if mapping.running is not None:
         served = _served_models(mapping.running, body)
         if served and served != previous.served_models:
@@ -189,19 +189,34 @@ def extract_metrics(mapping: EngineMapping, previous: Metrics, body: bytes) -> E
         _extract_lora(mapping.lora, body, changes, errors)
     if mapping.cache_info is not None:
         _extract_cache_info(mapping, body, changes, errors)
-    for selector, attr in (
-        (mapping.cache_block_size, "cache_block_size"),
-        (mapping.cache_num_blocks, "cache_num_blocks"),
-    ):
-        if selector is None:
-            continue
-        value = _value(selector, body, errors)
-        if value is not None:
-            changes[attr] = int(value)
+    _extract_values(
+        (
+            (mapping.cache_block_size, "cache_block_size", True),
+            (mapping.cache_num_blocks, "cache_num_blocks", True),
+        ),
+        body,
+        changes,
+        errors,
+    )
     if not changes:
         return ExtractResult(None, tuple(errors))
     changes["update_time"] = time.monotonic()
     return ExtractResult(dataclasses.replace(previous, **changes), tuple(errors))  # type: ignore[arg-type]
+
+
+def _extract_values(
+    fields: Iterable[tuple[Selector | None, str, bool]],
+    body: bytes,
+    changes: dict[str, object],
+    errors: list[str],
+) -> None:
+    """Set each ``(selector, attribute, as_int)`` field's value into ``changes`` (disabled: skipped)."""
+    for selector, attr, as_int in fields:
+        if selector is None:
+            continue
+        value = _value(selector, body, errors)
+        if value is not None:
+            changes[attr] = int(value) if as_int else value
 
 
 def _value(selector: Selector, body: bytes, errors: list[str]) -> float | None:
