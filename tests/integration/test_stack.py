@@ -159,8 +159,8 @@ def test_epp_run_serves_and_ctrl_c_stops_everything(epp_run: RunningStack) -> No
     assert still_listening == [], f"ports still served after Ctrl-C: {still_listening}"
 
 
-def _pid_of_sim(port: int) -> int:
-    needle = f"--port\0{port}\0"
+def _pid_of(subcommand: str, needle: str) -> int | None:
+    """The pid of the ``epp <subcommand>`` process whose command line contains ``needle``."""
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
@@ -168,23 +168,23 @@ def _pid_of_sim(port: int) -> int:
             cmdline = (entry / "cmdline").read_text()
         except OSError:
             continue
-        if "\0sim\0" in cmdline and needle in cmdline:
+        if f"\0{subcommand}\0" in cmdline and needle in cmdline:
             return int(entry.name)
-    raise AssertionError(f"no simulator process for port {port}")
+    return None
+
+
+def _pid_of_sim(port: int) -> int:
+    pid = _pid_of("sim", f"--port\0{port}\0")
+    if pid is None:
+        raise AssertionError(f"no simulator process for port {port}")
+    return pid
 
 
 def _pid_of_epp(grpc_port: int) -> int:
-    needle = f"--grpc-port={grpc_port}\0"
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            cmdline = (entry / "cmdline").read_text()
-        except OSError:
-            continue
-        if "\0serve\0" in cmdline and needle in cmdline:
-            return int(entry.name)
-    raise AssertionError(f"no epp serve process for gRPC port {grpc_port}")
+    pid = _pid_of("serve", f"--grpc-port={grpc_port}\0")
+    if pid is None:
+        raise AssertionError(f"no epp serve process for gRPC port {grpc_port}")
+    return pid
 
 
 @pytest.mark.integration

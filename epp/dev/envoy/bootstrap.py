@@ -249,6 +249,10 @@ def processing_mode(body_mode: str, response_body_mode: str) -> dict[str, str]:
     return mode
 
 
+def _ext_proc_service(authority: str) -> dict[str, Any]:
+    return {"envoy_grpc": {"cluster_name": EXT_PROC_CLUSTER, "authority": authority}, "timeout": "10s"}
+
+
 def ext_proc_filter(
     *, body_mode: str, response_body_mode: str, fail_open: bool, authority: str
 ) -> dict[str, Any]:
@@ -257,10 +261,7 @@ def ext_proc_filter(
         "name": "envoy.filters.http.ext_proc",
         "typed_config": {
             "@type": f"{_TYPE}.filters.http.ext_proc.v3.ExternalProcessor",
-            "grpc_service": {
-                "envoy_grpc": {"cluster_name": EXT_PROC_CLUSTER, "authority": authority},
-                "timeout": "10s",
-            },
+            "grpc_service": _ext_proc_service(authority),
             "failure_mode_allow": fail_open,
             # Per message awaiting a reply (BUFFERED; no timeout applies to FULL_DUPLEX_STREAMED
             # bodies): a frozen EPP fails the request within this bound. The EPP answers in ms.
@@ -312,10 +313,7 @@ def rewrite_response_filter(*, fail_open: bool, authority: str) -> dict[str, Any
         "name": REWRITE_FILTER,
         "typed_config": {
             "@type": f"{_TYPE}.filters.http.ext_proc.v3.ExternalProcessor",
-            "grpc_service": {
-                "envoy_grpc": {"cluster_name": EXT_PROC_CLUSTER, "authority": authority},
-                "timeout": "10s",
-            },
+            "grpc_service": _ext_proc_service(authority),
             "failure_mode_allow": fail_open,
             "message_timeout": MESSAGE_TIMEOUT,
             "stat_prefix": REWRITE_STAT_PREFIX,  # http.<hcm>.ext_proc.rewrite.streams_started, ...
