@@ -123,17 +123,10 @@ class Stack(stack.LocalStack):
     """``epp run``'s stack (N sims + ``epp serve`` with ``config`` + Envoy) on free ports."""
 
     def __init__(self, workdir: Path, sims: int, sim_args: Sequence[str], config: dict[str, Any] | None):
-        ports = stack.free_ports(5)
-        opts = stack.StackOptions(
-            sims=sims,
-            sim_base_port=stack.free_port_block(sims),
+        opts = stack.StackOptions.on_free_ports(
+            sims,
             model=MODEL,
             sim_args=list(sim_args),
-            port=ports[0],
-            admin_port=ports[1],
-            grpc_port=ports[2],
-            health_port=ports[3],
-            metrics_port=ports[4],
             config=config,
             epp_args=["--log-level", "warning"],
             ready_timeout=READY_TIMEOUT,

@@ -255,17 +255,10 @@ def serve_help() -> str:
 
 
 def stack_options(args: argparse.Namespace, *, body_mode: str, fail_open: bool) -> stack.StackOptions:
-    ports = stack.free_ports(5)
-    return stack.StackOptions(
-        sims=args.sims,
-        sim_base_port=stack.free_port_block(args.sims),
+    return stack.StackOptions.on_free_ports(
+        args.sims,
         model=MODEL,
         sim_args=list(SIM_ARGS),
-        port=ports[0],
-        admin_port=ports[1],
-        grpc_port=ports[2],
-        health_port=ports[3],
-        metrics_port=ports[4],
         body_mode=body_mode,
         fail_open=fail_open,
         epp_args=list(args.epp_args),

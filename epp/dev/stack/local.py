@@ -18,7 +18,15 @@ import yaml
 from epp.dev.envoy.bootstrap import envoy_bootstrap, render
 from epp.dev.stack.commands import envoy_argv, serve_argv, sim_argv
 from epp.dev.stack.files import epp_config, write_endpoints
-from epp.dev.stack.probes import READY_TIMEOUT, grpc_serving, http_ok, port_in_use, wait_until
+from epp.dev.stack.probes import (
+    READY_TIMEOUT,
+    free_port_block,
+    free_ports,
+    grpc_serving,
+    http_ok,
+    port_in_use,
+    wait_until,
+)
 from epp.dev.stack.supervisor import SIM_MAX_RESTARTS, SIM_RESTART_WINDOW, Child, RestartPolicy, Supervisor
 
 
@@ -157,6 +165,21 @@ class StackOptions:
     ready_timeout: float = READY_TIMEOUT
     sim_max_restarts: int = SIM_MAX_RESTARTS
     sim_restart_window: float = SIM_RESTART_WINDOW
+
+    @classmethod
+    def on_free_ports(cls, sims: int, **options: Any) -> StackOptions:
+        """Options with every port (Envoy, admin, gRPC, health, metrics, the sims') a free one."""
+        port, admin, grpc, health, metrics = free_ports(5)
+        return cls(
+            sims=sims,
+            sim_base_port=free_port_block(sims),
+            port=port,
+            admin_port=admin,
+            grpc_port=grpc,
+            health_port=health,
+            metrics_port=metrics,
+            **options,
+        )
 
     @property
     def sim_restart(self) -> RestartPolicy:
