@@ -22,9 +22,15 @@ SUBSET_KEY: Final = "x-gateway-destination-endpoint-subset"
 # Request headers the EPP reads.
 REQUEST_ID_HEADER: Final = "x-request-id"
 OBJECTIVE_HEADER: Final = "x-gateway-inference-objective"
+LLM_D_OBJECTIVE_HEADER: Final = "x-llm-d-inference-objective"
+OBJECTIVE_HEADERS: Final = (LLM_D_OBJECTIVE_HEADER, OBJECTIVE_HEADER)
+"""The InferenceObjective a request names, the current name first."""
 FAIRNESS_HEADER: Final = "x-gateway-inference-fairness-id"
+LLM_D_FAIRNESS_HEADER: Final = "x-llm-d-inference-fairness-id"
+FAIRNESS_HEADERS: Final = (LLM_D_FAIRNESS_HEADER, FAIRNESS_HEADER)
+"""The request's fairness id (its flow), the current name first."""
 DEFAULT_FAIRNESS_ID: Final = "default-flow"
-"""The fairness id of a request without ``FAIRNESS_HEADER``."""
+"""The fairness id of a request without a fairness header."""
 MODEL_REWRITE_HEADER: Final = "x-gateway-model-name-rewrite"
 LLM_D_MODEL_REWRITE_HEADER: Final = "x-llm-d-model-name-rewrite"
 MODEL_REWRITE_HEADERS: Final = (LLM_D_MODEL_REWRITE_HEADER, MODEL_REWRITE_HEADER)

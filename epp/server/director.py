@@ -10,7 +10,7 @@ import asyncio
 import random
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,9 +40,9 @@ from epp.framework.wire import (
     DEFAULT_FAIRNESS_ID,
     DESTINATION_SERVED_HEADER,
     ENCODERS_HEADER,
-    FAIRNESS_HEADER,
+    FAIRNESS_HEADERS,
     MODEL_REWRITE_HEADERS,
-    OBJECTIVE_HEADER,
+    OBJECTIVE_HEADERS,
     PREFILL_HEADER,
     REQUEST_ID_HEADER,
     SUBSET_KEY,
@@ -66,10 +66,19 @@ EPP_OWNED_HEADERS = (
     DATA_PARALLEL_HEADER,
     DESTINATION_SERVED_HEADER,
     SUBSET_KEY,
-    OBJECTIVE_HEADER,
-    FAIRNESS_HEADER,
+    *OBJECTIVE_HEADERS,
+    *FAIRNESS_HEADERS,
     *MODEL_REWRITE_HEADERS,
 )
+
+
+def _first_header(headers: Mapping[str, str], names: tuple[str, ...]) -> str:
+    """The first non-empty value among ``names`` (a header's current name, then its old ones)."""
+    for name in names:
+        value = headers.get(name)
+        if value:
+            return value
+    return ""
 
 
 def _json_type(value: object) -> str:
@@ -195,16 +204,13 @@ class Director:
             raise InferenceError(ErrorCode.BAD_REQUEST, "model not found in request body")
         target = incoming
         if self.client_model_rewrite:
-            for name in MODEL_REWRITE_HEADERS:
-                if headers.get(name):
-                    target = headers[name]
-                    break
+            target = _first_header(headers, MODEL_REWRITE_HEADERS) or target
         if self.rewrites is not None:  # a rule for the incoming model overrides the header
             choice = self.rewrites.choose(incoming, self._rng)
             if choice is not None:
                 target, rewrite_name = choice
                 metrics.MODEL_REWRITE_DECISIONS.labels(rewrite_name, incoming, target).inc()
-        objective = headers.get(OBJECTIVE_HEADER, "")
+        objective = _first_header(headers, OBJECTIVE_HEADERS)
         objectives = self.objectives
         priority = objectives.priority(objective) if objectives is not None and objective else 0
 
@@ -216,7 +222,7 @@ class Director:
             target_model=target,
             priority=priority,
             objective=objective,
-            fairness_id=headers.get(FAIRNESS_HEADER) or DEFAULT_FAIRNESS_ID,
+            fairness_id=_first_header(headers, FAIRNESS_HEADERS) or DEFAULT_FAIRNESS_ID,
             request_size_bytes=len(raw),
         )
         for key in EPP_OWNED_HEADERS:  # consumed above; plugins may set them again

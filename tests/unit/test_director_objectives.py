@@ -174,6 +174,39 @@ async def test_objective_priority_reaches_the_request_and_the_request_metric(
         )
 
 
+@pytest.mark.parametrize(
+    ("headers", "priority", "fairness_id"),
+    [
+        ({"x-llm-d-inference-objective": "critical"}, 10, "default-flow"),
+        ({"x-gateway-inference-objective": "critical"}, 10, "default-flow"),
+        (
+            {"x-llm-d-inference-objective": "batch", "x-gateway-inference-objective": "critical"},
+            -1,
+            "default-flow",
+        ),
+        ({"x-llm-d-inference-fairness-id": "tenant-a"}, 0, "tenant-a"),
+        ({"x-gateway-inference-fairness-id": "tenant-b"}, 0, "tenant-b"),
+        ({"x-llm-d-inference-fairness-id": "new", "x-gateway-inference-fairness-id": "old"}, 0, "new"),
+    ],
+)
+async def test_llm_d_header_names_come_first_and_the_old_names_are_still_read(
+    store: EndpointStore,
+    objectives: ObjectiveStore,
+    run: Any,
+    headers: dict[str, str],
+    priority: int,
+    fairness_id: str,
+) -> None:
+    seen = Seen()
+    director = factories.director(store, objectives=objectives, pre_request=[seen])
+    out = await run(director, [headers_msg(headers), body_msg(CHAT, True)], 2)
+    (request,) = seen.requests
+    assert (request.priority, request.fairness_id) == (priority, fairness_id)
+    removed = set(out[0].request_headers.response.header_mutation.remove_headers)
+    assert set(headers) <= removed  # every spelling is consumed by the EPP, none forwarded
+    assert not set(headers) & set(request.headers)  # and PreRequest plugins do not see them either
+
+
 async def test_without_an_objective_store_every_priority_is_zero(store: EndpointStore, run: Any) -> None:
     seen = Seen()
     director = factories.director(store, saturation_detector=CountingDetector(5.0), pre_request=[seen])
