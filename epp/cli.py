@@ -253,14 +253,14 @@ def _add_log_flags(p: argparse.ArgumentParser) -> None:
 
 def _log_settings(args: argparse.Namespace) -> tuple[str, str]:
     """(level, format) from the flags: --log-level, then --zap-log-level, then --v, then
-    $EPP_LOG_LEVEL, then info; --log-format, then --zap-encoder, then json."""
+    $EPP_LOG_LEVEL (unless empty), then info; --log-format, then --zap-encoder, then json."""
     from epp import logs
 
     level = args.log_level or args.zap_log_level or args.v
     if level is None:
         env = os.environ.get("EPP_LOG_LEVEL")
         try:
-            level = logs.parse_level(env) if env is not None else "info"
+            level = logs.parse_level(env) if env else "info"
         except ValueError as e:
             print(f"epp serve: error: EPP_LOG_LEVEL: {e}", file=sys.stderr)
             raise SystemExit(2) from None

@@ -229,6 +229,7 @@ def test_serve_rejects_an_unknown_log_level_or_format() -> None:
         (("--v=4",), None, ("debug", "json")),
         (("-v", "5"), None, ("debug", "json")),
         ((), "error", ("error", "json")),
+        ((), "", ("info", "json")),
         (("--v", "4"), "error", ("debug", "json")),
         (("--zap-encoder", "console"), None, ("info", "console")),
         (("--log-format", "json", "--zap-encoder", "console"), None, ("info", "json")),
