@@ -187,8 +187,84 @@ def _add_serve(sub: Any) -> None:
         default=1000,
         help="distinct fairness_id metric label values before the rest record as 'other' (1000; 0: all)",
     )
-    p.add_argument("--log-level", default=os.environ.get("EPP_LOG_LEVEL", "info"))
+    _add_log_flags(p)
     p.set_defaults(func=_serve)
+
+
+def _arg_type(parse: Callable[[str], str]) -> Callable[[str], str]:
+    """An argparse type that reports ``parse``'s ValueError as the argument's error."""
+
+    def convert(text: str) -> str:
+        try:
+            return parse(text)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+
+    return convert
+
+
+def _verbosity(text: str) -> str:
+    from epp import logs
+
+    try:
+        return logs.level_from_verbosity(int(text))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a non-negative integer, got {text!r}") from None
+
+
+def _add_log_flags(p: argparse.ArgumentParser) -> None:
+    from epp import logs
+
+    g = p.add_argument_group("logging")
+    g.add_argument(
+        "--log-level",
+        type=_arg_type(logs.parse_level),
+        default=None,
+        help="debug, info, warning (or warn), error (default: $EPP_LOG_LEVEL, else info)",
+    )
+    g.add_argument(
+        "--log-format",
+        type=_arg_type(logs.parse_format),
+        default=None,
+        help="json (one object per line) or console (default json, whatever stderr is)",
+    )
+    g.add_argument(
+        "--zap-log-level",
+        type=_arg_type(logs.level_from_zap),
+        default=None,
+        help="llm-d EPP compatibility: zap level debug or info (both info here), warn, error, or a "
+        "verbosity N as --v (--log-level wins)",
+    )
+    g.add_argument(
+        "--zap-encoder",
+        type=_arg_type(logs.parse_format),
+        default=None,
+        help="llm-d EPP compatibility: json or console (--log-format wins)",
+    )
+    g.add_argument(
+        "-v",
+        "--v",
+        type=_verbosity,
+        default=None,
+        metavar="N",
+        help="llm-d EPP compatibility: verbosity N, 4 or more is debug, below 4 info (--zap-log-level wins)",
+    )
+
+
+def _log_settings(args: argparse.Namespace) -> tuple[str, str]:
+    """(level, format) from the flags: --log-level, then --zap-log-level, then --v, then
+    $EPP_LOG_LEVEL (unless empty), then info; --log-format, then --zap-encoder, then json."""
+    from epp import logs
+
+    level = args.log_level or args.zap_log_level or args.v
+    if level is None:
+        env = os.environ.get("EPP_LOG_LEVEL")
+        try:
+            level = logs.parse_level(env) if env else "info"
+        except ValueError as e:
+            print(f"epp serve: error: EPP_LOG_LEVEL: {e}", file=sys.stderr)
+            raise SystemExit(2) from None
+    return level, args.log_format or args.zap_encoder or "json"
 
 
 def _positive_duration(text: str) -> float:
@@ -333,7 +409,7 @@ def _serve(args: argparse.Namespace) -> int:
     from epp.datalayer.store import EndpointStore
     from epp.server.app import EppServer, ServeOptions
 
-    logs.configure(args.log_level)
+    logs.configure(*_log_settings(args))
     _check_tls(args)
     if args.fairness_id_metric_label_limit < 0:
         raise SystemExit(
@@ -411,6 +487,9 @@ def _add_check(sub: Any) -> None:
 
 
 def _check(args: argparse.Namespace) -> int:
+    from epp import logs
+
+    logs.configure("info", "console")  # stderr: standard output carries only the effective config
     text = sys.stdin.read() if args.file == "-" else None
     if text is None:
         try:

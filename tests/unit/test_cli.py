@@ -1,11 +1,16 @@
-"""The ``epp`` command line: check-config output and exit codes, serve refusing a bad config."""
+"""The ``epp`` command line: check-config output and exit codes, serve refusing a bad config, and
+serve's log level and format flags."""
 
 from __future__ import annotations
 
+import json
+import os
+import pty
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 
 
@@ -181,3 +186,141 @@ def test_serve_checks_the_stream_limits() -> None:
     assert "--max-buffered-request-body-bytes=1000" in small.stderr and "(2000)" in small.stderr
     negative = epp("serve", "--request-idle-timeout=-1")
     assert negative.returncode != 0 and "--request-idle-timeout=-1.0" in negative.stderr
+
+
+def test_serve_rejects_an_unknown_log_level_or_format() -> None:
+    cases = [
+        (("--log-level", "verbose"), "argument --log-level: unknown log level 'verbose'"),
+        (("--log-format", "text"), "argument --log-format: unknown log format 'text': use json or console"),
+        (("--zap-log-level", "panic"), "argument --zap-log-level: unknown zap log level 'panic'"),
+        (("--zap-log-level", "0"), "argument --zap-log-level: unknown zap log level '0'"),
+        (("--zap-encoder", "xml"), "argument --zap-encoder: unknown log format 'xml'"),
+        (("--v", "-1"), "must be a non-negative integer, got '-1'"),
+    ]
+    for args, message in cases:
+        out = epp("serve", "--secure-serving=false", "--pool-name", "p", *args)
+        assert out.returncode == 2 and message in out.stderr, (args, out.stderr[-500:])
+    assert "use debug, info, warning (or warn) or error" in epp("serve", "--log-level", "x").stderr
+    env = {**os.environ, "EPP_LOG_LEVEL": "loud"}
+    out = subprocess.run(
+        [sys.executable, "-m", "epp", "serve", "--pool-name", "p"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
+    assert out.returncode == 2
+    assert "EPP_LOG_LEVEL: unknown log level 'loud'" in out.stderr
+
+
+@pytest.mark.parametrize(
+    ("flags", "env", "expected"),
+    [
+        ((), None, ("info", "json")),
+        (("--log-level", "WARN"), None, ("warning", "json")),
+        (("--log-level", "debug", "--zap-log-level", "error"), None, ("debug", "json")),
+        (("--zap-log-level", "debug"), None, ("info", "json")),  # zap debug is verbosity 1: info lines
+        (("--zap-log-level", "warn"), None, ("warning", "json")),
+        (("--zap-log-level", "error"), None, ("error", "json")),
+        (("--zap-log-level", "3"), None, ("info", "json")),
+        (("--zap-log-level", "4"), None, ("debug", "json")),
+        (("--zap-log-level", "error", "--v", "5"), None, ("error", "json")),
+        (("--v", "2"), None, ("info", "json")),
+        (("--v=4",), None, ("debug", "json")),
+        (("-v", "5"), None, ("debug", "json")),
+        ((), "error", ("error", "json")),
+        ((), "", ("info", "json")),
+        (("--v", "4"), "error", ("debug", "json")),
+        (("--zap-encoder", "console"), None, ("info", "console")),
+        (("--log-format", "json", "--zap-encoder", "console"), None, ("info", "json")),
+        (("--log-format", "Console"), None, ("info", "console")),
+    ],
+)
+def test_serve_log_flags_map_to_a_level_and_a_format(
+    monkeypatch: pytest.MonkeyPatch,
+    flags: tuple[str, ...],
+    env: str | None,
+    expected: tuple[str, str],
+) -> None:
+    from epp.cli import _log_settings, build_parser
+
+    if env is None:
+        monkeypatch.delenv("EPP_LOG_LEVEL", raising=False)
+    else:
+        monkeypatch.setenv("EPP_LOG_LEVEL", env)
+    assert _log_settings(build_parser().parse_args(["serve", *flags])) == expected
+
+
+def _failing_serve(tmp_path: Path, *flags: str) -> list[str]:
+    """Run a serve that logs its readiness (info) and then fails (error) with stderr on a terminal;
+    its stderr lines."""
+    text = (
+        "apiVersion: llm-d.ai/v1alpha1\nkind: EndpointPickerConfig\nplugins:\n"
+        f"- {{name: files, type: file-discovery, parameters: {{path: {tmp_path / 'missing.yaml'}}}}}\n"
+        "dataLayer: {discovery: {pluginRef: files}}\n"
+    )
+    ports = ("--grpc-port", "0", "--grpc-health-port", "0", "--metrics-port", "0")
+    argv = [sys.executable, "-m", "epp", "serve", "--secure-serving=false", *ports, "--config-text", text]
+    env = {k: v for k, v in os.environ.items() if k != "EPP_LOG_LEVEL"}
+    master, slave = pty.openpty()
+    with subprocess.Popen([*argv, *flags], stdout=subprocess.DEVNULL, stderr=slave, env=env) as proc:
+        os.close(slave)
+        chunks = []
+        while True:
+            try:
+                chunk = os.read(master, 65536)
+            except OSError:  # EIO: the child closed the terminal
+                break
+            if not chunk:
+                break
+            chunks.append(chunk)
+        assert proc.wait(timeout=60) == 1
+    os.close(master)
+    return [line for line in b"".join(chunks).decode().splitlines() if line.strip()]
+
+
+def test_serve_logs_json_lines_by_default_even_on_a_terminal(tmp_path: Path) -> None:
+    lines = _failing_serve(tmp_path)
+    events = [json.loads(line) for line in lines if line.startswith("{")]
+    assert len(events) == len(lines), lines  # nothing but JSON objects
+    assert any(e["event"] == "readiness" and e["level"] == "info" for e in events)
+    (failed,) = [e for e in events if e["event"] == "epp failed"]
+    assert failed["level"] == "error" and "missing.yaml" in failed["error"]
+
+
+def test_serve_log_format_console_and_error_level(tmp_path: Path) -> None:
+    for flags in (("--log-format", "console", "--log-level", "error"), ("--zap-encoder=console", "--v=2")):
+        lines = _failing_serve(tmp_path, *flags)
+        assert not any(line.startswith("{") for line in lines), lines
+        assert any("[error" in line and "epp failed" in line for line in lines), lines
+        readiness = [line for line in lines if "readiness" in line]
+        if "--log-level" in flags:
+            assert readiness == [], lines  # info lines are below the error level
+        else:
+            assert readiness and "[info" in readiness[0], lines
+
+
+DISAGG_WITHOUT_DECIDERS = """apiVersion: inference.networking.x-k8s.io/v1alpha1
+kind: EndpointPickerConfig
+plugins:
+- type: disagg-profile-handler
+- type: max-score-picker
+- type: queue-scorer
+schedulingProfiles:
+- name: prefill
+  plugins: [{pluginRef: max-score-picker}, {pluginRef: queue-scorer}]
+- name: decode
+  plugins: [{pluginRef: max-score-picker}, {pluginRef: queue-scorer}]
+"""
+
+
+def test_check_config_writes_only_the_effective_config_to_stdout() -> None:
+    from epp.config import load_config
+
+    out = epp("check-config", "-", stdin=DISAGG_WITHOUT_DECIDERS)
+    assert out.returncode == 0, out.stderr
+    expected = yaml.safe_load(load_config(DISAGG_WITHOUT_DECIDERS, source="-").effective_yaml())
+    assert yaml.safe_load(out.stdout) == expected
+    assert "disagg-profile-handler" in {p["type"] for p in expected["plugins"]}
+    assert "No deciders.prefill configured" in out.stderr  # the plugin's log line, on stderr
+    assert "warning" in out.stderr and "inference.networking.x-k8s.io/v1alpha1" in out.stderr
