@@ -27,6 +27,7 @@ from epp.framework.interfaces import (
     ResponseHeaderProcessor,
     SaturationDetector,
     Scorer,
+    Stability,
     SupportsDisaggregate,
 )
 from epp.framework.registry import register
@@ -82,6 +83,7 @@ __all__ = [
     "SchedulingResult",
     "ScoredEndpoint",
     "Scorer",
+    "Stability",
     "SupportsDisaggregate",
     "register",
 ]

@@ -9,6 +9,7 @@ from __future__ import annotations
 import abc
 from collections.abc import Callable, Iterator, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
 from epp.framework.endpoint import Endpoint, EndpointMetadata, Metrics
@@ -29,6 +30,13 @@ class NoParams:
     """Parameters of a plugin that takes none."""
 
 
+class Stability(StrEnum):
+    """How settled a plugin type is: ``alpha`` types load only with ``--allow-experimental-plugins``."""
+
+    ALPHA = "alpha"
+    BETA = "beta"
+
+
 class Handle(Protocol):
     """What a plugin factory may use: plugins declared earlier, and the current endpoints."""
 
@@ -47,6 +55,7 @@ class Plugin:
 
     type_name: ClassVar[str] = ""
     Params: ClassVar[type] = NoParams
+    stability: ClassVar[Stability] = Stability.BETA
     # data keys (epp.framework.attributes) this plugin reads from / writes to the CycleState
     consumes: ClassVar[frozenset[str]] = frozenset()
     produces: ClassVar[frozenset[str]] = frozenset()
