@@ -1,4 +1,4 @@
-"""Request control: the parser, the saturation detector, and the hooks run around scheduling.
+"""Request control: the parser and the hooks run around scheduling.
 
 Hooks (pre-request, admitters, response processors, request-done) run in ``plugins:`` order.
 """
@@ -21,7 +21,6 @@ from epp.framework.interfaces import (
     RequestDone,
     ResponseBodyProcessor,
     ResponseHeaderProcessor,
-    SaturationDetector,
 )
 
 
@@ -75,34 +74,3 @@ def resolve_parser(ctx: LoadContext) -> Parser:
         )
     return plugin
 
-
-def resolve_saturation_detector(ctx: LoadContext) -> SaturationDetector | None:
-    """The saturation detector, auto-created only when the ref is exactly ``utilization-detector``.
-
-    Without a ``saturationDetector`` section the ref defaults to ``utilization-detector``: an
-    instance of that name declared under ``plugins`` is used (with its parameters), otherwise
-    one is created with the defaults. It is not added to any profile, so it is not a filter.
-    """
-    doc = ctx.doc
-    ref = doc.saturation_detector
-    if ref is None:
-        ref = doc.saturation_detector = RefSpec(d.DEFAULT_SATURATION_DETECTOR, "saturationDetector")
-        if d.DEFAULT_SATURATION_DETECTOR not in ctx.plugins:
-            if registry.lookup(d.DEFAULT_SATURATION_DETECTOR) is None:
-                doc.saturation_detector = None
-                return None  # not in this build: no saturation detector, no legacy shedding
-            ctx.add_default(d.DEFAULT_SATURATION_DETECTOR, "saturation detector")
-    where = f"{ref.path}.pluginRef"
-    if not ref.plugin_ref:
-        raise ConfigError(where, "saturation detector plugin reference is empty")
-    plugin = ctx.plugins.get(ref.plugin_ref)
-    if plugin is None:
-        if ref.plugin_ref == d.DEFAULT_SATURATION_DETECTOR and registry.lookup(ref.plugin_ref) is not None:
-            plugin = ctx.add_default(d.DEFAULT_SATURATION_DETECTOR, "saturation detector")
-        else:
-            raise ConfigError(where, f"saturation detector references undefined plugin '{ref.plugin_ref}'")
-    if not isinstance(plugin, SaturationDetector):
-        raise ConfigError(
-            where, f"plugin '{ref.plugin_ref}' is not a fwkfc.SaturationDetector (type {plugin.type_name})"
-        )
-    return plugin

@@ -12,9 +12,11 @@ from epp.framework.interfaces import (
     EndpointStateHolder,
     Extractor,
     ExtractResult,
+    FairnessPolicy,
     Filter,
     Handle,
     NoParams,
+    OrderingPolicy,
     Parser,
     Picker,
     Plugin,
@@ -29,6 +31,7 @@ from epp.framework.interfaces import (
     Scorer,
     Stability,
     SupportsDisaggregate,
+    UsageLimitPolicy,
 )
 from epp.framework.registry import register
 from epp.framework.request import ApiKind, LLMRequest, RequestBody
@@ -57,6 +60,7 @@ __all__ = [
     "ErrorCode",
     "ExtractResult",
     "Extractor",
+    "FairnessPolicy",
     "Filter",
     "Handle",
     "InferenceError",
@@ -64,6 +68,7 @@ __all__ = [
     "Metrics",
     "MetricsState",
     "NoParams",
+    "OrderingPolicy",
     "Parser",
     "Picker",
     "Plugin",
@@ -85,5 +90,6 @@ __all__ = [
     "Scorer",
     "Stability",
     "SupportsDisaggregate",
+    "UsageLimitPolicy",
     "register",
 ]

@@ -38,7 +38,11 @@ class Stability(StrEnum):
 
 
 class Handle(Protocol):
-    """What a plugin factory may use: plugins declared earlier, and the current endpoints."""
+    """What a plugin factory may use: the other declared plugins, and the current endpoints.
+
+    ``plugin(name)`` returns any plugin declared under ``plugins:``, creating it first when it was
+    declared later in the list (a reference cycle is a configuration error); None for other names.
+    """
 
     def plugin(self, name: str) -> Plugin | None: ...
 
@@ -227,6 +231,18 @@ class SaturationDetector(Plugin, abc.ABC):
 
     @abc.abstractmethod
     def saturation(self, endpoints: Sequence[Endpoint]) -> float: ...
+
+
+class OrderingPolicy(Plugin):
+    """Flow control: orders the requests queued within one flow (``orderingPolicyRef``)."""
+
+
+class FairnessPolicy(Plugin):
+    """Flow control: chooses between the flows of one priority band (``fairnessPolicyRef``)."""
+
+
+class UsageLimitPolicy(Plugin):
+    """Flow control: per-band saturation ceilings (``flowControl.usageLimitPolicyPluginRef``)."""
 
 
 # --- request handling -------------------------------------------------------------------------

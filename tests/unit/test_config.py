@@ -33,10 +33,12 @@ from epp.framework import (
     EndpointDiscovery,
     EndpointNotifier,
     Extractor,
+    FairnessPolicy,
     Filter,
     InferenceError,
     LLMRequest,
     NoParams,
+    OrderingPolicy,
     Parser,
     Picker,
     Plugin,
@@ -52,6 +54,7 @@ from epp.framework import (
     SchedulingResult,
     ScoredEndpoint,
     Scorer,
+    UsageLimitPolicy,
     registry,
 )
 from epp.framework.params import encode_params
@@ -273,7 +276,7 @@ class StubNeedsEarlier(Plugin):
         StubNeedsEarlier.seen_endpoints.append(len(handle.endpoints()))
 
 
-class StubPolicy(Plugin):
+class StubPolicy(OrderingPolicy, FairnessPolicy, UsageLimitPolicy):
     type_name = "test-policy"
 
 
@@ -365,6 +368,7 @@ def sandbox() -> Iterator[None]:
     """Register the test plugins (and a parser) for one test; restore the registry afterwards."""
     registry.registered_types()  # import the built-ins before taking the snapshot
     saved, saved_aliases = dict(registry._REGISTRY), dict(registry._ALIASES)
+    saved_deprecated, saved_warned = dict(registry._DEPRECATED), set(registry._WARNED)
     for cls in TEST_PLUGINS:
         registry.register(cls)
     ensure("openai-parser")
@@ -375,6 +379,10 @@ def sandbox() -> Iterator[None]:
         registry._REGISTRY.update(saved)
         registry._ALIASES.clear()
         registry._ALIASES.update(saved_aliases)
+        registry._DEPRECATED.clear()
+        registry._DEPRECATED.update(saved_deprecated)
+        registry._WARNED.clear()
+        registry._WARNED.update(saved_warned)
 
 
 def profile_summary(cfg: LoadedConfig) -> dict[str, dict[str, Any]]:
@@ -416,7 +424,7 @@ def test_default_configuration(text: str | None) -> None:
         "headroom": 0.0,
         "stalenessPolicy": "saturated",
     }
-    assert cfg.feature_gates == frozenset()
+    assert cfg.feature_gates == frozenset({"haPopulateNonLeaderDatastore"})  # on by default
     assert cfg.discovery is None
     assert cfg.warnings == []
     assert not cfg.needs_response_body
@@ -671,7 +679,8 @@ def test_effective_yaml_of_the_default_round_trips_and_fills_defaults() -> None:
     picker = next(p for p in doc["plugins"] if p["name"] == "max-score-picker")
     assert picker["parameters"] == {"maxNumOfEndpoints": 1}
     assert doc["parser"] == {"pluginRef": "openai-parser"}
-    assert doc["saturationDetector"] == {"pluginRef": "utilization-detector"}
+    assert "saturationDetector" not in doc  # deprecated location
+    assert doc["flowControl"] == {"saturationDetector": {"pluginRef": "utilization-detector"}}
     detector = next(p for p in doc["plugins"] if p["name"] == "utilization-detector")
     assert detector == {
         "name": "utilization-detector",
@@ -808,9 +817,9 @@ VALIDATION_CASES: list[tuple[str, str, str]] = [
         "failed to create plugin 'h' (type: test-failing): deciders.prefill plugin not found: x",
     ),
     (
-        "plugins:\n- {type: test-needs-earlier, parameters: {ref: queue-scorer}}\n- {type: queue-scorer}\n",
+        "plugins:\n- {type: test-needs-earlier, parameters: {ref: nope}}\n- {type: queue-scorer}\n",
         "plugins[0].parameters.ref",
-        "plugin not found: queue-scorer",
+        "plugin not found: nope",
     ),
     # profiles
     (
@@ -872,16 +881,6 @@ VALIDATION_CASES: list[tuple[str, str, str]] = [
         "the specified plugin is not a parser plugin in the config",
     ),
     (
-        "saturationDetector: {pluginRef: ''}\n",
-        "saturationDetector.pluginRef",
-        "saturation detector plugin reference is empty",
-    ),
-    (
-        "saturationDetector: {}\n",
-        "saturationDetector.pluginRef",
-        "saturation detector plugin reference is empty",
-    ),
-    (
         "saturationDetector: {pluginRef: nope}\n",
         "saturationDetector.pluginRef",
         "saturation detector references undefined plugin 'nope'",
@@ -907,11 +906,6 @@ VALIDATION_CASES: list[tuple[str, str, str]] = [
         "dataLayer:\n  sources: [{pluginRef: ghost}]\n",
         "dataLayer.sources[0].pluginRef",
         "references undefined plugin 'ghost'",
-    ),
-    (
-        "dataLayer: {injectDefaults: false}\n",
-        "dataLayer.sources",
-        "data layer enabled but no data sources configured",
     ),
     (
         "dataLayer:\n  discovery: {pluginRef: nope}\n",
@@ -1180,7 +1174,7 @@ def test_multi_endpoint_picker_warns_about_original_dst() -> None:
 
 def test_feature_gates_and_deprecated_environment_switch() -> None:
     cfg = load("featureGates: [dataLayer]\n", environ={"ENABLE_EXPERIMENTAL_FLOW_CONTROL_LAYER": "true"})
-    assert cfg.feature_gates == frozenset({"dataLayer", "flowControl"})
+    assert cfg.feature_gates == frozenset({"dataLayer", "flowControl", "haPopulateNonLeaderDatastore"})
     assert cfg.flow_control_enabled
     assert any("ENABLE_EXPERIMENTAL_FLOW_CONTROL_LAYER" in w for w in cfg.warnings)
     assert any("'dataLayer' is deprecated" in w for w in cfg.warnings)
@@ -1287,7 +1281,7 @@ flowControl:
     assert first.max_bytes is not None and first.max_bytes.value == 500_000_000
     assert first.ordering_policy_ref == "ord"
     assert second.max_bytes is not None and second.max_bytes.value == 1_000_000_000
-    assert second.max_requests is not None and second.max_requests.value == 0
+    assert second.max_requests is not None and second.max_requests.value == 5000
     assert fc.enable_eviction is False
 
 
