@@ -141,7 +141,10 @@ def render_text() -> str:
         dep = entry.get("deprecated")
         if dep:
             when = "".join(
-                (f" since {dep['since']}" if dep["since"] else "", f", removal {dep['removal']}" if dep["removal"] else "")
+                (
+                    f" since {dep['since']}" if dep["since"] else "",
+                    f", removal {dep['removal']}" if dep["removal"] else "",
+                )
             )
             lines.append(f"  deprecated{when}: use {dep['replacement']}")
         if entry["deprecatedNames"]:

@@ -64,7 +64,9 @@ def check_cross_replica(ctx: LoadContext) -> None:
         ignored.append("dataLayer.peerDiscovery")
     if dl.cross_replica_syncer_plugin_ref is not None:
         ctx.lookup_ref(
-            dl.cross_replica_syncer_plugin_ref, "dataLayer.crossReplicaSyncerPluginRef", "cross-replica syncer"
+            dl.cross_replica_syncer_plugin_ref,
+            "dataLayer.crossReplicaSyncerPluginRef",
+            "cross-replica syncer",
         )
         ignored.append("dataLayer.crossReplicaSyncerPluginRef")
     interval = dl.cross_replica_sync_interval
@@ -93,7 +95,9 @@ def resolve_discovery(ctx: LoadContext) -> EndpointDiscovery | None:
         raise ConfigError(where, "discovery plugin reference is empty")
     plugin = ctx.plugins.get(ref.plugin_ref)
     if plugin is None:
-        raise ConfigError(where, f'no plugin found with name "{ref.plugin_ref}"{ctx.did_you_mean(ref.plugin_ref)}')
+        raise ConfigError(
+            where, f'no plugin found with name "{ref.plugin_ref}"{ctx.did_you_mean(ref.plugin_ref)}'
+        )
     if not isinstance(plugin, EndpointDiscovery):
         raise ConfigError(where, f'plugin "{ref.plugin_ref}" does not implement EndpointDiscovery')
     return plugin

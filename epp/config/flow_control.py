@@ -104,7 +104,9 @@ def check_flow_control(ctx: LoadContext) -> None:
         fc = ctx.doc.flow_control = FlowControlSpec()
     fc.max_bytes = _global_limit(fc.max_bytes, "flowControl.maxBytes", "maxBytes")
     fc.max_requests = _global_limit(fc.max_requests, "flowControl.maxRequests", "maxRequests")
-    fc.default_request_ttl = _ttl(fc.default_request_ttl, _DEFAULT_TTL, "defaultRequestTTL", "DefaultRequestTTL")
+    fc.default_request_ttl = _ttl(
+        fc.default_request_ttl, _DEFAULT_TTL, "defaultRequestTTL", "DefaultRequestTTL"
+    )
     # Left unset, the no-endpoint budget follows defaultRequestTTL.
     fc.no_endpoint_request_ttl = _ttl(
         fc.no_endpoint_request_ttl, fc.default_request_ttl, "noEndpointRequestTTL", "NoEndpointRequestTTL"
@@ -167,7 +169,10 @@ def _check_band(ctx: LoadContext, band: PriorityBandSpec) -> None:
     )
 
 
-_POLICY_KINDS: dict[str, type[Plugin]] = {"fairness": FairnessPolicy, "ordering": OrderingPolicy}
+_POLICY_KINDS: dict[str, tuple[type[Plugin], str]] = {
+    "fairness": (FairnessPolicy, "a fairness policy"),
+    "ordering": (OrderingPolicy, "an ordering policy"),
+}
 
 
 def _policy_ref(ctx: LoadContext, ref: str | None, default: str, where: str, kind: str) -> str | None:
@@ -177,7 +182,7 @@ def _policy_ref(ctx: LoadContext, ref: str | None, default: str, where: str, kin
     plugin = ctx.plugins.get(ref)
     if plugin is None:
         raise ConfigError(where, f'no {kind} policy registered for name "{ref}"{ctx.did_you_mean(ref)}')
-    _check_kind(plugin, _POLICY_KINDS[kind], f"an {kind} policy", where)
+    _check_kind(plugin, *_POLICY_KINDS[kind], where)
     return ref
 
 

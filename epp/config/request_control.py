@@ -73,4 +73,3 @@ def resolve_parser(ctx: LoadContext) -> Parser:
             f"('{plugin.name}' has type {plugin.type_name})",
         )
     return plugin
-

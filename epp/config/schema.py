@@ -483,9 +483,7 @@ def _flow_control(raw: Any, path: str) -> FlowControlSpec:
         max_bytes=parse_quantity(m.get("maxBytes"), f"{path}.maxBytes"),
         max_requests=parse_quantity(m.get("maxRequests"), f"{path}.maxRequests"),
         default_request_ttl=parse_duration(m.get("defaultRequestTTL"), f"{path}.defaultRequestTTL"),
-        no_endpoint_request_ttl=parse_duration(
-            m.get("noEndpointRequestTTL"), f"{path}.noEndpointRequestTTL"
-        ),
+        no_endpoint_request_ttl=parse_duration(m.get("noEndpointRequestTTL"), f"{path}.noEndpointRequestTTL"),
         default_priority_band=_opt_band(m.get("defaultPriorityBand"), f"{path}.defaultPriorityBand"),
         default_negative_priority_band=_opt_band(
             m.get("defaultNegativePriorityBand"), f"{path}.defaultNegativePriorityBand"
