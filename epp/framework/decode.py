@@ -47,7 +47,7 @@ def _unknown_field(key: str) -> str:
 
 def did_you_mean(name: str, candidates: Collection[str]) -> str:
     """``'; did you mean "x"?'`` for the candidate closest to a misspelt ``name``, else ``""``."""
-    matches = difflib.get_close_matches(name, list(candidates), n=1, cutoff=0.6)
+    matches = difflib.get_close_matches(name, list(candidates), n=1, cutoff=0.75)
     return f'; did you mean "{matches[0]}"?' if matches else ""
 
 

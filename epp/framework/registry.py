@@ -100,16 +100,17 @@ def aliases() -> dict[str, str]:
     return dict(_ALIASES)
 
 
-def closest(name: str, candidates: list[str]) -> str | None:
-    """The candidate most similar to ``name`` (difflib), if any is close enough."""
-    matches = difflib.get_close_matches(name, candidates, n=1, cutoff=0.6)
+def closest(name: str, candidates: list[str], cutoff: float = 0.8) -> str | None:
+    """The candidate most similar to ``name`` (difflib), if any is close enough to be a typo."""
+    matches = difflib.get_close_matches(name, candidates, n=1, cutoff=cutoff)
     return matches[0] if matches else None
 
 
 def suggest(type_name: str) -> str | None:
-    """The registered type (or alias) closest to an unknown ``type_name``."""
+    """The registered type (or alias) closest to an unknown ``type_name``; type names share many
+    words (``-scorer``, ``-data-source``), so only a near miss counts."""
     load_entry_points()
-    return closest(type_name, [*_REGISTRY, *_ALIASES])
+    return closest(type_name, [*_REGISTRY, *_ALIASES], cutoff=0.85)
 
 
 def load_entry_points(*, reload: bool = False) -> None:
