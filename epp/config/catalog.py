@@ -1,10 +1,12 @@
-"""The catalog of registered plugin types (``epp plugins``): kinds, stability, deprecated names and
-parameters with their defaults, as text or as JSON-ready data."""
+"""The catalog of registered plugin types (``epp plugins``): kinds, stability, aliases, deprecated
+names (aliases and legacy types this type replaces) and parameters with their defaults, as text or
+as JSON-ready data."""
 
 from __future__ import annotations
 
 import dataclasses
 import enum
+import re
 import typing
 from typing import Any
 
@@ -57,6 +59,7 @@ _KINDS: tuple[tuple[Any, str], ...] = (
 )
 
 REQUIRED = "(required)"
+_QUALIFIED = re.compile(r"\b(?:[A-Za-z_]\w*\.)+([A-Za-z_]\w*)")  # module.path.Name -> Name
 
 
 def kinds_of(cls: type[Plugin]) -> list[str]:
@@ -104,13 +107,14 @@ def _hint_names(params_cls: type) -> dict[str, str]:
     for f in dataclasses.fields(params_cls) if dataclasses.is_dataclass(params_cls) else ():
         hint = hints.get(f.name, f.type)
         plain = typing.get_origin(hint) is None and hasattr(hint, "__name__")
-        out[yaml_key(f)] = hint.__name__ if plain else str(hint).replace("typing.", "")
+        out[yaml_key(f)] = hint.__name__ if plain else _QUALIFIED.sub(r"\1", str(hint))
     return out
 
 
 def describe() -> list[dict[str, Any]]:
     """Every registered type, sorted by name, with what ``epp plugins`` shows."""
     out = []
+    aliases = registry.aliases()
     for type_name in registry.registered_types():
         cls = registry.lookup(type_name)
         assert cls is not None
@@ -118,6 +122,7 @@ def describe() -> list[dict[str, Any]]:
             "type": type_name,
             "kinds": kinds_of(cls),
             "stability": cls.stability.value,
+            "aliases": sorted(a for a, target in aliases.items() if target == type_name),
             "deprecatedNames": registry.deprecated_names_of(type_name),
             "parameters": parameters_of(cls.Params),
         }
@@ -147,6 +152,8 @@ def render_text() -> str:
                 )
             )
             lines.append(f"  deprecated{when}: use {dep['replacement']}")
+        if entry["aliases"]:
+            lines.append(f"  aliases (same type): {', '.join(entry['aliases'])}")
         if entry["deprecatedNames"]:
             lines.append(f"  deprecated names: {', '.join(entry['deprecatedNames'])}")
         for key, default in entry["parameters"].items():

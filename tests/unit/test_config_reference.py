@@ -238,6 +238,30 @@ def test_check_config_refuses_alpha_types_unless_allowed(tmp_path: Path) -> None
         assert "test-experimental-filter" in allowed.stdout
 
 
+def test_serve_refuses_alpha_types_unless_allowed(tmp_path: Path) -> None:
+    from epp.cli import _go_bool_flags, build_parser
+
+    (tmp_path / "alpha_plugin.py").write_text(ALPHA_PLUGIN_MODULE)
+    text = (
+        "apiVersion: llm-d.ai/v1alpha1\nkind: EndpointPickerConfig\n"
+        "plugins: [{type: test-experimental-filter}]\n"
+    )
+    runner = "import sys, alpha_plugin; from epp.cli import main; sys.exit(main(sys.argv[1:]))"
+    refused = subprocess.run(
+        [sys.executable, "-c", runner, "serve", "--config-text", text, "--pool-name", "p"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+    )
+    assert refused.returncode == 2
+    assert "Alpha stability level" in refused.stderr and "--allow-experimental-plugins" in refused.stderr
+    parser = build_parser()
+    args = parser.parse_args(_go_bool_flags(["serve", "--allow-experimental-plugins", "--pool-name", "p"]))
+    assert args.allow_experimental_plugins is True
+    assert parser.parse_args(["serve"]).allow_experimental_plugins is False
+
+
 def test_plugins_lists_types_with_kinds_stability_aliases_and_defaults() -> None:
     out = epp("plugins", "--output", "json")
     assert out.returncode == 0, out.stderr
@@ -248,7 +272,9 @@ def test_plugins_lists_types_with_kinds_stability_aliases_and_defaults() -> None
     assert picker["parameters"] == {"maxNumOfEndpoints": 1}
     selector = entries["label-selector-filter"]
     assert selector["deprecatedNames"] == ["by-label", "by-label-selector"]
+    assert selector["aliases"] == ["by-label-selector"]
     assert entries["by-label"]["deprecated"]["replacement"] == "label-selector-filter"
+    assert entries["disagg-headers-handler"]["aliases"] == ["prefill-header-handler"]
     assert entries["disagg-profile-handler"]["deprecatedNames"] == [
         "disagg-headers-handler",
         "pd-profile-handler",
