@@ -281,6 +281,7 @@ def test_plugins_lists_types_with_kinds_stability_aliases_and_defaults() -> None
         "prefill-header-handler",
     ]
     assert "filter" in entries["utilization-detector"]["kinds"]
+    assert entries["session-affinity-scorer"]["stability"] == "alpha"  # as the reference marks it
     assert "saturation-detector" in entries["utilization-detector"]["kinds"]
     text = epp("plugins")
     assert text.returncode == 0
