@@ -26,7 +26,8 @@ from epp.config.profiles import (
     warn_multi_endpoint_pickers,
     with_default_scheduling,
 )
-from epp.config.request_control import request_hooks, resolve_parser, resolve_saturation_detector
+from epp.config.request_control import request_hooks, resolve_saturation_detector
+from epp.config.request_handler import resolve_parsers
 from epp.config.schema import (
     API_VERSION,
     DEPRECATED_API_VERSION,
@@ -43,7 +44,6 @@ from epp.framework.interfaces import (
     DataSource,
     EndpointDiscovery,
     Extractor,
-    Parser,
     Plugin,
     PreRequest,
     RequestDone,
@@ -52,6 +52,7 @@ from epp.framework.interfaces import (
     SaturationDetector,
 )
 from epp.scheduling import Scheduler
+from epp.scheduling.parser_router import ParserRouter
 
 __all__ = ["EndpointsFn", "LoadedConfig", "load_config", "load_config_file", "load_document"]
 
@@ -63,7 +64,7 @@ class LoadedConfig:
     document: ConfigDocument
     scheduler: Scheduler
     plugins: dict[str, Plugin]
-    parser: Parser
+    parsers: ParserRouter
     discovery: EndpointDiscovery | None
     data_sources: list[tuple[DataSource, list[Extractor]]]
     feature_gates: frozenset[str]
@@ -155,7 +156,7 @@ def _load(ctx: LoadContext) -> LoadedConfig:
     validate_profiles(ctx)
     apply_scheduling_defaults(ctx)
     apply_flow_control_defaults(ctx)
-    parser = resolve_parser(ctx)
+    parsers = resolve_parsers(ctx)
     saturation_detector = resolve_saturation_detector(ctx)
     if not legacy_metrics:
         apply_data_layer_defaults(ctx)
@@ -171,7 +172,7 @@ def _load(ctx: LoadContext) -> LoadedConfig:
         document=doc,
         scheduler=scheduler,
         plugins=dict(ctx.plugins),
-        parser=parser,
+        parsers=parsers,
         discovery=discovery,
         data_sources=data_sources,
         feature_gates=gates,
