@@ -35,6 +35,7 @@ from epp.framework import (
     SaturationDetector,
     SchedulingResult,
 )
+from epp.framework.request import request_path
 from epp.framework.wire import (
     DATA_PARALLEL_HEADER,
     DEFAULT_FAIRNESS_ID,
@@ -47,7 +48,6 @@ from epp.framework.wire import (
     REQUEST_ID_HEADER,
     SUBSET_KEY,
 )
-from epp.framework.request import request_path
 from epp.log_limit import LOGS
 from epp.scheduling import Scheduler
 from epp.scheduling.parser_router import ParserRouter
@@ -194,7 +194,9 @@ class Director:
         path = request_path(headers)
         parser = self.parsers.resolve(path)
         if parser is None:
-            raise InferenceError(ErrorCode.BAD_REQUEST, f"no parser registered matching path suffix for: {path}")
+            raise InferenceError(
+                ErrorCode.BAD_REQUEST, f"no parser registered matching path suffix for: {path}"
+            )
         body = parser.parse_request(raw, headers)
         if body is None:
             return self.route_random(metadata, raw)

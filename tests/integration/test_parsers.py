@@ -53,7 +53,10 @@ def pool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pool]:
     try:
         sims = rig.start_sims(2, prefix="parsers")
         epp = rig.start_epp(sims, name="epp-parsers", config=WITH_FALLBACK)
-        envoys = {mode: rig.start_envoy(epp, body_mode=mode, name=f"envoy-parsers-{mode.lower()}") for mode in BODY_MODES}
+        envoys = {
+            mode: rig.start_envoy(epp, body_mode=mode, name=f"envoy-parsers-{mode.lower()}")
+            for mode in BODY_MODES
+        }
         strict_epp = rig.start_epp(sims, name="epp-parsers-strict", config=WITHOUT_FALLBACK)
         strict = rig.start_envoy(strict_epp, name="envoy-parsers-strict")
         yield Pool(sims, epp, envoys, strict)

@@ -63,7 +63,9 @@ def pb(tmp_path_factory: pytest.TempPathFactory) -> dict[str, ModuleType]:
     assert protoc.main(["protoc", f"-I{PROTO_DIR}", f"--python_out={out}", *files]) == 0
     sys.path.insert(0, str(out))
     try:
-        return {name: importlib.import_module(f"{name}_pb2") for name in ("vllm_engine", "vertexai_prediction")}
+        return {
+            name: importlib.import_module(f"{name}_pb2") for name in ("vllm_engine", "vertexai_prediction")
+        }
     finally:
         sys.path.remove(str(out))
 
@@ -82,7 +84,10 @@ MESSAGES_BODY: dict[str, Any] = {
             "role": "user",
             "content": [
                 {"type": "text", "text": "What is in this image?"},
-                {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}},
+                {
+                    "type": "image",
+                    "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="},
+                },
             ],
         },
         {"role": "assistant", "content": "A cat."},
@@ -141,7 +146,9 @@ def test_anthropic_bad_bodies(body: bytes | dict[str, Any], message: str) -> Non
 
 
 def test_anthropic_other_path_is_rejected() -> None:
-    assert "unsupported API endpoint: /v1/chat/completions" in _bad(ANTHROPIC, "/v1/chat/completions", MESSAGES_BODY)
+    assert "unsupported API endpoint: /v1/chat/completions" in _bad(
+        ANTHROPIC, "/v1/chat/completions", MESSAGES_BODY
+    )
 
 
 # --- vllmhttp-parser --------------------------------------------------------------------------------
@@ -167,7 +174,9 @@ def test_vllm_generate_reads_token_ids() -> None:
 
 def test_vllm_generate_equal_token_prefixes_give_equal_text_prefixes() -> None:
     a = _parse(VLLM_HTTP, "/inference/v1/generate", GENERATE_BODY).prompt_text
-    b = _parse(VLLM_HTTP, "/inference/v1/generate", {**GENERATE_BODY, "token_ids": [128000, 791, 1]}).prompt_text
+    b = _parse(
+        VLLM_HTTP, "/inference/v1/generate", {**GENERATE_BODY, "token_ids": [128000, 791, 1]}
+    ).prompt_text
     assert a.startswith("128000,791,") and b.startswith("128000,791,")
 
 
@@ -207,7 +216,9 @@ def test_sglang_generate_with_input_ids_and_salt() -> None:
 
 
 def test_sglang_generate_with_text() -> None:
-    body = _parse(SGLANG, "/generate/", {"text": "The capital of France is", "sampling_params": {"max_new_tokens": 8}})
+    body = _parse(
+        SGLANG, "/generate/", {"text": "The capital of France is", "sampling_params": {"max_new_tokens": 8}}
+    )
     assert body.token_ids is None
     assert body.prompt_text == "The capital of France is"
 
@@ -272,7 +283,9 @@ def test_vllm_grpc_generate_text(pb: dict[str, ModuleType]) -> None:
 
 def test_vllm_grpc_embed(pb: dict[str, ModuleType]) -> None:
     v = pb["vllm_engine"]
-    raw = grpc_frame(v.EmbedRequest(request_id="e", tokenized=v.TokenizedInput(input_ids=[5, 6, 7])).SerializeToString())
+    raw = grpc_frame(
+        v.EmbedRequest(request_id="e", tokenized=v.TokenizedInput(input_ids=[5, 6, 7])).SerializeToString()
+    )
     body = _parse(VLLM_GRPC, EMBED_PATH, raw, **GRPC_HEADERS)
     assert body.api is ApiKind.EMBEDDINGS and body.token_ids == [5, 6, 7]
 
@@ -312,7 +325,11 @@ ENDPOINT = "projects/p/locations/us-central1/endpoints/openapi"
 def _vertex(pb: dict[str, ModuleType], kind: str, data: bytes, *, with_body: bool = True) -> bytes:
     a = pb["vertexai_prediction"]
     cls = getattr(a, f"{kind}Request")
-    msg = cls(endpoint=ENDPOINT, http_body=a.HttpBody(content_type="application/json", data=data)) if with_body else cls(endpoint=ENDPOINT)
+    msg = (
+        cls(endpoint=ENDPOINT, http_body=a.HttpBody(content_type="application/json", data=data))
+        if with_body
+        else cls(endpoint=ENDPOINT)
+    )
     return grpc_frame(msg.SerializeToString())
 
 
@@ -337,13 +354,18 @@ def test_vertex_raw_predicts_carry_responses_bodies(pb: dict[str, ModuleType], k
 
 def test_vertex_bad_requests(pb: dict[str, ModuleType]) -> None:
     path = VERTEX_PREFIX + "ChatCompletions"
-    assert "invalid or unsupported gRPC payload: invalid gRPC frame" in _bad(VERTEX, path, b"\x00\x00\x00\x00")
+    assert "invalid or unsupported gRPC payload: invalid gRPC frame" in _bad(
+        VERTEX, path, b"\x00\x00\x00\x00"
+    )
     assert "unmarshaling ChatCompletionsRequest" in _bad(VERTEX, path, b"\x00\x00\x00\x00\x01\xff")
     assert _bad(VERTEX, path, _vertex(pb, "ChatCompletions", b"", with_body=False)) == (
         "ChatCompletionsRequest has no HttpBody"
     )
     message = _bad(VERTEX, path, _vertex(pb, "ChatCompletions", b'{"model":"m"}'))
-    assert message == "parsing ChatCompletionsRequest: invalid chat completions request: must have valid messages field"
+    assert (
+        message
+        == "parsing ChatCompletionsRequest: invalid chat completions request: must have valid messages field"
+    )
 
 
 def test_vertex_other_methods_are_routed_unread() -> None:
@@ -355,7 +377,11 @@ def test_vertex_other_methods_are_routed_unread() -> None:
 
 
 def test_openai_images_generations() -> None:
-    body = _parse(OPENAI, "/v1/images/generations", {"model": "flux", "prompt": "a red fox", "n": 1, "size": "1024x1024"})
+    body = _parse(
+        OPENAI,
+        "/v1/images/generations",
+        {"model": "flux", "prompt": "a red fox", "n": 1, "size": "1024x1024"},
+    )
     assert body.api is ApiKind.IMAGES_GENERATIONS and body.prompt_text == "a red fox"
     assert _bad(OPENAI, "/v1/images/generations", {"model": "flux"}) == (
         "invalid images generations request: must have prompt field"

@@ -71,7 +71,9 @@ def test_default_parsers_and_their_paths() -> None:
 
 def test_explicit_list_has_no_fallback() -> None:  # successMultipleParsersConfigText
     cfg = load(
-        "plugins:" + PICKER + "- type: openai-parser\n- name: secondParser\n  type: anthropic-parser\n"
+        "plugins:"
+        + PICKER
+        + "- type: openai-parser\n- name: secondParser\n  type: anthropic-parser\n"
         + PROFILE
         + "requestHandler:\n  parsers:\n  - pluginRef: openai-parser\n  - pluginRef: secondParser\n"
     )
@@ -83,7 +85,9 @@ def test_explicit_list_has_no_fallback() -> None:  # successMultipleParsersConfi
 
 def test_explicit_passthrough_is_the_fallback() -> None:  # successExplicitPassthroughConfigText
     cfg = load(
-        "plugins:" + PICKER + "- type: openai-parser\n- name: myFallback\n  type: passthrough-parser\n"
+        "plugins:"
+        + PICKER
+        + "- type: openai-parser\n- name: myFallback\n  type: passthrough-parser\n"
         + PROFILE
         + "requestHandler:\n  parsers:\n  - pluginRef: openai-parser\n  - pluginRef: myFallback\n"
     )
@@ -101,7 +105,9 @@ def test_undeclared_reference_to_a_parser_type_creates_it() -> None:
 
 def test_reference_wrong_plugin_type_is_rejected() -> None:  # errorParserWrongPluginTypeText
     e = config_error(
-        "plugins:" + PICKER + "- name: openaiParser\n  type: openai-parser\n"
+        "plugins:"
+        + PICKER
+        + "- name: openaiParser\n  type: openai-parser\n"
         + PROFILE
         + "requestHandler:\n  parsers:\n  - pluginRef: maxScore # Wrong type\n"
     )
@@ -111,7 +117,9 @@ def test_reference_wrong_plugin_type_is_rejected() -> None:  # errorParserWrongP
 
 def test_reference_wrong_plugin_name_is_rejected() -> None:  # errorParserWrongPluginNameText
     e = config_error(
-        "plugins:" + PICKER + "- name: openaiParser\n  type: openai-parser\n"
+        "plugins:"
+        + PICKER
+        + "- name: openaiParser\n  type: openai-parser\n"
         + PROFILE
         + "requestHandler:\n  parsers:\n  - pluginRef: wrongParser # Wrong name\n"
     )
@@ -148,7 +156,9 @@ def test_deprecated_parser_still_works_and_loses_to_request_handler() -> None:
 def test_effective_config_round_trips_the_parser_list() -> None:
     cfg = load("requestHandler: {parsers: [{pluginRef: sglanghttp-parser}, {pluginRef: vllmhttp-parser}]}\n")
     doc = yaml.safe_load(cfg.effective_yaml())
-    assert doc["requestHandler"] == {"parsers": [{"pluginRef": "sglanghttp-parser"}, {"pluginRef": "vllmhttp-parser"}]}
+    assert doc["requestHandler"] == {
+        "parsers": [{"pluginRef": "sglanghttp-parser"}, {"pluginRef": "vllmhttp-parser"}]
+    }
     again = load_config(cfg.effective_yaml(), environ=NO_ENV)
     assert types(again) == ["sglanghttp-parser", "vllmhttp-parser"]
 
@@ -225,7 +235,9 @@ async def test_unclaimed_path_is_a_400_naming_the_path(store: EndpointStore) -> 
 
 
 async def test_anthropic_message_is_scheduled_with_its_model(store: EndpointStore) -> None:
-    body = json.dumps({"model": "claude", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]}).encode()
+    body = json.dumps(
+        {"model": "claude", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]}
+    ).encode()
     routing = await _director(store, load("")).route({":path": "/v1/messages"}, body, {})
     request = routing.request
     assert isinstance(request, LLMRequest)
@@ -248,7 +260,9 @@ async def test_anthropic_message_without_model_is_rejected(store: EndpointStore)
         ("/v1/messages/count_tokens", b'{"messages":[]}'),
     ],
 )
-async def test_unread_bodies_are_scheduled_without_a_model(store: EndpointStore, path: str, body: bytes) -> None:
+async def test_unread_bodies_are_scheduled_without_a_model(
+    store: EndpointStore, path: str, body: bytes
+) -> None:
     routing = await _director(store, load("")).route(
         {":path": path, "x-gateway-model-name-rewrite": "other"}, body, {}
     )

@@ -76,7 +76,7 @@ def fields(data: bytes) -> Iterator[tuple[int, int, int | bytes]]:
                 raise WireError("truncated length-delimited field")
             yield number, wire, data[i:end]
             i = end
-        elif wire == FIXED64 or wire == FIXED32:
+        elif wire in (FIXED64, FIXED32):
             width = 8 if wire == FIXED64 else 4
             if i + width > n:
                 raise WireError("truncated fixed-width field")

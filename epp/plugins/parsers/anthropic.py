@@ -38,7 +38,9 @@ class AnthropicParser(Parser):
         except orjson.JSONDecodeError as e:
             raise _bad(f"error unmarshaling request body: {e}") from None
         if not isinstance(payload, dict):
-            raise _bad(f"error unmarshaling request body: expected a JSON object, got {type(payload).__name__}")
+            raise _bad(
+                f"error unmarshaling request body: expected a JSON object, got {type(payload).__name__}"
+            )
         messages = payload.get("messages")
         if messages is not None and (
             not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages)
@@ -48,5 +50,9 @@ class AnthropicParser(Parser):
             raise _bad("invalid messages request: must have at least one message")
         system = payload.get("system")
         if system is not None and not isinstance(system, str | list):
-            raise _bad("error parsing messages request: system must be a string or an array of content blocks")
-        return RequestBody(api=ApiKind.MESSAGES, payload=payload, raw=body, stream=payload.get("stream") is True)
+            raise _bad(
+                "error parsing messages request: system must be a string or an array of content blocks"
+            )
+        return RequestBody(
+            api=ApiKind.MESSAGES, payload=payload, raw=body, stream=payload.get("stream") is True
+        )

@@ -76,7 +76,9 @@ def parse_json(body: bytes, api: ApiKind) -> RequestBody:
     except orjson.JSONDecodeError as e:
         raise _bad(f"error unmarshaling request bodyMap: {e}") from None
     if not isinstance(payload, dict):
-        raise _bad(f"error unmarshaling request bodyMap: expected a JSON object, got {type(payload).__name__}")
+        raise _bad(
+            f"error unmarshaling request bodyMap: expected a JSON object, got {type(payload).__name__}"
+        )
     _validate(api, payload)
     return RequestBody(api=api, payload=payload, raw=body, stream=payload.get("stream") is True)
 

@@ -45,11 +45,10 @@ class VertexAIParser(Parser):
 
     def parse_request(self, body: bytes, headers: Mapping[str, str]) -> RequestBody:
         path = headers.get(":path", "")
-        for suffix, name, api in _METHODS:
-            if path.endswith(suffix):
-                break
-        else:
+        method = next((m for m in _METHODS if path.endswith(m[0])), None)
+        if method is None:
             return RequestBody(api=ApiKind.RAW, payload={}, raw=body, rewritable=False)
+        _, name, api = method
         try:
             msg = grpc_message(body)
         except ValueError as e:
