@@ -17,6 +17,7 @@ from epp.plugins.parsers._grpc import grpc_frame
 from epp.scheduling.parser_router import ParserRouter
 from epp.server.director import Director
 from tests.unit import factories
+from tests.unit.extproc_harness import body_msg, headers_msg, set_headers, start
 
 HEADER = "apiVersion: llm-d.ai/v1alpha1\nkind: EndpointPickerConfig\n"
 NO_ENV: dict[str, str] = {}
@@ -293,3 +294,47 @@ def test_prompt_text_of_each_kind_is_what_prefix_hashing_sees() -> None:
     ]
     for api, payload, ids, text in cases:
         assert RequestBody(api=api, payload=payload, raw=b"", token_ids=ids).prompt_text == text
+
+
+# --- over the ext_proc wire -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "status"),
+    [
+        ("/v1/messages", json.dumps({"model": "demo", "messages": []}).encode(), 400),
+        ("/v1/unclaimed", b"{}", 400),
+    ],
+)
+async def test_parser_errors_are_immediate_responses(
+    store: EndpointStore, path: str, body: bytes, status: int
+) -> None:
+    cfg = load("requestHandler: {parsers: [{pluginRef: openai-parser}, {pluginRef: anthropic-parser}]}\n")
+    h = await start(store, _director(store, cfg))
+    try:
+        out = await h.exchange([headers_msg({":path": path}), body_msg(body, True)], expect=1)
+    finally:
+        await h.channel.close()
+        await h.server.stop(None)
+    assert out[0].WhichOneof("response") == "immediate_response"
+    assert out[0].immediate_response.status.code == status
+
+
+async def test_vllm_grpc_request_is_routed_over_ext_proc(store: EndpointStore) -> None:
+    cfg = load("requestHandler: {parsers: [{pluginRef: vllmgrpc-parser}]}\n")
+    tokenized = b"\x12\x02\x05\x06"  # TokenizedInput{input_ids: [5, 6]}
+    raw = grpc_frame(b"\x0a\x01r\x12" + bytes([len(tokenized)]) + tokenized)
+    headers = {
+        ":path": "/vllm.grpc.engine.VllmEngine/Generate",
+        "content-type": "application/grpc",
+        "te": "trailers",
+    }
+    h = await start(store, _director(store, cfg))
+    try:
+        out = await h.exchange([headers_msg(headers), body_msg(raw, True)], expect=2)
+    finally:
+        await h.channel.close()
+        await h.server.stop(None)
+    dest = set_headers(out[0].request_headers.response)["x-gateway-destination-endpoint"]
+    assert dest in {"10.0.0.1:8000", "10.0.0.2:8000", "10.0.0.3:8000"}
+    assert out[1].request_body.response.body_mutation.streamed_response.body == raw
