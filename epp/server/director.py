@@ -1,6 +1,6 @@
 """The director: from a parsed request to a routing decision.
 
-Parse, model and rewrite, priority, candidates, shedding, data producers, admitters, scheduler,
+The parser for the request path (the request handler's table), parse, model and rewrite, priority, candidates, shedding, data producers, admitters, scheduler,
 PreRequest plugins; every failure becomes an HTTP status with an OpenAI-style error.
 """
 
