@@ -1,7 +1,8 @@
 """The director: from a parsed request to a routing decision.
 
-The parser for the request path (the request handler's table), parse, model and rewrite, priority, candidates, shedding, data producers, admitters, scheduler,
-PreRequest plugins; every failure becomes an HTTP status with an OpenAI-style error.
+The parser for the request path (the request handler's table), parse, model and rewrite, priority,
+candidates, shedding, data producers, admitters, scheduler, PreRequest plugins; every failure
+becomes an HTTP status with an OpenAI-style error.
 """
 
 from __future__ import annotations
