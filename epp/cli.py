@@ -469,7 +469,7 @@ def _serve(args: argparse.Namespace) -> int:
 
             try:
                 kube = await KubeRuntime.build(
-                    kube_opts, pool_name=opts.pool_name, app_protocols=cfg.parser.supported_app_protocols()
+                    kube_opts, pool_name=opts.pool_name, app_protocols=cfg.parsers.supported_app_protocols()
                 )
             except KubeConfigError as e:
                 raise SystemExit(f"error: {e}") from None

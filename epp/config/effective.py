@@ -123,6 +123,8 @@ def effective_document(doc: ConfigDocument, plugins: Mapping[str, Plugin]) -> di
         out["flowControl"] = _flow_control(doc.flow_control)
     if doc.parser is not None:
         out["parser"] = _ref(doc.parser)
+    if doc.request_handler is not None:
+        out["requestHandler"] = {"parsers": [_ref(p) for p in doc.request_handler.parsers]}
     return out
 
 

@@ -37,7 +37,8 @@ from epp.config.profiles import (
     warn_multi_endpoint_pickers,
     with_default_scheduling,
 )
-from epp.config.request_control import request_hooks, resolve_parser
+from epp.config.request_control import request_hooks
+from epp.config.request_handler import resolve_parsers
 from epp.config.schema import (
     API_VERSION,
     DEPRECATED_API_VERSION,
@@ -54,7 +55,6 @@ from epp.framework.interfaces import (
     DataSource,
     EndpointDiscovery,
     Extractor,
-    Parser,
     Plugin,
     PreRequest,
     RequestDone,
@@ -63,6 +63,7 @@ from epp.framework.interfaces import (
     SaturationDetector,
 )
 from epp.scheduling import Scheduler
+from epp.scheduling.parser_router import ParserRouter
 
 __all__ = ["EndpointsFn", "LoadedConfig", "load_config", "load_config_file", "load_document"]
 
@@ -74,7 +75,7 @@ class LoadedConfig:
     document: ConfigDocument
     scheduler: Scheduler
     plugins: dict[str, Plugin]
-    parser: Parser
+    parsers: ParserRouter
     discovery: EndpointDiscovery | None
     data_sources: list[tuple[DataSource, list[Extractor]]]
     feature_gates: frozenset[str]
@@ -179,7 +180,7 @@ def _load(ctx: LoadContext) -> LoadedConfig:
     validate_profiles(ctx)
     apply_scheduling_defaults(ctx)
     apply_flow_control_defaults(ctx)
-    parser = resolve_parser(ctx)
+    parsers = resolve_parsers(ctx)
     saturation_detector = resolve_saturation_detector(ctx)
     if not legacy_metrics:
         apply_data_layer_defaults(ctx)
@@ -198,7 +199,7 @@ def _load(ctx: LoadContext) -> LoadedConfig:
         document=doc,
         scheduler=scheduler,
         plugins=dict(ctx.plugins),
-        parser=parser,
+        parsers=parsers,
         discovery=discovery,
         data_sources=data_sources,
         feature_gates=gates,

@@ -93,6 +93,13 @@ class RefSpec:
 
 
 @dataclass(slots=True)
+class RequestHandlerSpec:
+    """``requestHandler``: the parsers, matched per request by path suffix."""
+
+    parsers: list[RefSpec] = field(default_factory=list)
+
+
+@dataclass(slots=True)
 class DataSourceSpec:
     plugin_ref: str
     extractors: list[RefSpec] = field(default_factory=list)
@@ -177,7 +184,8 @@ class ConfigDocument:
     saturation_detector: RefSpec | None = None
     data_layer: DataLayerSpec = field(default_factory=DataLayerSpec)
     flow_control: FlowControlSpec | None = None
-    parser: RefSpec | None = None
+    parser: RefSpec | None = None  # deprecated: requestHandler.parsers
+    request_handler: RequestHandlerSpec | None = None
 
 
 # --- YAML ----------------------------------------------------------------------------------------
@@ -331,6 +339,7 @@ _TOP_FIELDS = (
     "dataLayer",
     "flowControl",
     "parser",
+    "requestHandler",
 )
 _BAND_FIELDS = ("priority", "maxBytes", "maxRequests", "fairnessPolicyRef", "orderingPolicyRef")
 _FLOW_FIELDS = (
@@ -388,6 +397,7 @@ def decode_document(raw: Any) -> ConfigDocument:
         data_layer=_data_layer(top.get("dataLayer"), "dataLayer"),
         flow_control=_flow_control(top["flowControl"], "flowControl") if "flowControl" in top else None,
         parser=_ref_section(top, "parser"),
+        request_handler=_request_handler(top["requestHandler"]) if "requestHandler" in top else None,
     )
 
 
@@ -425,6 +435,16 @@ def _ref(raw: Any, path: str) -> RefSpec:
 def _ref_section(top: dict[str, Any], key: str) -> RefSpec | None:
     """A ``{pluginRef}`` section; ``None`` when absent or null (the loader applies the default)."""
     return None if top.get(key) is None else _ref(top[key], key)
+
+
+def _request_handler(raw: Any) -> RequestHandlerSpec:
+    path = "requestHandler"
+    m = _mapping(raw, path, ("parsers",))
+    return RequestHandlerSpec(
+        parsers=[
+            _ref(p, f"{path}.parsers[{i}]") for i, p in enumerate(_list(m.get("parsers"), f"{path}.parsers"))
+        ]
+    )
 
 
 def _data_layer(raw: Any, path: str) -> DataLayerSpec:

@@ -251,15 +251,23 @@ class UsageLimitPolicy(Plugin):
 class Parser(Plugin, abc.ABC):
     """Turns the raw request body into a ``RequestBody``.
 
+    ``claims``: the path suffixes this parser serves (``"chat/completions"``); the request handler
+    picks, per request, the parser whose suffix is the longest one matching the path. A parser that
+    claims none is the fallback for paths no other parser claims.
+
     Raise ``InferenceError(BAD_REQUEST, ...)`` on a bad body; return ``None`` to skip scheduling
-    (the request then goes to a random endpoint and the stream stops being processed).
+    (the request then goes to a random endpoint).
     """
+
+    claims: ClassVar[tuple[str, ...]] = ()
 
     @abc.abstractmethod
     def parse_request(self, body: bytes, headers: Mapping[str, str]) -> RequestBody | None: ...
 
     def supported_app_protocols(self) -> tuple[str, ...]:
-        """InferencePool ``appProtocol`` values this parser serves; readiness is off for others."""
+        """InferencePool ``appProtocol`` values this parser serves; readiness is off for others.
+
+        Empty: no constraint (a parser that does not look at the body)."""
         return ("http", "kubernetes.io/h2c")
 
 

@@ -413,7 +413,14 @@ def test_default_configuration(text: str | None) -> None:
         "default": {"filters": [], "scorers": expected_default_scorers(), "picker": "max-score-picker"}
     }
     assert cfg.scheduler.handler.type_name == "single-profile-handler"
-    assert cfg.parser.type_name == "openai-parser"
+    parsers = cfg.parsers.parsers
+    assert [p.type_name for p in parsers] == [
+        "openai-parser",
+        "anthropic-parser",
+        "vllmhttp-parser",
+        "passthrough-parser",
+    ]
+    assert cfg.parsers.fallback is parsers[-1]
     detector = cfg.saturation_detector
     assert detector is cfg.plugins["utilization-detector"]
     assert detector.type_name == "utilization-detector"
@@ -460,7 +467,7 @@ def test_missing_parser_type_is_a_config_error_on_parser_ref() -> None:
     registry._REGISTRY.pop("openai-parser", None)
     with pytest.raises(ConfigError) as info:
         load_config(None, environ=NO_ENV)
-    assert info.value.field == "parser.pluginRef"
+    assert info.value.field == "requestHandler.parsers[0].pluginRef"
     assert "the configured parser is not loaded" in info.value.reason
     assert "openai-parser" in info.value.reason
 
@@ -678,7 +685,15 @@ def test_effective_yaml_of_the_default_round_trips_and_fills_defaults() -> None:
     assert doc["schedulingProfiles"][0]["plugins"][-1] == {"pluginRef": "max-score-picker"}
     picker = next(p for p in doc["plugins"] if p["name"] == "max-score-picker")
     assert picker["parameters"] == {"maxNumOfEndpoints": 1}
-    assert doc["parser"] == {"pluginRef": "openai-parser"}
+    assert "parser" not in doc
+    assert doc["requestHandler"] == {
+        "parsers": [
+            {"pluginRef": "openai-parser"},
+            {"pluginRef": "anthropic-parser"},
+            {"pluginRef": "vllmhttp-parser"},
+            {"pluginRef": "passthrough-parser"},
+        ]
+    }
     assert "saturationDetector" not in doc  # deprecated location
     assert doc["flowControl"] == {"saturationDetector": {"pluginRef": "utilization-detector"}}
     detector = next(p for p in doc["plugins"] if p["name"] == "utilization-detector")
@@ -878,7 +893,7 @@ VALIDATION_CASES: list[tuple[str, str, str]] = [
     (
         "plugins: [{type: queue-scorer}]\nparser: {pluginRef: queue-scorer}\n",
         "parser.pluginRef",
-        "the specified plugin is not a parser plugin in the config",
+        "the plugin 'queue-scorer' is not a parser plugin",
     ),
     (
         "saturationDetector: {pluginRef: nope}\n",
@@ -1192,7 +1207,9 @@ dataLayer:
   discovery: {pluginRef: files}
 """
     )
-    assert cfg.parser is cfg.plugins["p"]
+    assert cfg.parsers.parsers == (cfg.plugins["p"],)
+    assert cfg.parsers.fallback is cfg.plugins["p"]
+    assert any("top-level parser is deprecated" in w for w in cfg.warnings)
     assert cfg.discovery is cfg.plugins["files"]
     assert "openai-parser" not in cfg.plugins
 
