@@ -286,6 +286,17 @@ class EndpointStateHolder(Protocol):
 
 
 @runtime_checkable
+class EndpointExtractor(Protocol):
+    """A data-layer plugin deriving endpoint-level data from an endpoint's metadata (labels).
+
+    The server calls ``extract_endpoint`` when an endpoint is added and whenever its metadata
+    changes; it writes ``endpoint.attributes`` (keys ``"<attribute>/<producer name>"``).
+    """
+
+    def extract_endpoint(self, endpoint: Endpoint) -> None: ...
+
+
+@runtime_checkable
 class ReplicatedState(Protocol):
     """A plugin whose learned state standby replicas mirror (``--ha-enable-leader-election``).
 
