@@ -37,14 +37,15 @@ class ThresholdParams:
 @dataclass(slots=True, frozen=True)
 class FilterAlgorithmParams:
     type: str = ""
-    threshold: ThresholdParams | None = None
+    threshold: ThresholdParams = field(default_factory=ThresholdParams)
 
     def validate(self) -> str | None:
         if self.type != "threshold":
             return f'type: must be "threshold", got "{self.type}"'
-        if self.threshold is None:
-            return 'threshold: required when algorithm.type is "threshold"'
-        return None
+        if not self.threshold.operator:
+            return 'threshold: required when algorithm.type is "threshold" (with an operator)'
+        problem = self.threshold.validate()
+        return f"threshold.{problem}" if problem else None
 
 
 @dataclass(slots=True, frozen=True)
@@ -79,7 +80,7 @@ class EndpointAttributeFilter(Filter):
     ) -> None:
         super().__init__(name, params, handle)
         self.key = resolve_attribute_key(params.attribute, params.producer)
-        threshold = params.algorithm.threshold or ThresholdParams("GreaterThanOrEqual", float("-inf"))
+        threshold = params.algorithm.threshold
         self._compare = _OPERATORS[threshold.operator]
         self._value = threshold.value
         self._pass_missing = params.on_missing == "Pass"
