@@ -27,9 +27,15 @@ plugins:
 - {type: max-score-picker}
 schedulingProfiles:
 - name: a
-  plugins: [{pluginRef: group-a}, {pluginRef: session-affinity-scorer, weight: 10}, {pluginRef: max-score-picker}]
+  plugins:
+  - {pluginRef: group-a}
+  - {pluginRef: session-affinity-scorer, weight: 10}
+  - {pluginRef: max-score-picker}
 - name: b
-  plugins: [{pluginRef: group-b}, {pluginRef: session-affinity-scorer, weight: 10}, {pluginRef: max-score-picker}]
+  plugins:
+  - {pluginRef: group-b}
+  - {pluginRef: session-affinity-scorer, weight: 10}
+  - {pluginRef: max-score-picker}
 """
 )
 

@@ -28,7 +28,7 @@ from epp.plugins.scorers.endpoint_attribute_scorer import EndpointAttributeScore
 from epp.plugins.scorers.header_label_affinity import HeaderLabelAffinityScorer
 from epp.plugins.scorers.topology_affinity_scorer import TopologyAffinityScorer
 from epp.plugins.scraping.topology_extractor import Topology, TopologyExtractor
-from tests.unit.factories import StubHandle, endpoint, metadata, known_metrics, request
+from tests.unit.factories import StubHandle, endpoint, known_metrics, metadata, request
 
 WHERE = "plugins[0].parameters"
 GPU = "GPUUtilization/dcgm-extractor"
@@ -305,10 +305,14 @@ def test_endpoint_attribute_scorer_bad_parameters(raw: dict[str, Any], field: st
 
 def prefix_cycle(pool: list[Endpoint], ratios: list[int], tokens: list[int] | None = None) -> CycleState:
     cycle = CycleState(
-        {PREFIX_CACHE_MATCH_INFO_KEY: {e: PrefixCacheMatchInfo(m, 10, 16) for e, m in zip(pool, ratios)}}
+        {
+            PREFIX_CACHE_MATCH_INFO_KEY: {
+                e: PrefixCacheMatchInfo(m, 10, 16) for e, m in zip(pool, ratios, strict=True)
+            }
+        }
     )
     if tokens is not None:
-        cycle[INFLIGHT_LOAD_KEY] = {e: InFlightLoad(t, 1) for e, t in zip(pool, tokens)}
+        cycle[INFLIGHT_LOAD_KEY] = {e: InFlightLoad(t, 1) for e, t in zip(pool, tokens, strict=True)}
     return cycle
 
 
@@ -479,7 +483,11 @@ plugins:
 - {type: disagg-profile-handler, parameters: {deciders: {prefill: always-disagg-pd-decider}}}
 schedulingProfiles:
 - name: prefill
-  plugins: [{pluginRef: prefill-filter}, {pluginRef: topology-affinity-filter}, {pluginRef: topology-affinity-scorer}, {pluginRef: max-score-picker}]
+  plugins:
+  - {pluginRef: prefill-filter}
+  - {pluginRef: topology-affinity-filter}
+  - {pluginRef: topology-affinity-scorer}
+  - {pluginRef: max-score-picker}
 - name: decode
   plugins: [{pluginRef: decode-filter}, {pluginRef: max-score-picker}]
 """

@@ -962,7 +962,7 @@ def test_decode_first_publishes_the_decode_pick_as_the_prefill_peer() -> None:
     pool = [ep(0, "decode"), ep(1, "prefill")]
     handler = disagg(AlwaysDisaggDecider("always", None), params=nested(prefill="always"))
     cycle = CycleState()
-    result, err = Scheduler(handler, {"decode": stage("decode"), "prefill": stage("prefill")}).schedule(
+    _, err = Scheduler(handler, {"decode": stage("decode"), "prefill": stage("prefill")}).schedule(
         cycle, completions(), pool
     )
     assert err is None and cycle[PEER_ENDPOINT_KEY] is pool[0]
