@@ -148,6 +148,12 @@ def test_sources_in_priority_order_header_then_attribute() -> None:
     assert scorer.affinity.session_id(cycle, req) == "abc"
     scorer.pre_request(cycle, req, result(pool[1]))
     assert scorer.affinity.store.get("abc") == "ns/p1"
+    agent = build(
+        SessionAffinityScorer, {**params, "sessionIdConfig": {"sources": [{"attribute": "agent-identity"}]}}
+    )
+    tagged = request()
+    tagged.state["agent-identity"] = "claude-1"  # a producer-agnostic attribute (no "/producer")
+    assert agent.affinity.session_id(CycleState(), tagged) == "claude-1"
     both = request(headers={"cookie": "sess=abc", "x-conversation": "conv"})
     assert scorer.affinity.session_id(cycle, both) == "conv"  # the header source comes first
 
@@ -267,11 +273,12 @@ schedulingProfiles:
 def test_session_id_producer_reads_header_or_cookie() -> None:
     by_header = SessionIdProducer("p", decode_params(SessionIdProducerParams, {"headerName": "X-Sid"}, "p"))
     cycle = CycleState()
-    asyncio.run(by_header.produce(cycle, request(headers={"x-sid": " abc "}), []))
-    assert cycle == {"SessionIDDataKey/p": "abc"}
-    empty = CycleState()
-    asyncio.run(by_header.produce(empty, request(headers={"x-sid": "  "}), []))
-    assert empty == {}
+    req = request(headers={"x-sid": " abc "})
+    asyncio.run(by_header.produce(cycle, req, []))
+    assert req.state == {"SessionIDDataKey/p": "abc"}
+    blank = request(headers={"x-sid": "  "})
+    asyncio.run(by_header.produce(CycleState(), blank, []))
+    assert blank.state == {}
     assert cookie_value("a=1; llm-d-session=xyz; b", "llm-d-session") == "xyz"
     assert cookie_value("a=1", "llm-d-session") == ""
 

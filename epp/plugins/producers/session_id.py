@@ -1,7 +1,8 @@
 """``session-id-producer``: publish a request's session identifier (a header or a cookie) for affinity.
 
-Request-level attributes live in the cycle state under ``"<attribute>/<producer name>"`` (see
-``request_attribute_key``); this producer writes ``SessionIDDataKey/<its name>``.
+Request attributes live in ``LLMRequest.state`` under ``"<attribute>/<producer name>"``, or the bare
+attribute name for a producer-agnostic one (see ``request_attribute_key``); this producer writes
+``SessionIDDataKey/<its name>``.
 """
 
 from __future__ import annotations
@@ -23,8 +24,9 @@ _COOKIE_HEADER = "cookie"
 
 
 def request_attribute_key(attribute: str, producer: str) -> str:
-    """The cycle-state key of a request attribute: ``attribute/producer`` (producer may be empty)."""
-    return f"{attribute}/{producer}"
+    """The ``LLMRequest.state`` key of a request attribute: ``attribute/producer``, or ``attribute``
+    alone when it is producer-agnostic (``producer`` empty, e.g. ``agent-identity``)."""
+    return f"{attribute}/{producer}" if producer else attribute
 
 
 def cookie_value(header: str, name: str) -> str:
@@ -81,4 +83,4 @@ class SessionIdProducer(DataProducer):
     async def produce(self, cycle: CycleState, request: LLMRequest, endpoints: list[Endpoint]) -> None:
         sid = self.session_id(request)
         if sid:
-            cycle[self.key] = sid
+            request.state[self.key] = sid

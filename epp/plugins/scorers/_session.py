@@ -241,7 +241,7 @@ class SessionAffinity:
         """The identifier from the first source that has a non-empty one, ``""`` for none."""
         headers = request.headers
         for is_header, key in self._sources:
-            value = headers.get(key) if is_header else cycle.get(key)
+            value = headers.get(key) if is_header else request.state.get(key)
             if isinstance(value, str):
                 value = value.strip()
                 if value:
