@@ -504,3 +504,62 @@ schedulingProfiles:
         result, err = cfg.scheduler.schedule(CycleState(), request(), [far, decode, near])
         assert err is None and result is not None
         assert result.profile_results["prefill"].target_endpoints == [near]
+
+
+ALL_TYPES = """
+apiVersion: llm-d.ai/v1alpha1
+kind: EndpointPickerConfig
+plugins:
+- {type: session-id-producer, parameters: {headerName: x-sid}}
+- {type: topology-extractor}
+- type: session-affinity-scorer
+  parameters:
+    strategy: session_id
+    sessionIdConfig:
+      sources: [{header: x-a}, {attribute: SessionIDDataKey, producer: session-id-producer}]
+- {type: session-affinity-filter}
+- type: utilization-filter
+  parameters:
+    conditions: [{metric: waiting-queue, maxValue: 3}, {metric: active-requests, maxValue: 10}]
+- type: endpoint-attribute-filter
+  parameters:
+    attribute: GPUUtilization
+    producer: dcgm-extractor
+    algorithm: {type: threshold, threshold: {operator: LessThan, value: 0.9}}
+- type: endpoint-attribute-scorer
+  parameters:
+    attributeKey: q
+    algorithm: {type: linear_lower_is_better, normalization: {fixedRange: {min: 0, max: 10}}}
+- {type: prefix-cache-affinity-filter}
+- {type: prefix-cache-scorer, parameters: {matchLengthWeight: 0.5}}
+- {type: header-label-affinity-scorer, parameters: {headerName: x-zone, labelKey: zone}}
+- {type: topology-affinity-filter, parameters: {minAffinity: rack}}
+- {type: topology-affinity-scorer}
+- {type: header-profile-handler}
+- {type: max-score-picker}
+schedulingProfiles:
+- name: decode
+  plugins:
+  - {pluginRef: session-affinity-filter}
+  - {pluginRef: utilization-filter}
+  - {pluginRef: endpoint-attribute-filter}
+  - {pluginRef: prefix-cache-affinity-filter}
+  - {pluginRef: topology-affinity-filter}
+  - {pluginRef: session-affinity-scorer}
+  - {pluginRef: endpoint-attribute-scorer}
+  - {pluginRef: prefix-cache-scorer}
+  - {pluginRef: header-label-affinity-scorer}
+  - {pluginRef: topology-affinity-scorer}
+  - {pluginRef: max-score-picker}
+- name: prefill
+  plugins: [{pluginRef: max-score-picker}]
+"""
+
+
+def test_effective_configuration_of_every_new_type_round_trips() -> None:
+    cfg = load_config(ALL_TYPES, environ={})
+    effective = cfg.effective_yaml()
+    assert load_config(effective, environ={}).effective_yaml() == effective
+    scorer = cfg.plugins["endpoint-attribute-scorer"]
+    assert isinstance(scorer, EndpointAttributeScorer)
+    assert scorer.params.algorithm.normalization.adaptive_range is None  # null stays "not set"

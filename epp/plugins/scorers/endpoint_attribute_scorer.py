@@ -26,8 +26,9 @@ class AdaptiveRange:
 
 @dataclass(slots=True, frozen=True)
 class Normalization:
-    fixed_range: FixedRange | None = None
-    adaptive_range: AdaptiveRange | None = None
+    # None first: an explicit null (as in the effective configuration) means "not set"
+    fixed_range: None | FixedRange = None  # noqa: RUF036
+    adaptive_range: None | AdaptiveRange = None  # noqa: RUF036
 
     def validate(self) -> str | None:
         if self.fixed_range is not None and self.adaptive_range is not None:
