@@ -17,7 +17,7 @@ class EndpointStore:
     """Endpoints by key, written by one discovery task, read by every request.
 
     ``endpoints()`` returns a tuple rebuilt on the first read after a change: O(1) per request, and a
-    burst of changes costs one rebuild. Listeners are told of additions and removals.
+    burst of changes costs one rebuild. Listeners are told of additions, in-place updates and removals.
     """
 
     def __init__(self) -> None:
@@ -83,13 +83,13 @@ class EndpointStore:
         on_remove: Listener | None = None,
         on_update: Listener | None = None,
     ) -> None:
-        """Register listeners; ``on_add`` is called at once for endpoints already present,
-        ``on_update`` when an endpoint's metadata (labels, names) changes in place."""
-        if on_update is not None:
-            self._on_update.append(on_update)
+        """Register listeners; ``on_add`` is called at once for endpoints already present.
+        ``on_update``: an endpoint's metadata changed in place (labels, names; same address)."""
         if on_add is not None:
             self._on_add.append(on_add)
             for endpoint in self.endpoints():
                 on_add(endpoint)
         if on_remove is not None:
             self._on_remove.append(on_remove)
+        if on_update is not None:
+            self._on_update.append(on_update)

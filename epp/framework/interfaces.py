@@ -286,14 +286,15 @@ class EndpointStateHolder(Protocol):
 
 
 @runtime_checkable
-class EndpointExtractor(Protocol):
+class MetadataExtractor(Protocol):
     """A data-layer plugin deriving endpoint-level data from an endpoint's metadata (labels).
 
-    The server calls ``extract_endpoint`` when an endpoint is added and whenever its metadata
-    changes; it writes ``endpoint.attributes`` (keys ``"<attribute>/<producer name>"``).
+    The server calls ``extract_metadata`` when an endpoint is added and whenever its metadata
+    changes; it writes ``endpoint.attributes`` (keys ``"<attribute>/<producer name>"``) and must
+    not raise.
     """
 
-    def extract_endpoint(self, endpoint: Endpoint) -> None: ...
+    def extract_metadata(self, endpoint: Endpoint) -> None: ...
 
 
 @runtime_checkable

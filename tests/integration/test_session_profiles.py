@@ -1,8 +1,10 @@
-"""A request header chooses the scheduling profile, and a session id keeps a session on one endpoint.
+"""Scheduling by request headers and endpoint locality: header-chosen profiles, session ids, topology.
 
 Through real Envoy and the real EPP: ``header-profile-handler`` runs the profile named by ``x-profile``
 (``a`` without it, 400 for an unknown one); ``session-affinity-scorer`` with ``strategy: session_id``
-binds each ``x-session-id`` to the endpoint that served its first request.
+binds each ``x-session-id`` to the endpoint that served its first request; ``topology-extractor``
+with ``topology-affinity-scorer`` puts the prefill stage on the decode endpoint's host, following
+label changes.
 """
 
 from __future__ import annotations
@@ -70,3 +72,64 @@ def test_header_chooses_profile_and_session_id_pins_endpoint(rig: Rig) -> None:
             assert resp.port is not None and group[resp.port] == "b"
             served.setdefault(session, set()).add(resp.port)
     assert all(len(ports) == 1 for ports in served.values()), served
+
+
+TOPOLOGY_CONFIG = yaml.safe_load(
+    """
+apiVersion: llm-d.ai/v1alpha1
+kind: EndpointPickerConfig
+plugins:
+- {type: always-disagg-pd-decider}
+- {type: disagg-profile-handler, parameters: {deciders: {prefill: always-disagg-pd-decider}}}
+- {type: topology-extractor}
+- {type: topology-affinity-scorer}
+- {type: prefill-filter}
+- {type: decode-filter}
+- {type: max-score-picker}
+schedulingProfiles:
+- name: prefill
+  plugins:
+  - {pluginRef: prefill-filter}
+  - {pluginRef: topology-affinity-scorer, weight: 1}
+  - {pluginRef: max-score-picker}
+- name: decode
+  plugins: [{pluginRef: decode-filter}, {pluginRef: max-score-picker}]
+"""
+)
+
+
+def test_prefill_is_picked_on_the_decode_endpoints_host(rig: Rig) -> None:
+    decode, far, near = rig.start_sims(3)
+    host = "kubernetes.io/hostname"
+    labels = {
+        decode.name: {"llm-d.ai/role": "decode", host: "node-1"},
+        far.name: {"llm-d.ai/role": "prefill", host: "node-2"},
+        near.name: {"llm-d.ai/role": "prefill", host: "node-1"},
+    }
+    epp = rig.start_epp([decode, far, near], config=TOPOLOGY_CONFIG, labels=labels)
+    envoy = rig.start_envoy(epp)
+    for _ in range(6):
+        m = marker()
+        resp = envoy.post("/v1/chat/completions", chat_body(m))
+        assert resp.status == 200, resp
+        entry = decode.find(m)
+        assert entry is not None
+        assert entry["headers"].get("x-prefiller-host-port") == near.address
+
+    # the labels change: the other prefill endpoint is now on the decode endpoint's host
+    moved = {
+        **labels,
+        far.name: {**labels[far.name], host: "node-1"},
+        near.name: {**labels[near.name], host: "node-3"},
+    }
+    epp.set_endpoints_with_labels([decode, far, near], moved)
+
+    def prefill_for_new_request() -> str | None:
+        m = marker()
+        resp = envoy.post("/v1/chat/completions", chat_body(m))
+        entry = decode.find(m) if resp.status == 200 else None
+        return entry["headers"].get("x-prefiller-host-port") if entry else None
+
+    rig.stack.wait("prefill follows the relabelled host", lambda: prefill_for_new_request() == far.address)
+    for _ in range(4):
+        assert prefill_for_new_request() == far.address

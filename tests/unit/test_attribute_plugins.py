@@ -10,7 +10,7 @@ import pytest
 
 from epp.config import load_config
 from epp.datalayer.store import EndpointStore
-from epp.framework import ConfigError, CycleState, Endpoint, EndpointExtractor, Stability
+from epp.framework import ConfigError, CycleState, Endpoint, MetadataExtractor, Stability
 from epp.framework.attributes import (
     INFLIGHT_LOAD_KEY,
     PREFIX_CACHE_MATCH_INFO_KEY,
@@ -396,9 +396,9 @@ def topo_endpoint(name: str, **labels: str) -> Endpoint:
 
 def test_topology_extractor_follows_labels_through_the_store() -> None:
     ext = build(TopologyExtractor, {"rack": "my/rack"}, name="topo")
-    assert isinstance(ext, EndpointExtractor)
+    assert isinstance(ext, MetadataExtractor)
     store = EndpointStore()
-    store.subscribe(on_add=ext.extract_endpoint, on_update=ext.extract_endpoint)
+    store.subscribe(on_add=ext.extract_metadata, on_update=ext.extract_metadata)
     store.upsert(metadata("p", labels={"kubernetes.io/hostname": "n1", "my/rack": "r1"}))
     e = store.get("default/p")
     assert e is not None and e.attributes["Topology/topo"] == Topology("n1", "r1", "", "")
@@ -419,7 +419,7 @@ def test_topology_filter_keeps_co_located_candidates_or_everyone() -> None:
         endpoint("unknown"),
     ]
     for e in [peer, *pool]:
-        ext.extract_endpoint(e)
+        ext.extract_metadata(e)
     cycle = CycleState({PEER_ENDPOINT_KEY: peer})
     host = build(TopologyAffinityFilter)
     assert names(host.filter(cycle, request(), pool)) == ["same-host"]
@@ -448,7 +448,7 @@ def test_topology_scorer_proximity_curve() -> None:
         endpoint("bare"),
     ]
     for e in [peer, *pool]:
-        ext.extract_endpoint(e)
+        ext.extract_metadata(e)
     s = build(TopologyAffinityScorer)
     assert s.score(CycleState({PEER_ENDPOINT_KEY: peer}), request(), pool) == [1.0, 0.2, 0.05, 0.02, 0.0, 0.0]
     assert s.score(CycleState(), request(), pool) == [0.0] * 6
@@ -493,13 +493,13 @@ schedulingProfiles:
 """
     cfg = load_config(text, environ={})
     ext = cfg.plugins["topology-extractor"]
-    assert isinstance(ext, EndpointExtractor)
+    assert isinstance(ext, MetadataExtractor)
     role = "llm-d.ai/role"
     decode = endpoint("d", labels={role: "decode", "kubernetes.io/hostname": "n1"})
     near = endpoint("p-near", labels={role: "prefill", "kubernetes.io/hostname": "n1"})
     far = endpoint("p-far", labels={role: "prefill", "kubernetes.io/hostname": "n2"})
     for e in (decode, near, far):
-        ext.extract_endpoint(e)
+        ext.extract_metadata(e)
     for _ in range(10):
         result, err = cfg.scheduler.schedule(CycleState(), request(), [far, decode, near])
         assert err is None and result is not None
@@ -563,3 +563,20 @@ def test_effective_configuration_of_every_new_type_round_trips() -> None:
     scorer = cfg.plugins["endpoint-attribute-scorer"]
     assert isinstance(scorer, EndpointAttributeScorer)
     assert scorer.params.algorithm.normalization.adaptive_range is None  # null stays "not set"
+
+
+def test_topology_extractor_also_takes_endpoint_lifecycle_events() -> None:
+    from dataclasses import dataclass as _dc
+
+    @_dc
+    class _Event:  # the shape an endpoint-notification source delivers
+        type: str
+        endpoint: Endpoint
+
+    ext = build(TopologyExtractor, name="topology-extractor")
+    e = topo_endpoint("p", zone="z1")
+    ext.extract_endpoint(_Event("AddOrUpdate", e))
+    assert e.attributes["Topology/topology-extractor"] == Topology(zone="z1")
+    ext.extract_endpoint(_Event("Delete", e))
+    assert "Topology/topology-extractor" not in e.attributes
+    ext.extract_endpoint(object())  # not an event: ignored

@@ -1,7 +1,8 @@
 """``topology-extractor``: an endpoint's locality (host, rack, zone, region) from its labels.
 
 Writes ``Endpoint.attributes["Topology/<extractor name>"]`` (a ``Topology``) when the endpoint is
-added and whenever its labels change; read by ``topology-affinity-filter`` and
+added and whenever its labels change (the server calls ``extract_metadata``; endpoint lifecycle
+events through ``extract_endpoint`` work too); read by ``topology-affinity-filter`` and
 ``topology-affinity-scorer``. This module also holds the level comparison they share.
 """
 
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
+from typing import Any, ClassVar
 
 from epp.framework import Endpoint, Extractor, Handle, Stability, register
 
@@ -89,6 +91,7 @@ _DEFAULTS = TopologyExtractorParams()
 class TopologyExtractor(Extractor):
     type_name = TOPOLOGY_EXTRACTOR
     stability = Stability.ALPHA
+    accepts: ClassVar[str] = "endpoint-events"  # what it reads when wired under a data source
     Params = TopologyExtractorParams
     params: TopologyExtractorParams
 
@@ -102,7 +105,18 @@ class TopologyExtractor(Extractor):
             params.region or _DEFAULTS.region,
         )
 
-    def extract_endpoint(self, endpoint: Endpoint) -> None:
+    def extract_endpoint(self, event: Any) -> None:
+        """The same from an endpoint lifecycle event (``.type``, ``.endpoint``), as delivered by an
+        endpoint-notification source; a ``Delete`` event drops the attribute."""
+        endpoint = getattr(event, "endpoint", None)
+        if not isinstance(endpoint, Endpoint):
+            return
+        if str(getattr(event, "type", "")) == "Delete":
+            endpoint.attributes.pop(self.key, None)
+        else:
+            self.extract_metadata(endpoint)
+
+    def extract_metadata(self, endpoint: Endpoint) -> None:
         labels = endpoint.metadata.labels
         host, rack, zone, region = (labels.get(k, "") for k in self._labels)
         if host or rack or zone or region:
