@@ -12,6 +12,7 @@ from epp.framework import ConfigError, DataProducer, Endpoint, Handle
 
 __all__ = [
     "CORE_METRICS_EXTRACTOR",
+    "as_number",
     "attribute_key",
     "check_producer",
     "endpoint_key_or_error",
@@ -59,9 +60,15 @@ def resolve_attribute_key(attribute: str, producer: str | None) -> str:
     return attribute_key(attribute, CORE_METRICS_EXTRACTOR if producer is None else producer)
 
 
-def read_scalar(endpoint: Endpoint, key: str) -> float | None:
-    """The endpoint's numeric attribute ``key``, None when absent or not a number."""
-    value = endpoint.attributes.get(key)
-    if isinstance(value, int | float) and not isinstance(value, bool):
+def as_number(value: object) -> float | None:
+    """``value`` as a float when it is an int or a float (not a bool), else None."""
+    if type(value) is float:
+        return value
+    if type(value) is int:
         return float(value)
     return None
+
+
+def read_scalar(endpoint: Endpoint, key: str) -> float | None:
+    """The endpoint's numeric attribute ``key``, None when absent or not a number."""
+    return as_number(endpoint.attributes.get(key))

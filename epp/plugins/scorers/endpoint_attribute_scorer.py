@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from epp.framework import CycleState, Endpoint, Handle, LLMRequest, Scorer, Stability, register
-from epp.plugins.scorers._data_keys import endpoint_key_or_error, read_scalar, resolve_attribute_key
+from epp.plugins.scorers._data_keys import as_number, endpoint_key_or_error, resolve_attribute_key
 
 __all__ = ["EndpointAttributeScorer", "EndpointAttributeScorerParams"]
 
@@ -84,7 +84,7 @@ class EndpointAttributeScorer(Scorer):
 
     def score(self, cycle: CycleState, request: LLMRequest, endpoints: list[Endpoint]) -> list[float]:
         key, lower = self.key, self._lower
-        values = [read_scalar(e, key) for e in endpoints]
+        values = [as_number(e.attributes.get(key)) for e in endpoints]
         fixed = self._fixed
         if fixed is not None:
             lo, span = fixed.min, fixed.max - fixed.min
@@ -92,16 +92,17 @@ class EndpointAttributeScorer(Scorer):
             present = [v for v in values if v is not None]
             if not present:
                 return [0.0] * len(endpoints)
-            lo, hi = min(present), max(present)
-            span = hi - lo
+            lo = min(present)
+            span = max(present) - lo
             if span == 0:  # every endpoint with the attribute has the same value: neutral 1.0
                 return [0.0 if v is None else 1.0 for v in values]
         out: list[float] = []
+        append = out.append
         for v in values:
             if v is None:
-                out.append(0.0)
+                append(0.0)
                 continue
             x = (v - lo) / span
             x = 0.0 if x < 0.0 else 1.0 if x > 1.0 else x
-            out.append(1.0 - x if lower else x)
+            append(1.0 - x if lower else x)
         return out
