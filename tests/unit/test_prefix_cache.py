@@ -480,3 +480,14 @@ def test_scorer_producer_name_must_name_a_prefix_producer() -> None:
     assert "does not produce" in info.value.reason
     # the scorer's own parameters are not forwarded to the producer
     assert decode_params(PrefixCacheScorerParams, {"matchLengthWeight": 0.2}, "p").producer_params() is None
+
+
+def test_no_hit_lru_checks_its_producer_name_too() -> None:
+    from epp.plugins.scorers.no_hit_lru import NoHitLRUParams, NoHitLRUScorer
+
+    params = decode_params(NoHitLRUParams, {"prefixMatchInfoProducerName": "mine"}, "p")
+    producer = ApproxPrefixCacheProducer("mine", decode_params(ApproxPrefixCacheParams, None, "p"))
+    NoHitLRUScorer("lru", params, StubHandle(producer))
+    with pytest.raises(ConfigError) as info:
+        NoHitLRUScorer("lru", params, StubHandle())
+    assert info.value.field == "prefixMatchInfoProducerName"
