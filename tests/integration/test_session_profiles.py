@@ -9,12 +9,26 @@ label changes.
 
 from __future__ import annotations
 
+import functools
+import subprocess
+import sys
+
 import pytest
 import yaml
 
 from tests.integration.harness import Rig, chat_body, marker
 
 pytestmark = pytest.mark.integration
+
+
+@functools.cache
+def alpha_flags() -> tuple[str, ...]:
+    """``--allow-experimental-plugins`` when this build has the flag (the types here are alpha)."""
+    out = subprocess.run(
+        [sys.executable, "-m", "epp", "serve", "--help"], capture_output=True, text=True, timeout=120
+    )
+    return ("--allow-experimental-plugins",) if "--allow-experimental-plugins" in out.stdout else ()
+
 
 CONFIG = yaml.safe_load(
     """
@@ -46,7 +60,7 @@ def test_header_chooses_profile_and_session_id_pins_endpoint(rig: Rig) -> None:
     sims = rig.start_sims(4)
     labels = {s.name: {"group": "a" if i < 2 else "b"} for i, s in enumerate(sims)}
     group = {s.port: labels[s.name]["group"] for s in sims}
-    epp = rig.start_epp(sims, config=CONFIG, labels=labels)
+    epp = rig.start_epp(sims, config=CONFIG, labels=labels, extra=alpha_flags())
     envoy = rig.start_envoy(epp)
 
     # The header names the profile; without it the default profile runs.
@@ -106,7 +120,7 @@ def test_prefill_is_picked_on_the_decode_endpoints_host(rig: Rig) -> None:
         far.name: {"llm-d.ai/role": "prefill", host: "node-2"},
         near.name: {"llm-d.ai/role": "prefill", host: "node-1"},
     }
-    epp = rig.start_epp([decode, far, near], config=TOPOLOGY_CONFIG, labels=labels)
+    epp = rig.start_epp([decode, far, near], config=TOPOLOGY_CONFIG, labels=labels, extra=alpha_flags())
     envoy = rig.start_envoy(epp)
     for _ in range(6):
         m = marker()
