@@ -18,7 +18,7 @@ from epp.datalayer.pool_gauges import PoolGauges
 from epp.datalayer.scraper import MetricsScraper
 from epp.datalayer.served_models import ServedModels
 from epp.datalayer.store import EndpointStore
-from epp.framework import Endpoint, EndpointStateHolder, ReplicatedState
+from epp.framework import Endpoint, EndpointStateHolder, MetadataExtractor, ReplicatedState
 from epp.promlite import start_http_server
 from epp.scheduling import Scheduler
 from epp.server.director import Director, DirectorHooks
@@ -115,6 +115,9 @@ class EppServer:
             self._state_holders
         ):  # release per-endpoint plugin state (prefix index, counters) with the endpoint
             self.store.subscribe(on_remove=self._endpoint_removed)
+        self._metadata_extractors = [p for p in cfg.plugins.values() if isinstance(p, MetadataExtractor)]
+        if self._metadata_extractors:  # endpoint attributes derived from labels (topology)
+            self.store.subscribe(on_add=self._extract_metadata, on_update=self._extract_metadata)
         self.health = Health(leader_election=kube is not None and kube.leader is not None)
         self._stop = asyncio.Event()
         self._hurry = asyncio.Event()
@@ -202,6 +205,10 @@ class EppServer:
 
     def _leadership(self, leader: bool) -> None:
         self.health.set_condition_soon("leader", leader, "" if leader else "not the leader")
+
+    def _extract_metadata(self, endpoint: Endpoint) -> None:
+        for extractor in self._metadata_extractors:
+            extractor.extract_metadata(endpoint)
 
     def _endpoint_removed(self, endpoint: Endpoint) -> None:
         for holder in self._state_holders:
