@@ -110,8 +110,7 @@ async def served(api: client.ApiClient, kind: Kind) -> bool:
     doc = await read_json(resp)
     resources = doc.get("resources")
     return isinstance(resources, list) and any(
-        isinstance(r, dict) and r.get("name") == kind.plural and r.get("kind") == kind.kind
-        for r in resources
+        isinstance(r, dict) and r.get("name") == kind.plural and r.get("kind") == kind.kind for r in resources
     )
 
 

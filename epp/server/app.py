@@ -12,7 +12,7 @@ import structlog
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
 from grpc_health.v1 import health_pb2_grpc
 
-from epp import metrics
+from epp import metrics, tracing
 from epp.config import LoadedConfig
 from epp.datalayer.pool_gauges import PoolGauges
 from epp.datalayer.scraper import MetricsScraper
@@ -123,6 +123,7 @@ class EppServer:
         scheduler.timer = metrics.observe_plugin
         for profile in scheduler.profiles.values():
             profile.timer = metrics.observe_plugin
+        tracing.instrument(scheduler.profiles)  # no-op unless --tracing
         self.director = Director(
             self.store,
             cfg.parser,

@@ -9,7 +9,8 @@ Served resources (all namespaced): core/v1 ``Pod`` (also cluster-wide ``/api/v1/
 ``inference.networking.k8s.io/v1`` ``InferencePool``, ``inference.networking.x-k8s.io/v1alpha2``
 ``InferencePool``, ``InferenceObjective`` and ``InferenceModelRewrite``, ``llm-d.ai/v1alpha2``
 ``InferenceObjective`` and ``InferenceModelRewrite``, and ``coordination.k8s.io/v1`` ``Lease``
-(a group's CRDs can be uninstalled and reinstalled: :meth:`FakeKube.set_group_installed`); plus ``/version``, ``/api``, ``/api/v1``, ``/apis``, ``/apis/{group}[/{version}]``.
+(a group's CRDs can be uninstalled and reinstalled: :meth:`FakeKube.set_group_installed`); plus
+``/version``, ``/api``, ``/api/v1``, ``/apis``, ``/apis/{group}[/{version}]``.
 """
 
 from __future__ import annotations
