@@ -321,6 +321,7 @@ def _add_reference_flags(p: argparse.ArgumentParser) -> None:
         dest="drain_delay",
         type=parse_duration,
         default=argparse.SUPPRESS,
+        metavar="DURATION",
         help="the reference's name of --drain-delay: keep serving this long after SIGTERM turned "
         "readiness NOT_SERVING",
     )

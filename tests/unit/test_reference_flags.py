@@ -3,6 +3,7 @@ reference's (or a precise) error, the honoured ones change behaviour, the rest a
 
 from __future__ import annotations
 
+import argparse
 import socket
 import ssl
 import subprocess
@@ -21,6 +22,36 @@ FILE_CONFIG = (
     "- {{name: files, type: file-discovery, parameters: {{path: {path}}}}}\n"
     "dataLayer: {{discovery: {{pluginRef: files}}}}\n"
 )
+
+
+# Every flag of the reference's `epp` command: pkg/epp/server/options.go (AddFlags) and
+# pkg/common/observability/logging/options.go (--v and controller-runtime's zap flags) of
+# llm-d/llm-d-router.
+REFERENCE_FLAGS = {
+    "grpc-port", "ha-enable-leader-election", "drain-timeout", "grpc-max-recv-msg-size",
+    "grpc-max-send-msg-size", "pool-group", "pool-namespace", "pool-name", "endpoint-selector",
+    "endpoint-target-ports", "disable-endpoint-subset-filter", "emit-endpoint-scores",
+    "refresh-metrics-interval", "refresh-prometheus-metrics-interval", "metrics-staleness-threshold",
+    "total-queued-requests-metric", "total-running-requests-metric", "kv-cache-usage-percentage-metric",
+    "lora-info-metric", "cache-info-metric", "v", "zap-devel", "zap-encoder", "zap-log-level",
+    "zap-stacktrace-level", "zap-time-encoding", "tracing", "health-checking", "metrics-port",
+    "grpc-health-port", "enable-pprof", "cert-path", "enable-cert-reload", "enable-grpc-stream-metrics",
+    "secure-serving", "tls-min-version", "tls-cipher-suites", "metrics-endpoint-auth",
+    "metrics-client-ca-file", "metrics-cert-dir", "config-file", "config-text",
+    "allow-experimental-plugins",
+}  # fmt: skip
+# Added on other branches (stream metrics, endpoint scores, gRPC message sizes, plugin stability).
+ELSEWHERE = {
+    "emit-endpoint-scores", "enable-grpc-stream-metrics", "grpc-max-recv-msg-size",
+    "grpc-max-send-msg-size", "allow-experimental-plugins",
+}  # fmt: skip
+
+
+def test_every_reference_flag_is_accepted() -> None:
+    parser = cli.build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    known = {o.removeprefix("--") for o in sub.choices["serve"]._option_string_actions}
+    assert REFERENCE_FLAGS - ELSEWHERE - known == set()
 
 
 def _serve_args(*flags: str) -> list[str]:
