@@ -153,13 +153,15 @@ def shutdown() -> None:
 # --- the request path (called only while TRACER is not None) -----------------------------------
 
 
-def start_request(tracer: Tracer, headers: Mapping[str, str]) -> Span:
+def start_request(tracer: Tracer, headers: Mapping[str, str]) -> Span | None:
     """``gateway.request``: the server span of one ext_proc stream, a child of the caller's
-    ``traceparent`` when the request carries one."""
+    ``traceparent`` when the request carries one; None when the sampler drops the request (its
+    other spans then cost nothing either)."""
     from opentelemetry.trace import SpanKind
 
     parent = _propagator.extract(headers)
-    return tracer.start_span("gateway.request", context=parent, kind=SpanKind.SERVER)
+    span = tracer.start_span("gateway.request", context=parent, kind=SpanKind.SERVER)
+    return span if span.is_recording() else None
 
 
 def start_orchestration(tracer: Tracer, request_span: Span) -> tuple[Span, object]:
@@ -310,7 +312,12 @@ class ProfileTracer:
     def __init__(self, tracer: Tracer) -> None:
         self.tracer = tracer
 
-    def spans(self) -> ProfileSpans:
+    def spans(self) -> ProfileSpans | None:
+        """The spans of one profile run, or None when the current request is not traced."""
+        from opentelemetry import trace
+
+        if not trace.get_current_span().is_recording():
+            return None
         return ProfileSpans(self.tracer)
 
 

@@ -44,9 +44,11 @@ class SchedulerProfile:
         """Run the profile; raises ``SchedulingError`` when it cannot pick an endpoint."""
         tracer = self.tracer
         if tracer is not None:
-            with tracer.spans() as spans:
-                spans.profile(self.name)
-                return self._run(cycle, request, candidates, spans)
+            spans = tracer.spans()  # None unless this request is traced (sampled)
+            if spans is not None:
+                with spans:
+                    spans.profile(self.name)
+                    return self._run(cycle, request, candidates, spans)
         return self._run(cycle, request, candidates, None)
 
     def _run(
