@@ -211,3 +211,17 @@ async def test_spans_reach_an_otlp_collector_configured_as_the_helm_chart_does(
         assert resource["k8s.pod.name"] == "epp-0" and resource["k8s.namespace.name"] == "ns"
     finally:
         server.stop(0)
+
+
+async def test_a_rejected_request_ends_its_spans_with_an_error_status(harness: Harness) -> None:
+    exporter = InMemorySpanExporter()
+    tracing.configure(exporter)
+    _instrument(harness)
+    bad = json.dumps({"model": 7, "messages": []}).encode()  # model is not a string: 400
+    out = await harness.exchange([headers_msg({"traceparent": TRACEPARENT}), body_msg(bad, True)], expect=1)
+    assert out[0].immediate_response.status.code == 400
+    await until(lambda: any(s.name == "gateway.request" for s in exporter.get_finished_spans()))
+    spans = _by_name(exporter.get_finished_spans())
+    assert set(spans) == {"gateway.request", "gateway.request_orchestration"}
+    for span in spans.values():
+        assert span.status.status_code.name == "ERROR" and span.context.trace_id == int(TRACE_ID, 16)
