@@ -345,8 +345,9 @@ def _add_reference_flags(p: argparse.ArgumentParser) -> None:
         const=True,
         default=None,
         metavar="BOOL",
-        help="not implemented: /metrics is always served without authentication (logged at start-up "
-        "unless false)",
+        help="Kubernetes mode: /metrics only for bearer tokens the cluster authenticates (TokenReview) "
+        "and authorizes for get on the path (SubjectAccessReview); default false (the reference's is "
+        "true: unset, a start-up warning says so)",
     )
     g.add_argument("--metrics-cert-dir", default="", help="not supported (refused): /metrics is plain HTTP")
     g.add_argument("--metrics-client-ca-file", default="", help="not supported (refused)")
@@ -428,14 +429,6 @@ def _reference_flags(args: argparse.Namespace) -> list[tuple[str, str]]:
     notes: list[tuple[str, str]] = []
     if args.tls_min_version in ("VersionTLS10", "VersionTLS11"):
         notes.append(("--tls-min-version", "TLS 1.0 and 1.1 are never served: the minimum is TLS 1.2"))
-    if args.metrics_endpoint_auth is not False:
-        notes.append(
-            (
-                "--metrics-endpoint-auth",
-                "not implemented: /metrics is served without authentication "
-                "(pass --metrics-endpoint-auth=false to acknowledge)",
-            )
-        )
     if args.enable_pprof:
         notes.append(("--enable-pprof", "Go profiling handlers do not exist in epp; nothing is served"))
     if args.zap_stacktrace_level is not None:
@@ -650,7 +643,19 @@ def _serve(args: argparse.Namespace) -> int:
         allow_model_rewrite_header=args.allow_model_rewrite_header,
         grace_period=args.grace_period,
         drain_delay=args.drain_delay,
+        metrics_endpoint_auth=bool(args.metrics_endpoint_auth),
     )
+    if args.metrics_endpoint_auth and kube_opts is None:
+        raise SystemExit(
+            "error: --metrics-endpoint-auth needs Kubernetes discovery (--pool-name or --endpoint-selector)"
+        )
+    if args.metrics_endpoint_auth is None and kube_opts is not None:
+        import structlog
+
+        structlog.get_logger("epp").warning(
+            "/metrics is served without authentication: pass --metrics-endpoint-auth to require a token "
+            "the cluster authorizes (the llm-d EPP's default), or --metrics-endpoint-auth=false",
+        )
 
     if args.tracing:
         from epp import tracing

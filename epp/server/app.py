@@ -64,6 +64,7 @@ class ServeOptions:
     allow_model_rewrite_header: bool = True
     grace_period: float = 5.0
     drain_delay: float = 1.0
+    metrics_endpoint_auth: bool = False  # TokenReview + SubjectAccessReview per scrape (Kubernetes mode)
 
 
 def _grpc_options(max_body: int) -> list[tuple[str, int]]:
@@ -211,7 +212,12 @@ class EppServer:
     async def run(self) -> None:
         opts, cfg = self.opts, self.cfg
         metrics.INFO.labels(commit="unknown", build_ref="epp").set(1)
-        start_http_server(opts.metrics_port, addr=opts.bind_address)
+        middleware = None
+        if opts.metrics_endpoint_auth and self.kube is not None:
+            from epp.k8s.metrics_auth import MetricsAuth
+
+            middleware = MetricsAuth(self.kube.api, asyncio.get_running_loop()).wrap
+        start_http_server(opts.metrics_port, addr=opts.bind_address, middleware=middleware)
 
         # Plain text: the kubelet's gRPC probes cannot present a client certificate. Only the
         # health service is served here.

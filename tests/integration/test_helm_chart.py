@@ -28,6 +28,7 @@ import ssl
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from concurrent import futures
@@ -97,6 +98,7 @@ class Variant:
     env: dict[str, str] = field(default_factory=dict)
     pool: bool = True
     tracing: bool = False
+    metrics_token: str = ""  # with --metrics-endpoint-auth: Prometheus's token
 
 
 GATEWAY = Variant(
@@ -163,6 +165,32 @@ GATEWAY_HA_TRACING = Variant(
         "OTEL_TRACES_SAMPLER_ARG": "0.1",
     },
     tracing=True,
+)
+
+GATEWAY_METRICS_AUTH = Variant(
+    "gateway-metrics-auth",
+    # router.epp.flags {metrics-endpoint-auth: true} with router.monitoring.prometheus.enabled: true
+    # (the chart's ClusterRole lets the EPP create TokenReviews and SubjectAccessReviews, and the
+    # ServiceMonitor scrapes with a service-account token)
+    (
+        "--pool-name",
+        RELEASE,
+        "--pool-namespace",
+        NAMESPACE,
+        "--pool-group",
+        "inference.networking.k8s.io",
+        "--zap-encoder",
+        "json",
+        "--config-file",
+        "{config}/default-plugins.yaml",
+        "--grpc-health-port",
+        "9003",
+        "--metrics-endpoint-auth=true",
+        "--tracing=false",
+    ),
+    liveness_service="inference-extension",
+    readiness_service="inference-extension",
+    metrics_token="prometheus-sa-token",
 )
 
 STANDALONE = Variant(
@@ -273,7 +301,9 @@ def collector() -> Iterator[tuple[_Collector, int]]:
     server.stop(0)
 
 
-@pytest.mark.parametrize("variant", [GATEWAY, GATEWAY_HA_TRACING, STANDALONE], ids=lambda v: v.name)
+@pytest.mark.parametrize(
+    "variant", [GATEWAY, GATEWAY_HA_TRACING, GATEWAY_METRICS_AUTH, STANDALONE], ids=lambda v: v.name
+)
 def test_epp_runs_with_the_helm_charts_args_probes_ports_and_env(
     variant: Variant,
     rig: Rig,
@@ -315,7 +345,17 @@ def test_epp_runs_with_the_helm_charts_args_probes_ports_and_env(
             )
         for name, port in CONTAINER_PORTS.items():
             assert _listening(port), f"container port {name} ({port}) is not listening"
-        with urllib.request.urlopen(f"http://127.0.0.1:{CONTAINER_PORTS['metrics']}/metrics", timeout=5) as r:
+        metrics_url = f"http://127.0.0.1:{CONTAINER_PORTS['metrics']}/metrics"
+        headers = {}
+        if variant.metrics_token:
+            prometheus = "system:serviceaccount:monitoring:prometheus"
+            kube.add_user(variant.metrics_token, prometheus)
+            kube.grant_non_resource(prometheus, "get", "/metrics")
+            with pytest.raises(urllib.error.HTTPError) as refused:
+                urllib.request.urlopen(metrics_url, timeout=15)
+            assert refused.value.code == 401
+            headers = {"Authorization": f"Bearer {variant.metrics_token}"}
+        with urllib.request.urlopen(urllib.request.Request(metrics_url, headers=headers), timeout=15) as r:
             assert r.status == 200 and b"inference_pool_average_queue_size" in r.read()
         trace_id = TRACEPARENT_TRACE
         assert _route(f"00-{trace_id}-b7ad6b7169203331-01") == sim.address
@@ -337,6 +377,8 @@ def test_epp_runs_with_the_helm_charts_args_probes_ports_and_env(
         proc.wait(timeout=30)
     text = log.read_text()
     assert "Traceback" not in text and '"level": "error"' not in text, text[-4000:]
-    honoured_notes = text.count("flag accepted but not honoured")
-    # the metrics endpoint is never authenticated: said once, unless the chart passed =false
-    assert honoured_notes == (0 if "--metrics-endpoint-auth=false" in args else 1), text[-4000:]
+    assert "flag accepted but not honoured" not in text, text[-4000:]
+    # without the flag /metrics is open (the reference would require a token): said once
+    unauthenticated = text.count("/metrics is served without authentication")
+    explicit = any(a.startswith("--metrics-endpoint-auth=") for a in args)
+    assert unauthenticated == (0 if explicit else 1), text[-4000:]

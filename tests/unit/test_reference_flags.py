@@ -90,6 +90,14 @@ def test_flags_epp_cannot_honour_safely_are_refused(flags: list[str], message: s
         cli.main(_serve_args(*flags))
 
 
+def test_metrics_endpoint_auth_needs_kubernetes(tmp_path: Path) -> None:
+    endpoints = tmp_path / "endpoints.yaml"
+    endpoints.write_text("endpoints:\n- {name: a, address: 127.0.0.1, port: 1}\n")
+    config = FILE_CONFIG.format(path=endpoints)
+    with pytest.raises(SystemExit, match="--metrics-endpoint-auth needs Kubernetes discovery"):
+        cli.main(_serve_args("--metrics-endpoint-auth", "--config-text", config))
+
+
 def test_bad_values_are_argument_errors(capsys: pytest.CaptureFixture[str]) -> None:
     for flag in ("--tls-min-version=TLS12", "--zap-time-encoding=weird", "--tracing=maybe"):
         with pytest.raises(SystemExit) as exit_:
@@ -130,13 +138,11 @@ def test_accepted_but_not_honoured_flags_are_named() -> None:
     )
     assert [flag for flag, _ in notes] == [
         "--tls-min-version",
-        "--metrics-endpoint-auth",
         "--enable-pprof",
         "--zap-stacktrace-level",
         "--zap-time-encoding",
     ]
-    quiet = cli._reference_flags(parser.parse_args(["serve", "--metrics-endpoint-auth=false"]))
-    assert quiet == []
+    assert cli._reference_flags(parser.parse_args(["serve", "--enable-pprof=false"])) == []
 
 
 def _handshake(port: int, cipher: str) -> str:
