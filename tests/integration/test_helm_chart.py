@@ -216,6 +216,29 @@ STANDALONE = Variant(
 )
 
 
+def _chart_inference_pool(target_port: int) -> dict[str, Any]:
+    """The InferencePool of config/charts/routerlib/templates/_inferencepool.yaml (protocol http)."""
+    return {
+        "apiVersion": "inference.networking.k8s.io/v1",
+        "kind": "InferencePool",
+        "metadata": {
+            "name": RELEASE,
+            "namespace": NAMESPACE,
+            "labels": {"app.kubernetes.io/name": f"{RELEASE}-epp", "app.kubernetes.io/version": "0.0.0"},
+        },
+        "spec": {
+            "targetPorts": [{"number": target_port}],
+            "appProtocol": "http",
+            "selector": {"matchLabels": SELECTOR},
+            "endpointPickerRef": {
+                "name": f"{RELEASE}-epp",
+                "port": {"number": 9002},
+                "failureMode": "FailOpen",
+            },
+        },
+    }
+
+
 def _listening(port: int) -> bool:
     with socket.socket() as s:
         s.settimeout(1)
@@ -335,7 +358,7 @@ def test_epp_runs_with_the_helm_charts_args_probes_ports_and_env(
             # the InferencePool is not there yet: the probes' services say NOT_SERVING
             for service in {variant.readiness_service, ""}:
                 assert _health(service) == health_pb2.HealthCheckResponse.NOT_SERVING, service
-            kube.create(objects.inference_pool(NAMESPACE, (target_port,), name=RELEASE, selector=SELECTOR))
+            kube.create(_chart_inference_pool(target_port))
         for service in (variant.readiness_service, variant.liveness_service, ""):
             _wait(
                 lambda s=service: _health(s) == health_pb2.HealthCheckResponse.SERVING,  # type: ignore[misc]
