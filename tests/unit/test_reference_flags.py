@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from epp import cli
+from epp import flags as epp_flags
 from epp.dev.stack import free_port, grpc_serving
 
 FILE_CONFIG = (
@@ -124,7 +125,7 @@ def test_zap_devel_means_console_logs_unless_a_format_is_given() -> None:
 
 def test_accepted_but_not_honoured_flags_are_named() -> None:
     parser = cli.build_parser()
-    notes = cli._reference_flags(
+    notes = epp_flags.check_reference_flags(
         parser.parse_args(
             [
                 "serve",
@@ -142,7 +143,7 @@ def test_accepted_but_not_honoured_flags_are_named() -> None:
         "--zap-stacktrace-level",
         "--zap-time-encoding",
     ]
-    assert cli._reference_flags(parser.parse_args(["serve", "--enable-pprof=false"])) == []
+    assert epp_flags.check_reference_flags(parser.parse_args(["serve", "--enable-pprof=false"])) == []
 
 
 def _handshake(port: int, cipher: str) -> str:
