@@ -206,6 +206,18 @@ def end_request(span: Span, request: LLMRequest | None, destination: str, error:
     span.end()
 
 
+def response_status(span: Span, status: str) -> None:
+    """The upstream's HTTP status on the request span; 4xx and 5xx mark it as an error (as the
+    reference, with the code as the description)."""
+    from opentelemetry.trace import Status, StatusCode
+
+    if not status.isdigit():
+        return
+    span.set_attribute("http.response.status_code", int(status))
+    if int(status) >= 400:
+        span.set_status(Status(StatusCode.ERROR, status))
+
+
 def _request_attributes(request: LLMRequest) -> dict[str, Any]:
     out: dict[str, Any] = {}
     if request.target_model:

@@ -403,12 +403,16 @@ class _Stream:
             self.resp_streaming = bool(request is not None and request.stream) or _is_event_stream(
                 req.response_headers
             )
+            if self.span is not None:
+                tracing.response_status(self.span, _headers(req.response_headers).get(":status", ""))
             return [_RESPONSE_HEADERS_DEBUG if opts.debug_response_header else _RESPONSE_HEADERS_PLAIN]
         headers = _headers(req.response_headers)
         status = headers.get(":status") or headers.get("status") or "0"
         self.response = response = ResponseInfo(
             headers=headers, status=int(status) if status.isdigit() else 0
         )
+        if self.span is not None:
+            tracing.response_status(self.span, status)
         request = routing.request if routing is not None else None
         self.resp_streaming = bool(
             (request is not None and request.stream) or "text/event-stream" in headers.get("content-type", "")

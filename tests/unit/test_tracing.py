@@ -20,7 +20,15 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from epp import tracing
 from epp.datalayer.store import EndpointStore
 from tests.unit import factories
-from tests.unit.extproc_harness import Harness, body_msg, endpoint, headers_msg, set_headers, start
+from tests.unit.extproc_harness import (
+    Harness,
+    body_msg,
+    endpoint,
+    headers_msg,
+    response_headers_msg,
+    set_headers,
+    start,
+)
 from tests.unit.polling import until
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
@@ -225,3 +233,18 @@ async def test_a_rejected_request_ends_its_spans_with_an_error_status(harness: H
     assert set(spans) == {"gateway.request", "gateway.request_orchestration"}
     for span in spans.values():
         assert span.status.status_code.name == "ERROR" and span.context.trace_id == int(TRACE_ID, 16)
+
+
+async def test_an_upstream_error_status_marks_the_request_span(harness: Harness) -> None:
+    exporter = InMemorySpanExporter()
+    tracing.configure(exporter)
+    _instrument(harness)
+    messages = [
+        headers_msg({"traceparent": TRACEPARENT}),
+        body_msg(CHAT, True),
+        response_headers_msg({":status": "503"}),
+    ]
+    await harness.exchange(messages, expect=3)
+    await until(lambda: any(s.name == "gateway.request" for s in exporter.get_finished_spans()))
+    root = _by_name(exporter.get_finished_spans())["gateway.request"]
+    assert root.status.status_code.name == "ERROR" and root.status.description == "503"
