@@ -12,7 +12,7 @@ import structlog
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
 from grpc_health.v1 import health_pb2_grpc
 
-from epp import metrics
+from epp import metrics, tracing
 from epp.config import LoadedConfig
 from epp.datalayer.pool_gauges import PoolGauges
 from epp.datalayer.scraper import MetricsScraper
@@ -64,6 +64,7 @@ class ServeOptions:
     allow_model_rewrite_header: bool = True
     grace_period: float = 5.0
     drain_delay: float = 1.0
+    metrics_endpoint_auth: bool = False  # TokenReview + SubjectAccessReview per scrape (Kubernetes mode)
 
 
 def _grpc_options(max_body: int) -> list[tuple[str, int]]:
@@ -126,6 +127,7 @@ class EppServer:
         scheduler.timer = metrics.observe_plugin
         for profile in scheduler.profiles.values():
             profile.timer = metrics.observe_plugin
+        tracing.instrument(scheduler.profiles)  # no-op unless --tracing
         self.director = Director(
             self.store,
             cfg.parsers,
@@ -217,7 +219,12 @@ class EppServer:
     async def run(self) -> None:
         opts, cfg = self.opts, self.cfg
         metrics.INFO.labels(commit="unknown", build_ref="epp").set(1)
-        start_http_server(opts.metrics_port, addr=opts.bind_address)
+        middleware = None
+        if opts.metrics_endpoint_auth and self.kube is not None:
+            from epp.k8s.metrics_auth import MetricsAuth
+
+            middleware = MetricsAuth(self.kube.api, asyncio.get_running_loop()).wrap
+        start_http_server(opts.metrics_port, addr=opts.bind_address, middleware=middleware)
 
         # Plain text: the kubelet's gRPC probes cannot present a client certificate. Only the
         # health service is served here.
