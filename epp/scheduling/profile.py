@@ -7,7 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from epp.framework.endpoint import Endpoint
-from epp.framework.errors import SchedulingError
+from epp.framework.errors import FiltersDrainedError, SchedulingError
 from epp.framework.interfaces import Filter, Picker, Scorer
 from epp.framework.request import LLMRequest
 from epp.framework.results import CycleState, ProfileRunResult, ScoredEndpoint
@@ -36,6 +36,7 @@ class SchedulerProfile:
     scorers: list[WeightedScorer] = field(default_factory=list)
     picker: Picker | None = None
     timer: PluginTimer | None = None
+    record_scores: bool = False  # set ProfileRunResult.scores (--emit-endpoint-scores)
 
     def run(self, cycle: CycleState, request: LLMRequest, candidates: list[Endpoint]) -> ProfileRunResult:
         """Run the profile; raises ``SchedulingError`` when it cannot pick an endpoint."""
@@ -47,7 +48,7 @@ class SchedulerProfile:
             if timer:
                 timer("Filter", f, time.perf_counter() - t0)
             if not endpoints:
-                raise SchedulingError(f"no endpoints available for the given request (filter '{f.name}')")
+                raise FiltersDrainedError(f"no endpoints available for the given request (filter '{f.name}')")
 
         n = len(endpoints)
         totals = [0.0] * n
@@ -75,4 +76,7 @@ class SchedulerProfile:
             timer("Picker", self.picker, time.perf_counter() - t0)
         if not result.target_endpoints:
             raise SchedulingError(f"picker '{self.picker.name}' returned no endpoint")
+        if self.record_scores and result.scores is None:
+            by_id = {id(e): s for e, s in zip(endpoints, totals, strict=True)}
+            result.scores = [by_id.get(id(e), 0.0) for e in result.target_endpoints]
         return result
