@@ -538,3 +538,43 @@ async def test_grpc_stream_metrics_count_completed_streams_by_code(run: Any) -> 
     assert value("llm_d_epp_extproc_stream_duration_seconds_count") == n + 1
     await run([headers_msg({}), body_msg(CHAT, True)], expect=2)  # off: not counted
     assert value("llm_d_epp_extproc_streams_total", code="OK") == ok + 1
+
+
+# --- usage parsing and flags ----------------------------------------------------------------------
+
+
+def test_usage_reader_openai_anthropic_null_split_and_strings() -> None:
+    from epp.server.usage import UsageReader
+
+    r = UsageReader()
+    r.feed(b'data: {"choices":[{"delta":{"content":"the \\"usage\\": {x}"}}],"usage":null}\n\n')
+    assert (r.prompt, r.completion, r.raw) == (0, 0, None)  # a quoted "usage" in text, then null
+    r.feed(b'data: {"usage":{"prompt_tokens":3,"comp')
+    r.feed(b'letion_tokens":2,"prompt_tokens_details":{"cached_tokens":1}}}\n\n')
+    assert (r.prompt, r.completion, r.cached) == (3, 2, 1)
+
+    a = UsageReader()  # Anthropic: prompt side in message_start, completion in message_delta
+    a.feed(
+        b'event: message_start\ndata: {"message":{"usage":'
+        b'{"input_tokens":9,"cache_read_input_tokens":4}}}\n\n'
+    )
+    a.feed(b'event: message_delta\ndata: {"usage":{"output_tokens":5}}\n\n')
+    assert (a.prompt, a.completion, a.cached) == (9, 5, 4)
+
+
+def test_grpc_message_size_flags() -> None:
+    from epp.cli import _msg_size_bytes, build_parser
+
+    assert _msg_size_bytes("10MiB") == 10 << 20
+    assert _msg_size_bytes("25MB") == 25_000_000
+    assert _msg_size_bytes("") == 0
+    args = build_parser().parse_args(
+        ["serve", "--grpc-max-recv-msg-size", "4Mi", "--emit-endpoint-scores", "--enable-grpc-stream-metrics"]
+    )
+    assert (
+        args.grpc_max_recv_msg_size == "4Mi" and args.emit_endpoint_scores and args.enable_grpc_stream_metrics
+    )
+    assert not build_parser().parse_args(["serve"]).emit_endpoint_scores
+    for bad in ("lots", "-1Mi", "3Gi"):
+        with pytest.raises(ValueError):
+            _msg_size_bytes(bad)
