@@ -601,10 +601,10 @@ class _Stream:
             if key is None and r is not None:
                 key = metrics.request_key(r.incoming_model, r.target_model, r.fairness_id, r.priority)
             metrics.REQUEST_ERROR_TOTAL.at((*(key or _NO_KEY), self.error.code.text)).inc()
+        if routing is None:  # also a response-rewrite stream: its request is counted by its routing stream
+            return
         if self.resp_cpu > 0.0:
             _RESPONSE_PROCESSING.observe(self.resp_cpu)
-        if routing is None:
-            return
         self.director.release_in_flight(routing)
         if key is not None and routing.request is not None:
             metrics.RUNNING_REQUESTS.at(key).dec()
