@@ -28,18 +28,20 @@ DEFAULT_STALENESS = 2.0
 
 
 def _mean_std(values: list[float] | list[int]) -> tuple[float, float]:
-    """Mean and population standard deviation; both 0 for no values."""
+    """Mean and sample standard deviation (divided by max(1, n - 1)), both to two decimals as the
+    reference reports them; both 0 for no values."""
     if not values:
         return 0.0, 0.0
     mean = sum(values) / len(values)
-    return mean, math.sqrt(sum((v - mean) ** 2 for v in values) / len(values))
+    squares = sum((v - mean) ** 2 for v in values)
+    return round(mean, 2), round(math.sqrt(squares / max(1, len(values) - 1)), 2)
 
 
 class PoolGauges:
     """Sets the pool gauges of one pool; ``start()`` in a running loop, ``stop()``.
 
     Every ``interval`` seconds: the number of endpoints whose metrics are fresher than ``staleness``,
-    the means and (population) standard deviations of their KV-cache usage, waiting queue and running
+    the means and standard deviations of their KV-cache usage, waiting queue and running
     requests (0 without any), and each fresh endpoint's waiting queue under its endpoint name; series
     of endpoints gone or stale are removed. The deprecated ``inference_pool_*`` names are rendered
     from these (``epp.metrics``).

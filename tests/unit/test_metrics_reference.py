@@ -305,7 +305,7 @@ def test_alias_sums_dropped_labels_and_renames() -> None:
         promlite.alias(c, "t_bad_total", "bad", ["z"])
 
 
-def test_pool_gauges_means_and_population_standard_deviations() -> None:
+def test_pool_gauges_means_and_sample_standard_deviations() -> None:
     s = EndpointStore()
     now = time.monotonic()
     for i in (1, 2):
@@ -317,9 +317,10 @@ def test_pool_gauges_means_and_population_standard_deviations() -> None:
         )
     PoolGauges(s, "pool-std").refresh(now)
     assert value("llm_d_epp_average_queue_size", name="pool-std") == 3.0
-    assert value("llm_d_epp_std_dev_queue_size", name="pool-std") == 1.0
-    assert value("llm_d_epp_std_dev_kv_cache_utilization", name="pool-std") == pytest.approx(0.2)
-    assert value("llm_d_epp_std_dev_running_requests", name="pool-std") == 1.0
+    # the reference's sample standard deviation, rounded to two decimals: sqrt(2) for (2, 4)
+    assert value("llm_d_epp_std_dev_queue_size", name="pool-std") == 1.41
+    assert value("llm_d_epp_std_dev_kv_cache_utilization", name="pool-std") == 0.28
+    assert value("llm_d_epp_std_dev_running_requests", name="pool-std") == 1.41
     assert value("llm_d_epp_ready_endpoints", name="pool-std") == 2.0
     assert value("inference_pool_ready_pods", name="pool-std") == 2.0
     assert value("inference_pool_per_pod_queue_size", name="pool-std", model_server_pod="ep-2") == 4.0
