@@ -6,12 +6,17 @@ inter-token latency; the deprecated names must show the same values as the curre
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 
+import grpc
 import pytest
+from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
+from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
 
 from tests.integration.harness import JSON_HEADERS, MODEL, Rig, marker
+from tests.unit.extproc_harness import body_msg, headers_msg
 
 pytestmark = pytest.mark.integration
 
@@ -95,3 +100,42 @@ def test_current_and_deprecated_names_and_drop_reasons_through_envoy(rig: Rig) -
     assert _total(text, "llm_d_epp_response_processing_duration_seconds_count") >= 2
     assert _total(text, "llm_d_epp_request_running", **key) == 0
     assert _total(text, "inference_objective_running_requests", model_name=MODEL) == 0
+
+
+async def _route_once(port: int, body: bytes) -> ep.ProcessingResponse | grpc.RpcError:
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+        call = ep_grpc.ExternalProcessorStub(channel).Process()
+        try:
+            await call.write(headers_msg({}))
+            await call.write(body_msg(body, True))
+            first = await call.read()
+            await call.done_writing()
+            while await call.read() is not grpc.aio.EOF:
+                pass
+        except grpc.RpcError as e:
+            return e
+        assert first is not grpc.aio.EOF
+        return first
+
+
+def test_serve_flags_endpoint_scores_stream_metrics_and_message_size(rig: Rig) -> None:
+    sims = rig.start_sims(2)
+    epp = rig.start_epp(
+        sims,
+        extra=["--emit-endpoint-scores", "--enable-grpc-stream-metrics", "--grpc-max-recv-msg-size=4KiB"],
+    )
+    body = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}).encode()
+    reply = asyncio.run(_route_once(epp.grpc_port, body))
+    assert isinstance(reply, ep.ProcessingResponse) and reply.HasField("request_headers"), reply
+    lb = reply.dynamic_metadata.fields["envoy.lb"].struct_value.fields
+    destination = lb["x-gateway-destination-endpoint"].string_value
+    scores = lb["x-gateway-destination-endpoint-scores"].struct_value.fields
+    assert list(scores) == [destination] and scores[destination].number_value > 0
+
+    big = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "x" * 8000}]}).encode()
+    refused = asyncio.run(_route_once(epp.grpc_port, big))
+    assert isinstance(refused, grpc.RpcError) and refused.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+
+    text = epp.metrics()
+    assert _total(text, "llm_d_epp_extproc_streams_total", code="OK") >= 1
+    assert _total(text, "llm_d_epp_extproc_stream_duration_seconds_count") >= 1
