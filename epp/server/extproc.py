@@ -452,7 +452,9 @@ class _Stream:
             before = dict(headers)
             endpoint = routing.endpoints[0] if routing and routing.endpoints else None
             for plugin in self.opts.response_header:
+                t0 = time.perf_counter()
                 plugin.response_header(request, response, endpoint)
+                metrics.observe_plugin("ResponseReceived", plugin, time.perf_counter() - t0)
             set_headers.update({k: v for k, v in headers.items() if before.get(k) != v})
         remove = []
         want_body = False
@@ -536,8 +538,11 @@ class _Stream:
         if eos and self.usage is not None and self.usage.raw is not None:
             response.usage = self.usage.raw
         endpoint = self.routing.endpoints[0] if self.routing and self.routing.endpoints else None
+        point = "ResponseComplete" if eos else "ResponseStreaming"
         for plugin in self.opts.response_body:
+            t0 = time.perf_counter()
             plugin.response_body(request, response, endpoint, chunk)
+            metrics.observe_plugin(point, plugin, time.perf_counter() - t0)
 
     def _record_response_end(self, key: tuple[str, str, str, str], now: float) -> None:
         """The response body ended: token counts, TTFT, TPOT and NTPOT as the reference derives them."""

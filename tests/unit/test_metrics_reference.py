@@ -19,7 +19,18 @@ import epp.plugins  # noqa: F401  (registers the plugin metrics)
 from epp import metrics, promlite
 from epp.datalayer.pool_gauges import PoolGauges
 from epp.datalayer.store import EndpointStore
-from epp.framework import CycleState, Endpoint, Filter, LLMRequest, Metrics, PreRequest, SchedulingResult
+from epp.framework import (
+    CycleState,
+    Endpoint,
+    Filter,
+    LLMRequest,
+    Metrics,
+    PreRequest,
+    ResponseBodyProcessor,
+    ResponseHeaderProcessor,
+    ResponseInfo,
+    SchedulingResult,
+)
 from epp.server.extproc import StreamOptions
 from tests.unit import factories
 from tests.unit.extproc_harness import (
@@ -579,3 +590,51 @@ def test_grpc_message_size_flags() -> None:
     for bad in ("lots", "-1Mi", "3Gi"):
         with pytest.raises(ValueError):
             _msg_size_bytes(bad)
+
+
+class _Watcher(ResponseHeaderProcessor, ResponseBodyProcessor):
+    type_name = "response-watcher"
+
+    def __init__(self) -> None:
+        super().__init__("watcher", None)
+        self.usage: list[Any] = []
+
+    def response_header(self, request: LLMRequest, response: ResponseInfo, endpoint: Endpoint | None) -> None:
+        pass
+
+    def response_body(
+        self, request: LLMRequest, response: ResponseInfo, endpoint: Endpoint | None, chunk: bytes
+    ) -> None:
+        self.usage.append(response.usage)
+
+
+async def test_response_plugins_are_timed_and_see_the_usage(run: Any) -> None:
+    watcher = _Watcher()
+    opts = StreamOptions(response_header=(watcher,), response_body=(watcher,))
+
+    def count(point: str) -> float:
+        return value(
+            "llm_d_epp_plugin_duration_seconds_count",
+            extension_point=point,
+            plugin_type="response-watcher",
+            plugin_name="watcher",
+        )
+
+    before = {p: count(p) for p in ("ResponseReceived", "ResponseStreaming", "ResponseComplete")}
+    await run(
+        [
+            headers_msg({}),
+            body_msg(STREAM_CHAT, True),
+            response_headers_msg({":status": "200", "content-type": "text/event-stream"}),
+            response_body_msg(b'data: {"choices":[]}\n\n', False),
+            response_body_msg(b'data: {"usage":{"prompt_tokens":2,"completion_tokens":1}}\n\n', True),
+        ],
+        expect=5,
+        opts=opts,
+    )
+    assert {p: count(p) - before[p] for p in before} == {
+        "ResponseReceived": 1,
+        "ResponseStreaming": 1,
+        "ResponseComplete": 1,
+    }
+    assert watcher.usage == [None, {"prompt_tokens": 2, "completion_tokens": 1}]
