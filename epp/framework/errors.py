@@ -58,7 +58,7 @@ def dropped(code: ErrorCode, message: str, reason: DroppedReason) -> InferenceEr
 
 
 def saturated(message: str) -> InferenceError:
-    """429 ``rejected-saturated``: the pool is busy (shedding, filters left no candidate)."""
+    """429 ``rejected-saturated``: the pool is busy (the filters left no candidate)."""
     return dropped(ErrorCode.RESOURCE_EXHAUSTED, message, DroppedReason.SATURATED)
 
 
