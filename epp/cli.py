@@ -189,6 +189,33 @@ def _add_serve(sub: Any) -> None:
         default=1.0,
         help="on shutdown, keep serving this long after readiness turns NOT_SERVING (1s)",
     )
+    add_bool(
+        p,
+        "--emit-endpoint-scores",
+        False,
+        "put the picked endpoints' scheduler scores in the routing reply's envoy.lb metadata under "
+        "x-gateway-destination-endpoint-scores (default false)",
+    )
+    add_bool(
+        p,
+        "--enable-grpc-stream-metrics",
+        False,
+        "expose llm_d_epp_extproc_stream_duration_seconds and llm_d_epp_extproc_streams_total{code} "
+        "(default false; llm_d_epp_extproc_streams_inflight is always exposed)",
+    )
+    p.add_argument(
+        "--grpc-max-recv-msg-size",
+        type=_arg_type(_msg_size),
+        default="",
+        help="largest ext_proc gRPC message received, a quantity such as 10MiB or 25MB "
+        "(default: --max-request-body-bytes + 1 MiB)",
+    )
+    p.add_argument(
+        "--grpc-max-send-msg-size",
+        type=_arg_type(_msg_size),
+        default="",
+        help="largest ext_proc gRPC message sent (default: --max-request-body-bytes + 1 MiB)",
+    )
     p.add_argument(
         "--fairness-id-metric-label-limit",
         type=int,
@@ -210,6 +237,33 @@ def _arg_type(parse: Callable[[str], str]) -> Callable[[str], str]:
             raise argparse.ArgumentTypeError(str(e)) from None
 
     return convert
+
+
+def _msg_size(text: str) -> str:
+    """A gRPC message size flag (a Kubernetes quantity, a trailing B allowed): checked, kept as text."""
+    _msg_size_bytes(text)
+    return text
+
+
+def _msg_size_bytes(text: str) -> int:
+    """Bytes of a ``--grpc-max-*-msg-size`` value; 0 when unset."""
+    from epp.config.schema import parse_quantity
+    from epp.framework import ConfigError
+
+    t = text.strip()
+    if not t:
+        return 0
+    if len(t) > 1 and t[-1] in "Bb":
+        t = t[:-1]
+    try:
+        q = parse_quantity(t, "size")
+    except ConfigError as e:
+        raise ValueError(f"invalid size {text!r}: {e.reason}") from None
+    if q is None or q.value < 0:
+        raise ValueError(f"must be a non-negative size, got {text!r}")
+    if q.value >= 1 << 31:
+        raise ValueError(f"must be below 2GiB (a gRPC limit), got {text!r}")
+    return q.value
 
 
 def _verbosity(text: str) -> str:
@@ -468,6 +522,10 @@ def _serve(args: argparse.Namespace) -> int:
         grace_period=args.grace_period,
         drain_delay=args.drain_delay,
         metrics_endpoint_auth=bool(args.metrics_endpoint_auth),
+        emit_endpoint_scores=args.emit_endpoint_scores,
+        grpc_stream_metrics=args.enable_grpc_stream_metrics,
+        grpc_max_recv_msg_size=_msg_size_bytes(args.grpc_max_recv_msg_size),
+        grpc_max_send_msg_size=_msg_size_bytes(args.grpc_max_send_msg_size),
     )
     if args.metrics_endpoint_auth and kube_opts is None:
         raise SystemExit(

@@ -1,6 +1,8 @@
 """Cheap Prometheus counters, gauges and histograms for the per-request path.
 
 Plain Python numbers per label set, rendered at scrape time through a prometheus-client collector.
+``alias`` renders a deprecated name from a current family at scrape time (dual emission without a
+second update per event).
 """
 
 from __future__ import annotations
@@ -99,20 +101,29 @@ class _Family:
             values = self._bound(values)
         child = self._children.get(values)
         if child is None:
-            if len(values) != len(self.labelnames):
-                raise ValueError(f"{self.name}: expected labels {self.labelnames}, got {values}")
-            if self._bounded and len(self._children) >= MAX_BOUNDED_SERIES:
-                # Each bounded label has few values, but their combinations could still multiply
-                # (a client pairing models with rewrite-header targets): fold the new combination.
-                out = list(values)
-                for i, _ in self._bounded:
-                    out[i] = OVERFLOW
-                values = tuple(out)
-                child = self._children.get(values)
-                if child is not None:
-                    return child
-            child = self._children[values] = self._new_child()
+            child = self._create(values)
         return child
+
+    def _create(self, values: tuple[str, ...]) -> object:
+        """A new child for bounded ``values``; past the series cap the bounded labels fold."""
+        if len(values) != len(self.labelnames):
+            raise ValueError(f"{self.name}: expected labels {self.labelnames}, got {values}")
+        if self._bounded and len(self._children) >= MAX_BOUNDED_SERIES:
+            # Each bounded label has few values, but their combinations could still multiply
+            # (a client pairing models with rewrite-header targets): fold the new combination.
+            out = list(values)
+            for i, _ in self._bounded:
+                out[i] = OVERFLOW
+            values = tuple(out)
+            child = self._children.get(values)
+            if child is not None:
+                return child
+        child = self._children[values] = self._new_child()
+        return child
+
+    def _items(self) -> list[tuple[tuple[str, ...], Any]]:
+        """A snapshot of (label values, child) to render."""
+        return list(self._children.items())
 
     def _label_text(self, values: tuple[str, ...]) -> str:
         """``a="x",b="y"`` for one series; cached (only the scrape thread reads the cache)."""
@@ -134,9 +145,9 @@ class _Family:
 
     def _render_values(self, name: str, kind: str, out: list[str]) -> None:
         out.append(self._header(name, kind))
-        for values, child in list(self._children.items()):
+        for values, child in self._items():
             text = self._label_text(values)
-            v = _fmt(child.value)  # type: ignore[attr-defined]
+            v = _fmt(child.value)
             out.append(f"{name}{{{text}}} {v}\n" if text else f"{name} {v}\n")
 
     def __len__(self) -> int:
@@ -151,14 +162,19 @@ class Counter(_Family):
     def labels(self, *values: str) -> Value:
         return self._child(values)  # type: ignore[return-value]
 
+    def at(self, key: tuple[str, ...]) -> Value:
+        """The child of ``key`` whose bounded labels are bound already: one lookup once it exists."""
+        child = self._children.get(key)
+        return child if child is not None else self._create(key)  # type: ignore[return-value]
+
     def inc(self, amount: float = 1.0) -> None:
         self.labels().inc(amount)
 
     def families(self) -> Iterator[Metric]:
         name = self.name.removesuffix("_total")
         fam = CounterMetricFamily(name, self.documentation, labels=self.labelnames)
-        for values, child in list(self._children.items()):
-            fam.add_metric(list(values), child.value)  # type: ignore[attr-defined]
+        for values, child in self._items():
+            fam.add_metric(list(values), child.value)
         yield fam
 
     def render(self, out: list[str]) -> None:
@@ -172,13 +188,18 @@ class Gauge(_Family):
     def labels(self, *values: str) -> Value:
         return self._child(values)  # type: ignore[return-value]
 
+    def at(self, key: tuple[str, ...]) -> Value:
+        """The child of ``key`` whose bounded labels are bound already: one lookup once it exists."""
+        child = self._children.get(key)
+        return child if child is not None else self._create(key)  # type: ignore[return-value]
+
     def set(self, value: float) -> None:
         self.labels().set(value)
 
     def families(self) -> Iterator[Metric]:
         fam = GaugeMetricFamily(self.name, self.documentation, labels=self.labelnames)
-        for values, child in list(self._children.items()):
-            fam.add_metric(list(values), child.value)  # type: ignore[attr-defined]
+        for values, child in self._items():
+            fam.add_metric(list(values), child.value)
         yield fam
 
     def render(self, out: list[str]) -> None:
@@ -206,33 +227,38 @@ class Histogram(_Family):
     def labels(self, *values: str) -> HistogramChild:
         return self._child(values)  # type: ignore[return-value]
 
+    def at(self, key: tuple[str, ...]) -> HistogramChild:
+        """The child of ``key`` whose bounded labels are bound already: one lookup once it exists."""
+        child = self._children.get(key)
+        return child if child is not None else self._create(key)  # type: ignore[return-value]
+
     def observe(self, value: float) -> None:
         self.labels().observe(value)
 
     def families(self) -> Iterator[Metric]:
         fam = HistogramMetricFamily(self.name, self.documentation, labels=self.labelnames)
         labels = [*(floatToGoString(b) for b in self.bounds), "+Inf"]
-        for values, child in list(self._children.items()):
-            counts = list(child.counts)  # type: ignore[attr-defined]
+        for values, child in self._items():
+            counts = list(child.counts)
             cumulative, running = [], 0
             for le, c in zip(labels, counts, strict=True):
                 running += c
                 cumulative.append((le, running))
-            fam.add_metric(list(values), cumulative, child.sum)  # type: ignore[attr-defined]
+            fam.add_metric(list(values), cumulative, child.sum)
         yield fam
 
     def render(self, out: list[str]) -> None:
         name = self.name
         out.append(self._header(name, "histogram"))
         rendered = self._rendered
-        for values, child in list(self._children.items()):
-            counts = list(child.counts)  # type: ignore[attr-defined]
+        for values, child in self._items():
+            counts = list(child.counts)
             n = sum(counts)
             cached = rendered.get(values)
             if cached is not None and cached[0] == n:  # no observation since the last scrape
                 out.append(cached[1])
                 continue
-            text = self._series_text(values, counts, child.sum)  # type: ignore[attr-defined]
+            text = self._series_text(values, counts, child.sum)
             rendered[values] = (n, text)
             out.append(text)
 
@@ -252,6 +278,105 @@ class Histogram(_Family):
             lines.append(f'{head}le="{le}"{after}}} {running}.0\n')
         lines.append(f"{name}_count{tail}{running}.0\n{name}_sum{tail}{_fmt(total_sum)}\n")
         return "".join(lines)
+
+
+class _Projection:
+    """How a deprecated family's series come from a current family's: label positions, summing."""
+
+    def __init__(self, source: _Family, labelnames: Sequence[str], from_labels: Sequence[str] | None) -> None:
+        from_labels = tuple(from_labels) if from_labels is not None else tuple(labelnames)
+        if len(from_labels) != len(labelnames):
+            raise ValueError(f"{source.name}: {len(labelnames)} alias labels but {len(from_labels)} sources")
+        missing = [n for n in from_labels if n not in source.labelnames]
+        if missing:
+            raise ValueError(f"{source.name}: alias sources {missing} are not among {source.labelnames}")
+        self.source = source
+        self.index = tuple(source.labelnames.index(n) for n in from_labels)
+        self.identity = self.index == tuple(range(len(source.labelnames)))
+        self._keys: dict[tuple[str, ...], tuple[str, ...]] = {}  # source key -> alias key
+
+    def key(self, values: tuple[str, ...]) -> tuple[str, ...]:
+        k = self._keys.get(values)
+        if k is None:
+            k = self._keys[values] = tuple(values[i] for i in self.index)
+        return k
+
+
+class _AliasValues:
+    """Counter or gauge alias: the current family's values, summed per alias label set."""
+
+    _projection: _Projection
+
+    def _items(self) -> list[tuple[tuple[str, ...], Any]]:
+        p = self._projection
+        items = p.source._items()
+        if p.identity:
+            return items
+        summed: dict[tuple[str, ...], Value] = {}
+        for values, child in items:
+            k = p.key(values)
+            v = summed.get(k)
+            if v is None:
+                v = summed[k] = Value()
+            v.value += child.value
+        return list(summed.items())
+
+
+class AliasCounter(_AliasValues, Counter):
+    pass
+
+
+class AliasGauge(_AliasValues, Gauge):
+    pass
+
+
+class AliasHistogram(Histogram):
+    _projection: _Projection
+
+    def _items(self) -> list[tuple[tuple[str, ...], Any]]:
+        p = self._projection
+        items = p.source._items()
+        if p.identity:
+            return items
+        summed: dict[tuple[str, ...], HistogramChild] = {}
+        for values, child in items:
+            k = p.key(values)
+            h = summed.get(k)
+            if h is None:
+                h = summed[k] = HistogramChild(self.bounds)
+            counts = h.counts
+            for i, c in enumerate(list(child.counts)):
+                counts[i] += c
+            h.sum += child.sum
+        return list(summed.items())
+
+
+def alias(
+    source: _Family,
+    name: str,
+    documentation: str,
+    labelnames: Sequence[str] | None = None,
+    *,
+    from_labels: Sequence[str] | None = None,
+) -> _Family:
+    """A deprecated name for ``source``, rendered from it at scrape time (nothing is recorded twice).
+
+    ``labelnames`` (default: the source's) may drop source labels, whose series are then summed, and
+    ``from_labels`` names the source label each alias label takes its value from (a renamed label).
+    Histogram aliases share the source's buckets.
+    """
+    names = tuple(labelnames) if labelnames is not None else source.labelnames
+    fam: _Family
+    if isinstance(source, Histogram):
+        fam = AliasHistogram(name, documentation, names, buckets=source.bounds)
+    elif isinstance(source, Counter):
+        fam = AliasCounter(name, documentation, names)
+    elif isinstance(source, Gauge):
+        fam = AliasGauge(name, documentation, names)
+    else:
+        raise TypeError(f"cannot alias {type(source).__name__}")
+    fam._projection = _Projection(source, names, from_labels)
+    return fam
 
 
 class Collector:

@@ -85,10 +85,8 @@ class MetricsScraper:
         self._tasks: dict[Endpoint, asyncio.Task[None]] = {}
         self._running = False
         self._subscribed = False
-        self._poll_errors = DATALAYER_POLL_ERRORS.labels(source_type=source.type_name)
-        self._extract_errors = DATALAYER_EXTRACT_ERRORS.labels(
-            source_type=source.type_name, extractor_type=extractor.type_name
-        )
+        self._poll_errors = DATALAYER_POLL_ERRORS.labels(source.type_name)
+        self._extract_errors = DATALAYER_EXTRACT_ERRORS.labels(source.type_name, extractor.type_name)
 
     # --- lifecycle ---------------------------------------------------------------------------
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import enum
 from collections.abc import Mapping
 
+from epp.framework.wire import REQUEST_DROPPED_REASON_HEADER
+
 
 class ErrorCode(enum.Enum):
     """Reference error codes with the HTTP status each one maps to."""
@@ -40,8 +42,37 @@ class InferenceError(Exception):
         return f"inference error: {self.code.text} - {self.message}"
 
 
+class DroppedReason(enum.StrEnum):
+    """Values of the ``x-llm-d-request-dropped-reason`` response header, the reference's vocabulary."""
+
+    SATURATED = "rejected-saturated"  # 429: capacity exists but is contended
+    NO_ENDPOINTS = "rejected-no-endpoints"  # 503: nothing can serve the request now
+    TTL_EXPIRED = "rejected-ttl-expired"  # 429: waited out its queue TTL
+    CONTEXT_CANCELLED = "rejected-context-cancelled"  # 503: the client went away while queued
+    SHUTTING_DOWN = "rejected-shutting-down"  # 503
+
+
+def dropped(code: ErrorCode, message: str, reason: DroppedReason) -> InferenceError:
+    """A rejection carrying the ``x-llm-d-request-dropped-reason`` header."""
+    return InferenceError(code, message, headers={REQUEST_DROPPED_REASON_HEADER: reason.value})
+
+
+def saturated(message: str) -> InferenceError:
+    """429 ``rejected-saturated``: the pool is busy (the filters left no candidate)."""
+    return dropped(ErrorCode.RESOURCE_EXHAUSTED, message, DroppedReason.SATURATED)
+
+
+def no_endpoints(message: str) -> InferenceError:
+    """503 ``rejected-no-endpoints``: no candidate endpoint exists for the request."""
+    return dropped(ErrorCode.SERVICE_UNAVAILABLE, message, DroppedReason.NO_ENDPOINTS)
+
+
 class SchedulingError(Exception):
     """Raised or returned by the scheduler when no endpoint could be picked (maps to 429)."""
+
+
+class FiltersDrainedError(SchedulingError):
+    """A profile's filters removed every candidate: the pool is busy, not empty (429, saturated)."""
 
 
 class ConfigError(Exception):

@@ -131,6 +131,8 @@ class LLMRequest:
     objective: str = ""
     fairness_id: str = DEFAULT_FAIRNESS_ID
     request_size_bytes: int = 0
+    slo_ttft_ms: float = 0.0  # x-llm-d-slo-ttft-ms (or x-slo-ttft-ms); 0: none
+    slo_tpot_ms: float = 0.0  # x-llm-d-slo-tpot-ms (or x-slo-tpot-ms); 0: none
     state: dict[str, Any] = field(default_factory=dict)  # per-request plugin state (PluginState)
 
     @property

@@ -16,9 +16,14 @@ class ScoredEndpoint:
 
 @dataclass(slots=True)
 class ProfileRunResult:
-    """The endpoints a profile's picker chose, best first (several = fallbacks)."""
+    """The endpoints a profile's picker chose, best first (several = fallbacks).
+
+    ``scores``: each target endpoint's weighted score, when the profile records them
+    (``epp serve --emit-endpoint-scores``).
+    """
 
     target_endpoints: list[Endpoint]
+    scores: list[float] | None = None
 
 
 @dataclass(slots=True)

@@ -37,6 +37,14 @@ MODEL_REWRITE_HEADERS: Final = (LLM_D_MODEL_REWRITE_HEADER, MODEL_REWRITE_HEADER
 """A client's model rewrite, the current name first."""
 REWRITE_METADATA_KEY: Final = MODEL_REWRITE_HEADER
 """The ``LB_NAMESPACE`` key of a model-rewritten request: {"incoming": asked for, "target": served}."""
+SLO_TTFT_HEADER: Final = "x-slo-ttft-ms"
+LLM_D_SLO_TTFT_HEADER: Final = "x-llm-d-slo-ttft-ms"
+SLO_TTFT_HEADERS: Final = (LLM_D_SLO_TTFT_HEADER, SLO_TTFT_HEADER)
+"""The request's time-to-first-token objective in milliseconds, the current name first."""
+SLO_TPOT_HEADER: Final = "x-slo-tpot-ms"
+LLM_D_SLO_TPOT_HEADER: Final = "x-llm-d-slo-tpot-ms"
+SLO_TPOT_HEADERS: Final = (LLM_D_SLO_TPOT_HEADER, SLO_TPOT_HEADER)
+"""The request's time-per-output-token objective in milliseconds, the current name first."""
 ORIGINAL_PATH_HEADER: Final = "x-original-path"
 FORWARDED_PATH_HEADER: Final = "x-forwarded-path"
 SESSION_TOKEN_HEADER: Final = "x-session-token"
@@ -50,3 +58,7 @@ DATA_PARALLEL_HEADER: Final = "x-data-parallel-host-port"
 
 # Response headers.
 DEBUG_RESPONSE_HEADER: Final = "x-went-into-resp-headers"
+REQUEST_DROPPED_REASON_HEADER: Final = "x-llm-d-request-dropped-reason"
+"""On a rejection: why the EPP dropped the request (``epp.framework.errors.DroppedReason``)."""
+ENDPOINT_SCORES_KEY: Final = "x-gateway-destination-endpoint-scores"
+"""``LB_NAMESPACE`` key of the candidates' scores (``epp serve --emit-endpoint-scores``)."""

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from epp.framework.endpoint import Endpoint
-from epp.framework.errors import SchedulingError
+from epp.framework.errors import FiltersDrainedError, SchedulingError
 from epp.framework.interfaces import Filter, Picker, Scorer
 from epp.framework.request import LLMRequest
 from epp.framework.results import CycleState, ProfileRunResult, ScoredEndpoint
@@ -39,6 +39,7 @@ class SchedulerProfile:
     timer: PluginTimer | None = None
     # With --tracing: an ``epp.tracing.ProfileTracer`` (spans per phase and scorer); None when off.
     tracer: Any = None
+    record_scores: bool = False  # set ProfileRunResult.scores (--emit-endpoint-scores)
 
     def run(self, cycle: CycleState, request: LLMRequest, candidates: list[Endpoint]) -> ProfileRunResult:
         """Run the profile; raises ``SchedulingError`` when it cannot pick an endpoint."""
@@ -64,7 +65,7 @@ class SchedulerProfile:
             if timer:
                 timer("Filter", f, time.perf_counter() - t0)
             if not endpoints:
-                raise SchedulingError(f"no endpoints available for the given request (filter '{f.name}')")
+                raise FiltersDrainedError(f"no endpoints available for the given request (filter '{f.name}')")
         if spans is not None:
             spans.filters_done(endpoints)
 
@@ -105,4 +106,7 @@ class SchedulerProfile:
             timer("Picker", self.picker, time.perf_counter() - t0)
         if not result.target_endpoints:
             raise SchedulingError(f"picker '{self.picker.name}' returned no endpoint")
+        if self.record_scores and result.scores is None:
+            by_id = {id(e): s for e, s in zip(endpoints, totals, strict=True)}
+            result.scores = [by_id.get(id(e), 0.0) for e in result.target_endpoints]
         return result

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 import structlog
 
 from epp.framework.endpoint import Endpoint
-from epp.framework.errors import SchedulingError
+from epp.framework.errors import FiltersDrainedError, SchedulingError
 from epp.framework.interfaces import ProfileHandler
 from epp.framework.request import LLMRequest
 from epp.framework.results import CycleState, ProfileRunResult, SchedulingOutcome
@@ -40,6 +40,7 @@ class Scheduler:
         self, cycle: CycleState, request: LLMRequest, candidates: list[Endpoint]
     ) -> SchedulingOutcome:
         results: dict[str, ProfileRunResult | None] = {}
+        drained: FiltersDrainedError | None = None
         timer = self.timer
         for _ in range(_MAX_ROUNDS):
             t0 = time.perf_counter() if timer else 0.0
@@ -54,6 +55,8 @@ class Scheduler:
                 except SchedulingError as e:
                     log.debug("profile failed", profile=name, request_id=request.request_id, error=str(e))
                     results[name] = None
+                    if drained is None and isinstance(e, FiltersDrainedError):
+                        drained = e
         else:
             return SchedulingOutcome.fail(
                 SchedulingError(f"profile handler '{self.handler.name}' did not stop picking profiles")
@@ -66,4 +69,6 @@ class Scheduler:
         result, error = self.handler.process_results(cycle, request, results)
         if timer:
             timer("ProcessProfilesResults", self.handler, time.perf_counter() - t0)
+        if error is not None and drained is not None and error.__cause__ is None:
+            error.__cause__ = drained  # the director answers a drained pool 429 rejected-saturated
         return SchedulingOutcome(result, error)

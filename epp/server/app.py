@@ -65,14 +65,18 @@ class ServeOptions:
     grace_period: float = 5.0
     drain_delay: float = 1.0
     metrics_endpoint_auth: bool = False  # TokenReview + SubjectAccessReview per scrape (Kubernetes mode)
+    emit_endpoint_scores: bool = False
+    grpc_stream_metrics: bool = False
+    grpc_max_recv_msg_size: int = 0  # 0: max_request_body_bytes + 1 MiB
+    grpc_max_send_msg_size: int = 0
 
 
-def _grpc_options(max_body: int) -> list[tuple[str, int]]:
+def _grpc_options(max_body: int, max_recv: int = 0, max_send: int = 0) -> list[tuple[str, int]]:
     limit = max_body + (1 << 20)  # BUFFERED mode delivers (and we may return) the body in one message
     return [
         ("grpc.so_reuseport", 0),  # a second EPP on the same port must fail, not share it
-        ("grpc.max_receive_message_length", limit),
-        ("grpc.max_send_message_length", limit),
+        ("grpc.max_receive_message_length", max_recv or limit),
+        ("grpc.max_send_message_length", max_send or limit),
         ("grpc.max_concurrent_streams", 100_000),
         # Envoy's ext_proc cluster pings every second (a frozen EPP is detected by the missing ack);
         # gRPC's default ping policy would answer that with GOAWAY and break open streams.
@@ -127,6 +131,9 @@ class EppServer:
         scheduler.timer = metrics.observe_plugin
         for profile in scheduler.profiles.values():
             profile.timer = metrics.observe_plugin
+            profile.record_scores = opts.emit_endpoint_scores
+        if opts.grpc_stream_metrics:
+            metrics.enable_grpc_stream_metrics()
         tracing.instrument(scheduler.profiles)  # no-op unless --tracing
         self.director = Director(
             self.store,
@@ -146,6 +153,8 @@ class EppServer:
             response_body=tuple(cfg.response_body),
             request_idle_timeout=opts.request_idle_timeout,
             max_buffered_body_bytes=opts.max_buffered_request_body_bytes,
+            emit_endpoint_scores=opts.emit_endpoint_scores,
+            grpc_stream_metrics=opts.grpc_stream_metrics,
         )
         self.processor = ExternalProcessor(self.director, self.stream_options)
         metrics.ENDPOINT_INFLIGHT.endpoints = self.store.endpoints
@@ -218,7 +227,7 @@ class EppServer:
 
     async def run(self) -> None:
         opts, cfg = self.opts, self.cfg
-        metrics.INFO.labels(commit="unknown", build_ref="epp").set(1)
+        metrics.INFO.labels("unknown", "epp").set(1)
         middleware = None
         if opts.metrics_endpoint_auth and self.kube is not None:
             from epp.k8s.metrics_auth import MetricsAuth
@@ -273,7 +282,11 @@ class EppServer:
             self.pool_gauges.start()
             self.served_models.start()
 
-            server = grpc.aio.server(options=_grpc_options(opts.max_request_body_bytes))
+            server = grpc.aio.server(
+                options=_grpc_options(
+                    opts.max_request_body_bytes, opts.grpc_max_recv_msg_size, opts.grpc_max_send_msg_size
+                )
+            )
             ep_grpc.add_ExternalProcessorServicer_to_server(self.processor, server)
             if opts.health_checking:
                 health_pb2_grpc.add_HealthServicer_to_server(self.health.servicer, server)

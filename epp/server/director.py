@@ -11,7 +11,7 @@ import asyncio
 import random
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,6 +36,7 @@ from epp.framework import (
     SaturationDetector,
     SchedulingResult,
 )
+from epp.framework.errors import FiltersDrainedError, no_endpoints, saturated
 from epp.framework.request import request_path
 from epp.framework.wire import (
     DATA_PARALLEL_HEADER,
@@ -46,7 +47,10 @@ from epp.framework.wire import (
     MODEL_REWRITE_HEADERS,
     OBJECTIVE_HEADERS,
     PREFILL_HEADER,
+    REQUEST_DROPPED_REASON_HEADER,
     REQUEST_ID_HEADER,
+    SLO_TPOT_HEADERS,
+    SLO_TTFT_HEADERS,
     SUBSET_KEY,
 )
 from epp.log_limit import LOGS
@@ -60,6 +64,7 @@ log = structlog.get_logger("epp.director")
 PRODUCERS_BUDGET_SECONDS = 0.4
 SATURATED = 1.0  # legacy admission: saturation at or above this drops sheddable requests
 SHED_MESSAGE = "system saturated, sheddable request dropped"
+NO_CANDIDATES_MESSAGE = "failed to find endpoint candidates for serving the request"
 
 # Request headers only the EPP may write. A client-sent copy is consumed here and never forwarded
 # (the reference forwards them); one present after PreRequest was set by a plugin.
@@ -72,6 +77,9 @@ EPP_OWNED_HEADERS = (
     *OBJECTIVE_HEADERS,
     *FAIRNESS_HEADERS,
     *MODEL_REWRITE_HEADERS,
+    *SLO_TTFT_HEADERS,
+    *SLO_TPOT_HEADERS,
+    REQUEST_DROPPED_REASON_HEADER,
 )
 
 
@@ -82,6 +90,23 @@ def _first_header(headers: Mapping[str, str], names: tuple[str, ...]) -> str:
         if value:
             return value
     return ""
+
+
+def _slo_ms(headers: Mapping[str, str], names: tuple[str, ...]) -> float:
+    """An SLO header in milliseconds (0: absent); 400 when it is not a non-negative number."""
+    raw = _first_header(headers, names)
+    if not raw:
+        return 0.0
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not value >= 0.0 or value == float("inf"):  # also NaN
+        raise InferenceError(
+            ErrorCode.BAD_REQUEST,
+            f"invalid {names[0]} header: expected a non-negative number of milliseconds, got {raw[:64]!r}",
+        )
+    return value
 
 
 def _json_type(value: object) -> str:
@@ -180,18 +205,22 @@ class Director:
         candidates = self.candidates(metadata)
         if not candidates:
             if not self.store.endpoints():
-                raise InferenceError(ErrorCode.SERVICE_UNAVAILABLE, "no pods available in datastore")
-            raise InferenceError(
-                ErrorCode.SERVICE_UNAVAILABLE, "failed to find endpoint candidates for serving the request"
-            )
+                raise no_endpoints("no pods available in datastore")
+            raise no_endpoints(NO_CANDIDATES_MESSAGE)
         endpoint = self._rng.choice(candidates)
         return Routing(destination=endpoint.hostport, endpoints=[endpoint], body=body)
 
     # --- the scheduled path ----------------------------------------------------------------
 
     async def route(
-        self, headers: dict[str, str], raw: bytes, metadata: dict[str, dict[str, Any]]
+        self,
+        headers: dict[str, str],
+        raw: bytes,
+        metadata: dict[str, dict[str, Any]],
+        on_request: Callable[[LLMRequest], None] | None = None,
     ) -> Routing:
+        """``on_request`` sees the request once it is built (the caller's metric labels), even if
+        routing then fails."""
         path = request_path(headers)
         parser = self.parsers.resolve(path)
         if parser is None:
@@ -235,17 +264,20 @@ class Director:
             objective=objective,
             fairness_id=_first_header(headers, FAIRNESS_HEADERS) or DEFAULT_FAIRNESS_ID,
             request_size_bytes=len(raw),
+            slo_ttft_ms=_slo_ms(headers, SLO_TTFT_HEADERS),
+            slo_tpot_ms=_slo_ms(headers, SLO_TPOT_HEADERS),
         )
+        if on_request is not None:
+            on_request(request)
         for key in EPP_OWNED_HEADERS:  # consumed above; plugins may set them again
             headers.pop(key, None)
 
         candidates = self.candidates(metadata)
         if priority < 0 and self._saturated(candidates):
+            # The reference's legacy admission sets no drop reason (only its flow control does).
             raise InferenceError(ErrorCode.RESOURCE_EXHAUSTED, SHED_MESSAGE)
         if not candidates:
-            raise InferenceError(
-                ErrorCode.SERVICE_UNAVAILABLE, "failed to find endpoint candidates for serving the request"
-            )
+            raise no_endpoints(NO_CANDIDATES_MESSAGE)
 
         cycle = CycleState()
         hooks = self.hooks
@@ -265,6 +297,9 @@ class Director:
             if isinstance(err, InferenceError):  # a handler that blames the request (e.g. its header)
                 raise err
             reason = err if err is not None else "scheduler returned no result for the primary profile"
+            drained = err if isinstance(err, FiltersDrainedError) else getattr(err, "__cause__", None)
+            if isinstance(drained, FiltersDrainedError):  # candidates exist: the pool is busy, not empty
+                raise saturated(str(drained))
             raise InferenceError(ErrorCode.RESOURCE_EXHAUSTED, f"failed to find target endpoint: {reason}")
         assert result is not None
         chosen = primary.target_endpoints

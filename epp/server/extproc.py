@@ -23,6 +23,7 @@ from epp import metrics, tracing
 from epp.framework import (
     ErrorCode,
     InferenceError,
+    LLMRequest,
     ResponseBodyProcessor,
     ResponseHeaderProcessor,
     ResponseInfo,
@@ -37,6 +38,7 @@ from epp.server import replies
 from epp.server.body_rewrite import model_literal_pairs, replace_existing_model
 from epp.server.director import EPP_OWNED_HEADERS, Director, Routing
 from epp.server.stream_limits import RequestPhaseLimits
+from epp.server.usage import UsageReader
 
 log = structlog.get_logger("epp.extproc")
 
@@ -55,6 +57,8 @@ class StreamOptions:
 
     __slots__ = (
         "debug_response_header",
+        "emit_endpoint_scores",
+        "grpc_stream_metrics",
         "max_body_bytes",
         "max_buffered_body_bytes",
         "request_idle_timeout",
@@ -71,6 +75,8 @@ class StreamOptions:
         *,
         request_idle_timeout: float = 60.0,
         max_buffered_body_bytes: int = 256 << 20,
+        emit_endpoint_scores: bool = False,
+        grpc_stream_metrics: bool = False,
     ) -> None:
         self.max_body_bytes = max_body_bytes
         self.debug_response_header = debug_response_header
@@ -78,6 +84,8 @@ class StreamOptions:
         self.response_body = response_body
         self.request_idle_timeout = request_idle_timeout  # 0: no idle timeout
         self.max_buffered_body_bytes = max_buffered_body_bytes  # 0: no budget
+        self.emit_endpoint_scores = emit_endpoint_scores  # envoy.lb x-gateway-destination-endpoint-scores
+        self.grpc_stream_metrics = grpc_stream_metrics  # stream duration and completion-code metrics
 
 
 class Phase(enum.Enum):
@@ -117,18 +125,27 @@ def _headers(msg: ep.HttpHeaders) -> dict[str, str]:
     }
 
 
-def _is_event_stream(msg: ep.HttpHeaders) -> bool:
-    """Whether the response's content-type is SSE, without building the header map."""
+def _scan_response_headers(msg: ep.HttpHeaders) -> tuple[bool, int]:
+    """(content-type is SSE, content-length or -1), without building the header map."""
+    sse, length = False, -1
     for h in msg.headers.headers:
-        if h.key == "content-type":
-            return b"text/event-stream" in h.raw_value or "text/event-stream" in h.value
-    return False
+        key = h.key
+        if key == "content-type":
+            sse = b"text/event-stream" in h.raw_value or "text/event-stream" in h.value
+        elif key == "content-length":
+            raw = h.raw_value or h.value.encode()
+            length = int(raw) if raw.isdigit() else -1
+    return sse, length
 
 
 _STREAMS_OPEN = metrics.EXTPROC_STREAMS_INFLIGHT.labels()
 _REJECTED_IDLE = metrics.EXTPROC_STREAMS_REJECTED.labels("idle_timeout")
 _REJECTED_BUDGET = metrics.EXTPROC_STREAMS_REJECTED.labels("body_budget")
 _REJECTED_PROTOCOL = metrics.EXTPROC_STREAMS_REJECTED.labels("protocol_error")
+_REQUEST_PROCESSING = metrics.REQUEST_PROCESSING.labels()
+_RESPONSE_PROCESSING = metrics.RESPONSE_PROCESSING.labels()
+_STREAM_DURATION = metrics.EXTPROC_STREAM_DURATION.labels()
+_NO_KEY = ("", "", "", "")  # request metric labels of a stream rejected before its request was parsed
 
 # Replies that never change, built once.
 _RESPONSE_HEADERS_DEBUG = replies.response_headers_reply({DEBUG_RESPONSE_HEADER: "true"})
@@ -169,21 +186,31 @@ class _Stream:
         "last_seen",
         "limits",
         "metadata",
+        "mkey",
         "model_pairs",
         "opts",
         "phase",
         "req_mode",
+        "request",
         "request_id_generated",
         "reserved",
         "resp_buffer",
+        "resp_cpu",
+        "resp_eos",
+        "resp_length",
         "resp_mode",
+        "resp_size",
         "resp_streaming",
         "response",
         "reverse",
         "routing",
         "span",
+        "t_first",
+        "t_last",
         "t_received",
+        "t_resp",
         "task",
+        "usage",
     )
 
     def __init__(
@@ -212,6 +239,18 @@ class _Stream:
         self.model_pairs: tuple[tuple[bytes, bytes], ...] | None = None
         self.reverse: tuple[str, str] | None = None  # (incoming, target) to undo in the response body
         self.span: Any = None  # the request's trace span (--tracing)
+        # Metrics: the request's bound labels (set when routed), the parsed request (also when
+        # rejected), the response as far as the EPP sees it.
+        self.mkey: tuple[str, str, str, str] | None = None
+        self.request: LLMRequest | None = None
+        self.resp_cpu = 0.0  # EPP time spent on response messages
+        self.t_resp = 0.0  # perf_counter at the response headers
+        self.resp_length = -1  # content-length of the response headers
+        self.resp_size = 0  # response-body bytes seen
+        self.resp_eos = False  # the response body's end was seen
+        self.t_first = 0.0  # monotonic time of the first / latest response-body chunk
+        self.t_last = 0.0
+        self.usage: UsageReader | None = None
 
     # --- request path ------------------------------------------------------------------------
 
@@ -305,7 +344,7 @@ class _Stream:
         raw = chunks[0] if len(chunks) == 1 else b"".join(chunks)
         self.chunks = []
         if self.span is None:
-            routing = await self.director.route(dict(self.headers), raw, self.metadata)
+            routing = await self.director.route(dict(self.headers), raw, self.metadata, self._note_request)
         else:
             routing = await self._route_traced(raw)
         if self.req_mode == BUFFERED:
@@ -317,12 +356,12 @@ class _Stream:
     async def _route_traced(self, raw: bytes) -> Routing:
         tracer = tracing.TRACER
         if tracer is None:  # turned off meanwhile (shutdown)
-            return await self.director.route(dict(self.headers), raw, self.metadata)
+            return await self.director.route(dict(self.headers), raw, self.metadata, self._note_request)
         span, token = tracing.start_orchestration(tracer, self.span)
         routing: Routing | None = None
         error: BaseException | None = None
         try:
-            routing = await self.director.route(dict(self.headers), raw, self.metadata)
+            routing = await self.director.route(dict(self.headers), raw, self.metadata, self._note_request)
             return routing
         except BaseException as e:
             error = e
@@ -359,7 +398,16 @@ class _Stream:
             reply = replies.request_headers_reply(common, routing.destination)
         if routing.body_changed and request is not None:
             replies.add_rewrite_metadata(reply, request.incoming_model, request.target_model)
+        if self.opts.emit_endpoint_scores and routing.result is not None:
+            primary = routing.result.primary
+            if primary is not None and primary.scores:
+                hostports = [e.hostport for e in primary.target_endpoints]
+                replies.add_endpoint_scores(reply, dict(zip(hostports, primary.scores, strict=False)))
+        _REQUEST_PROCESSING.observe(time.monotonic() - self.t_received)
         return reply
+
+    def _note_request(self, request: LLMRequest) -> None:
+        self.request = request
 
     def _begin(self, routing: Routing) -> None:
         """Count the request as in flight (endpoints, running-requests gauge): once per stream."""
@@ -369,9 +417,10 @@ class _Stream:
         self.director.track_in_flight(routing)
         r = routing.request
         if r is not None:
-            metrics.REQUEST_TOTAL.labels(r.incoming_model, r.target_model, str(r.priority)).inc()
-            metrics.REQUEST_SIZES.labels(r.incoming_model, r.target_model).observe(len(routing.body))
-            metrics.RUNNING_REQUESTS.labels(r.incoming_model).inc()
+            key = self.mkey = metrics.request_key(r.incoming_model, r.target_model, r.fairness_id, r.priority)
+            metrics.REQUEST_TOTAL.at(key).inc()
+            metrics.REQUEST_SIZES.at(key).observe(len(routing.body))
+            metrics.RUNNING_REQUESTS.at(key).inc()
 
     # --- response path -----------------------------------------------------------------------
 
@@ -395,18 +444,25 @@ class _Stream:
         return request.incoming_model, request.target_model
 
     def on_response_headers(self, req: ep.ProcessingRequest) -> list[ep.ProcessingResponse]:
+        t0 = self.t_resp = time.perf_counter()
+        out = self._response_headers(req)
+        self.resp_cpu += time.perf_counter() - t0
+        return out
+
+    def _response_headers(self, req: ep.ProcessingRequest) -> list[ep.ProcessingResponse]:
         opts, routing = self.opts, self.routing
         reverse = self.reverse = self._reverse_models()
         if not opts.response_header and not opts.response_body and reverse is None:
             # Nothing looks at the response: only note whether its body will be an event stream.
             request = routing.request if routing is not None else None
-            self.resp_streaming = bool(request is not None and request.stream) or _is_event_stream(
-                req.response_headers
-            )
+            sse, self.resp_length = _scan_response_headers(req.response_headers)
+            self.resp_streaming = bool(request is not None and request.stream) or sse
             if self.span is not None:
                 tracing.response_status(self.span, _headers(req.response_headers).get(":status", ""))
             return [_RESPONSE_HEADERS_DEBUG if opts.debug_response_header else _RESPONSE_HEADERS_PLAIN]
         headers = _headers(req.response_headers)
+        length = headers.get("content-length", "")
+        self.resp_length = int(length) if length.isdigit() else -1
         status = headers.get(":status") or headers.get("status") or "0"
         self.response = response = ResponseInfo(
             headers=headers, status=int(status) if status.isdigit() else 0
@@ -424,7 +480,9 @@ class _Stream:
             before = dict(headers)
             endpoint = routing.endpoints[0] if routing and routing.endpoints else None
             for plugin in self.opts.response_header:
+                t0 = time.perf_counter()
                 plugin.response_header(request, response, endpoint)
+                metrics.observe_plugin("ResponseReceived", plugin, time.perf_counter() - t0)
             set_headers.update({k: v for k, v in headers.items() if before.get(k) != v})
         remove = []
         want_body = False
@@ -436,6 +494,21 @@ class _Stream:
         return [replies.response_headers_reply(set_headers, remove, want_body=want_body)]
 
     def on_response_body(self, req: ep.ProcessingRequest) -> list[ep.ProcessingResponse]:
+        t0 = time.perf_counter()
+        out = self._response_body(req)
+        now = time.perf_counter()
+        if (
+            self.resp_eos
+            and not self.resp_streaming
+            and self.resp_mode == FULL_DUPLEX_STREAMED
+            and self.t_resp
+        ):
+            self.resp_cpu = now - self.t_resp  # the whole body was held here since the headers
+        else:
+            self.resp_cpu += now - t0
+        return out
+
+    def _response_body(self, req: ep.ProcessingRequest) -> list[ep.ProcessingResponse]:
         msg = req.response_body
         chunk, eos = msg.body, msg.end_of_stream
         self._observe_body(chunk, eos)
@@ -453,6 +526,12 @@ class _Stream:
         return [replies.response_body_reply(rewritten if rewritten != chunk else None)]
 
     def on_response_trailers(self) -> list[ep.ProcessingResponse]:
+        t0 = time.perf_counter()
+        out = self._response_trailers()
+        self.resp_cpu += time.perf_counter() - t0
+        return out
+
+    def _response_trailers(self) -> list[ep.ProcessingResponse]:
         out = []
         if self.resp_mode == FULL_DUPLEX_STREAMED and not self.resp_streaming and self.resp_buffer:
             out.extend(replies.streamed_body_replies(self._rewrite_whole(), False, response=True))
@@ -460,13 +539,59 @@ class _Stream:
         return out
 
     def _observe_body(self, chunk: bytes, eos: bool) -> None:
-        if not self.opts.response_body or self.routing is None or self.routing.request is None:
+        """Response-body metrics (size, TTFT, inter-token latency, usage) and the body plugins."""
+        key = self.mkey
+        if key is None or self.resp_eos:  # not a routed request (a response-rewrite stream), or done
+            return
+        now = time.monotonic()
+        if chunk:
+            self.resp_size += len(chunk)
+            if self.resp_streaming and self.t_last:
+                metrics.ITL.at(key).observe(now - self.t_last)
+            if not self.t_first:
+                self.t_first = now
+            self.t_last = now
+            usage = self.usage
+            if usage is None:
+                usage = self.usage = UsageReader()
+            usage.feed(chunk)
+        if eos:
+            self.resp_eos = True
+            self._record_response_end(key, now)
+        request = self.routing.request if self.routing is not None else None
+        if not self.opts.response_body or request is None:
             return
         response = self.response or ResponseInfo()
         response.end_of_stream = eos
-        endpoint = self.routing.endpoints[0] if self.routing.endpoints else None
+        if eos and self.usage is not None and self.usage.raw is not None:
+            response.usage = self.usage.raw
+        endpoint = self.routing.endpoints[0] if self.routing and self.routing.endpoints else None
+        point = "ResponseComplete" if eos else "ResponseStreaming"
         for plugin in self.opts.response_body:
-            plugin.response_body(self.routing.request, response, endpoint, chunk)
+            t0 = time.perf_counter()
+            plugin.response_body(request, response, endpoint, chunk)
+            metrics.observe_plugin(point, plugin, time.perf_counter() - t0)
+
+    def _record_response_end(self, key: tuple[str, str, str, str], now: float) -> None:
+        """The response body ended: token counts, TTFT, TPOT and NTPOT as the reference derives them."""
+        usage = self.usage
+        completion = usage.completion if usage is not None else 0
+        if usage is not None:
+            if usage.prompt:
+                metrics.INPUT_TOKENS.at(key).observe(usage.prompt)
+            if completion:
+                metrics.OUTPUT_TOKENS.at(key).observe(completion)
+            if usage.raw is not None and isinstance(usage.raw.get("prompt_tokens_details"), dict):
+                metrics.CACHED_TOKENS.at(key).observe(usage.cached)
+        e2e = now - self.t_received
+        if completion > 0 and e2e > 0:
+            metrics.NTPOT.at(key).observe(e2e / completion)
+        first = self.t_first
+        if first:
+            streaming = self.resp_streaming
+            metrics.TTFT.at((*key, "true" if streaming else "false")).observe(first - self.t_received)
+            if streaming and completion > 1 and now > first:
+                metrics.TPOT.at(key).observe((now - first) / (completion - 1))
 
     def _rewrite_whole(self) -> bytes:
         body = b"".join(self.resp_buffer)
@@ -503,7 +628,7 @@ class _Stream:
             self._end_request_phase(DONE)
             self.chunks = []
         routing = self.routing
-        request = routing.request if routing is not None else None
+        request = routing.request if routing is not None else self.request
         span = self.span
         if span is not None:
             self.span = None
@@ -514,18 +639,23 @@ class _Stream:
                 routing.destination if routing is not None else "",
                 str(error) if error is not None else None,
             )
+        key = self.mkey
         if self.error is not None:
-            model = request.incoming_model if request else ""
-            target = request.target_model if request else ""
-            metrics.REQUEST_ERROR_TOTAL.labels(model, target, self.error.code.text).inc()
-        if routing is None:
+            r = self.request
+            if key is None and r is not None:
+                key = metrics.request_key(r.incoming_model, r.target_model, r.fairness_id, r.priority)
+            metrics.REQUEST_ERROR_TOTAL.at((*(key or _NO_KEY), self.error.code.text)).inc()
+        if routing is None:  # also a response-rewrite stream: its request is counted by its routing stream
             return
+        if self.resp_cpu > 0.0:
+            _RESPONSE_PROCESSING.observe(self.resp_cpu)
         self.director.release_in_flight(routing)
-        if request is not None:
-            metrics.RUNNING_REQUESTS.labels(request.incoming_model).dec()
-            metrics.REQUEST_DURATION.labels(request.incoming_model, request.target_model).observe(
-                time.monotonic() - self.t_received
-            )
+        if key is not None and routing.request is not None:
+            metrics.RUNNING_REQUESTS.at(key).dec()
+            metrics.REQUEST_DURATION.at(key).observe(time.monotonic() - self.t_received)
+            size = self.resp_size if self.resp_eos else self.resp_length
+            if size >= 0 and (self.resp_eos or self.t_resp):
+                metrics.RESPONSE_SIZES.at(key).observe(size)
 
 
 class ExternalProcessor(ep_grpc.ExternalProcessorServicer):
@@ -553,6 +683,8 @@ class ExternalProcessor(ep_grpc.ExternalProcessorServicer):
         stream = _Stream(self.director, self.opts, limits)
         limits.watch(stream)
         _STREAMS_OPEN.inc()
+        t_open = time.monotonic()
+        code = "OK"
         read, write = context.read, context.write
         try:
             while True:
@@ -579,6 +711,8 @@ class ExternalProcessor(ep_grpc.ExternalProcessorServicer):
                         out = []
                 except InferenceError as err:
                     stream.error = err
+                    if stream.routing is None:  # the request phase ended here
+                        _REQUEST_PROCESSING.observe(time.monotonic() - stream.t_received)
                     LOGS.log(
                         log.info,
                         f"rejected_{err.code.http_status}",
@@ -593,18 +727,22 @@ class ExternalProcessor(ep_grpc.ExternalProcessorServicer):
                     await write(resp)
         except _ProtocolError as e:
             _REJECTED_PROTOCOL.inc()
+            code = "FailedPrecondition"
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(e))
         except asyncio.CancelledError:
             if stream.phase is not EXPIRED or stream.task is None:
+                code = "Canceled"
                 raise  # the client cancelled the stream
             stream.task.uncancel()
             _REJECTED_IDLE.inc()
+            code = "DeadlineExceeded"
             await context.abort(
                 grpc.StatusCode.DEADLINE_EXCEEDED,
                 f"request idle timeout: no ext_proc request message for {limits.idle_timeout:g}s "
                 "before the request was complete (--request-idle-timeout)",
             )
         except Exception as e:
+            code = "Unknown"
             stream.error = stream.error or InferenceError(ErrorCode.INTERNAL, str(e))
             if isinstance(e, DecodeError):  # a malformed frame from the client: no traceback
                 LOGS.log(log.warning, "malformed_frame", "malformed ext_proc message", error=str(e))
@@ -615,3 +753,6 @@ class ExternalProcessor(ep_grpc.ExternalProcessorServicer):
         finally:
             stream.finish()
             _STREAMS_OPEN.dec()
+            if self.opts.grpc_stream_metrics:
+                _STREAM_DURATION.observe(time.monotonic() - t_open)
+                metrics.EXTPROC_STREAMS_TOTAL.labels(code).inc()

@@ -12,7 +12,7 @@ from envoy.type.v3.http_status_pb2 import HttpStatus
 from google.protobuf.struct_pb2 import Struct
 
 from epp.framework.errors import InferenceError
-from epp.framework.wire import DESTINATION_HEADER, LB_NAMESPACE, REWRITE_METADATA_KEY
+from epp.framework.wire import DESTINATION_HEADER, ENDPOINT_SCORES_KEY, LB_NAMESPACE, REWRITE_METADATA_KEY
 
 BODY_PIECE_LIMIT = 62000
 
@@ -59,6 +59,13 @@ def add_rewrite_metadata(resp: ep.ProcessingResponse, incoming: str, target: str
     models = ns.fields[REWRITE_METADATA_KEY].struct_value
     models.fields["incoming"].string_value = incoming
     models.fields["target"].string_value = target
+
+
+def add_endpoint_scores(resp: ep.ProcessingResponse, scores: Mapping[str, float]) -> None:
+    """``envoy.lb`` / ``x-gateway-destination-endpoint-scores``: each destination ``ip:port`` -> its score."""
+    fields = resp.dynamic_metadata.fields[LB_NAMESPACE].struct_value.fields[ENDPOINT_SCORES_KEY].struct_value
+    for hostport, score in scores.items():
+        fields.fields[hostport].number_value = score
 
 
 def rewrite_models(metadata: Mapping[str, Mapping[str, object]]) -> tuple[str, str] | None:
@@ -160,6 +167,7 @@ def error_body(err: InferenceError) -> bytes:
 
 
 def immediate_error(err: InferenceError) -> ep.ProcessingResponse:
+    """The rejection reply: status, JSON body, the error's headers (e.g. the drop reason)."""
     headers = {"content-type": "application/json", **err.headers}
     return ep.ProcessingResponse(
         immediate_response=ep.ImmediateResponse(

@@ -291,8 +291,11 @@ async def test_scheduling_failure_is_429(store: EndpointStore) -> None:
         await h.server.stop(0)
     assert reply.immediate_response.status.code == 429
     message = json.loads(reply.immediate_response.body)["error"]["message"]
-    expected = "failed to find target endpoint: failed to run scheduler profile 'default'"
+    # filters that drain the candidates answer as the reference (#2462): the filter's error, saturated
+    expected = "no endpoints available for the given request (filter 'reject-all')"
     assert message == f"inference error: ResourceExhausted - {expected}"
+    sent = {h.header.key: h.header.raw_value for h in reply.immediate_response.headers.set_headers}
+    assert sent["x-llm-d-request-dropped-reason"] == b"rejected-saturated"
 
 
 async def test_body_mode_none_routes_on_headers(harness: Harness, store: EndpointStore) -> None:

@@ -101,16 +101,19 @@ def test_bounded_label_must_be_a_label() -> None:
 
 
 def test_request_metrics_bound_incoming_and_target_models() -> None:
+    # The request metrics carry fairness_id and priority too (the reference's llm_d_epp_* labels).
     labels.MODEL_NAMES.serve(["demo"])
     series = len(metrics.REQUEST_TOTAL)
-    other0 = metrics.REQUEST_TOTAL.labels("other", "other", "0").value
-    demo0 = metrics.REQUEST_TOTAL.labels("demo", "demo", "0").value
+    other0 = metrics.REQUEST_TOTAL.labels("other", "other", "f", "0").value
+    demo0 = metrics.REQUEST_TOTAL.labels("demo", "demo", "f", "0").value
     for i in range(100):
-        metrics.REQUEST_TOTAL.labels(f"junk-{i}", f"target-{i}", "0").inc()
-    metrics.REQUEST_TOTAL.labels("demo", "demo", "0").inc()
-    assert metrics.REQUEST_TOTAL.labels("other", "other", "0").value - other0 == 100
-    assert metrics.REQUEST_TOTAL.labels("demo", "demo", "0").value - demo0 == 1
+        metrics.REQUEST_TOTAL.labels(f"junk-{i}", f"target-{i}", "f", "0").inc()
+    metrics.REQUEST_TOTAL.labels("demo", "demo", "f", "0").inc()
+    assert metrics.REQUEST_TOTAL.labels("other", "other", "f", "0").value - other0 == 100
+    assert metrics.REQUEST_TOTAL.labels("demo", "demo", "f", "0").value - demo0 == 1
     assert len(metrics.REQUEST_TOTAL) <= series + 2
+    # request_key binds the same way, once per request
+    assert metrics.request_key("junk-x", "demo", "f", -1) == ("other", "demo", "f", "-1")
 
 
 def test_served_models_come_from_scraped_model_names_and_lora_adapters() -> None:

@@ -141,7 +141,7 @@ class ApproxPrefixCacheProducer(DataProducer, PreRequest):
         self._lru_capacity = params.lru_capacity
         self._state_key = f"{self.type_name}/{name}"
         self.index = PrefixIndex()
-        _prefix_metrics.track_index(self.index)
+        self._hits = _prefix_metrics.track_index(self.index, name, self.type_name)
         self._seeds: dict[tuple[str, str], int] = {}
         self._outbox: list[tuple[list[int], str, int]] | None = None  # HA: updates for the standbys
         self._next_sweep = time.monotonic() + SWEEP_INTERVAL_SECONDS
@@ -196,7 +196,7 @@ class ApproxPrefixCacheProducer(DataProducer, PreRequest):
                         outbox.append((state.hashes, pk, capacity))
         block_bytes = state.block_size_tokens * CHARS_PER_TOKEN
         _prefix_metrics.record_match(
-            state.counts.get(target_key, 0) * block_bytes, len(state.hashes) * block_bytes
+            self._hits, state.counts.get(target_key, 0) * block_bytes, len(state.hashes) * block_bytes
         )
 
     # --- helpers ------------------------------------------------------------------------------

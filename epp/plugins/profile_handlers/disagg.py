@@ -294,7 +294,7 @@ class DisaggProfileHandler(ProfileHandler, PreRequest):
             encode_used=has_endpoints(results.get(self.encode_profile)),
             prefill_used=has_endpoints(results.get(self.prefill_profile)),
         )
-        _metrics.record_disagg_decision(request.target_model, decision)
+        _metrics.record_disagg_decision(self.name, self.type_name, request.target_model, decision)
 
     def process_results(
         self, cycle: CycleState, request: LLMRequest, results: Mapping[str, ProfileRunResult | None]

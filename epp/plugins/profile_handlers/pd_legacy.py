@@ -86,7 +86,10 @@ class PdProfileHandler(ProfileHandler):
             results[prefill] = None  # declined: recorded so that it is not evaluated again
         used = prefill != decode and has_endpoints(results.get(prefill))
         _metrics.record_pd_decision(
-            request.target_model, _metrics.PREFILL_DECODE if used else _metrics.DECODE_ONLY
+            self.name,
+            self.type_name,
+            request.target_model,
+            _metrics.PREFILL_DECODE if used else _metrics.DECODE_ONLY,
         )
         return {}
 
