@@ -7,7 +7,17 @@ from epp.config.context import LoadContext
 from epp.config.schema import DataSourceSpec, RefSpec
 from epp.framework import registry
 from epp.framework.errors import ConfigError
-from epp.framework.interfaces import DataSource, EndpointDiscovery, Extractor
+from epp.framework.interfaces import (
+    AttributeExtractor,
+    DataSource,
+    EndpointDiscovery,
+    EndpointExtractor,
+    EndpointSource,
+    Extractor,
+    MetricsExtractor,
+    NotificationExtractor,
+    NotificationSource,
+)
 
 
 def apply_data_layer_defaults(ctx: LoadContext) -> None:
@@ -32,6 +42,7 @@ def apply_data_layer_defaults(ctx: LoadContext) -> None:
 def build_data_layer(ctx: LoadContext) -> list[tuple[DataSource, list[Extractor]]]:
     """Each configured data source with its extractors."""
     out: list[tuple[DataSource, list[Extractor]]] = []
+    gvks: dict[str, str] = {}
     dl = ctx.doc.data_layer
     for src in dl.sources:
         where = f"{src.path}.pluginRef"
@@ -45,11 +56,61 @@ def build_data_layer(ctx: LoadContext) -> list[tuple[DataSource, list[Extractor]
             if not isinstance(extractor, Extractor):
                 # The reference prints the source name here; naming the extractor helps more.
                 raise ConfigError(ewhere, f"the plugin {ext.plugin_ref} is not a fwkdl.ExtractorBase")
+            _check_pair(source, extractor, extractors, ewhere)
             extractors.append(extractor)
+        if isinstance(source, NotificationSource):
+            gvk = str(source.gvk)
+            if gvk in gvks:
+                raise ConfigError(
+                    where,
+                    f"duplicate notification source GVK {gvk}: already used by source {gvks[gvk]}, "
+                    f"cannot add {source.typed_name}",
+                )
+            gvks[gvk] = source.name
         out.append((source, extractors))
     if not out and not dl.inject_defaults:
         raise ConfigError("dataLayer.sources", "data layer enabled but no data sources configured")
     return out
+
+
+def _check_pair(source: DataSource, extractor: Extractor, earlier: list[Extractor], where: str) -> None:
+    """Reject an extractor its source cannot feed, or a second one of the same type."""
+    if any(e.type_name == extractor.type_name for e in earlier):
+        raise ConfigError(
+            where,
+            f"duplicate extractor type configured for the same source: source={source.typed_name}, "
+            f"extractor type={extractor.type_name}",
+        )
+    if isinstance(source, EndpointSource):
+        if not isinstance(extractor, EndpointExtractor):
+            raise ConfigError(
+                where,
+                f"endpoint source {source.typed_name} requires an EndpointExtractor; "
+                f"extractor {extractor.typed_name} does not implement it",
+            )
+        return
+    if isinstance(source, NotificationSource):
+        if not isinstance(extractor, NotificationExtractor):
+            raise ConfigError(
+                where,
+                f"notification source {source.typed_name} requires a NotificationExtractor; "
+                f"extractor {extractor.typed_name} does not implement it",
+            )
+        if str(extractor.gvk) != str(source.gvk):
+            raise ConfigError(
+                where,
+                f"extractor {extractor.typed_name} GVK {extractor.gvk} does not match source "
+                f"{source.typed_name} GVK {source.gvk}",
+            )
+        return
+    polled = isinstance(extractor, MetricsExtractor | AttributeExtractor)
+    if not polled or extractor.accepts != source.payload:
+        raise ConfigError(
+            where,
+            f"dispatcher {source.typed_name} rejected extractor {extractor.typed_name}: "
+            f"extractor type mismatch (the source yields {source.payload!r}, the extractor reads "
+            f"{extractor.accepts!r})",
+        )
 
 
 def resolve_discovery(ctx: LoadContext) -> EndpointDiscovery | None:

@@ -19,6 +19,7 @@ from epp.datalayer.freshness import COLLECTOR, FAILURE_REASONS, SCRAPE_FAILURES
 from epp.datalayer.store import EndpointStore
 from epp.framework.endpoint import Endpoint
 from epp.framework.interfaces import (
+    AttributeExtractor,
     DataSource,
     Extractor,
     MetricsExtractor,
@@ -58,7 +59,7 @@ class MetricsScraper:
         self,
         store: EndpointStore,
         source: DataSource,
-        extractor: Extractor,
+        extractor: Extractor | Sequence[Extractor],
         interval: float = DEFAULT_INTERVAL,
         timeout: float = DEFAULT_TIMEOUT,
         staleness: float = DEFAULT_STALENESS,
@@ -67,18 +68,38 @@ class MetricsScraper:
             raise ValueError("interval, timeout and staleness must be positive")
         if not isinstance(source, PollingSource):
             raise TypeError(f"data source {source!r} cannot be polled per endpoint (no poller())")
-        if not isinstance(extractor, MetricsExtractor):
-            raise TypeError(f"extractor {extractor!r} cannot extract metrics (no extract())")
+        extractors = [extractor] if isinstance(extractor, Extractor) else list(extractor)
+        metrics_extractors = [e for e in extractors if isinstance(e, MetricsExtractor)]
+        attribute_extractors = [
+            e for e in extractors if isinstance(e, AttributeExtractor) and not isinstance(e, MetricsExtractor)
+        ]
+        if len(metrics_extractors) > 1:
+            raise TypeError(f"data source {source!r}: only one extractor may produce the endpoint metrics")
+        for e in extractors:
+            if not isinstance(e, MetricsExtractor | AttributeExtractor):
+                raise TypeError(f"extractor {e!r} cannot extract metrics (no extract())")
+        if not extractors:
+            raise TypeError(f"data source {source!r} has no extractor")
         self._store = store
         self._source = cast(PollingSource, source)
-        self._extractor = cast(MetricsExtractor, extractor)
+        self._extractor = cast(MetricsExtractor, metrics_extractors[0]) if metrics_extractors else None
+        self._attribute_extractors = tuple(
+            (
+                cast(AttributeExtractor, e),
+                e.type_name,
+                DATALAYER_EXTRACT_ERRORS.labels(source_type=source.type_name, extractor_type=e.type_name),
+            )
+            for e in attribute_extractors
+        )
+        self.source_name = source.name
         self.interval = interval
         self.timeout = timeout
         self.staleness = staleness
-        if interval >= staleness:
+        if interval >= staleness and self._extractor is not None:
             log.warning(
                 "the metrics refresh interval is not shorter than the staleness threshold: "
                 "endpoint metrics will count as unknown between scrapes",
+                source=source.name,
                 refresh_metrics_interval=interval,
                 metrics_staleness_threshold=staleness,
             )
@@ -87,8 +108,14 @@ class MetricsScraper:
         self._subscribed = False
         self._poll_errors = DATALAYER_POLL_ERRORS.labels(source_type=source.type_name)
         self._extract_errors = DATALAYER_EXTRACT_ERRORS.labels(
-            source_type=source.type_name, extractor_type=extractor.type_name
+            source_type=source.type_name,
+            extractor_type=metrics_extractors[0].type_name if metrics_extractors else "",
         )
+
+    @property
+    def produces_metrics(self) -> bool:
+        """True when this source's extractor maintains ``Endpoint.metrics`` (and its freshness)."""
+        return self._extractor is not None
 
     # --- lifecycle ---------------------------------------------------------------------------
 
@@ -97,7 +124,8 @@ class MetricsScraper:
         if self._running:
             return
         self._running = True
-        COLLECTOR.track(self)
+        if self._extractor is not None:
+            COLLECTOR.track(self)
         if not self._subscribed:
             # The store has no unsubscribe: the listeners stay registered and do nothing once
             # the scraper is stopped (a restarted scraper picks the current endpoints up here).
@@ -172,6 +200,15 @@ class MetricsScraper:
             detail = "timeout" if isinstance(e, TimeoutError) else f"{type(e).__name__}: {e}"
             self._failed(endpoint, state, _poll_failure(e), detail)
             return
+        if self._attribute_extractors:
+            self._extract_attributes(endpoint, body, state)
+        if self._extractor is None:
+            if state.failure:
+                state.failure = ""
+                log.info(
+                    "data source poll recovered", source=self.source_name, endpoint=endpoint.metadata.key
+                )
+            return
         try:
             result = self._extractor.extract(endpoint, body)
         except Exception as e:
@@ -196,8 +233,40 @@ class MetricsScraper:
             state.failure = ""
             log.info("metrics scrape recovered", endpoint=endpoint.metadata.key)
 
+    def _extract_attributes(self, endpoint: Endpoint, payload: object, state: _ScrapeState) -> None:
+        """Run the attribute extractors; errors are counted, and logged when they change."""
+        for i, (extractor, type_name, errors_counter) in enumerate(self._attribute_extractors):
+            try:
+                errors = extractor.extract_attributes(endpoint, payload)
+            except Exception as e:
+                errors = (f"{type(e).__name__}: {e}",)
+            if errors:
+                errors_counter.inc()
+            previous = state.attribute_errors.get(i, ())
+            if errors != previous:
+                state.attribute_errors[i] = errors
+                if errors:
+                    log.warning(
+                        "attribute extraction errors",
+                        source=self.source_name,
+                        extractor=type_name,
+                        endpoint=endpoint.metadata.key,
+                        errors=errors,
+                    )
+
     def _failed(self, endpoint: Endpoint, state: _ScrapeState, reason: str, detail: str) -> None:
         """Count a failed attempt and record its reason on the snapshot (on changes only)."""
+        if self._extractor is None:  # attributes only: the metrics' freshness is not this source's
+            if state.failure != reason:
+                state.failure = reason
+                log.warning(
+                    "data source poll failing",
+                    source=self.source_name,
+                    endpoint=endpoint.metadata.key,
+                    reason=reason,
+                    error=detail,
+                )
+            return
         SCRAPE_FAILURES.labels(reason).inc()
         metrics = endpoint.metrics
         if metrics.failure != reason:
@@ -230,3 +299,4 @@ class _ScrapeState:
 
     failure: str = ""
     errors: tuple[str, ...] = ()
+    attribute_errors: dict[int, tuple[str, ...]] = dataclasses.field(default_factory=dict)
