@@ -103,8 +103,10 @@ def _check_pair(source: DataSource, extractor: Extractor, earlier: list[Extracto
                 f"{source.typed_name} GVK {source.gvk}",
             )
         return
+    # An extractor implementing none of the extraction contracts is left to the data layer (which
+    # skips it with a warning): third-party types may be config-only placeholders.
     polled = isinstance(extractor, MetricsExtractor | AttributeExtractor)
-    if not polled or extractor.accepts != source.payload:
+    if polled and extractor.accepts != source.payload:
         raise ConfigError(
             where,
             f"dispatcher {source.typed_name} rejected extractor {extractor.typed_name}: "

@@ -16,7 +16,15 @@ import structlog
 from epp.datalayer.notifications import EndpointEvents
 from epp.datalayer.scraper import DEFAULT_STALENESS, MetricsScraper
 from epp.datalayer.store import EndpointStore
-from epp.framework.interfaces import DataSource, EndpointSource, Extractor, NotificationSource, PollingSource
+from epp.framework.interfaces import (
+    AttributeExtractor,
+    DataSource,
+    EndpointSource,
+    Extractor,
+    MetricsExtractor,
+    NotificationSource,
+    PollingSource,
+)
 
 log = structlog.get_logger("epp.datalayer.runtime")
 
@@ -55,9 +63,20 @@ class DataLayer:
         self.endpoint_events: list[EndpointEvents] = []
         self.notification_sources: list[tuple[DataSource, list[Extractor]]] = []
         self._watches: list[Any] = []
-        polled: list[tuple[DataSource, list[Extractor]]] = [
-            (s, list(e)) for s, e in sources if isinstance(s, PollingSource) and e
-        ]
+        polled: list[tuple[DataSource, list[Extractor]]] = []
+        for source, exts in sources:
+            if not isinstance(source, PollingSource):
+                continue
+            usable: list[Extractor] = [
+                e for e in exts if isinstance(e, MetricsExtractor | AttributeExtractor)
+            ]
+            for e in exts:
+                if e not in usable:
+                    log.warning(
+                        "extractor cannot read a polled source; skipped", source=source.name, extractor=e.name
+                    )
+            if usable:
+                polled.append((source, usable))
         _, periods = effective_intervals(refresh_interval, [s.interval for s, _ in polled])
         for (source, extractors), period in zip(polled, periods, strict=True):
             if source.interval and abs(period - source.interval) > 1e-9:
