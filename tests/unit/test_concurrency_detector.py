@@ -6,7 +6,7 @@ import pytest
 import yaml
 
 from epp.config.loader import load_document
-from epp.framework import ConfigError, CycleState, ProfileRunResult, SchedulingResult
+from epp.framework import ConfigError, CycleState, Endpoint, LLMRequest, ProfileRunResult, SchedulingResult
 from epp.framework.params import decode_params
 from epp.plugins.producers.inflight_load import InFlightLoadProducer, estimate_tokens
 from epp.plugins.saturation.concurrency_detector import ConcurrencyDetector, ConcurrencyDetectorParams
@@ -19,13 +19,15 @@ def _detector(producer: InFlightLoadProducer | None = None, **params: object) ->
     return ConcurrencyDetector("cd", p, handle)
 
 
-def _route(producer: InFlightLoadProducer, target: object, prompt: str = "p", n: int = 1) -> list[object]:
+def _route(
+    producer: InFlightLoadProducer, target: Endpoint, prompt: str = "p", n: int = 1
+) -> list[tuple[LLMRequest, SchedulingResult]]:
     """Charge ``n`` requests on ``target`` through the producer's PreRequest hook; returns the requests
     (keep them: a request collected without ``request_done`` gives its charges back)."""
     out = []
     for i in range(n):
         req = completions(prompt, request_id=f"r{i}")
-        res = SchedulingResult({"decode": ProfileRunResult([target])}, "decode")  # type: ignore[list-item]
+        res = SchedulingResult({"decode": ProfileRunResult([target])}, "decode")
         producer.pre_request(CycleState(), req, res)
         out.append((req, res))
     return out
@@ -93,7 +95,7 @@ def test_releases_lower_saturation() -> None:
     charged = _route(producer, eps[0], n=2)
     assert det.saturation(eps) == 1.0
     req, res = charged[0]
-    producer.request_done(req, res)  # type: ignore[arg-type]
+    producer.request_done(req, res)
     assert det.saturation(eps) == 0.5
 
 
@@ -163,6 +165,8 @@ saturationDetector: {pluginRef: concurrency-detector}
     cfg = load_document(doc, "test")
     assert "inflight-load-producer" not in cfg.plugins
     eps = endpoints(1)
-    _held10 = _route(cfg.plugins["mine"], eps[0])  # type: ignore[arg-type]
+    mine = cfg.plugins["mine"]
+    assert isinstance(mine, InFlightLoadProducer)
+    _held10 = _route(mine, eps[0])
     assert cfg.saturation_detector is not None
     assert cfg.saturation_detector.saturation(eps) == 1.0
