@@ -105,6 +105,7 @@ class ConcurrencyDetector(SaturationDetector, Filter):
         self._tok_limit = int(params.max_token_concurrency * (1.0 + params.headroom))
         producer_name = params.in_flight_load_producer_name or DEFAULT_PRODUCERS[INFLIGHT_LOAD_KEY]
         self._loads = _LoadSource(handle, producer_name)
+        self._reader: _LoadFn | None = None
         if params.headroom > 1.0:
             log.warning(
                 "unusually high headroom configured; verify the value is a fraction, not a percentage",
@@ -115,16 +116,18 @@ class ConcurrencyDetector(SaturationDetector, Filter):
 
     def _load_fn(self) -> _LoadFn:
         """How to read one endpoint's load: the producer's counters, or ``Endpoint.inflight``."""
-        producer = self._loads.get()
-        load = getattr(producer, "load", None)
-        if callable(load):
+        if self._reader is not None:
+            return self._reader
+        load = getattr(self._loads.get(), "load", None)
+        if not callable(load):
+            return _from_endpoint  # no producer (yet): looked up again next time
 
-            def from_producer(e: Endpoint) -> InFlightLoad:
-                value = load(e.metadata.key)
-                return value if isinstance(value, InFlightLoad) else _ZERO
+        def from_producer(e: Endpoint) -> InFlightLoad:
+            value = load(e.metadata.key)
+            return value if isinstance(value, InFlightLoad) else _ZERO
 
-            return from_producer
-        return _from_endpoint
+        self._reader = from_producer
+        return from_producer
 
     def saturation(self, endpoints: Sequence[Endpoint]) -> float:
         if not endpoints:
