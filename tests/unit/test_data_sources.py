@@ -5,7 +5,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import pytest
@@ -17,11 +17,10 @@ from epp.datalayer.notifications import EndpointEvents
 from epp.datalayer.runtime import DataLayer, effective_intervals
 from epp.datalayer.scraper import MetricsScraper
 from epp.datalayer.store import EndpointStore
-from epp.framework import ConfigError, Endpoint, EndpointMetadata, Extractor
+from epp.framework import ConfigError, Endpoint, EndpointMetadata, Extractor, registry
 from epp.framework.endpoint_attributes import GPU_UTILIZATION_KEY, MODELS_KEY, ModelData, scalar_metric_key
 from epp.framework.interfaces import EndpointEvent, EventType, Stability
 from epp.framework.params import decode_params
-from epp.framework.registry import register
 from epp.plugins.scraping.core_metrics_extractor import CoreMetricsExtractor, CoreMetricsExtractorParams
 from epp.plugins.scraping.dcgm_data_source import DcgmDataSource, DcgmDataSourceParams
 from epp.plugins.scraping.dcgm_extractor import DcgmExtractor
@@ -425,7 +424,6 @@ def test_endpoint_notification_source_needs_an_endpoint_extractor() -> None:
 # --- endpoint notifications ---------------------------------------------------------------------
 
 
-@register
 class _RecordingEndpointExtractor(Extractor):
     type_name = "test-endpoint-recorder"
     seen: list[tuple[EventType, str, str]] = []
@@ -478,3 +476,16 @@ async def test_a_failing_endpoint_extractor_does_not_stop_the_others() -> None:
     store.upsert(EndpointMetadata("a", "10.0.0.1", 8000))
     await asyncio.sleep(0)
     assert [e[1] for e in _RecordingEndpointExtractor.seen] == ["default/a"]
+
+
+@pytest.fixture(autouse=True)
+def _test_types() -> Iterator[None]:
+    """Register this module's test-only extractor type for one test, then restore the registry."""
+    registry.registered_types()  # import the built-ins first
+    saved = dict(registry._REGISTRY)
+    registry.register(_RecordingEndpointExtractor)
+    try:
+        yield
+    finally:
+        registry._REGISTRY.clear()
+        registry._REGISTRY.update(saved)

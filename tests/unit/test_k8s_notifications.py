@@ -12,9 +12,8 @@ import yaml
 from kubernetes_asyncio import client
 
 from epp.config.loader import load_document
-from epp.framework import ConfigError, Extractor
+from epp.framework import ConfigError, Extractor, registry
 from epp.framework.interfaces import EventType, GroupVersionKind, NotificationEvent
-from epp.framework.registry import register
 from epp.k8s.client import api_client
 from epp.k8s.notification_watch import NotificationWatch, resolve_kind
 from epp.plugins.scraping.k8s_notification_source import K8sNotificationSource, K8sNotificationSourceParams
@@ -61,9 +60,6 @@ class Recorder(Extractor):
         self.seen.append(
             (event.type, obj["metadata"]["name"], spec.get("priority", obj.get("status", {}).get("podIP")))
         )
-
-
-register(Recorder)
 
 
 def source(group: str, version: str, kind: str) -> K8sNotificationSource:
@@ -167,3 +163,16 @@ def test_matching_extractor_loads() -> None:
     src, exts = cfg.data_sources[0]
     assert isinstance(src, K8sNotificationSource) and str(src.gvk) == str(OBJECTIVE_GVK)
     assert [e.name for e in exts] == ["test-objective-recorder"]
+
+
+@pytest.fixture(autouse=True)
+def _test_types() -> Iterator[None]:
+    """Register this module's test-only extractor type for one test, then restore the registry."""
+    registry.registered_types()  # import the built-ins first
+    saved = dict(registry._REGISTRY)
+    registry.register(Recorder)
+    try:
+        yield
+    finally:
+        registry._REGISTRY.clear()
+        registry._REGISTRY.update(saved)
