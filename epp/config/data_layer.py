@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import cast
+
 from epp.config import defaults as d
 from epp.config.context import LoadContext
 from epp.config.schema import DataSourceSpec, RefSpec
@@ -53,11 +55,16 @@ def build_data_layer(ctx: LoadContext) -> list[tuple[DataSource, list[Extractor]
         for ext in src.extractors:
             ewhere = f"{ext.path}.pluginRef"
             extractor = ctx.lookup_ref(ext.plugin_ref, ewhere, "extractor")
-            if not isinstance(extractor, Extractor):
+            # An event source's extractor may be another kind of plugin taking its events (a data
+            # producer dropping state of removed endpoints, as the reference's producers do).
+            takes_events = (
+                isinstance(source, EndpointSource) and isinstance(extractor, EndpointExtractor)
+            ) or (isinstance(source, NotificationSource) and isinstance(extractor, NotificationExtractor))
+            if not isinstance(extractor, Extractor) and not takes_events:
                 # The reference prints the source name here; naming the extractor helps more.
                 raise ConfigError(ewhere, f"the plugin {ext.plugin_ref} is not a fwkdl.ExtractorBase")
-            _check_pair(source, extractor, extractors, ewhere)
-            extractors.append(extractor)
+            _check_pair(source, cast(Extractor, extractor), extractors, ewhere)
+            extractors.append(cast(Extractor, extractor))
         if isinstance(source, NotificationSource):
             gvk = str(source.gvk)
             if gvk in gvks:

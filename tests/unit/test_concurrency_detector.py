@@ -74,18 +74,23 @@ def test_requests_mode_is_aggregate_inflight_over_aggregate_capacity() -> None:
 def test_tokens_and_hybrid_modes() -> None:
     producer = InFlightLoadProducer("inflight-load-producer", None)
     eps = endpoints(2)
-    prompt = "x" * 400  # 100 input tokens + 150 estimated output tokens
-    tokens = estimate_tokens(completions(prompt))
-    assert tokens == 250
-    _held3 = _route(producer, eps[0], prompt, n=4)  # e0: 4 requests, 1000 tokens
-    _held4 = _route(producer, eps[1], "", n=1)  # e1: 1 request, 0 tokens
-    tok = _detector(producer, concurrencyMode="tokens", maxTokenConcurrency=1000)
-    assert tok.saturation(eps) == pytest.approx(1000 / 2000)
-    # hybrid: per endpoint max(request ratio, token ratio), averaged: e0 max(4/4, 1000/1000)=1, e1 1/4
-    hyb = _detector(producer, concurrencyMode="hybrid", maxConcurrency=4, maxTokenConcurrency=1000)
-    assert hyb.saturation(eps) == pytest.approx((1.0 + 0.25) / 2)
+    _held3 = _route(producer, eps[0], "x" * 400, n=4)  # e0: 4 requests and their token estimates
+    _held4 = _route(producer, eps[1], "", n=1)  # e1: 1 request, (about) no tokens
+    t0, t1 = (producer.load(e.metadata.key).tokens for e in eps)
+    assert t0 > 100 * t1 >= 0  # the producer's estimate, whatever its formula
+    tok = _detector(producer, concurrencyMode="tokens", maxTokenConcurrency=t0)
+    assert tok.saturation(eps) == pytest.approx((t0 + t1) / (2 * t0))
+    # hybrid: per endpoint max(request ratio, token ratio), averaged; e0 is full on both dimensions
+    hyb = _detector(producer, concurrencyMode="hybrid", maxConcurrency=4, maxTokenConcurrency=t0)
+    assert hyb.saturation(eps) == pytest.approx((1.0 + max(0.25, t1 / t0)) / 2)
+    # with a large request capacity e0 is full on tokens only: still 1.0 in the mean
+    hyb_tokens_first = _detector(
+        producer, concurrencyMode="hybrid", maxConcurrency=100, maxTokenConcurrency=t0
+    )
+    assert hyb_tokens_first.saturation(eps) == pytest.approx((1.0 + max(0.01, t1 / t0)) / 2)
     req = _detector(producer, maxConcurrency=4)
     assert req.saturation(eps) == pytest.approx(5 / 8)
+    assert estimate_tokens(completions("x" * 400)) > 0
 
 
 def test_releases_lower_saturation() -> None:
@@ -114,9 +119,11 @@ def test_filter_uses_capacity_times_one_plus_headroom() -> None:
 def test_hybrid_filter_drops_an_endpoint_full_on_either_dimension() -> None:
     producer = InFlightLoadProducer("inflight-load-producer", None)
     eps = endpoints(3)
-    _held7 = _route(producer, eps[0], "x" * 400, n=1)  # 250 tokens, 1 request
-    _held8 = _route(producer, eps[1], "", n=2)  # 0 tokens, 2 requests
-    det = _detector(producer, concurrencyMode="hybrid", maxConcurrency=2, maxTokenConcurrency=250)
+    _held7 = _route(producer, eps[0], "x" * 400, n=1)  # 1 request, many tokens
+    _held8 = _route(producer, eps[1], "", n=2)  # 2 requests, (about) no tokens
+    tokens = producer.load(eps[0].metadata.key).tokens
+    assert tokens > producer.load(eps[1].metadata.key).tokens
+    det = _detector(producer, concurrencyMode="hybrid", maxConcurrency=2, maxTokenConcurrency=tokens)
     assert det.filter(CycleState(), completions("p"), list(eps)) == [eps[2]]
 
 
@@ -147,7 +154,9 @@ saturationDetector: {pluginRef: concurrency-detector}
     assert producer in cfg.pre_request
     eps = endpoints(1)
     _held9 = _route(producer, eps[0], "x" * 400, n=1)
-    assert det.saturation(eps) == pytest.approx(250 / 500)
+    tokens = producer.load(eps[0].metadata.key).tokens
+    assert tokens > 0
+    assert det.saturation(eps) == pytest.approx(tokens / 500)
 
 
 def test_named_producer_is_read() -> None:

@@ -17,7 +17,7 @@ from epp.datalayer.notifications import EndpointEvents
 from epp.datalayer.runtime import DataLayer, effective_intervals
 from epp.datalayer.scraper import MetricsScraper
 from epp.datalayer.store import EndpointStore
-from epp.framework import ConfigError, Endpoint, EndpointMetadata, Extractor, registry
+from epp.framework import ConfigError, DataProducer, Endpoint, EndpointMetadata, Extractor, registry
 from epp.framework.endpoint_attributes import GPU_UTILIZATION_KEY, MODELS_KEY, ModelData, scalar_metric_key
 from epp.framework.interfaces import EndpointEvent, EventType, Stability
 from epp.framework.params import decode_params
@@ -478,12 +478,62 @@ async def test_a_failing_endpoint_extractor_does_not_stop_the_others() -> None:
     assert [e[1] for e in _RecordingEndpointExtractor.seen] == ["default/a"]
 
 
+class _ForgetfulProducer(DataProducer):
+    """A data producer that drops per-endpoint state on endpoint deletion events."""
+
+    type_name = "test-forgetful-producer"
+
+    def __init__(self, name: str, params: Any = None, handle: Any = None) -> None:
+        super().__init__(name, params, handle)
+        self.known: set[str] = set()
+
+    async def produce(self, cycle: Any, request: Any, endpoints: list[Endpoint]) -> None:
+        return None
+
+    def extract_endpoint(self, event: EndpointEvent) -> None:
+        key = event.endpoint.metadata.key
+        if event.type is EventType.DELETE:
+            self.known.discard(key)
+        else:
+            self.known.add(key)
+
+
+async def test_a_data_producer_may_take_endpoint_events() -> None:
+    cfg = _load(
+        "plugins: [{type: endpoint-notification-source}, {type: test-forgetful-producer}]\n"
+        "dataLayer:\n  sources: [{pluginRef: endpoint-notification-source, extractors: "
+        "[{pluginRef: test-forgetful-producer}]}]\n"
+    )
+    producer = cfg.plugins["test-forgetful-producer"]
+    assert isinstance(producer, _ForgetfulProducer)
+    store = EndpointStore()
+    layer = DataLayer(store, cfg.data_sources, refresh_interval=0.05)
+    for events in layer.endpoint_events:
+        events.start()
+    store.upsert(EndpointMetadata("a", "10.0.0.1", 8000))
+    store.upsert(EndpointMetadata("b", "10.0.0.2", 8000))
+    store.delete("default/a")
+    assert producer.known == {"default/b"}
+    await layer.stop()
+
+
+def test_a_plain_producer_is_still_not_an_extractor() -> None:
+    with pytest.raises(ConfigError) as e:
+        _load(
+            "plugins: [{type: metrics-data-source}, {type: test-forgetful-producer}]\n"
+            "dataLayer:\n  sources: [{pluginRef: metrics-data-source, extractors: "
+            "[{pluginRef: test-forgetful-producer}]}]\n"
+        )
+    assert "is not a fwkdl.ExtractorBase" in e.value.reason
+
+
 @pytest.fixture(autouse=True)
 def _test_types() -> Iterator[None]:
-    """Register this module's test-only extractor type for one test, then restore the registry."""
+    """Register this module's test-only types for one test, then restore the registry."""
     registry.registered_types()  # import the built-ins first
     saved = dict(registry._REGISTRY)
     registry.register(_RecordingEndpointExtractor)
+    registry.register(_ForgetfulProducer)
     try:
         yield
     finally:
