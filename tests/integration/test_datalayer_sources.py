@@ -1,9 +1,12 @@
-"""Per-source ``port`` and ``interval`` and ``models-data-source`` through the real ``epp serve`` and
-``epp sim``: a model server that exposes its metrics on a separate port (``epp sim --metrics-port``,
-as Triton does) is scraped only when ``metrics-data-source`` is told that port."""
+"""Per-source ``port`` and ``interval``, ``models-data-source`` and the DCGM source through the real
+``epp serve`` and ``epp sim``: a model server that exposes its metrics on a separate port (``epp sim
+--metrics-port``, as Triton does) is scraped only when ``metrics-data-source`` is told that port, and
+a DCGM exporter page (``epp sim --dcgm-port``) is matched to the endpoint's pod."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 
@@ -87,3 +90,42 @@ def test_a_wrong_models_path_counts_poll_errors(rig: Rig) -> None:
     epp = rig.start_epp([sim], config=config)
     _wait("models poll errors", lambda: _metric(epp, POLL_ERRORS, source_type="models-data-source") > 0)
     _wait("fresh metrics", lambda: _metric(epp, STATES, state="fresh") == 1.0)  # other sources unaffected
+
+
+EXTRACT_ERRORS = "llm_d_inference_scheduler_datalayer_extract_errors_total"
+
+
+def _experimental_flag() -> list[str]:
+    """``--allow-experimental-plugins`` where ``epp serve`` gates alpha types (the DCGM ones) behind it."""
+    out = subprocess.run(
+        [sys.executable, "-m", "epp", "serve", "--help"], capture_output=True, text=True, check=False
+    ).stdout
+    return ["--allow-experimental-plugins"] if "--allow-experimental-plugins" in out else []
+
+
+def _dcgm_config(dcgm_port: int) -> dict[str, object]:
+    return {
+        "plugins": [
+            {"type": "dcgm-data-source", "parameters": {"port": dcgm_port, "interval": "100ms"}},
+            {"type": "dcgm-extractor"},
+        ],
+        "dataLayer": {
+            "sources": [{"pluginRef": "dcgm-data-source", "extractors": [{"pluginRef": "dcgm-extractor"}]}]
+        },
+    }
+
+
+def test_dcgm_exporter_page_is_matched_to_the_endpoints_pod(rig: Rig) -> None:
+    flag = _experimental_flag()
+    port_a, port_b = stack.free_ports(2)
+    # sim-0 labels its GPU with its own pod name; the other sim claims another pod's GPU
+    (mine,) = rig.start_sims(1, extra=["--dcgm-port", str(port_a)])
+    (other,) = rig.start_sims(1, prefix="sim", extra=["--dcgm-port", str(port_b), "--name", "someone-else"])
+    good = rig.start_epp([mine], name="good", config=_dcgm_config(port_a), extra=flag)
+    bad = rig.start_epp([other], name="bad", config=_dcgm_config(port_b), extra=flag)
+    labels = {"source_type": "dcgm-data-source", "extractor_type": "dcgm-extractor"}
+    _wait("extraction errors for a page without our pod", lambda: _metric(bad, EXTRACT_ERRORS, **labels) >= 5)
+    # by now the good EPP polled as often (same interval): no poll error, no extraction error
+    assert _metric(good, POLL_ERRORS, source_type="dcgm-data-source") == 0.0
+    assert _metric(good, EXTRACT_ERRORS, **labels) == 0.0
+    assert _metric(bad, POLL_ERRORS, source_type="dcgm-data-source") == 0.0
