@@ -5,7 +5,9 @@
 from __future__ import annotations
 
 import asyncio
+import ssl
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -25,9 +27,10 @@ from epp.plugins.scraping.core_metrics_extractor import CoreMetricsExtractor, Co
 from epp.plugins.scraping.dcgm_data_source import DcgmDataSource, DcgmDataSourceParams
 from epp.plugins.scraping.dcgm_extractor import DcgmExtractor
 from epp.plugins.scraping.endpoint_notification_source import EndpointNotificationSource
-from epp.plugins.scraping.metrics_data_source import MetricsDataSource, MetricsDataSourceParams
+from epp.plugins.scraping.metrics_data_source import HttpError, MetricsDataSource, MetricsDataSourceParams
 from epp.plugins.scraping.models_data_extractor import ModelsDataExtractor
 from epp.plugins.scraping.models_data_source import ModelsDataSource, ModelsDataSourceParams
+from epp.server.tls import Authority
 from tests.unit.polling import until
 
 INTERVAL = 0.02
@@ -57,12 +60,12 @@ class PageServer:
         self.port = 0
         self._runner: web.AppRunner | None = None
 
-    async def start(self, host: str = "127.0.0.1") -> None:
+    async def start(self, host: str = "127.0.0.1", ssl_context: ssl.SSLContext | None = None) -> None:
         app = web.Application()
         app.router.add_get("/{tail:.*}", self._handle)
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, host, 0)
+        site = web.TCPSite(self._runner, host, 0, ssl_context=ssl_context)
         await site.start()
         server = site._server
         assert server is not None
@@ -539,3 +542,81 @@ def _test_types() -> Iterator[None]:
     finally:
         registry._REGISTRY.clear()
         registry._REGISTRY.update(saved)
+
+
+# --- TLS to scrape targets ----------------------------------------------------------------------
+
+
+async def _tls_server(tmp_path: Path, ca: Authority, *, require_client: bool) -> tuple[PageServer, Path]:
+    pair = ca.issue("metrics", ip_addresses=["127.0.0.1"])
+    (tmp_path / "srv.crt").write_bytes(pair.cert)
+    (tmp_path / "srv.key").write_bytes(pair.key)
+    (tmp_path / "ca.crt").write_bytes(ca.cert)
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(tmp_path / "srv.crt", tmp_path / "srv.key")
+    if require_client:
+        context.verify_mode = ssl.CERT_REQUIRED
+        context.load_verify_locations(tmp_path / "ca.crt")
+    server = PageServer()
+    await server.start(ssl_context=context)
+    server.pages["/metrics"] = (200, VLLM)
+    return server, tmp_path / "ca.crt"
+
+
+async def _poll(params: dict[str, Any], port: int) -> Any:
+    source = MetricsDataSource(
+        "m", decode_params(MetricsDataSourceParams, {"scheme": "https", **params}, "p")
+    )
+    poller = source.poller(Endpoint(meta(port)))
+    try:
+        return await poller.poll()
+    finally:
+        poller.close()
+
+
+async def test_https_verifies_with_ca_cert_path(tmp_path: Path) -> None:
+    ca = Authority.create("scrape-ca")
+    server, ca_file = await _tls_server(tmp_path, ca, require_client=False)
+    try:
+        assert await _poll({"insecureSkipVerify": False, "caCertPath": str(ca_file)}, server.port) == VLLM
+        with pytest.raises(ssl.SSLCertVerificationError):  # the system roots do not know this CA
+            await _poll({"insecureSkipVerify": False}, server.port)
+        assert await _poll({}, server.port) == VLLM  # insecureSkipVerify defaults to true
+    finally:
+        await server.stop()
+
+
+async def test_https_presents_the_client_certificate(tmp_path: Path) -> None:
+    ca = Authority.create("scrape-ca")
+    server, ca_file = await _tls_server(tmp_path, ca, require_client=True)
+    client = ca.issue("epp", server=False, client=True)
+    (tmp_path / "cli.crt").write_bytes(client.cert)
+    (tmp_path / "cli.key").write_bytes(client.key)
+    mtls = {"clientCertPath": str(tmp_path / "cli.crt"), "clientKeyPath": str(tmp_path / "cli.key")}
+    verified = {"insecureSkipVerify": False, "caCertPath": str(ca_file)}
+    try:
+        assert await _poll({**verified, **mtls}, server.port) == VLLM
+        with pytest.raises((ssl.SSLError, ConnectionError, HttpError)):  # refused without a client cert
+            await _poll(verified, server.port)
+    finally:
+        await server.stop()
+
+
+def test_client_cert_without_key_and_bad_files_are_config_errors(tmp_path: Path) -> None:
+    bad = tmp_path / "cli.crt"
+    bad.write_bytes(b"not a certificate")
+    with pytest.raises(ConfigError) as e:
+        decode_params(MetricsDataSourceParams, {"clientCertPath": str(bad)}, "parameters")
+    assert e.value.field == "parameters.clientCertPath" and "set together" in e.value.reason
+    params = decode_params(
+        MetricsDataSourceParams,
+        {
+            "scheme": "https",
+            "clientCertPath": str(tmp_path / "cli.crt"),
+            "clientKeyPath": str(tmp_path / "cli.crt"),
+        },
+        "parameters",
+    )
+    with pytest.raises(ConfigError) as e:
+        MetricsDataSource("m", params)
+    assert e.value.field == "clientCertPath" and "loading client cert" in e.value.reason
