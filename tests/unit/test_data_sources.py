@@ -251,7 +251,11 @@ async def test_metrics_source_port_scrapes_another_port(
         ({"interval": "soon"}, "interval", "invalid interval 'soon'"),
         ({"interval": "-1s"}, "interval", "interval must be non-negative"),
         ({"scheme": "ftp"}, "scheme", "unsupported scheme"),
-        ({"caCertPath": "/nonexistent/ca.pem"}, "caCertPath", "no such file"),
+        (
+            {"scheme": "https", "insecureSkipVerify": False, "caCertPath": "/nonexistent/ca.pem"},
+            "caCertPath",
+            "no such file",
+        ),
     ],
 )
 def test_metrics_source_parameter_errors(params: dict[str, Any], field: str, reason: str) -> None:
@@ -606,8 +610,11 @@ def test_client_cert_without_key_and_bad_files_are_config_errors(tmp_path: Path)
     bad = tmp_path / "cli.crt"
     bad.write_bytes(b"not a certificate")
     with pytest.raises(ConfigError) as e:
-        decode_params(MetricsDataSourceParams, {"clientCertPath": str(bad)}, "parameters")
+        decode_params(MetricsDataSourceParams, {"scheme": "https", "clientCertPath": str(bad)}, "parameters")
     assert e.value.field == "parameters.clientCertPath" and "set together" in e.value.reason
+    # plain http reads no TLS settings, and a skipped verification no CA bundle
+    decode_params(MetricsDataSourceParams, {"clientCertPath": "/nonexistent"}, "parameters")
+    decode_params(MetricsDataSourceParams, {"scheme": "https", "caCertPath": "/nonexistent"}, "parameters")
     params = decode_params(
         MetricsDataSourceParams,
         {

@@ -45,7 +45,12 @@ def validate_http_params(params: Any) -> str | None:
     port = getattr(params, "port", None)
     if port is not None and not 1 <= port <= 65535:
         return f"port: invalid port {port}: must be between 1 and 65535"
-    for field in ("ca_cert_path", "client_cert_path", "client_key_path"):
+    if params.scheme != "https":
+        return None  # TLS settings are read only for https (as the reference does)
+    files = ["client_cert_path", "client_key_path"]
+    if not params.insecure_skip_verify:
+        files.insert(0, "ca_cert_path")  # the CA bundle is used only when verifying
+    for field in files:
         path = getattr(params, field, "")
         if path and not os.path.isfile(path):
             return f"{_camel(field)}: no such file {path!r}"
