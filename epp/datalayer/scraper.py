@@ -1,7 +1,9 @@
-"""The scrape loop: one asyncio task per endpoint polling its metrics and replacing its snapshot.
+"""The scrape loop of one polled data source: one asyncio task per endpoint.
 
-Also defines the contracts the scraper needs from its plugins (``PollingSource``, ``Poller``,
-``MetricsExtractor``, ``ExtractResult``): the framework's data-layer base classes declare none.
+Each poll feeds the source's extractors: at most one ``MetricsExtractor`` replacing the endpoint's
+``Metrics`` snapshot (and keeping its freshness), and any ``AttributeExtractor``s writing
+``Endpoint.attributes``. The contracts (``PollingSource``, ``Poller``, ``MetricsExtractor``,
+``AttributeExtractor``) live in ``epp.framework.interfaces``.
 """
 
 from __future__ import annotations
@@ -48,11 +50,12 @@ def is_stale(endpoint: Endpoint, threshold: float, now: float | None = None) -> 
 
 
 class MetricsScraper:
-    """Keeps every store endpoint's ``metrics`` fresh; ``start()`` in a running loop, ``stop()``.
+    """Polls one source for every store endpoint; ``start()`` in a running loop, ``stop()``.
 
     One task per endpoint: poll with a timeout, extract, replace the snapshot as a whole (readers never
     see half an update) with ``fresh_until = update_time + staleness``. A tick starts only after the
-    previous scrape ended; missed ticks are dropped. Failures are logged on state changes only.
+    previous scrape ended; missed ticks are dropped. Failures are logged on state changes only. A
+    source without a metrics extractor (attributes only) never touches ``Endpoint.metrics``.
     """
 
     def __init__(
@@ -107,9 +110,12 @@ class MetricsScraper:
         self._running = False
         self._subscribed = False
         self._poll_errors = DATALAYER_POLL_ERRORS.labels(source_type=source.type_name)
-        self._extract_errors = DATALAYER_EXTRACT_ERRORS.labels(
-            source_type=source.type_name,
-            extractor_type=metrics_extractors[0].type_name if metrics_extractors else "",
+        self._extract_errors = (
+            DATALAYER_EXTRACT_ERRORS.labels(
+                source_type=source.type_name, extractor_type=metrics_extractors[0].type_name
+            )
+            if metrics_extractors
+            else _NO_COUNTER
         )
 
     @property
@@ -291,6 +297,14 @@ def _poll_failure(e: Exception) -> str:
     if isinstance(e, OSError | EOFError):
         return "connect"
     return "poll_error"
+
+
+class _NoCounter:
+    def inc(self) -> None:
+        return None
+
+
+_NO_COUNTER = _NoCounter()
 
 
 @dataclass(slots=True)
