@@ -12,6 +12,8 @@ import yaml
 from kubernetes_asyncio import client
 
 from epp.config.loader import load_document
+from epp.datalayer.runtime import DataLayer
+from epp.datalayer.store import EndpointStore
 from epp.framework import ConfigError, Extractor, registry
 from epp.framework.interfaces import EventType, GroupVersionKind, NotificationEvent
 from epp.k8s.client import api_client
@@ -163,6 +165,30 @@ def test_matching_extractor_loads() -> None:
     src, exts = cfg.data_sources[0]
     assert isinstance(src, K8sNotificationSource) and str(src.gvk) == str(OBJECTIVE_GVK)
     assert [e.name for e in exts] == ["test-objective-recorder"]
+
+
+async def test_data_layer_starts_a_watch_per_notification_source(
+    kube: FakeKube, api: client.ApiClient
+) -> None:
+    cfg = load_document(
+        _doc(
+            "- {type: test-objective-recorder}\n"
+            "dataLayer:\n  sources: [{pluginRef: objectives,"
+            " extractors: [{pluginRef: test-objective-recorder}]}]\n"
+        ),
+        "t",
+    )
+    recorder = cfg.plugins["test-objective-recorder"]
+    assert isinstance(recorder, Recorder)
+    layer = DataLayer(EndpointStore(), cfg.data_sources, refresh_interval=0.05)
+    layer.start_watches(api, NS)
+    try:
+        kube.create(objects.objective(NS, "o1", 3))
+        await until(
+            lambda: recorder.seen == [(EventType.ADD_OR_UPDATE, "o1", 3)], state=lambda: str(recorder.seen)
+        )
+    finally:
+        await layer.stop()
 
 
 @pytest.fixture(autouse=True)
