@@ -23,7 +23,11 @@ from tests.fakekube import FakeKube, objects
 from tests.unit.polling import until
 
 NS = "ns"
-OBJECTIVE_GVK = GroupVersionKind("inference.networking.x-k8s.io", "v1alpha2", "InferenceObjective")
+# the API version the fake server's InferenceObjective fixtures are created with
+OBJECTIVE_API = str(objects.objective("ns", "x", 0)["apiVersion"])
+OBJECTIVE_GVK = GroupVersionKind(
+    OBJECTIVE_API.split("/")[0], OBJECTIVE_API.split("/")[1], "InferenceObjective"
+)
 
 
 @pytest.fixture
@@ -72,14 +76,14 @@ async def test_custom_kind_events_reach_the_extractor(kube: FakeKube, api: clien
     kube.create(objects.objective(NS, "before", 1))
     kube.create(objects.objective("elsewhere", "other-ns", 9))  # another namespace: not watched
     recorder = Recorder("r")
-    group, version = objects.ALPHA_API.split("/")
-    watch = NotificationWatch(api, NS, source(group, version, "InferenceObjective"), [recorder])
+    gvk = OBJECTIVE_GVK
+    watch = NotificationWatch(api, NS, source(gvk.group, gvk.version, gvk.kind), [recorder])
     watch.start()
     try:
         await until(lambda: len(recorder.seen) == 1, state=lambda: str(recorder.seen))
         kube.create(objects.objective(NS, "after", 2))
-        kube.patch(objects.ALPHA_API, "InferenceObjective", NS, "before", {"spec": {"priority": 5}})
-        kube.delete(objects.ALPHA_API, "InferenceObjective", NS, "after")
+        kube.patch(OBJECTIVE_API, "InferenceObjective", NS, "before", {"spec": {"priority": 5}})
+        kube.delete(OBJECTIVE_API, "InferenceObjective", NS, "after")
         await until(lambda: len(recorder.seen) == 4, state=lambda: str(recorder.seen))
     finally:
         await watch.stop()
@@ -112,12 +116,15 @@ async def test_unknown_kind_is_reported_not_fatal(api: client.ApiClient) -> None
     assert kind.plural == "inferenceobjectives"
 
 
+_GVK_PARAMS = (
+    f"{{group: {OBJECTIVE_GVK.group}, version: {OBJECTIVE_GVK.version}, kind: {OBJECTIVE_GVK.kind}}}"
+)
+
+
 def _doc(extra: str) -> Any:
     return yaml.safe_load(
         "apiVersion: llm-d.ai/v1alpha1\nkind: EndpointPickerConfig\nplugins:\n"
-        "- {type: k8s-notification-source, name: objectives,"
-        " parameters: {group: inference.networking.x-k8s.io, version: v1alpha2, kind: InferenceObjective}}\n"
-        + extra
+        f"- {{type: k8s-notification-source, name: objectives, parameters: {_GVK_PARAMS}}}\n" + extra
     )
 
 
@@ -139,9 +146,7 @@ def test_two_sources_for_one_kind_are_rejected() -> None:
     with pytest.raises(ConfigError) as e:
         load_document(
             _doc(
-                "- {type: k8s-notification-source, name: again,"
-                " parameters: {group: inference.networking.x-k8s.io, version: v1alpha2,"
-                " kind: InferenceObjective}}\n"
+                f"- {{type: k8s-notification-source, name: again, parameters: {_GVK_PARAMS}}}\n"
                 "- {type: test-objective-recorder}\n"
                 "dataLayer:\n  sources:\n"
                 "  - {pluginRef: objectives, extractors: [{pluginRef: test-objective-recorder}]}\n"
