@@ -6,12 +6,24 @@ epp's standbys mirror the leader over their own replication stream (``--ha-repli
 
 from __future__ import annotations
 
+from typing import cast
+
 from epp.config import defaults as d
 from epp.config.context import LoadContext
 from epp.config.schema import DataSourceSpec, RefSpec
 from epp.framework import registry
 from epp.framework.errors import ConfigError
-from epp.framework.interfaces import DataSource, EndpointDiscovery, Extractor
+from epp.framework.interfaces import (
+    AttributeExtractor,
+    DataSource,
+    EndpointDiscovery,
+    EndpointExtractor,
+    EndpointSource,
+    Extractor,
+    MetricsExtractor,
+    NotificationExtractor,
+    NotificationSource,
+)
 
 
 def apply_data_layer_defaults(ctx: LoadContext) -> None:
@@ -36,6 +48,7 @@ def apply_data_layer_defaults(ctx: LoadContext) -> None:
 def build_data_layer(ctx: LoadContext) -> list[tuple[DataSource, list[Extractor]]]:
     """Each configured data source with its extractors."""
     out: list[tuple[DataSource, list[Extractor]]] = []
+    gvks: dict[str, str] = {}
     dl = ctx.doc.data_layer
     for src in dl.sources:
         where = f"{src.path}.pluginRef"
@@ -46,10 +59,25 @@ def build_data_layer(ctx: LoadContext) -> list[tuple[DataSource, list[Extractor]
         for ext in src.extractors:
             ewhere = f"{ext.path}.pluginRef"
             extractor = ctx.lookup_ref(ext.plugin_ref, ewhere, "extractor")
-            if not isinstance(extractor, Extractor):
+            # An event source's extractor may be another kind of plugin taking its events (a data
+            # producer dropping state of removed endpoints, as the reference's producers do).
+            takes_events = (
+                isinstance(source, EndpointSource) and isinstance(extractor, EndpointExtractor)
+            ) or (isinstance(source, NotificationSource) and isinstance(extractor, NotificationExtractor))
+            if not isinstance(extractor, Extractor) and not takes_events:
                 # The reference prints the source name here; naming the extractor helps more.
                 raise ConfigError(ewhere, f"the plugin {ext.plugin_ref} is not a fwkdl.ExtractorBase")
-            extractors.append(extractor)
+            _check_pair(source, cast(Extractor, extractor), extractors, ewhere)
+            extractors.append(cast(Extractor, extractor))
+        if isinstance(source, NotificationSource):
+            gvk = str(source.gvk)
+            if gvk in gvks:
+                raise ConfigError(
+                    where,
+                    f"duplicate notification source GVK {gvk}: already used by source {gvks[gvk]}, "
+                    f"cannot add {source.typed_name}",
+                )
+            gvks[gvk] = source.name
         out.append((source, extractors))
     return out
 
@@ -82,6 +110,48 @@ def check_cross_replica(ctx: LoadContext) -> None:
             f"{', '.join(ignored)}: no effect in epp, which has no peer discovery or cross-replica "
             "syncer plugins; with --ha-enable-leader-election standbys mirror the leader's prefix index "
             "over --ha-replication-port instead"
+        )
+
+
+def _check_pair(source: DataSource, extractor: Extractor, earlier: list[Extractor], where: str) -> None:
+    """Reject an extractor its source cannot feed, or a second one of the same type."""
+    if any(e.type_name == extractor.type_name for e in earlier):
+        raise ConfigError(
+            where,
+            f"duplicate extractor type configured for the same source: source={source.typed_name}, "
+            f"extractor type={extractor.type_name}",
+        )
+    if isinstance(source, EndpointSource):
+        if not isinstance(extractor, EndpointExtractor):
+            raise ConfigError(
+                where,
+                f"endpoint source {source.typed_name} requires an EndpointExtractor; "
+                f"extractor {extractor.typed_name} does not implement it",
+            )
+        return
+    if isinstance(source, NotificationSource):
+        if not isinstance(extractor, NotificationExtractor):
+            raise ConfigError(
+                where,
+                f"notification source {source.typed_name} requires a NotificationExtractor; "
+                f"extractor {extractor.typed_name} does not implement it",
+            )
+        if str(extractor.gvk) != str(source.gvk):
+            raise ConfigError(
+                where,
+                f"extractor {extractor.typed_name} GVK {extractor.gvk} does not match source "
+                f"{source.typed_name} GVK {source.gvk}",
+            )
+        return
+    # An extractor implementing none of the extraction contracts is left to the data layer (which
+    # skips it with a warning): third-party types may be config-only placeholders.
+    polled = isinstance(extractor, MetricsExtractor | AttributeExtractor)
+    if polled and extractor.accepts != source.payload:
+        raise ConfigError(
+            where,
+            f"dispatcher {source.typed_name} rejected extractor {extractor.typed_name}: "
+            f"extractor type mismatch (the source yields {source.payload!r}, the extractor reads "
+            f"{extractor.accepts!r})",
         )
 
 

@@ -1,7 +1,9 @@
-"""The scrape loop: one asyncio task per endpoint polling its metrics and replacing its snapshot.
+"""The scrape loop of one polled data source: one asyncio task per endpoint.
 
-Also defines the contracts the scraper needs from its plugins (``PollingSource``, ``Poller``,
-``MetricsExtractor``, ``ExtractResult``): the framework's data-layer base classes declare none.
+Each poll feeds the source's extractors: at most one ``MetricsExtractor`` replacing the endpoint's
+``Metrics`` snapshot (and keeping its freshness), and any ``AttributeExtractor``s writing
+``Endpoint.attributes``. The contracts (``PollingSource``, ``Poller``, ``MetricsExtractor``,
+``AttributeExtractor``) live in ``epp.framework.interfaces``.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from epp.datalayer.freshness import COLLECTOR, FAILURE_REASONS, SCRAPE_FAILURES
 from epp.datalayer.store import EndpointStore
 from epp.framework.endpoint import Endpoint
 from epp.framework.interfaces import (
+    AttributeExtractor,
     DataSource,
     Extractor,
     MetricsExtractor,
@@ -47,18 +50,19 @@ def is_stale(endpoint: Endpoint, threshold: float, now: float | None = None) -> 
 
 
 class MetricsScraper:
-    """Keeps every store endpoint's ``metrics`` fresh; ``start()`` in a running loop, ``stop()``.
+    """Polls one source for every store endpoint; ``start()`` in a running loop, ``stop()``.
 
     One task per endpoint: poll with a timeout, extract, replace the snapshot as a whole (readers never
     see half an update) with ``fresh_until = update_time + staleness``. A tick starts only after the
-    previous scrape ended; missed ticks are dropped. Failures are logged on state changes only.
+    previous scrape ended; missed ticks are dropped. Failures are logged on state changes only. A
+    source without a metrics extractor (attributes only) never touches ``Endpoint.metrics``.
     """
 
     def __init__(
         self,
         store: EndpointStore,
         source: DataSource,
-        extractor: Extractor,
+        extractor: Extractor | Sequence[Extractor],
         interval: float = DEFAULT_INTERVAL,
         timeout: float = DEFAULT_TIMEOUT,
         staleness: float = DEFAULT_STALENESS,
@@ -67,18 +71,38 @@ class MetricsScraper:
             raise ValueError("interval, timeout and staleness must be positive")
         if not isinstance(source, PollingSource):
             raise TypeError(f"data source {source!r} cannot be polled per endpoint (no poller())")
-        if not isinstance(extractor, MetricsExtractor):
-            raise TypeError(f"extractor {extractor!r} cannot extract metrics (no extract())")
+        extractors = [extractor] if isinstance(extractor, Extractor) else list(extractor)
+        metrics_extractors = [e for e in extractors if isinstance(e, MetricsExtractor)]
+        attribute_extractors = [
+            e for e in extractors if isinstance(e, AttributeExtractor) and not isinstance(e, MetricsExtractor)
+        ]
+        if len(metrics_extractors) > 1:
+            raise TypeError(f"data source {source!r}: only one extractor may produce the endpoint metrics")
+        for e in extractors:
+            if not isinstance(e, MetricsExtractor | AttributeExtractor):
+                raise TypeError(f"extractor {e!r} cannot extract metrics (no extract())")
+        if not extractors:
+            raise TypeError(f"data source {source!r} has no extractor")
         self._store = store
         self._source = cast(PollingSource, source)
-        self._extractor = cast(MetricsExtractor, extractor)
+        self._extractor = cast(MetricsExtractor, metrics_extractors[0]) if metrics_extractors else None
+        self._attribute_extractors = tuple(
+            (
+                cast(AttributeExtractor, e),
+                e.type_name,
+                DATALAYER_EXTRACT_ERRORS.labels(source.type_name, e.type_name),
+            )
+            for e in attribute_extractors
+        )
+        self.source_name = source.name
         self.interval = interval
         self.timeout = timeout
         self.staleness = staleness
-        if interval >= staleness:
+        if interval >= staleness and self._extractor is not None:
             log.warning(
                 "the metrics refresh interval is not shorter than the staleness threshold: "
                 "endpoint metrics will count as unknown between scrapes",
+                source=source.name,
                 refresh_metrics_interval=interval,
                 metrics_staleness_threshold=staleness,
             )
@@ -86,7 +110,16 @@ class MetricsScraper:
         self._running = False
         self._subscribed = False
         self._poll_errors = DATALAYER_POLL_ERRORS.labels(source.type_name)
-        self._extract_errors = DATALAYER_EXTRACT_ERRORS.labels(source.type_name, extractor.type_name)
+        self._extract_errors = (
+            DATALAYER_EXTRACT_ERRORS.labels(source.type_name, metrics_extractors[0].type_name)
+            if metrics_extractors
+            else _NO_COUNTER
+        )
+
+    @property
+    def produces_metrics(self) -> bool:
+        """True when this source's extractor maintains ``Endpoint.metrics`` (and its freshness)."""
+        return self._extractor is not None
 
     # --- lifecycle ---------------------------------------------------------------------------
 
@@ -95,7 +128,8 @@ class MetricsScraper:
         if self._running:
             return
         self._running = True
-        COLLECTOR.track(self)
+        if self._extractor is not None:
+            COLLECTOR.track(self)
         if not self._subscribed:
             # The store has no unsubscribe: the listeners stay registered and do nothing once
             # the scraper is stopped (a restarted scraper picks the current endpoints up here).
@@ -170,6 +204,15 @@ class MetricsScraper:
             detail = "timeout" if isinstance(e, TimeoutError) else f"{type(e).__name__}: {e}"
             self._failed(endpoint, state, _poll_failure(e), detail)
             return
+        if self._attribute_extractors:
+            self._extract_attributes(endpoint, body, state)
+        if self._extractor is None:
+            if state.failure:
+                state.failure = ""
+                log.info(
+                    "data source poll recovered", source=self.source_name, endpoint=endpoint.metadata.key
+                )
+            return
         try:
             result = self._extractor.extract(endpoint, body)
         except Exception as e:
@@ -194,8 +237,40 @@ class MetricsScraper:
             state.failure = ""
             log.info("metrics scrape recovered", endpoint=endpoint.metadata.key)
 
+    def _extract_attributes(self, endpoint: Endpoint, payload: object, state: _ScrapeState) -> None:
+        """Run the attribute extractors; errors are counted, and logged when they change."""
+        for i, (extractor, type_name, errors_counter) in enumerate(self._attribute_extractors):
+            try:
+                errors = extractor.extract_attributes(endpoint, payload)
+            except Exception as e:
+                errors = (f"{type(e).__name__}: {e}",)
+            if errors:
+                errors_counter.inc()
+            previous = state.attribute_errors.get(i, ())
+            if errors != previous:
+                state.attribute_errors[i] = errors
+                if errors:
+                    log.warning(
+                        "attribute extraction errors",
+                        source=self.source_name,
+                        extractor=type_name,
+                        endpoint=endpoint.metadata.key,
+                        errors=errors,
+                    )
+
     def _failed(self, endpoint: Endpoint, state: _ScrapeState, reason: str, detail: str) -> None:
         """Count a failed attempt and record its reason on the snapshot (on changes only)."""
+        if self._extractor is None:  # attributes only: the metrics' freshness is not this source's
+            if state.failure != reason:
+                state.failure = reason
+                log.warning(
+                    "data source poll failing",
+                    source=self.source_name,
+                    endpoint=endpoint.metadata.key,
+                    reason=reason,
+                    error=detail,
+                )
+            return
         SCRAPE_FAILURES.labels(reason).inc()
         metrics = endpoint.metrics
         if metrics.failure != reason:
@@ -222,9 +297,18 @@ def _poll_failure(e: Exception) -> str:
     return "poll_error"
 
 
+class _NoCounter:
+    def inc(self) -> None:
+        return None
+
+
+_NO_COUNTER = _NoCounter()
+
+
 @dataclass(slots=True)
 class _ScrapeState:
     """Per-endpoint state used to log transitions only."""
 
     failure: str = ""
     errors: tuple[str, ...] = ()
+    attribute_errors: dict[int, tuple[str, ...]] = dataclasses.field(default_factory=dict)

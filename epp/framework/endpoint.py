@@ -27,6 +27,7 @@ class EndpointMetadata:
     pod_name: str = ""
     labels: Mapping[str, str] = field(default_factory=dict)
     metrics_host: str = ""  # "host:port" to scrape; defaults to address:port
+    node_address: str = ""  # the IP of the node hosting the pod ("" outside Kubernetes)
     key: str = field(init=False, repr=False, compare=False)
     hostport: str = field(init=False, repr=False, compare=False)
 

@@ -351,11 +351,22 @@ class ReplicatedState(Protocol):
 
 
 class DataSource(Plugin):
-    """A polled data source configured under ``dataLayer.sources`` (e.g. ``metrics-data-source``)."""
+    """A data source configured under ``dataLayer.sources``: polled per endpoint
+    (``PollingSource``, e.g. ``metrics-data-source``) or notification-driven (``EndpointSource``,
+    ``NotificationSource``).
+
+    ``payload`` names what its extractors receive; an extractor whose ``accepts`` differs is
+    rejected at load. ``interval`` (seconds, None = every base tick) is a polled source's own period.
+    """
+
+    payload: ClassVar[str] = "prometheus"
+    interval: float | None = None
 
 
 class Extractor(Plugin):
-    """Turns a data source's output into endpoint metrics (e.g. ``core-metrics-extractor``)."""
+    """Turns a data source's output into endpoint data (e.g. ``core-metrics-extractor``)."""
+
+    accepts: ClassVar[str] = "prometheus"
 
 
 @dataclass(slots=True, frozen=True)
@@ -394,3 +405,80 @@ class MetricsExtractor(Protocol):
     """What the scraper needs of an ``Extractor``: body -> metrics (``core-metrics-extractor``)."""
 
     def extract(self, endpoint: Endpoint, body: bytes) -> ExtractResult: ...
+
+
+@runtime_checkable
+class AttributeExtractor(Protocol):
+    """An ``Extractor`` that writes ``Endpoint.attributes`` from a polled payload (``dcgm-extractor``).
+
+    Returns the problems found (an empty tuple on success); must not raise for bad input.
+    """
+
+    def extract_attributes(self, endpoint: Endpoint, payload: Any) -> tuple[str, ...]: ...
+
+
+class EventType(StrEnum):
+    ADD_OR_UPDATE = "AddOrUpdate"
+    DELETE = "Delete"
+
+
+@dataclass(slots=True, frozen=True)
+class EndpointEvent:
+    """An endpoint joined (or changed in) the store, or left it."""
+
+    type: EventType
+    endpoint: Endpoint
+
+
+@dataclass(slots=True, frozen=True)
+class NotificationEvent:
+    """A Kubernetes object of a watched kind was added/updated or deleted (``object`` as JSON)."""
+
+    type: EventType
+    object: Mapping[str, Any]
+
+
+@dataclass(slots=True, frozen=True)
+class GroupVersionKind:
+    group: str
+    version: str
+    kind: str
+
+    def __str__(self) -> str:
+        gv = f"{self.group}/{self.version}" if self.group else self.version
+        return f"{gv}, Kind={self.kind}"
+
+
+@runtime_checkable
+class EndpointSource(Protocol):
+    """A source fed endpoint lifecycle events (``endpoint-notification-source``); returns the event
+    to hand to its extractors, or None to drop it."""
+
+    def notify_endpoint(self, event: EndpointEvent) -> EndpointEvent | None: ...
+
+
+@runtime_checkable
+class EndpointExtractor(Protocol):
+    """An ``Extractor`` fed endpoint lifecycle events; must not raise."""
+
+    def extract_endpoint(self, event: EndpointEvent) -> None: ...
+
+
+@runtime_checkable
+class NotificationSource(Protocol):
+    """A source watching one Kubernetes kind (``k8s-notification-source``)."""
+
+    @property
+    def gvk(self) -> GroupVersionKind: ...
+
+    def notify(self, event: NotificationEvent) -> NotificationEvent | None: ...
+
+
+@runtime_checkable
+class NotificationExtractor(Protocol):
+    """An ``Extractor`` fed the events of the kind ``gvk`` (it must match its source's)."""
+
+    @property
+    def gvk(self) -> GroupVersionKind: ...
+
+    def extract_notification(self, event: NotificationEvent) -> None: ...

@@ -163,6 +163,7 @@ class PodEndpoints:
                     pod_name=name,
                     labels=labels,
                     metrics_host=metrics_host,
+                    node_address=str(pod["status"].get("hostIP") or ""),
                 )
             )
         return out

@@ -73,14 +73,20 @@ async def call(api: client.ApiClient, kind: Kind, namespace: str, **params: Any)
     """
     # The library's stubs describe the preloaded (model) results; unpreloaded it is the raw response.
     if kind.group == "":
-        if kind.plural != "pods":
-            raise ValueError(f"core kind {kind.kind} is not supported")
         core: Any = client.CoreV1Api(api)
-        return await core.list_namespaced_pod(namespace, _preload_content=False, **params)
+        method = getattr(core, f"list_namespaced_{_snake(kind.kind)}", None)
+        if method is None:
+            raise ValueError(f"core kind {kind.kind} is not supported")
+        return await method(namespace, _preload_content=False, **params)
     custom: Any = client.CustomObjectsApi(api)
     return await custom.list_namespaced_custom_object(
         kind.group, kind.version, namespace, kind.plural, _preload_content=False, **params
     )
+
+
+def _snake(kind: str) -> str:
+    """``ConfigMap`` -> ``config_map`` (the core client's method names)."""
+    return "".join(f"_{c.lower()}" if c.isupper() and i else c.lower() for i, c in enumerate(kind))
 
 
 async def read_json(resp: aiohttp.ClientResponse) -> dict[str, Any]:

@@ -36,6 +36,7 @@ from epp.plugins.profile_handlers import disagg_headers as disagg_headers
 from epp.plugins.profile_handlers import header_profile as header_profile
 from epp.plugins.profile_handlers import pd_legacy as pd_legacy
 from epp.plugins.profile_handlers import single
+from epp.plugins.saturation import concurrency_detector as concurrency_detector
 from epp.plugins.saturation import utilization_detector as utilization_detector
 from epp.plugins.scorers import active_request as active_request
 from epp.plugins.scorers import context_length_aware as context_length_aware
@@ -51,7 +52,13 @@ from epp.plugins.scorers import session_affinity as session_affinity
 from epp.plugins.scorers import token_load as token_load
 from epp.plugins.scorers import topology_affinity_scorer as topology_affinity_scorer
 from epp.plugins.scraping import core_metrics_extractor as core_metrics_extractor
+from epp.plugins.scraping import dcgm_data_source as dcgm_data_source
+from epp.plugins.scraping import dcgm_extractor as dcgm_extractor
+from epp.plugins.scraping import endpoint_notification_source as endpoint_notification_source
+from epp.plugins.scraping import k8s_notification_source as k8s_notification_source
 from epp.plugins.scraping import metrics_data_source as metrics_data_source
+from epp.plugins.scraping import models_data_extractor as models_data_extractor
+from epp.plugins.scraping import models_data_source as models_data_source
 from epp.plugins.scraping import topology_extractor as topology_extractor
 
 __all__ = ["kv_cache_utilization", "max_score", "queue", "random_picker", "single"]

@@ -15,7 +15,7 @@ from grpc_health.v1 import health_pb2_grpc
 from epp import metrics, tracing
 from epp.config import LoadedConfig
 from epp.datalayer.pool_gauges import PoolGauges
-from epp.datalayer.scraper import MetricsScraper
+from epp.datalayer.runtime import DataLayer
 from epp.datalayer.served_models import ServedModels
 from epp.datalayer.store import EndpointStore
 from epp.framework import Endpoint, EndpointStateHolder, MetadataExtractor, ReplicatedState
@@ -158,18 +158,13 @@ class EppServer:
         )
         self.processor = ExternalProcessor(self.director, self.stream_options)
         metrics.ENDPOINT_INFLIGHT.endpoints = self.store.endpoints
-        source, extractors = cfg.data_sources[0] if cfg.data_sources else (None, [])
-        self.scraper = (
-            MetricsScraper(
-                self.store,
-                source,
-                extractors[0],
-                interval=opts.refresh_metrics_interval,
-                staleness=opts.metrics_staleness_threshold,
-            )
-            if source is not None and extractors
-            else None
+        self.data_layer = DataLayer(
+            self.store,
+            cfg.data_sources,
+            refresh_interval=opts.refresh_metrics_interval,
+            staleness=opts.metrics_staleness_threshold,
         )
+        self.scraper = self.data_layer.metrics_scraper
         self.pool_gauges = PoolGauges(
             self.store,
             pool_name=opts.pool_name,
@@ -266,7 +261,9 @@ class EppServer:
                     pool = kube.discovery
                     kube.leader.can_lead = lambda: pool.ready  # a replica that can't serve never leads
                 await kube.start(self.store)
+                self.data_layer.start_watches(kube.api, kube.discovery.namespace)
             else:
+                self.data_layer.warn_without_cluster()
                 if discovery is not None:
                     # a rejected update keeps the last good endpoints: reported, readiness unchanged
                     discovery.on_problem = lambda problem: self.health.set_degraded("discovery", problem)
@@ -274,8 +271,7 @@ class EppServer:
                 self.store.synced = True
                 await self.health.set_condition("pool", True)
                 log.info("endpoints loaded", count=len(self.store))
-            if self.scraper is not None:
-                self.scraper.start()
+            self.data_layer.start()
             if replication is not None:
                 for part in replication:
                     part.start()
@@ -322,8 +318,7 @@ class EppServer:
             if server is not None:
                 await server.stop(opts.grace_period)
             await self.processor.close()
-            if self.scraper is not None:
-                await self.scraper.stop()
+            await self.data_layer.stop()
             await self.pool_gauges.stop()
             await self.served_models.stop()
             if replication is not None:

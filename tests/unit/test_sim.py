@@ -27,6 +27,7 @@ from epp.dev.sim.cli import add_arguments, config_from_args, serve
 from epp.dev.sim.engine import Engine, QueueFullError, RequestSpec, SeqState, SimConfig
 from epp.dev.sim.server import SimServer
 from epp.dev.sim.tokens import CHAT_MESSAGE_OVERHEAD
+from epp.dev.stack import free_ports
 
 StartSim = Callable[..., Awaitable[SimServer]]
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
@@ -606,3 +607,26 @@ async def _logged_url(stdout: asyncio.StreamReader) -> str:
         if match := re.search(rb"url=(http://[\w.:\[\]]+)", line):
             return match.group(1).decode()
     raise AssertionError("the simulator exited without logging its URL")
+
+
+# --------------------------------------------------------------------------- side ports
+
+
+async def test_metrics_port_and_dcgm_port(start_sim: StartSim, session: aiohttp.ClientSession) -> None:
+    metrics_port, dcgm_port = free_ports(2)
+    sim = await start_sim(
+        max_num_seqs=4, inter_token_latency=5.0, metrics_port=metrics_port, dcgm_port=dcgm_port
+    )
+    async with session.get(f"{sim.url}/metrics") as resp:
+        assert resp.status in (404, 405)  # not served on the serving port, only on the metrics port
+    side = f"http://127.0.0.1:{metrics_port}"
+    running = await open_stream(session, sim.url, {"prompt": "a", "max_tokens": LONG})
+    await wait_for_metrics(session, side, queue_is(running=1, waiting=0))
+    async with session.get(f"http://127.0.0.1:{dcgm_port}/metrics") as resp:
+        assert resp.status == 200
+        text = await resp.text()
+    (family,) = [f for f in text_string_to_metric_families(text) if f.name == "DCGM_FI_DEV_GPU_UTIL"]
+    (sample,) = family.samples
+    assert sample.value == 25.0  # 1 of 4 sequences
+    assert sample.labels["pod"] == f"sim-{sim.port}"
+    running.close()

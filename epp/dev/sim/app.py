@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 import time
+from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry
@@ -14,6 +15,7 @@ from epp.dev.sim.context import (
     CREATED_KEY,
     ENGINE_KEY,
     JOURNAL_KEY,
+    POD_KEY,
     REGISTRY_KEY,
     RNG_KEY,
     RequestJournal,
@@ -24,6 +26,7 @@ from epp.dev.sim.metrics import EngineCollector, metrics
 from epp.dev.sim.openai import OpenAIError, error_middleware, json_response
 
 MAX_BODY_BYTES = 64 * 1024 * 1024
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 def build_app(config: SimConfig) -> web.Application:
@@ -50,7 +53,8 @@ def build_app(config: SimConfig) -> web.Application:
     app.router.add_post("/v1/chat/completions", inference.chat_completions)
     app.router.add_get("/v1/models", inference.models)
     app.router.add_get("/health", health)
-    app.router.add_get("/metrics", metrics)
+    if not config.metrics_port:
+        app.router.add_get("/metrics", metrics)
     app.router.add_get("/debug/requests", debug_requests)
     app.router.add_delete("/debug/requests", clear_debug_requests)
     app.router.add_post("/{path:.*}", unserved)
@@ -61,6 +65,17 @@ async def unserved(request: web.Request) -> web.Response:
     """A POST to a path the simulator does not serve: journaled (routing is visible), then 404."""
     request.app[JOURNAL_KEY].record(request, await request.read())
     return OpenAIError(404, f"{request.path} is not served", "NotFoundError").response()
+
+
+def build_side_app(main: web.Application, handler: Handler, pod: str) -> web.Application:
+    """An app serving only ``GET /metrics`` with ``handler``, sharing ``main``'s engine and registry."""
+    app = web.Application()
+    app[CONFIG_KEY] = main[CONFIG_KEY]
+    app[ENGINE_KEY] = main[ENGINE_KEY]
+    app[REGISTRY_KEY] = main[REGISTRY_KEY]
+    app[POD_KEY] = pod
+    app.router.add_get("/metrics", handler)
+    return app
 
 
 async def health(_: web.Request) -> web.Response:

@@ -150,6 +150,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         " garbage answers 200 with text that is no Prometheus exposition (default %(default)s)",
     )
     add(
+        "--metrics-port",
+        type=_port,
+        default=d.metrics_port,
+        help="serve /metrics on this port instead of --port, as engines with a separate metrics server"
+        " do (rank i: port + i; default 0: on --port)",
+    )
+    add(
+        "--dcgm-port",
+        type=_port,
+        default=d.dcgm_port,
+        help="serve a DCGM-exporter-like /metrics (DCGM_FI_DEV_GPU_UTIL = 100 x running / max-num-seqs,"
+        " labelled with the pod name) on this port (rank i: port + i; default 0: off)",
+    )
+    add(
         "--role",
         choices=ROLES,
         default=d.role,

@@ -82,5 +82,7 @@ JOURNAL_KEY = web.AppKey("journal", RequestJournal)
 REGISTRY_KEY = web.AppKey("registry", CollectorRegistry)
 
 CREATED_KEY = web.AppKey("created", int)
+# the pod name of a side app's engine (its serving port decides the default name)
+POD_KEY = web.AppKey("pod", str)
 
 RNG_KEY = web.AppKey("rng", random.Random)

@@ -62,6 +62,8 @@ class SimConfig:
     failure_injection_rate: float = 0.0
     failure_types: tuple[str, ...] = FAILURE_TYPES
     metrics_fault: str = "none"
+    metrics_port: int = 0  # > 0: /metrics only on this port, not the serving port (Triton-like)
+    dcgm_port: int = 0  # > 0: a DCGM-exporter-like GPU page on this port
     role: str = "both"
     data_parallel_size: int = 1
     seed: int | None = None
@@ -72,6 +74,8 @@ class SimConfig:
         self.lora_modules = tuple(dict.fromkeys(self.lora_modules))
         self.failure_types = tuple(self.failure_types)
         _require(0 <= self.port <= 65535, "port must be in 0..65535")
+        for name in ("metrics_port", "dcgm_port"):
+            _require(0 <= getattr(self, name) <= 65535, f"{name} must be in 0..65535")
         _require(bool(self.model), "model must not be empty")
         for name in ("max_num_seqs", "max_tokens", "kv_cache_size", "block_size", "data_parallel_size"):
             _require(getattr(self, name) >= 1, f"{name} must be >= 1")

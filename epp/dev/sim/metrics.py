@@ -1,5 +1,5 @@
 """``GET /metrics`` of the simulator: the engine's live state with vLLM's metric names and labels,
-and the faults ``--metrics-fault`` injects."""
+the faults ``--metrics-fault`` injects, and the DCGM-exporter-like page of ``--dcgm-port``."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from epp.dev.sim.context import CONFIG_KEY, REGISTRY_KEY
+from epp.dev.sim.context import CONFIG_KEY, ENGINE_KEY, POD_KEY, REGISTRY_KEY
 from epp.dev.sim.engine import Engine, EngineSnapshot, SimConfig
 from epp.dev.sim.latency import Histogram
 
@@ -143,3 +143,18 @@ async def metrics(request: web.Request) -> web.Response:
         return web.Response(body=GARBAGE_METRICS, headers={"Content-Type": CONTENT_TYPE_LATEST})
     body = generate_latest(request.app[REGISTRY_KEY])
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+async def dcgm_metrics(request: web.Request) -> web.Response:
+    """A DCGM exporter's GPU utilisation for this engine's one GPU: ``100 x running / max-num-seqs``."""
+    config = request.app[CONFIG_KEY]
+    engine = request.app[ENGINE_KEY]
+    utilisation = round(100 * engine.snapshot().running / config.max_num_seqs)
+    pod = request.app[POD_KEY]
+    body = (
+        "# HELP DCGM_FI_DEV_GPU_UTIL GPU utilization (in %).\n"
+        "# TYPE DCGM_FI_DEV_GPU_UTIL gauge\n"
+        f'DCGM_FI_DEV_GPU_UTIL{{gpu="0",UUID="GPU-sim",device="nvidia0",modelName="sim",'
+        f'Hostname="{config.host}",pod="{pod}",namespace="{config.namespace}"}} {utilisation}\n'
+    )
+    return web.Response(text=body, content_type="text/plain")

@@ -8,9 +8,10 @@ import dataclasses
 import structlog
 from aiohttp import web
 
-from epp.dev.sim.app import build_app
+from epp.dev.sim.app import build_app, build_side_app
 from epp.dev.sim.context import ENGINE_KEY
 from epp.dev.sim.engine import Engine, SimConfig
+from epp.dev.sim.metrics import dcgm_metrics, metrics
 
 log = structlog.get_logger("epp.sim")
 
@@ -27,6 +28,7 @@ class SimServer:
         self.app = build_app(config)
         self.port = config.port
         self._runner: web.AppRunner | None = None
+        self._side: list[web.AppRunner] = []
 
     @property
     def engine(self) -> Engine:
@@ -42,9 +44,22 @@ class SimServer:
         await web.TCPSite(runner, self.config.host, self.config.port).start()
         self._runner = runner
         self.port = _bound_port(runner, self.config.port)
+        pod = self.config.pod_name(self.port)
+        for side_port, handler in (
+            (self.config.metrics_port, metrics),
+            (self.config.dcgm_port, dcgm_metrics),
+        ):
+            if side_port:
+                side = web.AppRunner(build_side_app(self.app, handler, pod), access_log=None)
+                await side.setup()
+                self._side.append(side)
+                await web.TCPSite(side, self.config.host, side_port).start()
         log.info("sim.started", url=self.url, pod=self.config.pod_name(self.port), model=self.config.model)
 
     async def stop(self) -> None:
+        for side in self._side:
+            await side.cleanup()
+        self._side.clear()
         if self._runner is not None:
             runner, self._runner = self._runner, None
             await runner.cleanup()
@@ -68,7 +83,13 @@ def rank_configs(config: SimConfig) -> list[SimConfig]:
     """One config per data-parallel rank: rank ``i`` listens on ``port + i`` (any free port if 0)."""
     step = 1 if config.port else 0
     return [
-        dataclasses.replace(config, port=config.port + rank * step, data_parallel_size=1)
+        dataclasses.replace(
+            config,
+            port=config.port + rank * step,
+            metrics_port=config.metrics_port + rank if config.metrics_port else 0,
+            dcgm_port=config.dcgm_port + rank if config.dcgm_port else 0,
+            data_parallel_size=1,
+        )
         for rank in range(config.data_parallel_size)
     ]
 

@@ -12,6 +12,7 @@ from types import MappingProxyType
 import structlog
 
 from epp.framework import Endpoint, Extractor, Metrics, register
+from epp.framework.endpoint_attributes import scalar_metric_key
 from epp.framework.interfaces import ExtractResult, Handle
 from epp.framework.params import ensure_valid
 from epp.plugins.scraping.promtext import Selector, info_labels, lora_info
@@ -21,6 +22,14 @@ log = structlog.get_logger("epp.datalayer.extractor")
 FALLBACK_ENGINE_LABEL = "inference.networking.k8s.io/engine-type"
 _RESERVED_ENGINE = "default"
 MODEL_NAME_LABEL = "model_name"
+
+
+@dataclass(slots=True, frozen=True)
+class CustomMetricConfig:
+    """One ``customMetrics`` entry: a scalar metric stored as an endpoint attribute."""
+
+    attribute_key: str = ""
+    metric_spec: str = ""
 
 
 @dataclass(slots=True, frozen=True)
@@ -37,8 +46,12 @@ class EngineConfig:
     cache_num_blocks_label_name: str | None = None
     cache_block_size_spec: str | None = None
     cache_num_blocks_spec: str | None = None
+    custom_metrics: tuple[CustomMetricConfig, ...] | None = None
 
     def validate(self) -> str | None:
+        problem = _validate_custom_metrics(self.custom_metrics or ())
+        if problem:
+            return problem
         if not self.name:
             return "name: an engine config needs a name"
         if self.name == _RESERVED_ENGINE:
@@ -90,6 +103,12 @@ BUILTIN_ENGINES: Mapping[str, EngineConfig] = MappingProxyType(
             cache_block_size_spec="nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type=tokens_per}",
             cache_num_blocks_spec="nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type=max}",
         ),
+        # Triton Inference Server for non-LLM models (no KV cache): queue and executions only.
+        "triton": EngineConfig(
+            name="triton",
+            queued_requests_spec="nv_inference_pending_request_count",
+            running_requests_spec="nv_inference_exec_count",
+        ),
     }
 )
 
@@ -129,6 +148,7 @@ class EngineMapping:
     cache_num_blocks_label: str
     cache_block_size: Selector | None
     cache_num_blocks: Selector | None
+    custom: tuple[tuple[str, Selector], ...] = ()  # (attribute key, selector)
 
 
 @register
@@ -164,7 +184,17 @@ class CoreMetricsExtractor(Extractor):
         return mapping
 
     def extract(self, endpoint: Endpoint, body: bytes) -> ExtractResult:
-        return extract_metrics(self.mapping_for(endpoint.metadata.labels), endpoint.metrics, body)
+        mapping = self.mapping_for(endpoint.metadata.labels)
+        result = extract_metrics(mapping, endpoint.metrics, body)
+        if not mapping.custom:
+            return result
+        errors = list(result.errors)
+        attributes = endpoint.attributes
+        for key, selector in mapping.custom:
+            value = _value(selector, body, errors)
+            if value is not None:
+                attributes[key] = value
+        return ExtractResult(result.metrics, tuple(errors))
 
 
 def extract_metrics(mapping: EngineMapping, previous: Metrics, body: bytes) -> ExtractResult:
@@ -304,4 +334,26 @@ def _compile(cfg: EngineConfig) -> EngineMapping:
         cache_num_blocks_label=cfg.cache_num_blocks_label_name or "",
         cache_block_size=sel(cfg.cache_block_size_spec),
         cache_num_blocks=sel(cfg.cache_num_blocks_spec),
+        custom=tuple(
+            (scalar_metric_key(c.attribute_key), Selector.parse(c.metric_spec))
+            for c in cfg.custom_metrics or ()
+        ),
     )
+
+
+def _validate_custom_metrics(configs: Iterable[CustomMetricConfig]) -> str | None:
+    seen: set[str] = set()
+    for i, c in enumerate(configs):
+        where = f"customMetrics[{i}]"
+        if not c.attribute_key:
+            return f"{where}.attributeKey: custom metric attributeKey cannot be empty"
+        if c.attribute_key in seen:
+            return f"{where}.attributeKey: custom metric attributeKey {c.attribute_key!r} is duplicated"
+        seen.add(c.attribute_key)
+        if not c.metric_spec:
+            return f"{where}.metricSpec: custom metric {c.attribute_key!r} spec cannot be empty"
+        try:
+            Selector.parse(c.metric_spec)
+        except ValueError as e:
+            return f"{where}.metricSpec: custom metric {c.attribute_key!r}: {e}"
+    return None

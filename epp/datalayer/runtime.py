@@ -1,0 +1,133 @@
+"""The data layer at run time: one scraper per polled source, event feeds for notification sources.
+
+Polled sources tick on a common base, ``--refresh-metrics-interval``, lowered to the smallest
+source ``interval`` (never below 50 ms); a source's own ``interval`` is rounded to the nearest
+multiple of that base (at least one tick), and a source without one polls every base tick.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import structlog
+
+from epp.datalayer.notifications import EndpointEvents
+from epp.datalayer.scraper import DEFAULT_STALENESS, MetricsScraper
+from epp.datalayer.store import EndpointStore
+from epp.framework.interfaces import (
+    AttributeExtractor,
+    DataSource,
+    EndpointSource,
+    Extractor,
+    MetricsExtractor,
+    NotificationSource,
+    PollingSource,
+)
+
+log = structlog.get_logger("epp.datalayer.runtime")
+
+MIN_BASE_TICK = 0.05
+
+
+def effective_intervals(base: float, requested: Sequence[float | None]) -> tuple[float, list[float]]:
+    """The base tick and each polled source's period (``None`` or 0 = every base tick)."""
+    floor = min(base, MIN_BASE_TICK)
+    tick = base
+    for interval in requested:
+        if interval and interval < tick:
+            tick = interval
+    tick = max(tick, floor)
+    periods: list[float] = []
+    for interval in requested:
+        if not interval:
+            periods.append(tick)
+            continue
+        ticks = max(1, math.floor(interval / tick + 0.5))
+        periods.append(ticks * tick)
+    return tick, periods
+
+
+class DataLayer:
+    """Starts and stops what the configured ``dataLayer.sources`` need; ``start()`` in a running loop."""
+
+    def __init__(
+        self,
+        store: EndpointStore,
+        sources: Sequence[tuple[DataSource, Sequence[Extractor]]],
+        refresh_interval: float,
+        staleness: float = DEFAULT_STALENESS,
+    ) -> None:
+        self.scrapers: list[MetricsScraper] = []
+        self.endpoint_events: list[EndpointEvents] = []
+        self.notification_sources: list[tuple[DataSource, list[Extractor]]] = []
+        self._watches: list[Any] = []
+        polled: list[tuple[DataSource, list[Extractor]]] = []
+        for source, exts in sources:
+            if not isinstance(source, PollingSource):
+                continue
+            usable: list[Extractor] = [
+                e for e in exts if isinstance(e, MetricsExtractor | AttributeExtractor)
+            ]
+            for e in exts:
+                if e not in usable:
+                    log.warning(
+                        "extractor cannot read a polled source; skipped", source=source.name, extractor=e.name
+                    )
+            if usable:
+                polled.append((source, usable))
+        _, periods = effective_intervals(refresh_interval, [s.interval for s, _ in polled])
+        for (source, extractors), period in zip(polled, periods, strict=True):
+            if source.interval and abs(period - source.interval) > 1e-9:
+                log.info(
+                    "source interval rounded to nearest base-tick multiple",
+                    source=source.name,
+                    requested_s=source.interval,
+                    effective_s=period,
+                )
+            self.scrapers.append(
+                MetricsScraper(store, source, extractors, interval=period, staleness=staleness)
+            )
+        for source, exts in sources:
+            if isinstance(source, EndpointSource):
+                self.endpoint_events.append(EndpointEvents(store, source, exts))
+            elif isinstance(source, NotificationSource):
+                self.notification_sources.append((source, list(exts)))
+
+    @property
+    def metrics_scraper(self) -> MetricsScraper | None:
+        """The scraper maintaining ``Endpoint.metrics`` (the first polled source with such an extractor)."""
+        return next((s for s in self.scrapers if s.produces_metrics), None)
+
+    def start(self) -> None:
+        for events in self.endpoint_events:
+            events.start()
+        for scraper in self.scrapers:
+            scraper.start()
+
+    def start_watches(self, api: Any, namespace: str) -> None:
+        """Kubernetes mode: watch the kinds of the notification sources."""
+        from epp.k8s.notification_watch import NotificationWatch  # only with a cluster
+
+        for source, extractors in self.notification_sources:
+            watch = NotificationWatch(api, namespace, source, extractors)
+            watch.start()
+            self._watches.append(watch)
+
+    def warn_without_cluster(self) -> None:
+        for source, _ in self.notification_sources:
+            log.warning(
+                "k8s notification source inactive: it needs Kubernetes mode "
+                "(--pool-name or --endpoint-selector)",
+                source=source.name,
+            )
+
+    async def stop(self) -> None:
+        for watch in self._watches:
+            await watch.stop()
+        self._watches.clear()
+        for scraper in self.scrapers:
+            await scraper.stop()
+        for events in self.endpoint_events:
+            await events.stop()
