@@ -47,9 +47,11 @@ from epp.framework.interfaces import (
     Plugin,
     PreRequest,
     RequestDone,
+    RequestHeaderProcessor,
     ResponseBodyProcessor,
     ResponseHeaderProcessor,
     SaturationDetector,
+    Screener,
 )
 from epp.scheduling import Scheduler
 
@@ -74,6 +76,8 @@ class LoadedConfig:
     response_header: list[ResponseHeaderProcessor] = field(default_factory=list)
     response_body: list[ResponseBodyProcessor] = field(default_factory=list)
     request_done: list[RequestDone] = field(default_factory=list)
+    request_header: list[RequestHeaderProcessor] = field(default_factory=list)
+    screeners: list[Screener] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     source: str = "<config>"
 
@@ -182,6 +186,8 @@ def _load(ctx: LoadContext) -> LoadedConfig:
         response_header=hooks.response_header,
         response_body=hooks.response_body,
         request_done=hooks.request_done,
+        request_header=hooks.request_header,
+        screeners=hooks.screeners,
         warnings=ctx.warnings,
         source=ctx.source,
     )

@@ -1,6 +1,7 @@
 """Request control: the parser, the saturation detector, and the hooks run around scheduling.
 
-Hooks (pre-request, admitters, response processors, request-done) run in ``plugins:`` order.
+Hooks (request-header processors, screeners, admitters, pre-request, response processors,
+request-done) run in ``plugins:`` order.
 """
 
 from __future__ import annotations
@@ -19,9 +20,11 @@ from epp.framework.interfaces import (
     Plugin,
     PreRequest,
     RequestDone,
+    RequestHeaderProcessor,
     ResponseBodyProcessor,
     ResponseHeaderProcessor,
     SaturationDetector,
+    Screener,
 )
 
 
@@ -34,6 +37,8 @@ class RequestHooks:
     response_header: list[ResponseHeaderProcessor]
     response_body: list[ResponseBodyProcessor]
     request_done: list[RequestDone]
+    request_header: list[RequestHeaderProcessor]
+    screeners: list[Screener]
 
 
 def request_hooks(plugins: Iterable[Plugin]) -> RequestHooks:
@@ -45,6 +50,8 @@ def request_hooks(plugins: Iterable[Plugin]) -> RequestHooks:
         response_header=[p for p in plugins if isinstance(p, ResponseHeaderProcessor)],
         response_body=[p for p in plugins if isinstance(p, ResponseBodyProcessor)],
         request_done=[p for p in plugins if isinstance(p, RequestDone)],
+        request_header=[p for p in plugins if isinstance(p, RequestHeaderProcessor)],
+        screeners=[p for p in plugins if isinstance(p, Screener)],
     )
 
 

@@ -50,3 +50,5 @@ DATA_PARALLEL_HEADER: Final = "x-data-parallel-host-port"
 
 # Response headers.
 DEBUG_RESPONSE_HEADER: Final = "x-went-into-resp-headers"
+REQUEST_DROPPED_REASON_HEADER: Final = "x-llm-d-request-dropped-reason"
+"""On a rejection: why the EPP dropped the request (``epp.framework.errors.DroppedReason``)."""

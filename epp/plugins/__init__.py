@@ -23,6 +23,9 @@ from epp.plugins.profile_handlers import disagg as disagg
 from epp.plugins.profile_handlers import disagg_headers as disagg_headers
 from epp.plugins.profile_handlers import pd_legacy as pd_legacy
 from epp.plugins.profile_handlers import single
+from epp.plugins.request_control import agent_identity as agent_identity
+from epp.plugins.request_control import probabilistic_admitter as probabilistic_admitter
+from epp.plugins.request_control import request_attribute_reporter as request_attribute_reporter
 from epp.plugins.saturation import utilization_detector as utilization_detector
 from epp.plugins.scorers import active_request as active_request
 from epp.plugins.scorers import context_length_aware as context_length_aware

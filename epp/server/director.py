@@ -1,7 +1,8 @@
 """The director: from a parsed request to a routing decision.
 
-Parse, model and rewrite, priority, candidates, shedding, data producers, admitters, scheduler,
-PreRequest plugins; every failure becomes an HTTP status with an OpenAI-style error.
+Parse, model and rewrite, priority, request-header processors, fairness id, shedding, candidates,
+screeners, data producers, admitters, scheduler, PreRequest plugins; every failure becomes an HTTP
+status with an OpenAI-style error.
 """
 
 from __future__ import annotations
@@ -32,9 +33,12 @@ from epp.framework import (
     Plugin,
     PreRequest,
     RequestDone,
+    RequestHeaderProcessor,
     SaturationDetector,
     SchedulingResult,
+    Screener,
 )
+from epp.framework.attributes import AGENT_IDENTITY_KEY
 from epp.framework.wire import (
     DATA_PARALLEL_HEADER,
     DEFAULT_FAIRNESS_ID,
@@ -129,6 +133,8 @@ class DirectorHooks:
     admitters: Sequence[Admitter] = ()
     pre_request: Sequence[PreRequest] = ()
     request_done: Sequence[RequestDone] = ()
+    request_header: Sequence[RequestHeaderProcessor] = ()
+    screeners: Sequence[Screener] = ()
 
 
 class Director:
@@ -214,6 +220,7 @@ class Director:
         objectives = self.objectives
         priority = objectives.priority(objective) if objectives is not None and objective else 0
 
+        fairness_id = _first_header(headers, FAIRNESS_HEADERS)
         request = LLMRequest(
             request_id=headers.get(REQUEST_ID_HEADER) or str(uuid.uuid4()),
             body=body,
@@ -222,11 +229,18 @@ class Director:
             target_model=target,
             priority=priority,
             objective=objective,
-            fairness_id=_first_header(headers, FAIRNESS_HEADERS) or DEFAULT_FAIRNESS_ID,
+            fairness_id=fairness_id or DEFAULT_FAIRNESS_ID,
             request_size_bytes=len(raw),
         )
         for key in EPP_OWNED_HEADERS:  # consumed above; plugins may set them again
             headers.pop(key, None)
+        hooks = self.hooks
+        if hooks.request_header:
+            self._request_header(request)
+            if not fairness_id:  # an explicit fairness header wins over the agent identity
+                agent = request.state.get(AGENT_IDENTITY_KEY)
+                if isinstance(agent, str) and agent:
+                    request.fairness_id = agent
 
         candidates = self.candidates(metadata)
         if priority < 0 and self._saturated(candidates):
@@ -236,8 +250,14 @@ class Director:
                 ErrorCode.SERVICE_UNAVAILABLE, "failed to find endpoint candidates for serving the request"
             )
 
+        if hooks.screeners:
+            candidates = self._screen(request, candidates)
+            if not candidates:
+                raise InferenceError(
+                    ErrorCode.SERVICE_UNAVAILABLE, "screeners eliminated all endpoint candidates"
+                )
+
         cycle = CycleState()
-        hooks = self.hooks
         if hooks.producers:
             await self._produce(cycle, request, candidates)
         for admitter in hooks.admitters:
@@ -278,6 +298,38 @@ class Director:
             result=result,
             cycle=cycle,
         )
+
+    def _request_header(self, request: LLMRequest) -> None:
+        """Run the request-header processors in order; the first error rejects the request."""
+        for plugin in self.hooks.request_header:
+            t0 = time.perf_counter()
+            try:
+                plugin.request_header(request)
+            except InferenceError:
+                raise
+            except Exception as exc:
+                raise InferenceError(
+                    ErrorCode.INTERNAL, f"request header processor {plugin.typed_name} failed: {exc}"
+                ) from exc
+            metrics.observe_plugin("RequestHeader", plugin, time.perf_counter() - t0)
+
+    def _screen(self, request: LLMRequest, candidates: list[Endpoint]) -> list[Endpoint]:
+        """The candidates every screener kept (each sees the full list), in candidate order.
+
+        A screener that raises keeps nothing: screeners guard compatibility (e.g. rollout
+        revisions), so failing closed is safer than routing past one.
+        """
+        kept = candidates
+        for plugin in self.hooks.screeners:
+            t0 = time.perf_counter()
+            try:
+                allowed = {id(e) for e in plugin.screen(request, list(candidates))}
+            except Exception as exc:
+                _plugin_failed("screener_failed", "screener failed", plugin, exc)
+                allowed = set()
+            metrics.observe_plugin("Screener", plugin, time.perf_counter() - t0)
+            kept = [e for e in kept if id(e) in allowed]
+        return kept
 
     def _saturated(self, candidates: list[Endpoint]) -> bool:
         """Legacy admission, asked only for sheddable requests.

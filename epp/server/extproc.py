@@ -36,6 +36,7 @@ from epp.log_limit import LOGS
 from epp.server import replies
 from epp.server.body_rewrite import model_literal_pairs, replace_existing_model
 from epp.server.director import EPP_OWNED_HEADERS, Director, Routing
+from epp.server.response_usage import UsageReader
 from epp.server.stream_limits import RequestPhaseLimits
 
 log = structlog.get_logger("epp.extproc")
@@ -183,6 +184,7 @@ class _Stream:
         "routing",
         "t_received",
         "task",
+        "usage",
     )
 
     def __init__(
@@ -210,6 +212,7 @@ class _Stream:
         self.t_received = 0.0
         self.model_pairs: tuple[tuple[bytes, bytes], ...] | None = None
         self.reverse: tuple[str, str] | None = None  # (incoming, target) to undo in the response body
+        self.usage: UsageReader | None = None  # the response's token usage, for response-body plugins
 
     # --- request path ------------------------------------------------------------------------
 
@@ -411,6 +414,12 @@ class _Stream:
         msg = req.response_body
         chunk, eos = msg.body, msg.end_of_stream
         self._observe_body(chunk, eos)
+        out = self._response_body_replies(chunk, eos)
+        if eos:
+            self._attach_metadata(out)
+        return out
+
+    def _response_body_replies(self, chunk: bytes, eos: bool) -> list[ep.ProcessingResponse]:
         if self.resp_mode == FULL_DUPLEX_STREAMED:
             if self.resp_streaming:
                 return replies.streamed_body_replies(self._rewrite_chunk(chunk), eos, response=True)
@@ -425,16 +434,36 @@ class _Stream:
         return [replies.response_body_reply(rewritten if rewritten != chunk else None)]
 
     def on_response_trailers(self) -> list[ep.ProcessingResponse]:
+        response = self.response
+        if response is not None and not response.end_of_stream:  # the body ended with the trailers
+            self._observe_body(b"", True)
         out = []
         if self.resp_mode == FULL_DUPLEX_STREAMED and not self.resp_streaming and self.resp_buffer:
             out.extend(replies.streamed_body_replies(self._rewrite_whole(), False, response=True))
         out.append(replies.response_trailers_reply())
+        self._attach_metadata(out)
         return out
+
+    def _attach_metadata(self, out: list[ep.ProcessingResponse]) -> None:
+        """Response-body plugins' dynamic metadata rides on the reply that ends the response."""
+        response = self.response
+        if response is not None and response.dynamic_metadata and out:
+            replies.add_dynamic_metadata(out[-1], response.dynamic_metadata)
+            response.dynamic_metadata = None
 
     def _observe_body(self, chunk: bytes, eos: bool) -> None:
         if not self.opts.response_body or self.routing is None or self.routing.request is None:
             return
-        response = self.response or ResponseInfo()
+        response = self.response
+        if response is None:
+            response = self.response = ResponseInfo()
+        if response.end_of_stream:
+            return  # the end was already seen (a body end_of_stream, then trailers)
+        reader = self.usage
+        if reader is None:
+            reader = self.usage = UsageReader(self.resp_streaming)
+        reader.feed(chunk, eos)
+        response.usage = reader.usage
         response.end_of_stream = eos
         endpoint = self.routing.endpoints[0] if self.routing.endpoints else None
         for plugin in self.opts.response_body:

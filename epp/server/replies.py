@@ -61,6 +61,12 @@ def add_rewrite_metadata(resp: ep.ProcessingResponse, incoming: str, target: str
     models.fields["target"].string_value = target
 
 
+def add_dynamic_metadata(resp: ep.ProcessingResponse, metadata: Mapping[str, Mapping[str, object]]) -> None:
+    """Merge ``{namespace: {key: value}}`` (JSON-like values) into a reply's dynamic metadata."""
+    for namespace, values in metadata.items():
+        resp.dynamic_metadata.fields[namespace].struct_value.update(values)
+
+
 def rewrite_models(metadata: Mapping[str, Mapping[str, object]]) -> tuple[str, str] | None:
     """``(incoming, target)`` from the merged metadata of a stream, if the request was rewritten."""
     models = metadata.get(LB_NAMESPACE, {}).get(REWRITE_METADATA_KEY)
