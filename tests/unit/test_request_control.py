@@ -7,12 +7,15 @@ ext_proc handler over gRPC (``extproc_harness``).
 
 from __future__ import annotations
 
+import collections
+import dataclasses
 import random
 from collections.abc import AsyncIterator
 
 import pytest
 from google.protobuf.json_format import MessageToDict
 
+from epp import promlite
 from epp.config.loader import load_config
 from epp.datalayer.objectives import ObjectiveStore
 from epp.datalayer.store import EndpointStore
@@ -29,6 +32,13 @@ from epp.framework import (
 from epp.framework.attributes import AGENT_IDENTITY_KEY
 from epp.framework.params import decode_params
 from epp.plugins.request_control.agent_identity import AgentIdentity, AgentIdentityParams
+from epp.plugins.request_control.disaggregatedset_rollout_screener import (
+    DEFAULT_REVISION_LABEL,
+    DEFAULT_ROLE_LABEL,
+    DisaggregatedSetRolloutScreener,
+    DisaggregatedSetRolloutScreenerParams,
+    parse_label_selector,
+)
 from epp.plugins.request_control.probabilistic_admitter import (
     ProbabilisticAdmitter,
     ProbabilisticAdmitterParams,
@@ -433,3 +443,200 @@ async def test_reporter_reads_streamed_usage_and_reports_on_the_trailers(reporti
     )
     assert out[-1].HasField("response_trailers") and _cost(out[-1]) == 10
     assert _cost(out[-2]) is None
+
+
+# --- disaggregatedset-rollout-screener ---------------------------------------------------------
+
+REV, ROLE, SET = DEFAULT_REVISION_LABEL, DEFAULT_ROLE_LABEL, "disaggregatedset.x-k8s.io/name"
+
+
+def _pods(shape: dict[str, dict[str, int]], *, other_set: bool = False) -> list[Endpoint]:
+    """Endpoints per revision and role, e.g. ``{"A": {"prefill": 2, "decode": 9}}``."""
+    out = []
+    for rev, roles in shape.items():
+        for role, n in roles.items():
+            for i in range(n):
+                labels = {REV: rev, ROLE: role, SET: "other" if other_set else "my-set", "slice": f"s{i % 2}"}
+                out.append(factories.endpoint(f"{rev}-{role}-{i}", f"10.1.{len(out)}.1", labels=labels))
+    return out
+
+
+def _screener(
+    eps: list[Endpoint], mode: str = "max-role", seed: int = 3, selectors: list[dict[str, str]] | None = None
+) -> DisaggregatedSetRolloutScreener:
+    raw = {
+        "scope": {"labelSelector": f"{SET}=my-set"},
+        "headerSelectors": selectors
+        if selectors is not None
+        else [
+            {"name": "revision", "headerName": "X-Disagg-Revision", "labelKey": REV, "mode": "strict"},
+            {"name": "slice", "headerName": "x-disagg-slice", "labelKey": "slice", "mode": "prefer"},
+        ],
+        "revisionGating": {"mode": mode, "requireRoles": {"values": ["prefill", "decode"]}},
+    }
+    params = decode_params(DisaggregatedSetRolloutScreenerParams, raw, "p")
+    return DisaggregatedSetRolloutScreener(
+        "rollout", params, factories.StubHandle(endpoints=eps), rng=random.Random(seed)
+    )
+
+
+@pytest.mark.parametrize(("mode", "share_a"), [("max-role", 0.9), ("sum", 11 / 13)])
+def test_screener_weights_revisions_by_mode(mode: str, share_a: float) -> None:
+    eps = _pods({"A": {"prefill": 2, "decode": 9}, "B": {"prefill": 1, "decode": 1}})
+    s = _screener(eps, mode)
+    assert s.shares() == pytest.approx({"A": share_a, "B": 1 - share_a})
+    picks = collections.Counter()
+    for _ in range(3000):
+        kept = s.screen(factories.request(), list(eps))
+        revisions = {e.metadata.labels[REV] for e in kept}
+        assert len(revisions) == 1  # one revision per request, for every profile
+        (rev,) = revisions
+        assert len(kept) == sum(1 for e in eps if e.metadata.labels[REV] == rev)
+        picks[rev] += 1
+    assert picks["A"] / 3000 == pytest.approx(share_a, abs=0.03)
+
+
+def test_screener_drops_revisions_missing_a_role_and_pods_out_of_scope() -> None:
+    eps = [
+        *_pods({"A": {"prefill": 1, "decode": 2}, "B": {"decode": 3}}),
+        *_pods({"C": {"prefill": 5, "decode": 5}}, other_set=True),
+    ]
+    s = _screener(eps)
+    assert s.shares() == {"A": 1.0}  # B has no prefill; C is another set (not counted)
+    for _ in range(20):
+        assert {e.metadata.labels[REV] for e in s.screen(factories.request(), list(eps))} == {"A"}
+    assert (
+        _screener(_pods({"B": {"decode": 3}})).screen(factories.request(), _pods({"B": {"decode": 3}})) == []
+    )
+
+
+def test_screener_counts_pods_not_ports_and_follows_the_pool() -> None:
+    eps = _pods({"A": {"prefill": 1, "decode": 1}, "B": {"prefill": 1, "decode": 1}})
+    ranks = [
+        factories.endpoint(f"A-decode-0-rank-{i}", "10.9.0.1", 8000 + i, labels=eps[1].metadata.labels)
+        for i in range(3)
+    ]
+    for r in ranks:
+        r.metadata = dataclasses.replace(r.metadata, pod_name="A-decode-0")
+    handle = factories.StubHandle(endpoints=[*eps, *ranks])
+    s = _screener([])
+    s._handle = handle
+    assert s.shares() == pytest.approx({"A": 0.5, "B": 0.5})  # the 3 ranks are one pod (plus A-decode-0)
+    handle.eps = eps[2:]  # revision A left the pool
+    assert s.shares() == {"B": 1.0}
+
+
+def test_screener_strict_header_pins_the_revision_without_a_draw() -> None:
+    eps = _pods({"A": {"prefill": 2, "decode": 9}, "B": {"prefill": 1, "decode": 1}})
+    s = _screener(eps, seed=0)
+    for _ in range(50):
+        kept = s.screen(factories.request(headers={"x-disagg-revision": "B"}), list(eps))
+        assert {e.metadata.labels[REV] for e in kept} == {"B"} and len(kept) == 2
+    before = _metric("llm_d_epp_disaggregatedset_strict_header_no_match_total", selector="revision")
+    assert s.screen(factories.request(headers={"x-disagg-revision": "Z"}), list(eps)) == []
+    assert (
+        _metric("llm_d_epp_disaggregatedset_strict_header_no_match_total", selector="revision") == before + 1
+    )
+
+
+def test_screener_disabled_gating_keeps_selectors_and_stamps_headers() -> None:
+    eps = _pods({"A": {"decode": 2}, "B": {"decode": 1}})
+    s = _screener(eps, mode="disabled")
+    assert s.screen(factories.request(), list(eps)) == eps  # no coverage check, no draw
+    kept = s.screen(factories.request(headers={"x-disagg-revision": "A"}), list(eps))
+    assert [e.metadata.name for e in kept] == ["A-decode-0", "A-decode-1"]
+    response = ResponseInfo(headers={":status": "200"})
+    s.response_header(factories.request(), response, eps[1])
+    assert response.headers["x-disagg-revision"] == "A" and response.headers["x-disagg-slice"] == "s1"
+
+
+async def test_screener_in_the_director_routes_one_revision_and_503_when_none_is_complete() -> None:
+    store = EndpointStore()
+    for e in _pods({"A": {"prefill": 1, "decode": 1}}):
+        store.upsert(e.metadata)
+    s = _screener([])
+    s._handle = factories.StubHandle(endpoints=store.endpoints())
+    director = _director(store, screeners=[s])
+    r = await director.route(dict(PATH), CHAT, {})
+    assert r.endpoints[0].metadata.labels[REV] == "A"
+    s._handle = factories.StubHandle(endpoints=())  # no pod snapshot yet: fail closed
+    with pytest.raises(InferenceError) as e:
+        await director.route(dict(PATH), CHAT, {})
+    assert e.value.code is ErrorCode.SERVICE_UNAVAILABLE
+
+
+@pytest.mark.parametrize(
+    ("raw", "field", "reason"),
+    [
+        ({"revisionGating": {"mode": "disabled"}}, "p.scope.labelSelector", "is required"),
+        (
+            {"scope": {"labelSelector": "a in b"}, "revisionGating": {"mode": "disabled"}},
+            "p.scope.labelSelector",
+            "not a valid label selector",
+        ),
+        ({"scope": {"labelSelector": "a=b"}}, "p.revisionGating", "is required"),
+        (
+            {"scope": {"labelSelector": "a=b"}, "revisionGating": {"mode": "half"}},
+            "p.revisionGating.mode",
+            "sum|max-role|disabled",
+        ),
+        (
+            {"scope": {"labelSelector": "a=b"}, "revisionGating": {"mode": "sum"}},
+            "p.revisionGating.requireRoles",
+            "is required",
+        ),
+        (
+            {
+                "scope": {"labelSelector": "a=b"},
+                "revisionGating": {"mode": "sum", "requireRoles": {"values": ["p", "p"]}},
+            },
+            "p.revisionGating.requireRoles.values",
+            "duplicate role",
+        ),
+        (
+            {
+                "scope": {"labelSelector": "a=b"},
+                "revisionGating": {"mode": "disabled"},
+                "headerSelectors": [{"name": "n", "headerName": "h", "labelKey": "k", "mode": "soft"}],
+            },
+            "p.headerSelectors[0].mode",
+            "strict|prefer",
+        ),
+        (
+            {
+                "scope": {"labelSelector": "a=b"},
+                "revisionGating": {"mode": "disabled"},
+                "headerSelectors": [
+                    {"name": "n", "headerName": "h", "labelKey": "k", "mode": "strict"},
+                    {"name": "m", "headerName": "H", "labelKey": "k", "mode": "strict"},
+                ],
+            },
+            "p.headerSelectors",
+            "duplicate headerName",
+        ),
+    ],
+)
+def test_screener_parameter_errors(raw: dict[str, object], field: str, reason: str) -> None:
+    with pytest.raises(ConfigError) as e:
+        decode_params(DisaggregatedSetRolloutScreenerParams, raw, "p")
+    assert e.value.field == field and reason in e.value.reason
+
+
+def test_label_selector_syntax() -> None:
+    reqs = parse_label_selector("a=b, c!=d,e in (x, y),f notin (z),g,!h")
+    labels = {"a": "b", "e": "y", "g": "1"}
+    assert all(r.matches(labels) for r in reqs)
+    assert not all(r.matches({**labels, "h": "1"}) for r in reqs)
+    assert not all(r.matches({**labels, "e": "q"}) for r in reqs)
+    for bad in ("bad key=1", "a in x", "=b", "a=b,,"):
+        with pytest.raises(ValueError):
+            parse_label_selector(bad)
+
+
+def _metric(name: str, **labels: str) -> float:
+    text = promlite.exposition().decode()
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith(name + "{") and all(f'{k}="{v}"' in line for k, v in labels.items()):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
