@@ -200,11 +200,9 @@ class _Selector:
     strict: bool
 
 
-def _shares(
-    counts: Mapping[str, Mapping[str, int]], roles: Sequence[str], mode: str
-) -> dict[str, float]:
+def _shares(counts: Mapping[str, Mapping[str, int]], roles: Sequence[str], mode: str) -> dict[str, float]:
     """Each revision's traffic share; a revision missing a required role has none."""
-    covered = {rev: per_role for rev, per_role in counts.items() if all(per_role.get(r, 0) > 0 for r in roles)}
+    covered = {rev: c for rev, c in counts.items() if all(c.get(r, 0) > 0 for r in roles)}
     if mode == "max-role":
         dominant, best = "", -1
         for role in roles:  # the first listed role wins a tie
