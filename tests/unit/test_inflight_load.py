@@ -33,7 +33,6 @@ from epp.plugins.scorers.active_request import ActiveRequestParams, ActiveReques
 from epp.plugins.scorers.token_load import TokenLoadParams, TokenLoadScorer
 from tests.unit.factories import StubHandle, completions, endpoint, endpoints
 
-
 WITH_OUTPUT = InFlightLoadParams(add_estimated_output_tokens=True)  # input + round(1.5 * input)
 
 
