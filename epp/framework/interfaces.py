@@ -169,8 +169,12 @@ class Screener(Plugin, abc.ABC):
 class DataProducer(Plugin, abc.ABC):
     """Computes per-request data (e.g. prefix matches) before scheduling; errors are only logged.
 
-    Per-endpoint results go into the cycle state as ``cycle[KEY] = {endpoint: value}``.
+    Per-endpoint results go into the cycle state as ``cycle[KEY] = {endpoint: value}``. The
+    producers share one time budget per request; ``produce_timeout`` (seconds, 0 = none) raises it
+    for a producer that waits on purpose (e.g. for a batching window).
     """
+
+    produce_timeout: float = 0.0
 
     @abc.abstractmethod
     async def produce(self, cycle: CycleState, request: LLMRequest, endpoints: list[Endpoint]) -> None: ...

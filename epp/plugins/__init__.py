@@ -17,6 +17,7 @@ from epp.plugins.parsers import openai as openai
 from epp.plugins.pickers import max_score, random_picker
 from epp.plugins.pickers import weighted_random as weighted_random
 from epp.plugins.producers import approx_prefix_cache as approx_prefix_cache
+from epp.plugins.producers import burst_prefix_cache as burst_prefix_cache
 from epp.plugins.producers import inflight_load as inflight_load
 from epp.plugins.profile_handlers import data_parallel as data_parallel
 from epp.plugins.profile_handlers import disagg as disagg

@@ -352,9 +352,11 @@ class Director:
         ``asyncio.timeout`` (a timer, no extra task) keeps the common case, producers that never
         suspend, as cheap as plain calls.
         """
+        producers = self.hooks.producers
+        budget = max(PRODUCERS_BUDGET_SECONDS, *(p.produce_timeout for p in producers))
         try:
-            async with asyncio.timeout(PRODUCERS_BUDGET_SECONDS):
-                for producer in self.hooks.producers:
+            async with asyncio.timeout(budget):
+                for producer in producers:
                     t0 = time.perf_counter()
                     try:
                         await producer.produce(cycle, request, candidates)
@@ -366,7 +368,7 @@ class Director:
                 log.warning,
                 "producers_budget",
                 "data producers exceeded their budget",
-                budget_s=PRODUCERS_BUDGET_SECONDS,
+                budget_s=budget,
             )
 
     # --- end of request ----------------------------------------------------------------------
