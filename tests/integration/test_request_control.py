@@ -18,8 +18,8 @@ from typing import Any
 
 import pytest
 
-from epp.dev.envoy import bootstrap as envoy_config
 from epp.dev import stack
+from epp.dev.envoy import bootstrap as envoy_config
 from tests.fakekube import FakeKube, objects
 from tests.integration.harness import Envoy, Epp, Rig, chat_body, marker
 
