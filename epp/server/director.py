@@ -353,7 +353,7 @@ class Director:
         suspend, as cheap as plain calls.
         """
         producers = self.hooks.producers
-        budget = max(PRODUCERS_BUDGET_SECONDS, *(p.produce_timeout for p in producers))
+        budget = max(PRODUCERS_BUDGET_SECONDS, max((p.produce_timeout for p in producers), default=0.0))
         try:
             async with asyncio.timeout(budget):
                 for producer in producers:

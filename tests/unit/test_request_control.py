@@ -640,3 +640,26 @@ def _metric(name: str, **labels: str) -> float:
         if line.startswith(name + "{") and all(f'{k}="{v}"' in line for k, v in labels.items()):
             total += float(line.rsplit(" ", 1)[1])
     return total
+
+
+def test_usage_reader_merges_anthropic_events_and_ignores_bad_bodies() -> None:
+    from epp.server.response_usage import UsageReader
+
+    reader = UsageReader(streaming=True)
+    reader.feed(
+        b'event: message_start\ndata: {"type":"message_start","message":{"usage":{"input_tokens":9,', False
+    )
+    reader.feed(b'"cache_read_input_tokens":4,"output_tokens":1}}}\n\n', False)
+    reader.feed(b'data: {"type":"message_delta","usage":{"output_tokens":15}}\n\n', True)
+    assert reader.usage == {
+        "prompt_tokens": 9,
+        "completion_tokens": 15,
+        "total_tokens": 24,
+        "prompt_tokens_details": {"cached_tokens": 4},
+    }
+    broken = UsageReader(streaming=False)
+    broken.feed(b'{"usage": {"prompt_tokens": 3', True)
+    assert broken.usage is None
+    plain = UsageReader(streaming=False)
+    plain.feed(b'{"usage": {"prompt_tokens": 3, "completion_tokens": 4, "total_tokens": 99}}', True)
+    assert plain.usage == {"prompt_tokens": 3, "completion_tokens": 4, "total_tokens": 99}
