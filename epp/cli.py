@@ -1,6 +1,7 @@
 """The ``epp`` command: ``serve`` (the EPP), ``sim`` (a simulated vLLM server), ``run`` (a local
-stack: Envoy + EPP + simulators), ``check-config`` (validate a config, print the effective one) and
-``certs`` (a CA and the key pairs the Kubernetes manifests mount).
+stack: Envoy + EPP + simulators), ``check-config`` (validate a config, print the effective one),
+``plugins`` (the registered plugin types) and ``certs`` (a CA and the key pairs the Kubernetes
+manifests mount).
 """
 
 from __future__ import annotations
@@ -43,11 +44,17 @@ def _config_text(args: argparse.Namespace) -> tuple[str | None, str]:
     return args.config_text, "--config-text"
 
 
-def _load(text: str | None, source: str, endpoints: Callable[[], Any] | None = None) -> Any:
+def _load(
+    text: str | None,
+    source: str,
+    endpoints: Callable[[], Any] | None = None,
+    *,
+    allow_experimental: bool = False,
+) -> Any:
     from epp.config import ConfigError, load_config
 
     try:
-        cfg = load_config(text, source=source, endpoints=endpoints)
+        cfg = load_config(text, source=source, endpoints=endpoints, allow_experimental=allow_experimental)
     except ConfigError as e:
         print(f"error: invalid configuration {source}: {e}", file=sys.stderr)
         raise SystemExit(2) from None
@@ -83,6 +90,7 @@ def _add_serve(sub: Any) -> None:
     add_bool(p, "--health-checking", False, "also serve gRPC health on the ext_proc port")
     p.add_argument("--config-file", default=None, help="EndpointPickerConfig YAML file")
     p.add_argument("--config-text", default=None, help="EndpointPickerConfig YAML text")
+    _add_allow_experimental(p)
     k = p.add_argument_group("Kubernetes discovery (one of --pool-name, --endpoint-selector)")
     k.add_argument(
         "--pool-name", default="", help="InferencePool to serve (with file discovery: the pool's name only)"
@@ -419,7 +427,9 @@ def _serve(args: argparse.Namespace) -> int:
     labels.FAIRNESS_IDS.reset(args.fairness_id_metric_label_limit)
     _check_stream_limits(args)
     store = EndpointStore()
-    cfg = _load(*_config_text(args), endpoints=store.endpoints)
+    cfg = _load(
+        *_config_text(args), endpoints=store.endpoints, allow_experimental=args.allow_experimental_plugins
+    )
     kube_opts = _kube_options(args, file_discovery=cfg.discovery is not None)
     pool_name = args.pool_name
     if not pool_name and args.endpoint_selector:
@@ -459,7 +469,7 @@ def _serve(args: argparse.Namespace) -> int:
 
             try:
                 kube = await KubeRuntime.build(
-                    kube_opts, pool_name=opts.pool_name, app_protocols=cfg.parser.supported_app_protocols()
+                    kube_opts, pool_name=opts.pool_name, app_protocols=cfg.parsers.supported_app_protocols()
                 )
             except KubeConfigError as e:
                 raise SystemExit(f"error: {e}") from None
@@ -480,9 +490,24 @@ def _serve(args: argparse.Namespace) -> int:
 # --- check-config -----------------------------------------------------------------------------
 
 
+def _add_allow_experimental(p: argparse.ArgumentParser) -> None:
+    add_bool(
+        p,
+        "--allow-experimental-plugins",
+        False,
+        "load plugin types of alpha stability (`epp plugins` lists them); without it they are an error",
+    )
+
+
 def _add_check(sub: Any) -> None:
-    p = sub.add_parser("check-config", help="validate an EndpointPickerConfig and print the effective config")
+    p = sub.add_parser(
+        "check-config",
+        help="validate an EndpointPickerConfig and print the effective config",
+        description="Writes the effective configuration (every default filled in) as YAML to standard "
+        "output and nothing else; warnings, errors and plugin logs go to standard error.",
+    )
     p.add_argument("file", help="config file ('-' for standard input)")
+    _add_allow_experimental(p)
     p.set_defaults(func=_check)
 
 
@@ -497,8 +522,36 @@ def _check(args: argparse.Namespace) -> int:
         except OSError as e:
             print(f"error: {e}", file=sys.stderr)
             return 2
-    cfg = _load(text, args.file)
+    cfg = _load(text, args.file, allow_experimental=args.allow_experimental_plugins)
     sys.stdout.write(cfg.effective_yaml())
+    return 0
+
+
+# --- plugins ----------------------------------------------------------------------------------
+
+
+def _add_plugins(sub: Any) -> None:
+    p = sub.add_parser(
+        "plugins",
+        help="list the registered plugin types",
+        description="Every registered plugin type with its kinds, stability, deprecated names and "
+        "parameters (with their defaults).",
+    )
+    p.add_argument("--output", "-o", choices=("text", "json"), default="text", help="text (default) or json")
+    p.set_defaults(func=_plugins)
+
+
+def _plugins(args: argparse.Namespace) -> int:
+    import json
+
+    from epp import logs
+    from epp.config import catalog
+
+    logs.configure("warning", "console")
+    if args.output == "json":
+        sys.stdout.write(json.dumps(catalog.describe(), indent=2) + "\n")
+    else:
+        sys.stdout.write(catalog.render_text())
     return 0
 
 
@@ -587,12 +640,20 @@ def build_parser() -> argparse.ArgumentParser:
     _add_sim(sub)
     _add_run(sub)
     _add_check(sub)
+    _add_plugins(sub)
     _add_certs(sub)
     return parser
 
 
+def _go_bool_flags(argv: Sequence[str]) -> list[str]:
+    """A bare ``--allow-experimental-plugins`` means ``=true`` and never takes the next argument
+    (as with Go flags), so ``check-config --allow-experimental-plugins FILE`` keeps its file."""
+    flag = "--allow-experimental-plugins"
+    return [f"{flag}=true" if a == flag else a for a in argv]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = build_parser().parse_args(_go_bool_flags(sys.argv[1:] if argv is None else argv))
     return int(args.func(args) or 0)
 
 

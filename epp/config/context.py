@@ -1,7 +1,10 @@
-"""The state the loading phases share: the document, the plugin instances so far, warnings.
+"""The state the loading phases share: the document, the plugin instances, warnings.
 
-Plugins are instantiated in ``plugins:`` order (a factory sees those declared before it); system
-defaults are appended to the document under their type name.
+Every ``plugins:`` entry is checked first (type registered, name unique, stability allowed), then
+created in list order; a factory that asks the handle for another declared plugin gets it created
+on demand, whatever its place in the list, so dependencies are always created first. A reference
+cycle is an error naming the loop. System defaults are appended to the document under their type
+name.
 """
 
 from __future__ import annotations
@@ -13,23 +16,34 @@ from epp.config.schema import ConfigDocument, PluginSpec
 from epp.framework import registry
 from epp.framework.endpoint import Endpoint
 from epp.framework.errors import ConfigError
-from epp.framework.interfaces import Plugin
+from epp.framework.interfaces import Plugin, Stability
 from epp.framework.params import decode_params
 
 EndpointsFn = Callable[[], Sequence[Endpoint]]
 
+ALLOW_EXPERIMENTAL_FLAG = "--allow-experimental-plugins"
+
+
+class PluginLoadError(ConfigError):
+    """A plugin could not be created; already names that plugin, so the factories of plugins that
+    asked for it on demand pass it on unchanged."""
+
+
+class PluginCycleError(PluginLoadError):
+    """Plugins that reference each other in a loop."""
+
 
 class _Handle:
-    """The factory handle: plugins created so far (i.e. declared earlier) and the live endpoints."""
+    """The factory handle: any declared plugin (created on demand) and the live endpoints."""
 
-    __slots__ = ("_endpoints", "_plugins")
+    __slots__ = ("_ctx", "_endpoints")
 
-    def __init__(self, plugins: Mapping[str, Plugin], endpoints: EndpointsFn) -> None:
-        self._plugins = plugins
+    def __init__(self, ctx: LoadContext, endpoints: EndpointsFn) -> None:
+        self._ctx = ctx
         self._endpoints = endpoints
 
     def plugin(self, name: str) -> Plugin | None:
-        return self._plugins.get(name)
+        return self._ctx.resolve(name)
 
     def endpoints(self) -> Sequence[Endpoint]:
         return self._endpoints()
@@ -60,38 +74,111 @@ def _factory_error(spec: PluginSpec, exc: Exception) -> ConfigError:
 class LoadContext:
     """One configuration being loaded: ``plugins`` and ``specs`` by name, in ``plugins:`` order."""
 
-    __slots__ = ("doc", "environ", "handle", "plugins", "source", "specs", "warnings")
+    __slots__ = (
+        "_creating",
+        "allow_experimental",
+        "doc",
+        "environ",
+        "handle",
+        "plugins",
+        "source",
+        "specs",
+        "warnings",
+    )
 
     def __init__(
-        self, doc: ConfigDocument, source: str, endpoints: EndpointsFn | None, environ: Mapping[str, str]
+        self,
+        doc: ConfigDocument,
+        source: str,
+        endpoints: EndpointsFn | None,
+        environ: Mapping[str, str],
+        *,
+        allow_experimental: bool = True,
     ) -> None:
         self.doc = doc
         self.source = source
         self.environ = environ
+        self.allow_experimental = allow_experimental
         self.warnings: list[str] = []
         self.plugins: dict[str, Plugin] = {}
         self.specs: dict[str, PluginSpec] = {}
-        self.handle = _Handle(self.plugins, endpoints or _no_endpoints)
+        self._creating: list[str] = []  # names under construction, outermost first
+        self.handle = _Handle(self, endpoints or _no_endpoints)
 
-    def instantiate(self, spec: PluginSpec, forbidden_type: str = "", forbidden_why: str = "") -> Plugin:
-        """Decode ``spec``'s parameters and create the plugin; ``forbidden_type`` is refused."""
+    # --- the plugins: section ----------------------------------------------------------------------
+
+    def instantiate_all(self, forbidden_type: str = "", forbidden_why: str = "") -> None:
+        """Check every declared plugin, then create them (dependencies first); ``plugins`` keeps
+        declaration order. ``forbidden_type`` is refused with ``forbidden_why``."""
+        for spec in self.doc.plugins:
+            self._check_spec(spec, forbidden_type, forbidden_why)
+            self.specs[spec.name] = spec
+        for spec in self.doc.plugins:
+            self.resolve(spec.name)
+        ordered = {spec.name: self.plugins[spec.name] for spec in self.doc.plugins}
+        self.plugins.clear()
+        self.plugins.update(ordered)
+
+    def resolve(self, name: str) -> Plugin | None:
+        """The plugin declared as ``name``, created now if it was not yet; None if undeclared."""
+        plugin = self.plugins.get(name)
+        if plugin is not None:
+            return plugin
+        spec = self.specs.get(name)
+        if spec is None:
+            return None
+        if name in self._creating:
+            loop = [*self._creating[self._creating.index(name) :], name]
+            raise PluginCycleError(
+                self.specs[loop[0]].path,
+                f"plugins reference each other in a loop: {' -> '.join(loop)}",
+            )
+        return self._create(spec)
+
+    def _check_spec(self, spec: PluginSpec, forbidden_type: str, forbidden_why: str) -> None:
         if not spec.type:
             raise ConfigError(f"{spec.path}.type", f"plugin '{spec.name}' is missing a type")
-        if spec.name in self.plugins:
+        if spec.name in self.specs:
             raise ConfigError(f"{spec.path}.name", f"duplicate plugin name '{spec.name}'")
         cls = registry.lookup(spec.type)
         if cls is None:
-            raise ConfigError(f"{spec.path}.type", f"plugin type '{spec.type}' is not registered")
+            hint = registry.suggest(spec.type)
+            more = f"; did you mean '{hint}'?" if hint else " (`epp plugins` lists the registered types)"
+            raise ConfigError(f"{spec.path}.type", f"plugin type '{spec.type}' is not registered{more}")
         if forbidden_type and cls.type_name == forbidden_type:
             raise ConfigError(f"{spec.path}.type", f"{forbidden_type} is not allowed {forbidden_why}")
-        params = decode_params(cls.Params, spec.parameters, f"{spec.path}.parameters")
+        if cls.stability is Stability.ALPHA and not self.allow_experimental:
+            raise ConfigError(
+                f"{spec.path}.type",
+                f"plugin '{spec.name}' (type: '{spec.type}') has Alpha stability level, but command "
+                f"line flag {ALLOW_EXPERIMENTAL_FLAG} is not set (pass {ALLOW_EXPERIMENTAL_FLAG}=true "
+                "to load it)",
+            )
+        warning = registry.deprecation_warning_once(spec.type)
+        if warning:
+            self.warnings.append(f"{spec.path}.type: {warning}")
+
+    def _create(self, spec: PluginSpec) -> Plugin:
+        cls = registry.lookup(spec.type)
+        assert cls is not None  # checked by _check_spec
+        try:
+            params = decode_params(cls.Params, spec.parameters, f"{spec.path}.parameters")
+        except ConfigError as e:
+            raise PluginLoadError(e.field, e.reason) from e
+        self._creating.append(spec.name)
         try:
             plugin = cls(spec.name, params, self.handle)
+        except PluginLoadError:
+            raise
         except (ConfigError, ValueError) as e:
-            raise _factory_error(spec, e) from e
+            wrapped = _factory_error(spec, e)
+            raise PluginLoadError(wrapped.field, wrapped.reason) from e
+        finally:
+            self._creating.pop()
         self.plugins[spec.name] = plugin
-        self.specs[spec.name] = spec
         return plugin
+
+    # --- system defaults and references ------------------------------------------------------------
 
     def add_default(self, type_name: str, what: str, parameters: dict[str, Any] | None = None) -> Plugin:
         """Instantiate a system default named after its type and append it to ``plugins``."""
@@ -102,9 +189,12 @@ class LoadContext:
         spec = PluginSpec(
             type=type_name, name=type_name, parameters=parameters, path=f"plugins[{len(self.doc.plugins)}]"
         )
+        if spec.name in self.specs:
+            raise ConfigError(f"{spec.path}.name", f"duplicate plugin name '{spec.name}'")
         self.doc.plugins.append(spec)
+        self.specs[spec.name] = spec
         try:
-            return self.instantiate(spec)
+            return self._create(spec)
         except ConfigError as e:
             raise ConfigError(
                 e.field, f"failed to instantiate default plugin '{type_name}': {e.reason}"
@@ -116,5 +206,10 @@ class LoadContext:
             raise ConfigError(where, f"{what} plugin reference is empty")
         plugin = self.plugins.get(ref)
         if plugin is None:
-            raise ConfigError(where, f"references undefined plugin '{ref}'")
+            raise ConfigError(where, f"references undefined plugin '{ref}'{self.did_you_mean(ref)}")
         return plugin
+
+    def did_you_mean(self, ref: str) -> str:
+        """``"; did you mean 'x'?"`` for the declared plugin name closest to ``ref``, else ``""``."""
+        hint = registry.closest(ref, list(self.plugins))
+        return f"; did you mean '{hint}'?" if hint else ""

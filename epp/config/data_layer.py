@@ -1,4 +1,8 @@
-"""The data layer: the default metrics source and extractor, data sources, endpoint discovery."""
+"""The data layer: the default metrics source and extractor, data sources, endpoint discovery.
+
+``peerDiscovery`` and ``crossReplicaSyncerPluginRef`` must name declared plugins but have no effect:
+epp's standbys mirror the leader over their own replication stream (``--ha-replication-*``).
+"""
 
 from __future__ import annotations
 
@@ -47,9 +51,38 @@ def build_data_layer(ctx: LoadContext) -> list[tuple[DataSource, list[Extractor]
                 raise ConfigError(ewhere, f"the plugin {ext.plugin_ref} is not a fwkdl.ExtractorBase")
             extractors.append(extractor)
         out.append((source, extractors))
-    if not out and not dl.inject_defaults:
-        raise ConfigError("dataLayer.sources", "data layer enabled but no data sources configured")
     return out
+
+
+def check_cross_replica(ctx: LoadContext) -> None:
+    """``peerDiscovery``, ``crossReplicaSyncerPluginRef`` and ``crossReplicaSyncInterval``: checked,
+    then ignored with a warning (there is no such plugin in this build)."""
+    dl = ctx.doc.data_layer
+    ignored: list[str] = []
+    if dl.peer_discovery is not None:
+        ctx.lookup_ref(dl.peer_discovery.plugin_ref, "dataLayer.peerDiscovery.pluginRef", "peer discovery")
+        ignored.append("dataLayer.peerDiscovery")
+    if dl.cross_replica_syncer_plugin_ref is not None:
+        ctx.lookup_ref(
+            dl.cross_replica_syncer_plugin_ref,
+            "dataLayer.crossReplicaSyncerPluginRef",
+            "cross-replica syncer",
+        )
+        ignored.append("dataLayer.crossReplicaSyncerPluginRef")
+    interval = dl.cross_replica_sync_interval
+    if interval is not None:
+        if interval.seconds < 0:
+            raise ConfigError(
+                "dataLayer.crossReplicaSyncInterval",
+                f"crossReplicaSyncInterval cannot be negative, but got {interval.text}",
+            )
+        ignored.append("dataLayer.crossReplicaSyncInterval")
+    if ignored:
+        ctx.warnings.append(
+            f"{', '.join(ignored)}: no effect in epp, which has no peer discovery or cross-replica "
+            "syncer plugins; with --ha-enable-leader-election standbys mirror the leader's prefix index "
+            "over --ha-replication-port instead"
+        )
 
 
 def resolve_discovery(ctx: LoadContext) -> EndpointDiscovery | None:
@@ -62,7 +95,9 @@ def resolve_discovery(ctx: LoadContext) -> EndpointDiscovery | None:
         raise ConfigError(where, "discovery plugin reference is empty")
     plugin = ctx.plugins.get(ref.plugin_ref)
     if plugin is None:
-        raise ConfigError(where, f'no plugin found with name "{ref.plugin_ref}"')
+        raise ConfigError(
+            where, f'no plugin found with name "{ref.plugin_ref}"{ctx.did_you_mean(ref.plugin_ref)}'
+        )
     if not isinstance(plugin, EndpointDiscovery):
         raise ConfigError(where, f'plugin "{ref.plugin_ref}" does not implement EndpointDiscovery')
     return plugin

@@ -22,9 +22,11 @@ DEFAULT_ORDERING_POLICY = "fcfs-ordering-policy"
 DEFAULT_USAGE_LIMIT_POLICY = "static-usage-limit-policy"
 # Instantiated (when registered) even with flow control off, as in the reference.
 FLOW_CONTROL_DEFAULTS = (DEFAULT_ORDERING_POLICY, DEFAULT_FAIRNESS_POLICY, DEFAULT_USAGE_LIMIT_POLICY)
-# Band defaults: 1 GB per band, unlimited requests.
+# Band defaults (also for "0"): 1 GB and 5000 requests per band.
 DEFAULT_BAND_MAX_BYTES = 1_000_000_000
-DEFAULT_BAND_MAX_REQUESTS = 0
+DEFAULT_BAND_MAX_REQUESTS = 5000
+# Queue-wait budget while the pool has endpoints; the no-endpoint budget follows it when unset.
+DEFAULT_REQUEST_TTL = "60s"
 
 # Data key -> producer type auto-created when some plugin consumes the key and none produces it.
 # Both the reference's key-constant names and the attribute names are listed.

@@ -9,7 +9,7 @@ from typing import Any
 
 import yaml
 
-from epp.config.schema import ConfigDocument, FlowControlSpec, PriorityBandSpec, RefSpec
+from epp.config.schema import ConfigDocument, DataLayerSpec, FlowControlSpec, PriorityBandSpec, RefSpec
 from epp.framework.interfaces import Plugin, Scorer
 from epp.framework.params import encode_params
 
@@ -56,14 +56,38 @@ def _flow_control(fc: FlowControlSpec) -> dict[str, Any]:
         out["maxRequests"] = fc.max_requests.text
     if fc.default_request_ttl is not None:
         out["defaultRequestTTL"] = fc.default_request_ttl.text
+    if fc.no_endpoint_request_ttl is not None:
+        out["noEndpointRequestTTL"] = fc.no_endpoint_request_ttl.text
     if fc.default_priority_band is not None:
         out["defaultPriorityBand"] = _band(fc.default_priority_band)
+    if fc.default_negative_priority_band is not None:
+        out["defaultNegativePriorityBand"] = _band(fc.default_negative_priority_band)
     if fc.priority_bands:
         out["priorityBands"] = [_band(b) for b in fc.priority_bands]
     if fc.usage_limit_policy_plugin_ref is not None:
         out["usageLimitPolicyPluginRef"] = fc.usage_limit_policy_plugin_ref
+    if fc.saturation_detector is not None:
+        out["saturationDetector"] = _ref(fc.saturation_detector)
     if fc.enable_eviction is not None:
         out["enableEviction"] = fc.enable_eviction
+    return out
+
+
+def _data_layer(dl: DataLayerSpec) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "injectDefaults": dl.inject_defaults,
+        "sources": [
+            {"pluginRef": s.plugin_ref, "extractors": [_ref(e) for e in s.extractors]} for s in dl.sources
+        ],
+    }
+    if dl.discovery is not None:
+        out["discovery"] = _ref(dl.discovery)
+    if dl.peer_discovery is not None:
+        out["peerDiscovery"] = _ref(dl.peer_discovery)
+    if dl.cross_replica_syncer_plugin_ref is not None:
+        out["crossReplicaSyncerPluginRef"] = dl.cross_replica_syncer_plugin_ref
+    if dl.cross_replica_sync_interval is not None:
+        out["crossReplicaSyncInterval"] = dl.cross_replica_sync_interval.text
     return out
 
 
@@ -94,20 +118,13 @@ def effective_document(doc: ConfigDocument, plugins: Mapping[str, Plugin]) -> di
     out["schedulingProfiles"] = profiles
     if doc.saturation_detector is not None:
         out["saturationDetector"] = _ref(doc.saturation_detector)
-    dl = doc.data_layer
-    data_layer: dict[str, Any] = {
-        "injectDefaults": dl.inject_defaults,
-        "sources": [
-            {"pluginRef": s.plugin_ref, "extractors": [_ref(e) for e in s.extractors]} for s in dl.sources
-        ],
-    }
-    if dl.discovery is not None:
-        data_layer["discovery"] = _ref(dl.discovery)
-    out["dataLayer"] = data_layer
+    out["dataLayer"] = _data_layer(doc.data_layer)
     if doc.flow_control is not None:
         out["flowControl"] = _flow_control(doc.flow_control)
     if doc.parser is not None:
         out["parser"] = _ref(doc.parser)
+    if doc.request_handler is not None:
+        out["requestHandler"] = {"parsers": [_ref(p) for p in doc.request_handler.parsers]}
     return out
 
 

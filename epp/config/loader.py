@@ -14,10 +14,21 @@ from typing import Any
 import epp.plugins  # noqa: F401 - the composition root registers the built-in plugin types
 from epp.config import defaults as d
 from epp.config.context import EndpointsFn, LoadContext
-from epp.config.data_layer import apply_data_layer_defaults, build_data_layer, resolve_discovery
+from epp.config.data_layer import (
+    apply_data_layer_defaults,
+    build_data_layer,
+    check_cross_replica,
+    resolve_discovery,
+)
 from epp.config.effective import render_effective
 from epp.config.feature_gates import resolve_feature_gates
-from epp.config.flow_control import apply_flow_control_defaults, check_flow_control
+from epp.config.flow_control import (
+    apply_flow_control_defaults,
+    check_flow_control,
+    ignore_flow_control,
+    move_deprecated_saturation_detector,
+    resolve_saturation_detector,
+)
 from epp.config.producers import create_missing_producers, ordered_producers
 from epp.config.profiles import (
     apply_scheduling_defaults,
@@ -26,7 +37,8 @@ from epp.config.profiles import (
     warn_multi_endpoint_pickers,
     with_default_scheduling,
 )
-from epp.config.request_control import request_hooks, resolve_parser, resolve_saturation_detector
+from epp.config.request_control import request_hooks
+from epp.config.request_handler import resolve_parsers
 from epp.config.schema import (
     API_VERSION,
     DEPRECATED_API_VERSION,
@@ -43,7 +55,6 @@ from epp.framework.interfaces import (
     DataSource,
     EndpointDiscovery,
     Extractor,
-    Parser,
     Plugin,
     PreRequest,
     RequestDone,
@@ -54,6 +65,7 @@ from epp.framework.interfaces import (
     Screener,
 )
 from epp.scheduling import Scheduler
+from epp.scheduling.parser_router import ParserRouter
 
 __all__ = ["EndpointsFn", "LoadedConfig", "load_config", "load_config_file", "load_document"]
 
@@ -65,7 +77,7 @@ class LoadedConfig:
     document: ConfigDocument
     scheduler: Scheduler
     plugins: dict[str, Plugin]
-    parser: Parser
+    parsers: ParserRouter
     discovery: EndpointDiscovery | None
     data_sources: list[tuple[DataSource, list[Extractor]]]
     feature_gates: frozenset[str]
@@ -101,22 +113,31 @@ def load_config(
     *,
     endpoints: EndpointsFn | None = None,
     environ: Mapping[str, str] | None = None,
+    allow_experimental: bool = True,
 ) -> LoadedConfig:
     """Load a configuration from YAML/JSON text; ``None``, empty or comment-only → the default one.
 
     ``endpoints`` is what plugin factories see as ``handle.endpoints()`` (default: none).
     ``environ`` defaults to ``os.environ`` (read for ``ENABLE_EXPERIMENTAL_FLOW_CONTROL_LAYER``).
+    ``allow_experimental=False`` refuses alpha plugin types (the command line's default, unless
+    ``--allow-experimental-plugins``).
     """
     raw: Any = None
     if text is not None and text.strip():
         raw = parse_yaml(text, source)
     if raw is None:
         raw = d.default_document()
-    return load_document(raw, source, endpoints=endpoints, environ=environ)
+    return load_document(
+        raw, source, endpoints=endpoints, environ=environ, allow_experimental=allow_experimental
+    )
 
 
 def load_config_file(
-    path: str, *, endpoints: EndpointsFn | None = None, environ: Mapping[str, str] | None = None
+    path: str,
+    *,
+    endpoints: EndpointsFn | None = None,
+    environ: Mapping[str, str] | None = None,
+    allow_experimental: bool = True,
 ) -> LoadedConfig:
     """Load a configuration file (``--config-file``); error messages name the file."""
     try:
@@ -124,7 +145,9 @@ def load_config_file(
             text = f.read()
     except (OSError, UnicodeDecodeError) as e:
         raise ConfigError("", f"cannot read config file {path}: {e}") from None
-    return load_config(text, path, endpoints=endpoints, environ=environ)
+    return load_config(
+        text, path, endpoints=endpoints, environ=environ, allow_experimental=allow_experimental
+    )
 
 
 def load_document(
@@ -133,33 +156,35 @@ def load_document(
     *,
     endpoints: EndpointsFn | None = None,
     environ: Mapping[str, str] | None = None,
+    allow_experimental: bool = True,
 ) -> LoadedConfig:
     """Load an already parsed document (a dict as produced by YAML)."""
     doc = decode_document(with_default_scheduling(raw))
-    return _load(LoadContext(doc, source, endpoints, os.environ if environ is None else environ))
+    env = os.environ if environ is None else environ
+    return _load(LoadContext(doc, source, endpoints, env, allow_experimental=allow_experimental))
 
 
 def _load(ctx: LoadContext) -> LoadedConfig:
-    """Instantiate ``plugins`` in list order (a factory sees the plugins declared before it),
-    validate the profiles, apply the system defaults (skipping types not registered in this
-    build, except the parser), create missing producers, then build the scheduler, data layer,
-    discovery and flow control. Request-control hooks keep ``plugins:`` order.
+    """Check and instantiate ``plugins`` (dependencies first, whatever the list order), validate
+    the profiles, apply the system defaults (skipping types not registered in this build, except
+    the parser), create missing producers, then build the scheduler, data layer, discovery and
+    flow control. Request-control hooks keep ``plugins:`` order.
     """
     doc = ctx.doc
     if doc.api_version == DEPRECATED_API_VERSION:
         ctx.warnings.append(f"apiVersion '{DEPRECATED_API_VERSION}' is deprecated; use '{API_VERSION}'")
         doc.api_version = API_VERSION
+    move_deprecated_saturation_detector(ctx)
     gates = resolve_feature_gates(ctx)
     legacy_metrics = GATE_LEGACY_METRICS in gates
-    for spec in doc.plugins:
-        if legacy_metrics:
-            ctx.instantiate(spec, d.CORE_METRICS_EXTRACTOR, f"with feature gate '{GATE_LEGACY_METRICS}'")
-        else:
-            ctx.instantiate(spec)
+    if legacy_metrics:
+        ctx.instantiate_all(d.CORE_METRICS_EXTRACTOR, f"with feature gate '{GATE_LEGACY_METRICS}'")
+    else:
+        ctx.instantiate_all()
     validate_profiles(ctx)
     apply_scheduling_defaults(ctx)
     apply_flow_control_defaults(ctx)
-    parser = resolve_parser(ctx)
+    parsers = resolve_parsers(ctx)
     saturation_detector = resolve_saturation_detector(ctx)
     if not legacy_metrics:
         apply_data_layer_defaults(ctx)
@@ -167,15 +192,18 @@ def _load(ctx: LoadContext) -> LoadedConfig:
     scheduler = build_scheduler(ctx)
     data_sources = [] if legacy_metrics else build_data_layer(ctx)
     discovery = resolve_discovery(ctx)
+    check_cross_replica(ctx)
     if GATE_FLOW_CONTROL in gates:
         check_flow_control(ctx)
+    else:
+        ignore_flow_control(ctx)
     warn_multi_endpoint_pickers(ctx, scheduler)
     hooks = request_hooks(ctx.plugins.values())
     return LoadedConfig(
         document=doc,
         scheduler=scheduler,
         plugins=dict(ctx.plugins),
-        parser=parser,
+        parsers=parsers,
         discovery=discovery,
         data_sources=data_sources,
         feature_gates=gates,

@@ -31,9 +31,16 @@ DEPRECATED_API_VERSION = "inference.networking.x-k8s.io/v1alpha1"
 KIND = "EndpointPickerConfig"
 
 GATE_FLOW_CONTROL = "flowControl"
-GATE_LEGACY_METRICS = "enableLegacyMetrics"
+GATE_HA_POPULATE_NON_LEADER = "haPopulateNonLeaderDatastore"
+GATE_LEGACY_METRICS = "enableLegacyMetrics"  # older configurations only
 GATE_DATA_LAYER = "dataLayer"  # deprecated no-op
-FEATURE_GATES = frozenset({GATE_FLOW_CONTROL, GATE_LEGACY_METRICS, GATE_DATA_LAYER})
+# Gate -> enabled when not listed. The first two are the reference's; the others older names.
+FEATURE_GATES: dict[str, bool] = {
+    GATE_FLOW_CONTROL: False,
+    GATE_HA_POPULATE_NON_LEADER: True,
+    GATE_LEGACY_METRICS: False,
+    GATE_DATA_LAYER: False,
+}
 
 
 class ConfigSyntaxError(ConfigError):
@@ -86,6 +93,13 @@ class RefSpec:
 
 
 @dataclass(slots=True)
+class RequestHandlerSpec:
+    """``requestHandler``: the parsers, matched per request by path suffix."""
+
+    parsers: list[RefSpec] = field(default_factory=list)
+
+
+@dataclass(slots=True)
 class DataSourceSpec:
     plugin_ref: str
     extractors: list[RefSpec] = field(default_factory=list)
@@ -97,6 +111,9 @@ class DataLayerSpec:
     inject_defaults: bool = True
     sources: list[DataSourceSpec] = field(default_factory=list)
     discovery: RefSpec | None = None
+    peer_discovery: RefSpec | None = None
+    cross_replica_syncer_plugin_ref: str | None = None
+    cross_replica_sync_interval: Duration | None = None
 
 
 @dataclass(slots=True, frozen=True)
@@ -129,13 +146,32 @@ class PriorityBandSpec:
 
 @dataclass(slots=True)
 class FlowControlSpec:
+    """``flowControl``; ``None`` marks a field that was not given (the loader fills the defaults)."""
+
     max_bytes: Quantity | None = None
     max_requests: Quantity | None = None
     default_request_ttl: Duration | None = None
+    no_endpoint_request_ttl: Duration | None = None
     default_priority_band: PriorityBandSpec | None = None
+    default_negative_priority_band: PriorityBandSpec | None = None
     priority_bands: list[PriorityBandSpec] = field(default_factory=list)
     usage_limit_policy_plugin_ref: str | None = None
+    saturation_detector: RefSpec | None = None
     enable_eviction: bool | None = None
+
+    def has_settings(self) -> bool:
+        """Whether anything but the saturation detector (honoured with the gate off) is set."""
+        return (
+            self.max_bytes is not None
+            or self.max_requests is not None
+            or self.default_request_ttl is not None
+            or self.no_endpoint_request_ttl is not None
+            or self.default_priority_band is not None
+            or self.default_negative_priority_band is not None
+            or bool(self.priority_bands)
+            or bool(self.usage_limit_policy_plugin_ref)
+            or bool(self.enable_eviction)
+        )
 
 
 @dataclass(slots=True)
@@ -148,7 +184,8 @@ class ConfigDocument:
     saturation_detector: RefSpec | None = None
     data_layer: DataLayerSpec = field(default_factory=DataLayerSpec)
     flow_control: FlowControlSpec | None = None
-    parser: RefSpec | None = None
+    parser: RefSpec | None = None  # deprecated: requestHandler.parsers
+    request_handler: RequestHandlerSpec | None = None
 
 
 # --- YAML ----------------------------------------------------------------------------------------
@@ -302,16 +339,28 @@ _TOP_FIELDS = (
     "dataLayer",
     "flowControl",
     "parser",
+    "requestHandler",
 )
 _BAND_FIELDS = ("priority", "maxBytes", "maxRequests", "fairnessPolicyRef", "orderingPolicyRef")
 _FLOW_FIELDS = (
     "maxBytes",
     "maxRequests",
     "defaultRequestTTL",
+    "noEndpointRequestTTL",
     "defaultPriorityBand",
+    "defaultNegativePriorityBand",
     "priorityBands",
     "usageLimitPolicyPluginRef",
+    "saturationDetector",
     "enableEviction",
+)
+_DATA_LAYER_FIELDS = (
+    "injectDefaults",
+    "sources",
+    "discovery",
+    "peerDiscovery",
+    "crossReplicaSyncerPluginRef",
+    "crossReplicaSyncInterval",
 )
 
 
@@ -348,6 +397,7 @@ def decode_document(raw: Any) -> ConfigDocument:
         data_layer=_data_layer(top.get("dataLayer"), "dataLayer"),
         flow_control=_flow_control(top["flowControl"], "flowControl") if "flowControl" in top else None,
         parser=_ref_section(top, "parser"),
+        request_handler=_request_handler(top["requestHandler"]) if "requestHandler" in top else None,
     )
 
 
@@ -387,8 +437,18 @@ def _ref_section(top: dict[str, Any], key: str) -> RefSpec | None:
     return None if top.get(key) is None else _ref(top[key], key)
 
 
+def _request_handler(raw: Any) -> RequestHandlerSpec:
+    path = "requestHandler"
+    m = _mapping(raw, path, ("parsers",))
+    return RequestHandlerSpec(
+        parsers=[
+            _ref(p, f"{path}.parsers[{i}]") for i, p in enumerate(_list(m.get("parsers"), f"{path}.parsers"))
+        ]
+    )
+
+
 def _data_layer(raw: Any, path: str) -> DataLayerSpec:
-    m = _mapping(raw, path, ("injectDefaults", "sources", "discovery"))
+    m = _mapping(raw, path, _DATA_LAYER_FIELDS)
     inject = _opt_bool(m.get("injectDefaults"), f"{path}.injectDefaults")
     sources = []
     for i, s in enumerate(_list(m.get("sources"), f"{path}.sources")):
@@ -403,8 +463,22 @@ def _data_layer(raw: Any, path: str) -> DataLayerSpec:
                 plugin_ref=_str(sm.get("pluginRef"), f"{spath}.pluginRef"), extractors=extractors, path=spath
             )
         )
-    discovery = None if m.get("discovery") is None else _ref(m["discovery"], f"{path}.discovery")
-    return DataLayerSpec(inject_defaults=inject is not False, sources=sources, discovery=discovery)
+    return DataLayerSpec(
+        inject_defaults=inject is not False,
+        sources=sources,
+        discovery=_opt_ref(m.get("discovery"), f"{path}.discovery"),
+        peer_discovery=_opt_ref(m.get("peerDiscovery"), f"{path}.peerDiscovery"),
+        cross_replica_syncer_plugin_ref=_opt_str(
+            m.get("crossReplicaSyncerPluginRef"), f"{path}.crossReplicaSyncerPluginRef"
+        ),
+        cross_replica_sync_interval=parse_duration(
+            m.get("crossReplicaSyncInterval"), f"{path}.crossReplicaSyncInterval"
+        ),
+    )
+
+
+def _opt_ref(raw: Any, path: str) -> RefSpec | None:
+    return None if raw is None else _ref(raw, path)
 
 
 def _band(raw: Any, path: str) -> PriorityBandSpec:
@@ -419,16 +493,21 @@ def _band(raw: Any, path: str) -> PriorityBandSpec:
     )
 
 
+def _opt_band(raw: Any, path: str) -> PriorityBandSpec | None:
+    return None if raw is None else _band(raw, path)
+
+
 def _flow_control(raw: Any, path: str) -> FlowControlSpec:
     m = _mapping(raw, path, _FLOW_FIELDS)
-    default_band = m.get("defaultPriorityBand")
     return FlowControlSpec(
         max_bytes=parse_quantity(m.get("maxBytes"), f"{path}.maxBytes"),
         max_requests=parse_quantity(m.get("maxRequests"), f"{path}.maxRequests"),
         default_request_ttl=parse_duration(m.get("defaultRequestTTL"), f"{path}.defaultRequestTTL"),
-        default_priority_band=None
-        if default_band is None
-        else _band(default_band, f"{path}.defaultPriorityBand"),
+        no_endpoint_request_ttl=parse_duration(m.get("noEndpointRequestTTL"), f"{path}.noEndpointRequestTTL"),
+        default_priority_band=_opt_band(m.get("defaultPriorityBand"), f"{path}.defaultPriorityBand"),
+        default_negative_priority_band=_opt_band(
+            m.get("defaultNegativePriorityBand"), f"{path}.defaultNegativePriorityBand"
+        ),
         priority_bands=[
             _band(b, f"{path}.priorityBands[{i}]")
             for i, b in enumerate(_list(m.get("priorityBands"), f"{path}.priorityBands"))
@@ -436,5 +515,6 @@ def _flow_control(raw: Any, path: str) -> FlowControlSpec:
         usage_limit_policy_plugin_ref=_opt_str(
             m.get("usageLimitPolicyPluginRef"), f"{path}.usageLimitPolicyPluginRef"
         ),
+        saturation_detector=_opt_ref(m.get("saturationDetector"), f"{path}.saturationDetector"),
         enable_eviction=_opt_bool(m.get("enableEviction"), f"{path}.enableEviction"),
     )

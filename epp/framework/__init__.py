@@ -12,9 +12,11 @@ from epp.framework.interfaces import (
     EndpointStateHolder,
     Extractor,
     ExtractResult,
+    FairnessPolicy,
     Filter,
     Handle,
     NoParams,
+    OrderingPolicy,
     Parser,
     Picker,
     Plugin,
@@ -31,6 +33,7 @@ from epp.framework.interfaces import (
     Screener,
     Stability,
     SupportsDisaggregate,
+    UsageLimitPolicy,
 )
 from epp.framework.registry import register
 from epp.framework.request import ApiKind, LLMRequest, RequestBody
@@ -59,6 +62,7 @@ __all__ = [
     "ErrorCode",
     "ExtractResult",
     "Extractor",
+    "FairnessPolicy",
     "Filter",
     "Handle",
     "InferenceError",
@@ -66,6 +70,7 @@ __all__ = [
     "Metrics",
     "MetricsState",
     "NoParams",
+    "OrderingPolicy",
     "Parser",
     "Picker",
     "Plugin",
@@ -89,5 +94,6 @@ __all__ = [
     "Screener",
     "Stability",
     "SupportsDisaggregate",
+    "UsageLimitPolicy",
     "register",
 ]

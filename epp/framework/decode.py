@@ -7,6 +7,7 @@ One decoder serves the configuration document's schema and typed plugin paramete
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import math
 import types
 import typing
@@ -44,13 +45,20 @@ def _unknown_field(key: str) -> str:
     return f'unknown field "{key}"'
 
 
+def did_you_mean(name: str, candidates: Collection[str]) -> str:
+    """``'; did you mean "x"?'`` for the candidate closest to a misspelt ``name``, else ``""``."""
+    matches = difflib.get_close_matches(name, list(candidates), n=1, cutoff=0.75)
+    return f'; did you mean "{matches[0]}"?' if matches else ""
+
+
 def decode_mapping(
     value: Any,
     where: str,
     allowed: Collection[str] | None = None,
     unknown: Callable[[str], str] = _unknown_field,
 ) -> dict[str, Any]:
-    """A mapping; with ``allowed``, its keys must be strings among them (``unknown(key)`` is the reason)."""
+    """A mapping; with ``allowed``, its keys must be strings among them (``unknown(key)`` is the
+    reason, followed by the closest allowed key when one is close)."""
     if not isinstance(value, dict):
         raise ConfigError(where, f"expected a mapping, got {kind_of(value)}")
     if allowed is not None:
@@ -58,7 +66,12 @@ def decode_mapping(
             if not isinstance(key, str):
                 raise ConfigError(where, f"field names must be strings, got {key!r}")
             if key not in allowed:
-                raise ConfigError(join(where, key), unknown(key))
+                reason = unknown(key)
+                hint = did_you_mean(key, allowed)
+                if hint:
+                    head, sep, tail = reason.partition(" (")
+                    reason = f"{head}{hint}{sep}{tail}"
+                raise ConfigError(join(where, key), reason)
     return value
 
 

@@ -38,7 +38,11 @@ class Stability(StrEnum):
 
 
 class Handle(Protocol):
-    """What a plugin factory may use: plugins declared earlier, and the current endpoints."""
+    """What a plugin factory may use: the other declared plugins, and the current endpoints.
+
+    ``plugin(name)`` returns any plugin declared under ``plugins:``, creating it first when it was
+    declared later in the list (a reference cycle is a configuration error); None for other names.
+    """
 
     def plugin(self, name: str) -> Plugin | None: ...
 
@@ -256,21 +260,41 @@ class SaturationDetector(Plugin, abc.ABC):
     def saturation(self, endpoints: Sequence[Endpoint]) -> float: ...
 
 
+class OrderingPolicy(Plugin):
+    """Flow control: orders the requests queued within one flow (``orderingPolicyRef``)."""
+
+
+class FairnessPolicy(Plugin):
+    """Flow control: chooses between the flows of one priority band (``fairnessPolicyRef``)."""
+
+
+class UsageLimitPolicy(Plugin):
+    """Flow control: per-band saturation ceilings (``flowControl.usageLimitPolicyPluginRef``)."""
+
+
 # --- request handling -------------------------------------------------------------------------
 
 
 class Parser(Plugin, abc.ABC):
     """Turns the raw request body into a ``RequestBody``.
 
+    ``claims``: the path suffixes this parser serves (``"chat/completions"``); the request handler
+    picks, per request, the parser whose suffix is the longest one matching the path. A parser that
+    claims none is the fallback for paths no other parser claims.
+
     Raise ``InferenceError(BAD_REQUEST, ...)`` on a bad body; return ``None`` to skip scheduling
-    (the request then goes to a random endpoint and the stream stops being processed).
+    (the request then goes to a random endpoint).
     """
+
+    claims: ClassVar[tuple[str, ...]] = ()
 
     @abc.abstractmethod
     def parse_request(self, body: bytes, headers: Mapping[str, str]) -> RequestBody | None: ...
 
     def supported_app_protocols(self) -> tuple[str, ...]:
-        """InferencePool ``appProtocol`` values this parser serves; readiness is off for others."""
+        """InferencePool ``appProtocol`` values this parser serves; readiness is off for others.
+
+        Empty: no constraint (a parser that does not look at the body)."""
         return ("http", "kubernetes.io/h2c")
 
 

@@ -3,48 +3,95 @@
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
 
-from epp.framework.wire import DEFAULT_FAIRNESS_ID
+from epp.framework.wire import DEFAULT_FAIRNESS_ID, FORWARDED_PATH_HEADER, ORIGINAL_PATH_HEADER
+
+DEFAULT_REQUEST_PATH = "/v1/completions"
+"""The path of a request that carries none (no ``:path`` or path header)."""
 
 
 class ApiKind(enum.Enum):
-    """Which OpenAI API a request body belongs to (chosen by path suffix)."""
+    """Which API a request body belongs to (chosen by the parser, mostly by path suffix)."""
 
     COMPLETIONS = "completions"
     CHAT_COMPLETIONS = "chat_completions"
     RESPONSES = "responses"
     CONVERSATIONS = "conversations"
     EMBEDDINGS = "embeddings"
+    IMAGES_GENERATIONS = "images_generations"
+    MESSAGES = "messages"  # Anthropic Messages API
+    GENERATE = "generate"  # token-in generate APIs (vLLM, SGLang, vLLM gRPC)
+    RAW = "raw"  # a body the parser does not interpret
 
 
 @dataclass(slots=True)
 class RequestBody:
-    """A decoded OpenAI-style body. ``payload`` is the JSON object; ``raw`` the bytes received."""
+    """A decoded request body. ``payload`` is the JSON object (the fields a parser extracted for a
+    non-JSON body: ``model``, ``prompt``); ``raw`` the bytes received.
+
+    ``token_ids``: the prompt's token ids when the request carries them. ``rewritable``: the body is
+    JSON whose ``model`` the EPP can rewrite; such a body must name a model. A non-rewritable body
+    (protobuf, raw) is scheduled with the model it names, possibly none, and forwarded unchanged.
+    """
 
     api: ApiKind
     payload: dict[str, Any]
     raw: bytes
     stream: bool = False
+    token_ids: list[int] | None = None
+    rewritable: bool = True
     _prompt: str | None = None
 
     @property
     def prompt_text(self) -> str:
-        """Text used for prefix matching and token estimates (computed once, on first use)."""
+        """Text used for prefix matching and token estimates (computed once, on first use).
+
+        Token ids, when given, are rendered as comma-separated decimals: equal token prefixes give
+        equal text prefixes.
+        """
         if self._prompt is None:
-            self._prompt = _prompt_text(self.api, self.payload)
+            ids = self.token_ids
+            if ids is not None:
+                self._prompt = ",".join(map(str, ids))
+            else:
+                self._prompt = _prompt_text(self.api, self.payload)
         return self._prompt
 
     @property
     def cache_salt(self) -> str:
-        salt = self.payload.get("cache_salt")
+        """The prefix-cache salt: ``cache_salt`` (SGLang's generate calls it ``extra_key``)."""
+        payload = self.payload
+        salt = payload.get("cache_salt")
+        if salt is None and self.api is ApiKind.GENERATE:
+            salt = payload.get("extra_key")
         return salt if isinstance(salt, str) else ""
 
 
+def request_path(headers: Mapping[str, str]) -> str:
+    """The request's path without its query string: ``:path``, else ``x-original-path``, else
+    ``x-forwarded-path``, else ``/v1/completions``."""
+    path = (
+        headers.get(":path")
+        or headers.get(ORIGINAL_PATH_HEADER)
+        or headers.get(FORWARDED_PATH_HEADER)
+        or DEFAULT_REQUEST_PATH
+    )
+    return path.partition("?")[0]
+
+
 def _prompt_text(api: ApiKind, payload: dict[str, Any]) -> str:
+    if api is ApiKind.RAW:
+        return ""
+    if api is ApiKind.MESSAGES:
+        return orjson.dumps([payload.get("system"), payload.get("tools"), payload.get("messages")]).decode()
+    if api is ApiKind.IMAGES_GENERATIONS or api is ApiKind.GENERATE:
+        prompt = payload.get("prompt", payload.get("text"))
+        return prompt if isinstance(prompt, str) else ""
     if api is ApiKind.COMPLETIONS:
         prompt = payload.get("prompt")
         if isinstance(prompt, str):

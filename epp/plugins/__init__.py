@@ -13,7 +13,13 @@ from epp.plugins.filters import encode_filter as encode_filter
 from epp.plugins.filters import header_based_testing as header_based_testing
 from epp.plugins.filters import label_selector as label_selector
 from epp.plugins.filters import prefill_filter as prefill_filter
+from epp.plugins.parsers import anthropic as anthropic
 from epp.plugins.parsers import openai as openai
+from epp.plugins.parsers import passthrough as passthrough
+from epp.plugins.parsers import sglanghttp as sglanghttp
+from epp.plugins.parsers import vertexai as vertexai
+from epp.plugins.parsers import vllmgrpc as vllmgrpc
+from epp.plugins.parsers import vllmhttp as vllmhttp
 from epp.plugins.pickers import max_score, random_picker
 from epp.plugins.pickers import weighted_random as weighted_random
 from epp.plugins.producers import approx_prefix_cache as approx_prefix_cache

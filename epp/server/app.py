@@ -125,7 +125,7 @@ class EppServer:
             profile.timer = metrics.observe_plugin
         self.director = Director(
             self.store,
-            cfg.parser,
+            cfg.parsers,
             scheduler,
             DirectorHooks(
                 cfg.producers,

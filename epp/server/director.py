@@ -1,8 +1,8 @@
 """The director: from a parsed request to a routing decision.
 
-Parse, model and rewrite, priority, request-header processors, fairness id, shedding, candidates,
-screeners, data producers, admitters, scheduler, PreRequest plugins; every failure becomes an HTTP
-status with an OpenAI-style error.
+The parser for the request path (the request handler's table), parse, model and rewrite, priority,
+request-header processors, fairness id, shedding, candidates, screeners, data producers, admitters,
+scheduler, PreRequest plugins; every failure becomes an HTTP status with an OpenAI-style error.
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ from epp.framework import (
     Screener,
 )
 from epp.framework.attributes import AGENT_IDENTITY_KEY
+from epp.framework.request import request_path
 from epp.framework.wire import (
     DATA_PARALLEL_HEADER,
     DEFAULT_FAIRNESS_ID,
@@ -53,6 +54,7 @@ from epp.framework.wire import (
 )
 from epp.log_limit import LOGS
 from epp.scheduling import Scheduler
+from epp.scheduling.parser_router import ParserRouter
 from epp.server.body_rewrite import replace_model
 from epp.server.subset import filter_by_subset, subset_entries
 
@@ -141,7 +143,7 @@ class Director:
     def __init__(
         self,
         store: EndpointStore,
-        parser: Parser,
+        parsers: ParserRouter | Parser,
         scheduler: Scheduler,
         hooks: DirectorHooks | None = None,
         use_subset_hint: bool = True,
@@ -152,10 +154,11 @@ class Director:
         rng: random.Random | None = None,
         client_model_rewrite: bool = True,
     ) -> None:
-        """``client_model_rewrite``: honour a client's model-rewrite header (``epp serve
+        """``parsers``: the request handler's parser table (one ``Parser`` serves every path).
+        ``client_model_rewrite``: honour a client's model-rewrite header (``epp serve
         --allow-model-rewrite-header``); when false the header is ignored (and still not forwarded)."""
         self.store = store
-        self.parser = parser
+        self.parsers = parsers if isinstance(parsers, ParserRouter) else ParserRouter.only(parsers)
         self.scheduler = scheduler
         self.hooks = hooks or DirectorHooks()
         self.use_subset_hint = use_subset_hint
@@ -194,7 +197,13 @@ class Director:
     async def route(
         self, headers: dict[str, str], raw: bytes, metadata: dict[str, dict[str, Any]]
     ) -> Routing:
-        body = self.parser.parse_request(raw, headers)
+        path = request_path(headers)
+        parser = self.parsers.resolve(path)
+        if parser is None:
+            raise InferenceError(
+                ErrorCode.BAD_REQUEST, f"no parser registered matching path suffix for: {path}"
+            )
+        body = parser.parse_request(raw, headers)
         if body is None:
             return self.route_random(metadata, raw)
 
@@ -206,16 +215,17 @@ class Director:
                     f"invalid model in request body: expected a string, got {_json_type(incoming)}",
                 )
             incoming = ""
-        if not incoming:
-            raise InferenceError(ErrorCode.BAD_REQUEST, "model not found in request body")
         target = incoming
-        if self.client_model_rewrite:
-            target = _first_header(headers, MODEL_REWRITE_HEADERS) or target
-        if self.rewrites is not None:  # a rule for the incoming model overrides the header
-            choice = self.rewrites.choose(incoming, self._rng)
-            if choice is not None:
-                target, rewrite_name = choice
-                metrics.MODEL_REWRITE_DECISIONS.labels(rewrite_name, incoming, target).inc()
+        if body.rewritable:  # a JSON body: it must name a model, which may be rewritten
+            if not incoming:
+                raise InferenceError(ErrorCode.BAD_REQUEST, "model not found in request body")
+            if self.client_model_rewrite:
+                target = _first_header(headers, MODEL_REWRITE_HEADERS) or target
+            if self.rewrites is not None:  # a rule for the incoming model overrides the header
+                choice = self.rewrites.choose(incoming, self._rng)
+                if choice is not None:
+                    target, rewrite_name = choice
+                    metrics.MODEL_REWRITE_DECISIONS.labels(rewrite_name, incoming, target).inc()
         objective = _first_header(headers, OBJECTIVE_HEADERS)
         objectives = self.objectives
         priority = objectives.priority(objective) if objectives is not None and objective else 0

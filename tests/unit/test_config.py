@@ -33,10 +33,12 @@ from epp.framework import (
     EndpointDiscovery,
     EndpointNotifier,
     Extractor,
+    FairnessPolicy,
     Filter,
     InferenceError,
     LLMRequest,
     NoParams,
+    OrderingPolicy,
     Parser,
     Picker,
     Plugin,
@@ -52,6 +54,7 @@ from epp.framework import (
     SchedulingResult,
     ScoredEndpoint,
     Scorer,
+    UsageLimitPolicy,
     registry,
 )
 from epp.framework.params import encode_params
@@ -273,7 +276,7 @@ class StubNeedsEarlier(Plugin):
         StubNeedsEarlier.seen_endpoints.append(len(handle.endpoints()))
 
 
-class StubPolicy(Plugin):
+class StubPolicy(OrderingPolicy, FairnessPolicy, UsageLimitPolicy):
     type_name = "test-policy"
 
 
@@ -365,6 +368,7 @@ def sandbox() -> Iterator[None]:
     """Register the test plugins (and a parser) for one test; restore the registry afterwards."""
     registry.registered_types()  # import the built-ins before taking the snapshot
     saved, saved_aliases = dict(registry._REGISTRY), dict(registry._ALIASES)
+    saved_deprecated, saved_warned = dict(registry._DEPRECATED), set(registry._WARNED)
     for cls in TEST_PLUGINS:
         registry.register(cls)
     ensure("openai-parser")
@@ -375,6 +379,10 @@ def sandbox() -> Iterator[None]:
         registry._REGISTRY.update(saved)
         registry._ALIASES.clear()
         registry._ALIASES.update(saved_aliases)
+        registry._DEPRECATED.clear()
+        registry._DEPRECATED.update(saved_deprecated)
+        registry._WARNED.clear()
+        registry._WARNED.update(saved_warned)
 
 
 def profile_summary(cfg: LoadedConfig) -> dict[str, dict[str, Any]]:
@@ -405,7 +413,14 @@ def test_default_configuration(text: str | None) -> None:
         "default": {"filters": [], "scorers": expected_default_scorers(), "picker": "max-score-picker"}
     }
     assert cfg.scheduler.handler.type_name == "single-profile-handler"
-    assert cfg.parser.type_name == "openai-parser"
+    parsers = cfg.parsers.parsers
+    assert [p.type_name for p in parsers] == [
+        "openai-parser",
+        "anthropic-parser",
+        "vllmhttp-parser",
+        "passthrough-parser",
+    ]
+    assert cfg.parsers.fallback is parsers[-1]
     detector = cfg.saturation_detector
     assert detector is cfg.plugins["utilization-detector"]
     assert detector.type_name == "utilization-detector"
@@ -416,7 +431,7 @@ def test_default_configuration(text: str | None) -> None:
         "headroom": 0.0,
         "stalenessPolicy": "saturated",
     }
-    assert cfg.feature_gates == frozenset()
+    assert cfg.feature_gates == frozenset({"haPopulateNonLeaderDatastore"})  # on by default
     assert cfg.discovery is None
     assert cfg.warnings == []
     assert not cfg.needs_response_body
@@ -452,7 +467,7 @@ def test_missing_parser_type_is_a_config_error_on_parser_ref() -> None:
     registry._REGISTRY.pop("openai-parser", None)
     with pytest.raises(ConfigError) as info:
         load_config(None, environ=NO_ENV)
-    assert info.value.field == "parser.pluginRef"
+    assert info.value.field == "requestHandler.parsers[0].pluginRef"
     assert "the configured parser is not loaded" in info.value.reason
     assert "openai-parser" in info.value.reason
 
@@ -670,8 +685,17 @@ def test_effective_yaml_of_the_default_round_trips_and_fills_defaults() -> None:
     assert doc["schedulingProfiles"][0]["plugins"][-1] == {"pluginRef": "max-score-picker"}
     picker = next(p for p in doc["plugins"] if p["name"] == "max-score-picker")
     assert picker["parameters"] == {"maxNumOfEndpoints": 1}
-    assert doc["parser"] == {"pluginRef": "openai-parser"}
-    assert doc["saturationDetector"] == {"pluginRef": "utilization-detector"}
+    assert "parser" not in doc
+    assert doc["requestHandler"] == {
+        "parsers": [
+            {"pluginRef": "openai-parser"},
+            {"pluginRef": "anthropic-parser"},
+            {"pluginRef": "vllmhttp-parser"},
+            {"pluginRef": "passthrough-parser"},
+        ]
+    }
+    assert "saturationDetector" not in doc  # deprecated location
+    assert doc["flowControl"] == {"saturationDetector": {"pluginRef": "utilization-detector"}}
     detector = next(p for p in doc["plugins"] if p["name"] == "utilization-detector")
     assert detector == {
         "name": "utilization-detector",
@@ -808,9 +832,9 @@ VALIDATION_CASES: list[tuple[str, str, str]] = [
         "failed to create plugin 'h' (type: test-failing): deciders.prefill plugin not found: x",
     ),
     (
-        "plugins:\n- {type: test-needs-earlier, parameters: {ref: queue-scorer}}\n- {type: queue-scorer}\n",
+        "plugins:\n- {type: test-needs-earlier, parameters: {ref: nope}}\n- {type: queue-scorer}\n",
         "plugins[0].parameters.ref",
-        "plugin not found: queue-scorer",
+        "plugin not found: nope",
     ),
     # profiles
     (
@@ -869,17 +893,7 @@ VALIDATION_CASES: list[tuple[str, str, str]] = [
     (
         "plugins: [{type: queue-scorer}]\nparser: {pluginRef: queue-scorer}\n",
         "parser.pluginRef",
-        "the specified plugin is not a parser plugin in the config",
-    ),
-    (
-        "saturationDetector: {pluginRef: ''}\n",
-        "saturationDetector.pluginRef",
-        "saturation detector plugin reference is empty",
-    ),
-    (
-        "saturationDetector: {}\n",
-        "saturationDetector.pluginRef",
-        "saturation detector plugin reference is empty",
+        "the plugin 'queue-scorer' is not a parser plugin",
     ),
     (
         "saturationDetector: {pluginRef: nope}\n",
@@ -907,11 +921,6 @@ VALIDATION_CASES: list[tuple[str, str, str]] = [
         "dataLayer:\n  sources: [{pluginRef: ghost}]\n",
         "dataLayer.sources[0].pluginRef",
         "references undefined plugin 'ghost'",
-    ),
-    (
-        "dataLayer: {injectDefaults: false}\n",
-        "dataLayer.sources",
-        "data layer enabled but no data sources configured",
     ),
     (
         "dataLayer:\n  discovery: {pluginRef: nope}\n",
@@ -1180,7 +1189,7 @@ def test_multi_endpoint_picker_warns_about_original_dst() -> None:
 
 def test_feature_gates_and_deprecated_environment_switch() -> None:
     cfg = load("featureGates: [dataLayer]\n", environ={"ENABLE_EXPERIMENTAL_FLOW_CONTROL_LAYER": "true"})
-    assert cfg.feature_gates == frozenset({"dataLayer", "flowControl"})
+    assert cfg.feature_gates == frozenset({"dataLayer", "flowControl", "haPopulateNonLeaderDatastore"})
     assert cfg.flow_control_enabled
     assert any("ENABLE_EXPERIMENTAL_FLOW_CONTROL_LAYER" in w for w in cfg.warnings)
     assert any("'dataLayer' is deprecated" in w for w in cfg.warnings)
@@ -1198,7 +1207,9 @@ dataLayer:
   discovery: {pluginRef: files}
 """
     )
-    assert cfg.parser is cfg.plugins["p"]
+    assert cfg.parsers.parsers == (cfg.plugins["p"],)
+    assert cfg.parsers.fallback is cfg.plugins["p"]
+    assert any("top-level parser is deprecated" in w for w in cfg.warnings)
     assert cfg.discovery is cfg.plugins["files"]
     assert "openai-parser" not in cfg.plugins
 
@@ -1287,7 +1298,7 @@ flowControl:
     assert first.max_bytes is not None and first.max_bytes.value == 500_000_000
     assert first.ordering_policy_ref == "ord"
     assert second.max_bytes is not None and second.max_bytes.value == 1_000_000_000
-    assert second.max_requests is not None and second.max_requests.value == 0
+    assert second.max_requests is not None and second.max_requests.value == 5000
     assert fc.enable_eviction is False
 
 

@@ -21,7 +21,7 @@ from epp.dev.sim.context import (
 )
 from epp.dev.sim.engine import Engine, SimConfig
 from epp.dev.sim.metrics import EngineCollector, metrics
-from epp.dev.sim.openai import error_middleware, json_response
+from epp.dev.sim.openai import OpenAIError, error_middleware, json_response
 
 MAX_BODY_BYTES = 64 * 1024 * 1024
 
@@ -31,8 +31,9 @@ def build_app(config: SimConfig) -> web.Application:
 
     Routes: ``POST /v1/completions`` and ``/v1/chat/completions`` (optionally SSE), ``GET /v1/models``,
     ``/health``, ``/metrics`` (vLLM names) and ``GET``/``DELETE /debug/requests`` (the last requests
-    received). Every response carries ``x-inference-pod``, ``-namespace`` and ``-port``; errors use the
-    OpenAI shape ``{"error": {"message", "type", "param", "code"}}``.
+    received). Any other ``POST`` is journaled and answered 404. Every response carries
+    ``x-inference-pod``, ``-namespace`` and ``-port``; errors use the OpenAI shape
+    ``{"error": {"message", "type", "param", "code"}}``.
     """
     app = web.Application(middlewares=[error_middleware], client_max_size=MAX_BODY_BYTES)
     engine = Engine(config)
@@ -52,7 +53,14 @@ def build_app(config: SimConfig) -> web.Application:
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/debug/requests", debug_requests)
     app.router.add_delete("/debug/requests", clear_debug_requests)
+    app.router.add_post("/{path:.*}", unserved)
     return app
+
+
+async def unserved(request: web.Request) -> web.Response:
+    """A POST to a path the simulator does not serve: journaled (routing is visible), then 404."""
+    request.app[JOURNAL_KEY].record(request, await request.read())
+    return OpenAIError(404, f"{request.path} is not served", "NotFoundError").response()
 
 
 async def health(_: web.Request) -> web.Response:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from epp.framework import CycleState, Endpoint, Filter, Handle, LLMRequest, register
+from epp.framework.registry import deprecate
 
 _INVALID = "invalid configuration for 'by-label' filter: "
 _NEED_VALUES = "either 'validValues' must be non-empty or 'allowsNoLabel' must be true"
@@ -44,3 +45,6 @@ class ByLabelFilter(Filter):
             if (value is None and allows_no_label) or (value if value is not None else "") in valid:
                 out.append(e)
         return out
+
+
+deprecate(ByLabelFilter.type_name, "label-selector-filter", since="v0.9.0", removal="v0.11.0")

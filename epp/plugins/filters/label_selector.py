@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from epp.framework import CycleState, Endpoint, Filter, Handle, LLMRequest, register
+from epp.framework.registry import deprecate
 
 _OPERATORS = ("In", "NotIn", "Exists", "DoesNotExist")
 _OPERATOR_LIST = "one of " + ", ".join(_OPERATORS)
@@ -140,3 +141,4 @@ class LabelSelectorFilter(Filter):
 
 
 register(LabelSelectorFilter, "by-label-selector")
+deprecate("by-label-selector", LabelSelectorFilter.type_name, since="v0.9.0", removal="v0.11.0")

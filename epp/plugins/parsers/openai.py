@@ -8,14 +8,17 @@ from typing import Any
 import orjson
 
 from epp.framework import ApiKind, ErrorCode, InferenceError, Parser, RequestBody, register
-from epp.framework.wire import FORWARDED_PATH_HEADER, ORIGINAL_PATH_HEADER
+from epp.framework.request import request_path
 
 _SUFFIXES: tuple[tuple[str, ApiKind], ...] = (
     ("/conversations", ApiKind.CONVERSATIONS),
     ("/responses", ApiKind.RESPONSES),
     ("/chat/completions", ApiKind.CHAT_COMPLETIONS),
+    ("/chat/completions/render", ApiKind.CHAT_COMPLETIONS),
     ("/completions", ApiKind.COMPLETIONS),
+    ("/completions/render", ApiKind.COMPLETIONS),
     ("/embeddings", ApiKind.EMBEDDINGS),
+    ("/images/generations", ApiKind.IMAGES_GENERATIONS),
 )
 
 
@@ -60,22 +63,39 @@ def _validate(api: ApiKind, payload: dict[str, Any]) -> None:
         items = payload.get("items")
         if not isinstance(items, list) or not items:
             raise _bad("invalid conversations request: must have items field")
+    elif api is ApiKind.IMAGES_GENERATIONS:
+        prompt = payload.get("prompt")
+        if not isinstance(prompt, str) or not prompt:
+            raise _bad("invalid images generations request: must have prompt field")
+
+
+def parse_json(body: bytes, api: ApiKind) -> RequestBody:
+    """An OpenAI JSON body of API ``api``, checked for the field its prompt comes from."""
+    try:
+        payload = orjson.loads(body)
+    except orjson.JSONDecodeError as e:
+        raise _bad(f"error unmarshaling request bodyMap: {e}") from None
+    if not isinstance(payload, dict):
+        raise _bad(
+            f"error unmarshaling request bodyMap: expected a JSON object, got {type(payload).__name__}"
+        )
+    _validate(api, payload)
+    return RequestBody(api=api, payload=payload, raw=body, stream=payload.get("stream") is True)
 
 
 @register
 class OpenAIParser(Parser):
     type_name = "openai-parser"
+    claims = (
+        "chat/completions",
+        "completions",
+        "embeddings",
+        "responses",
+        "conversations",
+        "chat/completions/render",
+        "completions/render",
+        "images/generations",
+    )
 
     def parse_request(self, body: bytes, headers: Mapping[str, str]) -> RequestBody:
-        try:
-            payload = orjson.loads(body)
-        except orjson.JSONDecodeError as e:
-            raise _bad(f"error unmarshaling request bodyMap: {e}") from None
-        if not isinstance(payload, dict):
-            raise _bad(
-                f"error unmarshaling request bodyMap: expected a JSON object, got {type(payload).__name__}"
-            )
-        path = headers.get(":path") or headers.get(ORIGINAL_PATH_HEADER) or headers.get(FORWARDED_PATH_HEADER)
-        api = api_for_path(path) if path else ApiKind.COMPLETIONS
-        _validate(api, payload)
-        return RequestBody(api=api, payload=payload, raw=body, stream=payload.get("stream") is True)
+        return parse_json(body, api_for_path(request_path(headers)))

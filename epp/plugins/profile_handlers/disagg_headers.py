@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from epp.framework import CycleState, LLMRequest, PreRequest, SchedulingResult, register
+from epp.framework.registry import deprecate
 from epp.framework.wire import ENCODERS_HEADER, PREFILL_HEADER
 
 
@@ -39,3 +40,5 @@ class DisaggHeadersHandler(PreRequest):
 
 
 register(DisaggHeadersHandler, "prefill-header-handler")
+for _name in (DisaggHeadersHandler.type_name, "prefill-header-handler"):
+    deprecate(_name, "disagg-profile-handler", since="v0.9.0", removal="v0.11.0")

@@ -20,6 +20,7 @@ from epp.framework import (
 from epp.framework.attributes import PREFIX_CACHE_MATCH_INFO_KEY
 from epp.framework.interfaces import SupportsDisaggregate
 from epp.framework.params import ensure_valid
+from epp.framework.registry import deprecate
 from epp.plugins.profile_handlers import _metrics
 from epp.plugins.profile_handlers.data_parallel import rewrite_to_primary_port, validate_port
 from epp.plugins.profile_handlers.disagg import (
@@ -113,3 +114,6 @@ class PdProfileHandler(ProfileHandler):
                 f"(profiles: {', '.join(profile_names) or 'none'})"
             )
         return None
+
+
+deprecate(PdProfileHandler.type_name, "disagg-profile-handler", since="v0.7.0", removal="v0.9.0")

@@ -14,6 +14,7 @@ from epp.framework import (
     ResponseHeaderProcessor,
     ResponseInfo,
     Scorer,
+    Stability,
     register,
 )
 from epp.framework.wire import SESSION_TOKEN_HEADER
@@ -30,6 +31,7 @@ def session_token(endpoint: Endpoint) -> str:
 class SessionAffinityScorer(Scorer, ResponseHeaderProcessor):
     type_name = "session-affinity-scorer"
     category = "Affinity"
+    stability = Stability.ALPHA
 
     def score(self, cycle: CycleState, request: LLMRequest, endpoints: list[Endpoint]) -> list[float]:
         token = request.headers.get(SESSION_TOKEN_HEADER, "")
