@@ -108,7 +108,7 @@ class EppServer:
     ) -> None:
         self.cfg = cfg
         self.opts = opts
-        self.store = store or EndpointStore()
+        self.store = store if store is not None else EndpointStore()  # an empty store is falsy
         self.kube = kube
         self._state_holders = [p for p in cfg.plugins.values() if isinstance(p, EndpointStateHolder)]
         if (

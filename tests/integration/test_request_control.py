@@ -3,6 +3,9 @@
 * ``request-attribute-reporter``: the usage-derived value reaches Envoy as ``envoy.lb`` dynamic
   metadata, read back through an Envoy access log (``%DYNAMIC_METADATA(...)%``), for a JSON and an
   event-stream response;
+* ``disaggregatedset-rollout-screener`` (alpha): labelled endpoints from file discovery; only a
+  revision with every required role gets traffic, a strict header pins one, the serving endpoint's
+  revision comes back as a response header;
 * ``probabilistic-admitter``: in Kubernetes mode (fake API server) a request naming a sheddable
   InferenceObjective is rejected with 429 and the dropped-reason header while the pool is saturated
   (metrics never scraped), and a request without one is served.
@@ -133,6 +136,67 @@ def test_request_attribute_reporter_metadata_reaches_envoy(rig: Rig, tmp_path: P
     assert resp.status == 200, resp.body[:300]
     usage = _sse_usage(resp.body)
     assert _logged(log_path, rid)["cost"] == usage["prompt_tokens"] + usage["completion_tokens"]
+
+
+# --- disaggregatedset-rollout-screener -----------------------------------------------------------
+
+REV, ROLE, SET = (
+    "disaggregatedset.x-k8s.io/revision",
+    "disaggregatedset.x-k8s.io/role",
+    "disaggregatedset.x-k8s.io/name",
+)
+SCREENER = {
+    "plugins": [
+        {
+            "name": "rollout",
+            "type": "disaggregatedset-rollout-screener",
+            "parameters": {
+                "scope": {"labelSelector": f"{SET}=my-set"},
+                "headerSelectors": [
+                    {"name": "revision", "headerName": "x-disagg-revision", "labelKey": REV, "mode": "strict"}
+                ],
+                "revisionGating": {"mode": "max-role", "requireRoles": {"values": ["prefill", "decode"]}},
+            },
+        }
+    ]
+}
+
+
+def _labels(revision: str, role: str) -> dict[str, str]:
+    return {REV: revision, ROLE: role, SET: "my-set"}
+
+
+def test_rollout_screener_keeps_requests_on_complete_revisions(rig: Rig) -> None:
+    sims = rig.start_sims(5)
+    shape = [("A", "prefill"), ("A", "decode"), ("B", "decode"), ("B", "decode")]
+    labels = {s.name: _labels(*rs) for s, rs in zip(sims, shape, strict=False)}
+    epp = rig.start_epp(sims[:4], config=SCREENER, labels=labels, extra=["--allow-experimental-plugins"])
+    envoy = rig.start_envoy(epp)
+    names_a = {sims[0].name, sims[1].name}
+
+    for _ in range(8):  # B has no prefill pod: every request stays on A
+        resp = envoy.post("/v1/chat/completions", chat_body(marker()))
+        assert resp.status == 200, resp.body[:300]
+        assert resp.headers["x-inference-pod"] in names_a
+        assert resp.headers["x-disagg-revision"] == "A"
+    resp = envoy.post("/v1/chat/completions", chat_body(marker()), headers={"x-disagg-revision": "B"})
+    assert resp.status == 503, resp.body[:300]
+    assert "screeners eliminated all endpoint candidates" in resp.json()["error"]["message"]
+
+    labels[sims[4].name] = _labels("B", "prefill")  # B gets its prefill pod: now covered
+    epp.set_endpoints_with_labels(sims, labels)
+
+    def b_pinned() -> bool:
+        r = envoy.post("/v1/chat/completions", chat_body(marker()), headers={"x-disagg-revision": "B"})
+        return r.status == 200 and r.headers.get("x-disagg-revision") == "B"
+
+    rig.stack.wait("revision B to be covered", b_pinned, children=[envoy.child, epp.child])
+    seen = set()
+    for _ in range(30):  # decode dominates (A 1, B 2): about a third of the requests stay on A
+        resp = envoy.post("/v1/chat/completions", chat_body(marker()))
+        assert resp.status == 200, resp.body[:300]
+        seen.add(resp.headers["x-disagg-revision"])
+    assert seen == {"A", "B"}
 
 
 # --- probabilistic-admitter (Kubernetes mode: objectives give priorities) ------------------------
