@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from epp import __version__
-from epp.flags import add_bool, parse_duration
+from epp.flags import add_bool, add_reference_flags, check_reference_flags, parse_duration
 
 
 def run_async(main: Callable[[], Coroutine[Any, Any, Any]]) -> Any:
@@ -196,6 +196,7 @@ def _add_serve(sub: Any) -> None:
         help="distinct fairness_id metric label values before the rest record as 'other' (1000; 0: all)",
     )
     _add_log_flags(p)
+    add_reference_flags(p)
     p.set_defaults(func=_serve)
 
 
@@ -272,7 +273,8 @@ def _log_settings(args: argparse.Namespace) -> tuple[str, str]:
         except ValueError as e:
             print(f"epp serve: error: EPP_LOG_LEVEL: {e}", file=sys.stderr)
             raise SystemExit(2) from None
-    return level, args.log_format or args.zap_encoder or "json"
+    devel = "console" if getattr(args, "zap_devel", False) else None
+    return level, args.log_format or args.zap_encoder or devel or "json"
 
 
 def _positive_duration(text: str) -> float:
@@ -413,11 +415,17 @@ def _check_stream_limits(args: argparse.Namespace) -> None:
 
 
 def _serve(args: argparse.Namespace) -> int:
+    notes = check_reference_flags(args)  # first: it may configure gRPC before gRPC is loaded
     from epp import labels, logs
     from epp.datalayer.store import EndpointStore
     from epp.server.app import EppServer, ServeOptions
 
     logs.configure(*_log_settings(args))
+    if notes:
+        import structlog
+
+        for flag, instead in notes:
+            structlog.get_logger("epp").warning("flag accepted but not honoured", flag=flag, detail=instead)
     _check_tls(args)
     if args.fairness_id_metric_label_limit < 0:
         raise SystemExit(
@@ -459,7 +467,27 @@ def _serve(args: argparse.Namespace) -> int:
         allow_model_rewrite_header=args.allow_model_rewrite_header,
         grace_period=args.grace_period,
         drain_delay=args.drain_delay,
+        metrics_endpoint_auth=bool(args.metrics_endpoint_auth),
     )
+    if args.metrics_endpoint_auth and kube_opts is None:
+        raise SystemExit(
+            "error: --metrics-endpoint-auth needs Kubernetes discovery (--pool-name or --endpoint-selector)"
+        )
+    if args.metrics_endpoint_auth is None and kube_opts is not None:
+        import structlog
+
+        structlog.get_logger("epp").warning(
+            "/metrics is served without authentication: pass --metrics-endpoint-auth to require a token "
+            "the cluster authorizes (the llm-d EPP's default), or --metrics-endpoint-auth=false",
+        )
+
+    if args.tracing:
+        from epp import tracing
+
+        try:
+            tracing.configure()
+        except tracing.TracingConfigError as e:
+            raise SystemExit(f"error: --tracing: {e}") from None
 
     async def main() -> None:
         kube = None
@@ -484,6 +512,11 @@ def _serve(args: argparse.Namespace) -> int:
 
         structlog.get_logger("epp").error("epp failed", error=str(e), error_type=type(e).__name__)
         return 1
+    finally:
+        if args.tracing:
+            from epp import tracing
+
+            tracing.shutdown()  # flush the last spans
     return 0
 
 

@@ -331,9 +331,13 @@ def _app(registry: CollectorRegistry) -> Callable[[dict[str, Any], Any], Iterabl
 
 
 def start_http_server(
-    port: int, addr: str = "0.0.0.0", registry: CollectorRegistry = REGISTRY
+    port: int,
+    addr: str = "0.0.0.0",
+    registry: CollectorRegistry = REGISTRY,
+    middleware: Callable[[Any], Any] | None = None,
 ) -> tuple[WSGIServer, threading.Thread]:
-    """Serve ``exposition(registry)`` on ``addr:port`` from a daemon thread (any path).
+    """Serve ``exposition(registry)`` on ``addr:port`` from a daemon thread (any path), through
+    ``middleware`` (a WSGI app wrapper, e.g. authentication) when given.
 
     These families' text is written directly (label strings cached per series), several times faster
     than one sample object per bucket, so a scrape holds the GIL for much less time.
@@ -342,7 +346,10 @@ def start_http_server(
     class _Server(ThreadingWSGIServer):
         address_family = socket.AF_INET6 if ":" in addr else socket.AF_INET
 
-    httpd = make_server(addr, port, _app(registry), _Server, handler_class=_QuietHandler)
+    app = _app(registry)
+    httpd = make_server(
+        addr, port, middleware(app) if middleware else app, _Server, handler_class=_QuietHandler
+    )
     thread = threading.Thread(target=httpd.serve_forever, name="metrics-http", daemon=True)
     thread.start()
     return httpd, thread

@@ -17,7 +17,7 @@ class EndpointStore:
     """Endpoints by key, written by one discovery task, read by every request.
 
     ``endpoints()`` returns a tuple rebuilt on the first read after a change: O(1) per request, and a
-    burst of changes costs one rebuild. Listeners are told of additions and removals.
+    burst of changes costs one rebuild. Listeners are told of additions, in-place updates and removals.
     """
 
     def __init__(self) -> None:
@@ -25,6 +25,7 @@ class EndpointStore:
         self._snapshot: tuple[Endpoint, ...] | None = ()
         self._on_add: list[Listener] = []
         self._on_remove: list[Listener] = []
+        self._on_update: list[Listener] = []
         self.synced = False  # set once discovery finished its initial load
 
     # --- writers (discovery) ---------------------------------------------------------------
@@ -37,6 +38,8 @@ class EndpointStore:
             if current.metadata.metrics_hostport == metadata.metrics_hostport:
                 current.metadata = metadata  # labels or names changed: keep metrics and counters
                 self._snapshot = None
+                for listener in self._on_update:
+                    listener(current)
                 return
             self.delete(metadata.key)  # the address changed: it is a different server
         endpoint = Endpoint(metadata=metadata)
@@ -74,11 +77,19 @@ class EndpointStore:
 
     # --- listeners ---------------------------------------------------------------------------
 
-    def subscribe(self, on_add: Listener | None = None, on_remove: Listener | None = None) -> None:
-        """Register listeners; ``on_add`` is called at once for endpoints already present."""
+    def subscribe(
+        self,
+        on_add: Listener | None = None,
+        on_remove: Listener | None = None,
+        on_update: Listener | None = None,
+    ) -> None:
+        """Register listeners; ``on_add`` is called at once for endpoints already present.
+        ``on_update``: an endpoint's metadata changed in place (labels, names; same address)."""
         if on_add is not None:
             self._on_add.append(on_add)
             for endpoint in self.endpoints():
                 on_add(endpoint)
         if on_remove is not None:
             self._on_remove.append(on_remove)
+        if on_update is not None:
+            self._on_update.append(on_update)

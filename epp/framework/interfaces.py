@@ -337,6 +337,18 @@ class EndpointStateHolder(Protocol):
 
 
 @runtime_checkable
+class MetadataExtractor(Protocol):
+    """A data-layer plugin deriving endpoint-level data from an endpoint's metadata (labels).
+
+    The server calls ``extract_metadata`` when an endpoint is added and whenever its metadata
+    changes; it writes ``endpoint.attributes`` (keys ``"<attribute>/<producer name>"``) and must
+    not raise.
+    """
+
+    def extract_metadata(self, endpoint: Endpoint) -> None: ...
+
+
+@runtime_checkable
 class ReplicatedState(Protocol):
     """A plugin whose learned state standby replicas mirror (``--ha-enable-leader-election``).
 

@@ -12,6 +12,8 @@ from kubernetes_asyncio import client
 
 POOL_GROUP = "inference.networking.k8s.io"
 ALPHA_GROUP = "inference.networking.x-k8s.io"
+# InferenceObjective and InferenceModelRewrite: the llm-d group is current, the x-k8s one deprecated.
+POLICY_GROUP = "llm-d.ai"
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,8 +29,12 @@ class Kind:
 
 
 POD = Kind("", "v1", "pods", "Pod")
-INFERENCE_OBJECTIVE = Kind(ALPHA_GROUP, "v1alpha2", "inferenceobjectives", "InferenceObjective")
-INFERENCE_MODEL_REWRITE = Kind(ALPHA_GROUP, "v1alpha2", "inferencemodelrewrites", "InferenceModelRewrite")
+INFERENCE_OBJECTIVE = Kind(POLICY_GROUP, "v1alpha2", "inferenceobjectives", "InferenceObjective")
+INFERENCE_MODEL_REWRITE = Kind(POLICY_GROUP, "v1alpha2", "inferencemodelrewrites", "InferenceModelRewrite")
+LEGACY_INFERENCE_OBJECTIVE = Kind(ALPHA_GROUP, "v1alpha2", "inferenceobjectives", "InferenceObjective")
+LEGACY_INFERENCE_MODEL_REWRITE = Kind(
+    ALPHA_GROUP, "v1alpha2", "inferencemodelrewrites", "InferenceModelRewrite"
+)
 LEASE = Kind("coordination.k8s.io", "v1", "leases", "Lease")
 
 
@@ -89,6 +95,23 @@ async def read_json(resp: aiohttp.ClientResponse) -> dict[str, Any]:
     if not isinstance(doc, dict):
         raise ApiError(resp.status, "response is not a JSON object")
     return doc
+
+
+async def served(api: client.ApiClient, kind: Kind) -> bool:
+    """Whether the API server serves ``kind`` (its CRD is installed), from discovery.
+
+    ``ApiError`` when discovery itself fails for another reason than "no such group/version".
+    """
+    custom: Any = client.CustomObjectsApi(api)
+    resp = await custom.get_api_resources(kind.group, kind.version, _preload_content=False)
+    if resp.status == 404:
+        resp.release()
+        return False
+    doc = await read_json(resp)
+    resources = doc.get("resources")
+    return isinstance(resources, list) and any(
+        isinstance(r, dict) and r.get("name") == kind.plural and r.get("kind") == kind.kind for r in resources
+    )
 
 
 def loads(body: bytes) -> object:

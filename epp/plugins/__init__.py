@@ -10,9 +10,14 @@ from epp.plugins.discovery import file_discovery as file_discovery
 from epp.plugins.filters import by_label as by_label
 from epp.plugins.filters import decode_filter as decode_filter
 from epp.plugins.filters import encode_filter as encode_filter
+from epp.plugins.filters import endpoint_attribute_filter as endpoint_attribute_filter
 from epp.plugins.filters import header_based_testing as header_based_testing
 from epp.plugins.filters import label_selector as label_selector
 from epp.plugins.filters import prefill_filter as prefill_filter
+from epp.plugins.filters import prefix_cache_affinity as prefix_cache_affinity
+from epp.plugins.filters import session_affinity_filter as session_affinity_filter
+from epp.plugins.filters import topology_affinity_filter as topology_affinity_filter
+from epp.plugins.filters import utilization_filter as utilization_filter
 from epp.plugins.parsers import anthropic as anthropic
 from epp.plugins.parsers import openai as openai
 from epp.plugins.parsers import passthrough as passthrough
@@ -25,9 +30,11 @@ from epp.plugins.pickers import weighted_random as weighted_random
 from epp.plugins.producers import approx_prefix_cache as approx_prefix_cache
 from epp.plugins.producers import burst_prefix_cache as burst_prefix_cache
 from epp.plugins.producers import inflight_load as inflight_load
+from epp.plugins.producers import session_id as session_id
 from epp.plugins.profile_handlers import data_parallel as data_parallel
 from epp.plugins.profile_handlers import disagg as disagg
 from epp.plugins.profile_handlers import disagg_headers as disagg_headers
+from epp.plugins.profile_handlers import header_profile as header_profile
 from epp.plugins.profile_handlers import pd_legacy as pd_legacy
 from epp.plugins.profile_handlers import single
 from epp.plugins.request_control import agent_identity as agent_identity
@@ -37,6 +44,8 @@ from epp.plugins.request_control import request_attribute_reporter as request_at
 from epp.plugins.saturation import utilization_detector as utilization_detector
 from epp.plugins.scorers import active_request as active_request
 from epp.plugins.scorers import context_length_aware as context_length_aware
+from epp.plugins.scorers import endpoint_attribute_scorer as endpoint_attribute_scorer
+from epp.plugins.scorers import header_label_affinity as header_label_affinity
 from epp.plugins.scorers import kv_cache_utilization, queue
 from epp.plugins.scorers import load_aware as load_aware
 from epp.plugins.scorers import lora_affinity as lora_affinity
@@ -45,7 +54,9 @@ from epp.plugins.scorers import prefix_cache as prefix_cache
 from epp.plugins.scorers import running_requests_size as running_requests_size
 from epp.plugins.scorers import session_affinity as session_affinity
 from epp.plugins.scorers import token_load as token_load
+from epp.plugins.scorers import topology_affinity_scorer as topology_affinity_scorer
 from epp.plugins.scraping import core_metrics_extractor as core_metrics_extractor
 from epp.plugins.scraping import metrics_data_source as metrics_data_source
+from epp.plugins.scraping import topology_extractor as topology_extractor
 
 __all__ = ["kv_cache_utilization", "max_score", "queue", "random_picker", "single"]

@@ -12,13 +12,13 @@ import structlog
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
 from grpc_health.v1 import health_pb2_grpc
 
-from epp import metrics
+from epp import metrics, tracing
 from epp.config import LoadedConfig
 from epp.datalayer.pool_gauges import PoolGauges
 from epp.datalayer.scraper import MetricsScraper
 from epp.datalayer.served_models import ServedModels
 from epp.datalayer.store import EndpointStore
-from epp.framework import Endpoint, EndpointStateHolder, ReplicatedState
+from epp.framework import Endpoint, EndpointStateHolder, MetadataExtractor, ReplicatedState
 from epp.promlite import start_http_server
 from epp.scheduling import Scheduler
 from epp.server.director import Director, DirectorHooks
@@ -64,6 +64,7 @@ class ServeOptions:
     allow_model_rewrite_header: bool = True
     grace_period: float = 5.0
     drain_delay: float = 1.0
+    metrics_endpoint_auth: bool = False  # TokenReview + SubjectAccessReview per scrape (Kubernetes mode)
 
 
 def _grpc_options(max_body: int) -> list[tuple[str, int]]:
@@ -115,6 +116,9 @@ class EppServer:
             self._state_holders
         ):  # release per-endpoint plugin state (prefix index, counters) with the endpoint
             self.store.subscribe(on_remove=self._endpoint_removed)
+        self._metadata_extractors = [p for p in cfg.plugins.values() if isinstance(p, MetadataExtractor)]
+        if self._metadata_extractors:  # endpoint attributes derived from labels (topology)
+            self.store.subscribe(on_add=self._extract_metadata, on_update=self._extract_metadata)
         self.health = Health(leader_election=kube is not None and kube.leader is not None)
         self._stop = asyncio.Event()
         self._hurry = asyncio.Event()
@@ -123,6 +127,7 @@ class EppServer:
         scheduler.timer = metrics.observe_plugin
         for profile in scheduler.profiles.values():
             profile.timer = metrics.observe_plugin
+        tracing.instrument(scheduler.profiles)  # no-op unless --tracing
         self.director = Director(
             self.store,
             cfg.parsers,
@@ -210,6 +215,10 @@ class EppServer:
     def _leadership(self, leader: bool) -> None:
         self.health.set_condition_soon("leader", leader, "" if leader else "not the leader")
 
+    def _extract_metadata(self, endpoint: Endpoint) -> None:
+        for extractor in self._metadata_extractors:
+            extractor.extract_metadata(endpoint)
+
     def _endpoint_removed(self, endpoint: Endpoint) -> None:
         for holder in self._state_holders:
             holder.remove_endpoint(endpoint.metadata.key)
@@ -217,7 +226,12 @@ class EppServer:
     async def run(self) -> None:
         opts, cfg = self.opts, self.cfg
         metrics.INFO.labels(commit="unknown", build_ref="epp").set(1)
-        start_http_server(opts.metrics_port, addr=opts.bind_address)
+        middleware = None
+        if opts.metrics_endpoint_auth and self.kube is not None:
+            from epp.k8s.metrics_auth import MetricsAuth
+
+            middleware = MetricsAuth(self.kube.api, asyncio.get_running_loop()).wrap
+        start_http_server(opts.metrics_port, addr=opts.bind_address, middleware=middleware)
 
         # Plain text: the kubelet's gRPC probes cannot present a client certificate. Only the
         # health service is served here.

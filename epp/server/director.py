@@ -281,6 +281,8 @@ class Director:
         primary = result.primary if result is not None and err is None else None
         if primary is None or not primary.target_endpoints:
             metrics.SCHEDULER_ATTEMPTS.labels("failure", target, "", "", "").inc()
+            if isinstance(err, InferenceError):  # a handler that blames the request (e.g. its header)
+                raise err
             reason = err if err is not None else "scheduler returned no result for the primary profile"
             raise InferenceError(ErrorCode.RESOURCE_EXHAUSTED, f"failed to find target endpoint: {reason}")
         assert result is not None

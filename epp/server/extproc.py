@@ -19,7 +19,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
 from google.protobuf.message import DecodeError
 
-from epp import metrics
+from epp import metrics, tracing
 from epp.framework import (
     ErrorCode,
     InferenceError,
@@ -182,6 +182,7 @@ class _Stream:
         "response",
         "reverse",
         "routing",
+        "span",
         "t_received",
         "task",
         "usage",
@@ -212,6 +213,7 @@ class _Stream:
         self.t_received = 0.0
         self.model_pairs: tuple[tuple[bytes, bytes], ...] | None = None
         self.reverse: tuple[str, str] | None = None  # (incoming, target) to undo in the response body
+        self.span: Any = None  # the request's trace span (--tracing)
         self.usage: UsageReader | None = None  # the response's token usage, for response-body plugins
 
     # --- request path ------------------------------------------------------------------------
@@ -229,6 +231,9 @@ class _Stream:
         if not headers.get(REQUEST_ID_HEADER):
             headers[REQUEST_ID_HEADER] = str(uuid.uuid4())
             self.request_id_generated = True
+        tracer = tracing.TRACER
+        if tracer is not None:
+            self.span = tracing.start_request(tracer, headers)
         if msg.end_of_stream or self.req_mode == NONE:
             # No body will come (trailers may, in mode NONE): a random candidate, answered now.
             self._end_request_phase(ROUTED if msg.end_of_stream else TRAILERS)
@@ -302,12 +307,31 @@ class _Stream:
         self._end_request_phase(then)
         raw = chunks[0] if len(chunks) == 1 else b"".join(chunks)
         self.chunks = []
-        routing = await self.director.route(dict(self.headers), raw, self.metadata)
+        if self.span is None:
+            routing = await self.director.route(dict(self.headers), raw, self.metadata)
+        else:
+            routing = await self._route_traced(raw)
         if self.req_mode == BUFFERED:
             return [self._routing_reply(routing, content_length=routing.body_changed)]
         out = [self._routing_reply(routing, content_length=True)]
         out.extend(replies.streamed_body_replies(routing.body, end_of_stream=not trailers))
         return out
+
+    async def _route_traced(self, raw: bytes) -> Routing:
+        tracer = tracing.TRACER
+        if tracer is None:  # turned off meanwhile (shutdown)
+            return await self.director.route(dict(self.headers), raw, self.metadata)
+        span, token = tracing.start_orchestration(tracer, self.span)
+        routing: Routing | None = None
+        error: BaseException | None = None
+        try:
+            routing = await self.director.route(dict(self.headers), raw, self.metadata)
+            return routing
+        except BaseException as e:
+            error = e
+            raise
+        finally:
+            tracing.end_orchestration(span, token, routing.request if routing else None, error)
 
     def _routing_reply(
         self, routing: Routing, content_length: bool, on_headers: bool = False
@@ -382,12 +406,16 @@ class _Stream:
             self.resp_streaming = bool(request is not None and request.stream) or _is_event_stream(
                 req.response_headers
             )
+            if self.span is not None:
+                tracing.response_status(self.span, _headers(req.response_headers).get(":status", ""))
             return [_RESPONSE_HEADERS_DEBUG if opts.debug_response_header else _RESPONSE_HEADERS_PLAIN]
         headers = _headers(req.response_headers)
         status = headers.get(":status") or headers.get("status") or "0"
         self.response = response = ResponseInfo(
             headers=headers, status=int(status) if status.isdigit() else 0
         )
+        if self.span is not None:
+            tracing.response_status(self.span, status)
         request = routing.request if routing is not None else None
         self.resp_streaming = bool(
             (request is not None and request.stream) or "text/event-stream" in headers.get("content-type", "")
@@ -505,6 +533,16 @@ class _Stream:
             self.chunks = []
         routing = self.routing
         request = routing.request if routing is not None else None
+        span = self.span
+        if span is not None:
+            self.span = None
+            error = self.error
+            tracing.end_request(
+                span,
+                request,
+                routing.destination if routing is not None else "",
+                str(error) if error is not None else None,
+            )
         if self.error is not None:
             model = request.incoming_model if request else ""
             target = request.target_model if request else ""

@@ -13,7 +13,9 @@ from grpc_health.v1 import health_pb2
 from grpc_health.v1._async import HealthServicer
 
 EXTPROC_SERVICE = "envoy.service.ext_proc.v3.ExternalProcessor"
-READY_SERVICES = ("", "readiness", EXTPROC_SERVICE)
+# The service name the llm-d Helm chart's single-replica liveness and readiness probes send.
+CHART_SERVICE = "inference-extension"
+READY_SERVICES = ("", "readiness", EXTPROC_SERVICE, CHART_SERVICE)
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
@@ -24,8 +26,9 @@ log = structlog.get_logger("epp.health")
 class Health:
     """Readiness conditions and degradations behind the gRPC health service.
 
-    ``""``, ``readiness`` and the ext_proc service name are SERVING only while every condition holds
-    (``pool`` synced, ``leader`` when electing, ``serving``); ``liveness`` as soon as the process runs.
+    ``""``, ``readiness``, ``inference-extension`` and the ext_proc service name are SERVING only
+    while every condition holds (``pool`` synced, ``leader`` when electing, ``serving``);
+    ``liveness`` as soon as the process runs.
     ``reasons()`` names what is missing; degradations (``set_degraded``) are logged, never gate it.
     """
 

@@ -50,6 +50,8 @@ _CONTINUE_TOO_OLD = (
     "now may show up in the list."
 )
 _HEADERS = {"Cache-Control": "no-cache, private"}
+_TOKEN_REVIEWS = ["apis", "authentication.k8s.io", "v1", "tokenreviews"]
+_ACCESS_REVIEWS = ["apis", "authorization.k8s.io", "v1", "subjectaccessreviews"]
 
 
 def _parse_bool(value: str | None) -> bool:
@@ -119,6 +121,11 @@ class ApiServer:
         self._lock = threading.Lock()
         self._fail_rules: list[FailRule] = []
         self._uninstalled: set[str] = set()
+        # TokenReview / SubjectAccessReview: bearer tokens of other clients -> (username, groups),
+        # and the (username, verb, path) non-resource grants
+        self._users: dict[str, tuple[str, list[str]]] = {}
+        self._grants: set[tuple[str, str, str]] = set()
+        self.reviews: list[str] = []  # "token" / "access" per review served, in order
 
     # ------------------------------------------------------------------------------------ test hooks
 
@@ -136,6 +143,39 @@ class ApiServer:
                 self._uninstalled.discard(group)
             else:
                 self._uninstalled.add(group)
+
+    def add_user(self, token: str, username: str, groups: tuple[str, ...] = ()) -> None:
+        """A bearer token TokenReviews authenticate as ``username``."""
+        with self._lock:
+            self._users[token] = (username, list(groups))
+
+    def grant_non_resource(self, username: str, verb: str, path: str) -> None:
+        """Allow ``verb`` on the non-resource URL ``path`` in SubjectAccessReviews for ``username``."""
+        with self._lock:
+            self._grants.add((username, verb, path))
+
+    def _token_review(self, body: Any) -> Obj:
+        token = str(((body or {}).get("spec") or {}).get("token", ""))
+        with self._lock:
+            self.reviews.append("token")
+            user = self._users.get(token)
+        status: Obj = {"authenticated": False}
+        if user is not None:
+            status = {"authenticated": True, "user": {"username": user[0], "uid": user[0], "groups": user[1]}}
+        return {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview", "status": status}
+
+    def _access_review(self, body: Any) -> Obj:
+        spec = (body or {}).get("spec") or {}
+        attrs = spec.get("nonResourceAttributes") or {}
+        key = (str(spec.get("user", "")), str(attrs.get("verb", "")), str(attrs.get("path", "")))
+        with self._lock:
+            self.reviews.append("access")
+            allowed = key in self._grants
+        return {
+            "apiVersion": "authorization.k8s.io/v1",
+            "kind": "SubjectAccessReview",
+            "status": {"allowed": allowed},
+        }
 
     def group_installed(self, group: str) -> bool:
         """Whether ``group`` is served (the core group always is)."""
@@ -183,6 +223,13 @@ class ApiServer:
         parts = [p for p in request.path.split("/") if p]
         if parts == ["version"]:
             return _json(VERSION_INFO)
+        if request.method == "POST" and parts in (_TOKEN_REVIEWS, _ACCESS_REVIEWS):
+            try:
+                body = json.loads(await request.read() or b"{}")
+            except ValueError:
+                raise ApiError.bad_request("request body is not JSON") from None
+            review = self._token_review if parts == _TOKEN_REVIEWS else self._access_review
+            return _json(review(body), 201)
         if len(parts) == 1 and parts[0] in ("healthz", "livez", "readyz"):
             return web.Response(text="ok")
         if not parts or parts[0] not in ("api", "apis"):

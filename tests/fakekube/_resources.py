@@ -119,12 +119,24 @@ INFERENCE_POOL_V1ALPHA2 = ResourceType(
     group="inference.networking.x-k8s.io", version="v1alpha2", kind="InferencePool", plural="inferencepools"
 )
 INFERENCE_OBJECTIVE = ResourceType(
-    group="inference.networking.x-k8s.io",
+    group="llm-d.ai",
     version="v1alpha2",
     kind="InferenceObjective",
     plural="inferenceobjectives",
 )
 INFERENCE_MODEL_REWRITE = ResourceType(
+    group="llm-d.ai",
+    version="v1alpha2",
+    kind="InferenceModelRewrite",
+    plural="inferencemodelrewrites",
+)
+LEGACY_INFERENCE_OBJECTIVE = ResourceType(
+    group="inference.networking.x-k8s.io",
+    version="v1alpha2",
+    kind="InferenceObjective",
+    plural="inferenceobjectives",
+)
+LEGACY_INFERENCE_MODEL_REWRITE = ResourceType(
     group="inference.networking.x-k8s.io",
     version="v1alpha2",
     kind="InferenceModelRewrite",
@@ -139,6 +151,8 @@ RESOURCES: tuple[ResourceType, ...] = (
     INFERENCE_POOL_V1ALPHA2,
     INFERENCE_OBJECTIVE,
     INFERENCE_MODEL_REWRITE,
+    LEGACY_INFERENCE_OBJECTIVE,
+    LEGACY_INFERENCE_MODEL_REWRITE,
 )
 
 

@@ -8,6 +8,7 @@ from typing import Any
 POOL_GROUP = "inference.networking.k8s.io"
 POOL_API = f"{POOL_GROUP}/v1"
 ALPHA_API = "inference.networking.x-k8s.io/v1alpha2"
+POLICY_API = "llm-d.ai/v1alpha2"  # InferenceObjective, InferenceModelRewrite (ALPHA_API: deprecated)
 
 Obj = dict[str, Any]
 
@@ -52,9 +53,11 @@ def readiness_patch(ready: bool) -> Obj:
     return {"status": {"conditions": [{"type": "Ready", "status": "True" if ready else "False"}]}}
 
 
-def objective(namespace: str, name: str, priority: int, *, pool: str = "pool") -> Obj:
+def objective(
+    namespace: str, name: str, priority: int, *, pool: str = "pool", api_version: str = POLICY_API
+) -> Obj:
     return {
-        "apiVersion": ALPHA_API,
+        "apiVersion": api_version,
         "kind": "InferenceObjective",
         "metadata": {"name": name, "namespace": namespace},
         "spec": {"priority": priority, "poolRef": {"name": pool, "group": POOL_GROUP}},
@@ -62,11 +65,17 @@ def objective(namespace: str, name: str, priority: int, *, pool: str = "pool") -
 
 
 def model_rewrite(
-    namespace: str, name: str, model: str, targets: Mapping[str, int], *, pool: str = "pool"
+    namespace: str,
+    name: str,
+    model: str,
+    targets: Mapping[str, int],
+    *,
+    pool: str = "pool",
+    api_version: str = POLICY_API,
 ) -> Obj:
     """One rule: requests for exactly ``model`` go to the ``targets`` (model -> weight)."""
     return {
-        "apiVersion": ALPHA_API,
+        "apiVersion": api_version,
         "kind": "InferenceModelRewrite",
         "metadata": {"name": name, "namespace": namespace},
         "spec": {

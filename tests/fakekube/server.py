@@ -7,8 +7,11 @@ in-cluster service-account files (:meth:`FakeKube.write_incluster_files`, TLS mo
 
 Served resources (all namespaced): core/v1 ``Pod`` (also cluster-wide ``/api/v1/pods``),
 ``inference.networking.k8s.io/v1`` ``InferencePool``, ``inference.networking.x-k8s.io/v1alpha2``
-``InferencePool``, ``InferenceObjective`` and ``InferenceModelRewrite``, and ``coordination.k8s.io/v1``
-``Lease``; plus ``/version``, ``/api``, ``/api/v1``, ``/apis``, ``/apis/{group}[/{version}]``.
+``InferencePool``, ``InferenceObjective`` and ``InferenceModelRewrite``, ``llm-d.ai/v1alpha2``
+``InferenceObjective`` and ``InferenceModelRewrite``, and ``coordination.k8s.io/v1`` ``Lease``
+(a group's CRDs can be uninstalled and reinstalled: :meth:`FakeKube.set_group_installed`); plus
+``/version``, ``/api``, ``/api/v1``, ``/apis``, ``/apis/{group}[/{version}]``, and TokenReview /
+SubjectAccessReview creation for the tokens and non-resource grants a test declares.
 """
 
 from __future__ import annotations
@@ -274,6 +277,19 @@ class FakeKube:
         """Answer the next ``count`` requests with ``method`` (``"*"``: any) whose path and query string
         contain ``path_contains`` with a ``status`` error Status (after the auth check)."""
         self._api.add_fail_rule(FailRule(method.upper(), path_contains, status, count))
+
+    def add_user(self, token: str, username: str, groups: tuple[str, ...] = ()) -> None:
+        """Another client's bearer token, which TokenReviews authenticate as ``username``."""
+        self._api.add_user(token, username, groups)
+
+    def grant_non_resource(self, username: str, verb: str, path: str) -> None:
+        """SubjectAccessReviews allow ``verb`` on the non-resource URL ``path`` for ``username``."""
+        self._api.grant_non_resource(username, verb, path)
+
+    @property
+    def reviews(self) -> list[str]:
+        """``"token"`` (TokenReview) or ``"access"`` (SubjectAccessReview) for each review served."""
+        return self._api.reviews
 
     def set_group_installed(self, group: str, installed: bool) -> None:
         """Simulate a CRD group being absent: 404 on all its paths, gone from ``/apis``.

@@ -605,6 +605,11 @@ ALPHA_READ = {
     "resources": ["inferenceobjectives", "inferencemodelrewrites"],
     "verbs": ["get", "list", "watch"],
 }
+POLICY_READ = {  # llm-d.ai: the group llm-d installs; the x-k8s one above is still read when alone
+    "apiGroups": ["llm-d.ai"],
+    "resources": ["inferenceobjectives", "inferencemodelrewrites"],
+    "verbs": ["get", "list", "watch"],
+}
 LEASES = {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "create", "update"]}
 
 
@@ -615,9 +620,12 @@ def _grants(name: str) -> dict[str, list[dict[str, Any]]]:
 @pytest.mark.parametrize(
     ("name", "expected"),
     [
-        ("base", {"epp": [POD_READ, POOL_READ, ALPHA_READ]}),
-        ("inferencepool", {"epp": [POD_READ, POOL_READ, ALPHA_READ]}),
-        ("ha", {"epp": [POD_READ, POOL_READ, ALPHA_READ], "epp-leader-election": [LEASES]}),
+        ("base", {"epp": [POD_READ, POOL_READ, POLICY_READ, ALPHA_READ]}),
+        ("inferencepool", {"epp": [POD_READ, POOL_READ, POLICY_READ, ALPHA_READ]}),
+        (
+            "ha",
+            {"epp": [POD_READ, POOL_READ, POLICY_READ, ALPHA_READ], "epp-leader-election": [LEASES]},
+        ),
         ("standalone", {"epp-standalone": [POD_READ]}),
     ],
 )

@@ -885,3 +885,84 @@ def test_property_pd_invariants(
         assert req.headers[PREFILL_HEADER] == targets(result, "prefill")[0].hostport
     encode_ok = "encode" in profiles and profiles["encode"].runs == [True]
     assert (ENCODERS_HEADER in req.headers) == encode_ok
+
+
+# --- new parameters: promptTokens, stageOrder ----------------------------------------------------
+
+
+def test_prefix_decider_prompt_tokens_is_a_minimum_prompt_length() -> None:
+    decode = ep(0, "decode")
+    decider = PrefixBasedPDDecider(
+        "d", decode_params(PrefixBasedPDDeciderParams, {"nonCachedTokens": 10, "promptTokens": 100}, "p")
+    )
+    cycle = with_match(decode, 0, 16)
+    assert decider.disaggregate(cycle, completions("a" * 396), decode) is False  # 99 tokens < 100
+    assert decider.disaggregate(cycle, completions("a" * 400), decode) is True
+    with pytest.raises(ConfigError) as info:
+        decode_params(PrefixBasedPDDeciderParams, {"promptTokens": -1}, "plugins[0].parameters")
+    assert info.value.field == "plugins[0].parameters.promptTokens"
+    assert "cannot be negative" in info.value.reason
+
+
+def test_stage_order_prefill_first_runs_prefill_then_decode_with_the_prefill_peer() -> None:
+    from epp.plugins.profile_handlers.disagg import PEER_ENDPOINT_KEY
+
+    pool = [ep(0, "decode", queue=1), ep(1, "decode"), ep(2, "prefill", queue=2), ep(3, "prefill")]
+    params = decode_params(DisaggParams, {"stageOrder": "prefill-first"}, "p")
+    handler = disagg(params=params)
+    seen: list[Any] = []
+
+    class _PeerSpy(Filter):
+        type_name = "test-peer-spy"
+
+        def filter(self, cycle: CycleState, request: LLMRequest, endpoints: list[Endpoint]) -> list[Endpoint]:
+            seen.append(cycle.get(PEER_ENDPOINT_KEY))
+            return endpoints
+
+    decode, prefill = stage("decode"), stage("prefill")
+    decode.filters.append(_PeerSpy("spy", None))
+    before = count(DISAGG_METRIC, "prefill-decode")
+    req = completions()
+    result, err = run(handler, [decode, prefill], req, pool)
+    assert err is None and result is not None
+    assert (prefill.runs, decode.runs) == ([True], [True])
+    assert targets(result, "prefill") == [pool[3]] and targets(result, "decode") == [pool[1]]
+    assert seen == [pool[3]]  # decode ran after prefill and saw its pick as the peer
+    assert result.primary_profile_name == "decode"
+    assert count(DISAGG_METRIC, "prefill-decode") == before + 1
+
+    # no prefill endpoint: decode-only
+    result, err = run(disagg(params=params), [stage("decode"), stage("prefill")], req, pool[:2])
+    assert err is None and result is not None and set(result.profile_results) == {"decode"}
+
+
+def test_stage_order_values_and_errors() -> None:
+    for raw, expected in (
+        ("decode", "decode-first"),
+        ("PREFILL_FIRST", "prefill-first"),
+        ("", "decode-first"),
+    ):
+        assert decode_params(DisaggParams, {"stageOrder": raw}, "p").stage_order == expected
+    with pytest.raises(ConfigError) as info:
+        decode_params(DisaggParams, {"stageOrder": "sideways"}, "plugins[0].parameters")
+    assert info.value.field == "plugins[0].parameters.stageOrder"
+    with pytest.raises(ConfigError) as info:
+        decode_params(
+            DisaggParams,
+            {"stageOrder": "prefill-first", "deciders": {"prefill": "x"}},
+            "plugins[0].parameters",
+        )
+    assert info.value.field == "plugins[0].parameters.deciders.prefill"
+    assert "not supported in prefill-first" in info.value.reason
+
+
+def test_decode_first_publishes_the_decode_pick_as_the_prefill_peer() -> None:
+    from epp.plugins.profile_handlers.disagg import PEER_ENDPOINT_KEY
+
+    pool = [ep(0, "decode"), ep(1, "prefill")]
+    handler = disagg(AlwaysDisaggDecider("always", None), params=nested(prefill="always"))
+    cycle = CycleState()
+    _, err = Scheduler(handler, {"decode": stage("decode"), "prefill": stage("prefill")}).schedule(
+        cycle, completions(), pool
+    )
+    assert err is None and cycle[PEER_ENDPOINT_KEY] is pool[0]

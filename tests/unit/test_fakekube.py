@@ -581,8 +581,11 @@ async def test_custom_object_writes(fake: FakeKube, api: client.ApiClient) -> No
     assert fake.get(POOL_API, "InferencePool", NS, "p") is None
 
 
-async def test_objective_and_rewrite_kinds_are_served(fake: FakeKube, api: client.ApiClient) -> None:
-    group, version = "inference.networking.x-k8s.io", "v1alpha2"
+@pytest.mark.parametrize("group", ["llm-d.ai", "inference.networking.x-k8s.io"])
+async def test_objective_and_rewrite_kinds_are_served(
+    fake: FakeKube, api: client.ApiClient, group: str
+) -> None:
+    version = "v1alpha2"
     fake.create(
         {
             "apiVersion": f"{group}/{version}",
@@ -671,7 +674,7 @@ async def test_discovery_and_uninstalled_groups(fake: FakeKube, api: client.ApiC
     assert version.major == "1" and version.git_version.startswith("v1.")
     assert (await client.CoreApi(api).get_api_versions()).versions == ["v1"]
     groups = {g.name for g in (await client.ApisApi(api).get_api_versions()).groups}
-    assert {POOL_GROUP, "inference.networking.x-k8s.io", "coordination.k8s.io"} <= groups
+    assert {POOL_GROUP, "inference.networking.x-k8s.io", "llm-d.ai", "coordination.k8s.io"} <= groups
     resources = await client.CoordinationV1Api(api).get_api_resources()
     assert [(r.name, r.kind, r.namespaced) for r in resources.resources] == [("leases", "Lease", True)]
     pools = await client.CustomObjectsApi(api).get_api_resources(POOL_GROUP, POOL_VERSION)

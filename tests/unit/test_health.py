@@ -20,7 +20,8 @@ from tests.unit.extproc_harness import headers_msg
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
-NAMES = ("", "liveness", "readiness", "envoy.service.ext_proc.v3.ExternalProcessor")
+# "inference-extension": what the llm-d Helm chart's single-replica probes send.
+NAMES = ("", "liveness", "readiness", "envoy.service.ext_proc.v3.ExternalProcessor", "inference-extension")
 
 
 @pytest.fixture
@@ -50,6 +51,7 @@ async def test_live_before_ready_then_ready_once_endpoints_loaded(
         "liveness": SERVING,
         "readiness": NOT_SERVING,
         NAMES[3]: NOT_SERVING,
+        "inference-extension": NOT_SERVING,
     }
     await h.set_ready(True)  # the server is up, but the pool has not synced
     assert (await _statuses(stub))["readiness"] == NOT_SERVING
@@ -73,7 +75,7 @@ async def test_with_leader_election_readiness_needs_leadership_and_liveness_does
         await h.set_ready(True)
         statuses = await _statuses(stub)
         assert statuses["liveness"] == SERVING and statuses["readiness"] == NOT_SERVING
-        assert statuses[NAMES[3]] == NOT_SERVING
+        assert statuses[NAMES[3]] == statuses["inference-extension"] == NOT_SERVING
         assert h.reasons() == ["leader: not the leader"]
         await h.set_condition("leader", True)
         assert set((await _statuses(stub)).values()) == {SERVING}

@@ -258,7 +258,7 @@ async def test_objectives_and_rewrites_follow_their_objects(kube: FakeKube, api:
         rng = random.Random(1)
         await until(lambda: rewrites.choose("llama", rng) is not None)
         assert rewrites.choose("llama", rng) == ("llama-v2", "rw")
-        kube.delete(ALPHA_API, "InferenceObjective", NS, "batch")
+        kube.delete(objects.POLICY_API, "InferenceObjective", NS, "batch")
         await until(lambda: objectives.priority("batch") == 0)
         assert objectives.priority("batch") == 0
     finally:
@@ -269,6 +269,7 @@ async def test_alpha_kinds_without_crds_do_not_break_discovery(
     kube: FakeKube, watch: Any, api: client.ApiClient
 ) -> None:
     kube.set_group_installed("inference.networking.x-k8s.io", False)
+    kube.set_group_installed("llm-d.ai", False)
     objectives = ObjectiveStore(pool_name="pool", pool_group="inference.networking.k8s.io")
     watchers = PolicyWatchers(api, NS, objectives=objectives)
     watchers.start()
@@ -278,7 +279,8 @@ async def test_alpha_kinds_without_crds_do_not_break_discovery(
         w = await watch()
         await w.until(lambda: w.discovery.ready)
         assert objectives.priority("anything") == 0
-        assert "404" in watchers.reflectors[0].last_error
+        await until(lambda: "404" in watchers.watches[0].last_error)
+        assert watchers.watches[0].kind is None
     finally:
         await watchers.stop()
 

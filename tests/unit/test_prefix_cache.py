@@ -428,3 +428,66 @@ def test_loader_forwards_scorer_parameters_to_the_auto_created_producer() -> Non
     )
     assert prod in cfg.producers
     assert prod in cfg.pre_request
+
+
+# --- prefix-cache-scorer: match length, producer name ---------------------------------------------
+
+
+def test_scorer_match_length_term_favours_long_absolute_matches() -> None:
+    eps = endpoints(3)
+    infos = {
+        eps[0]: PrefixCacheMatchInfo(2, 4, 16),  # ratio 0.5, 32 tokens
+        eps[1]: PrefixCacheMatchInfo(500, 1000, 16),  # ratio 0.5, 8000 tokens
+        eps[2]: PrefixCacheMatchInfo(0, 4, 16),
+    }
+    cycle = CycleState({PREFIX_CACHE_MATCH_INFO_KEY: infos})
+    plain = PrefixCacheScorer("p", decode_params(PrefixCacheScorerParams, None, "p"))
+    assert plain.score(cycle, completions(), eps) == [0.5, 0.5, 0.0]
+    raw = {"matchLengthWeight": 0.5, "matchLengthScaleTokens": 16000}
+    weighted = PrefixCacheScorer("p", decode_params(PrefixCacheScorerParams, raw, "p"))
+    scores = weighted.score(cycle, completions(), eps)
+    assert scores[0] == pytest.approx(0.5 * (32 / 16000) ** 2 + 0.25)
+    assert scores[1] == pytest.approx(0.5 * 0.25 + 0.25)  # (8000 / 16000) ** 2 = 0.25
+    assert scores[2] == 0.0
+    capped = PrefixCacheScorer("p", decode_params(PrefixCacheScorerParams, {"matchLengthWeight": 1.0}, "p"))
+    assert capped.score(cycle, completions(), eps)[1] == pytest.approx((8000 / 8192) ** 2)  # default scale
+
+
+@pytest.mark.parametrize(
+    ("raw", "field"),
+    [
+        ({"matchLengthWeight": 1.5}, "matchLengthWeight"),
+        ({"matchLengthWeight": -0.1}, "matchLengthWeight"),
+        ({"matchLengthWeight": 0.5, "matchLengthScaleTokens": 0}, "matchLengthScaleTokens"),
+    ],
+)
+def test_scorer_match_length_bad_parameters(raw: dict[str, Any], field: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        decode_params(PrefixCacheScorerParams, raw, "plugins[0].parameters")
+    assert info.value.field == f"plugins[0].parameters.{field}"
+
+
+def test_scorer_producer_name_must_name_a_prefix_producer() -> None:
+    producer = ApproxPrefixCacheProducer("mine", decode_params(ApproxPrefixCacheParams, None, "p"))
+    params = decode_params(PrefixCacheScorerParams, {"prefixMatchInfoProducerName": "mine"}, "p")
+    PrefixCacheScorer("s", params, StubHandle(producer))
+    with pytest.raises(ConfigError) as info:
+        PrefixCacheScorer("s", params, StubHandle())
+    assert info.value.field == "prefixMatchInfoProducerName" and "not found" in info.value.reason
+    other = PrefixCacheScorer("mine", decode_params(PrefixCacheScorerParams, None, "p"))
+    with pytest.raises(ConfigError) as info:
+        PrefixCacheScorer("s", params, StubHandle(other))
+    assert "does not produce" in info.value.reason
+    # the scorer's own parameters are not forwarded to the producer
+    assert decode_params(PrefixCacheScorerParams, {"matchLengthWeight": 0.2}, "p").producer_params() is None
+
+
+def test_no_hit_lru_checks_its_producer_name_too() -> None:
+    from epp.plugins.scorers.no_hit_lru import NoHitLRUParams, NoHitLRUScorer
+
+    params = decode_params(NoHitLRUParams, {"prefixMatchInfoProducerName": "mine"}, "p")
+    producer = ApproxPrefixCacheProducer("mine", decode_params(ApproxPrefixCacheParams, None, "p"))
+    NoHitLRUScorer("lru", params, StubHandle(producer))
+    with pytest.raises(ConfigError) as info:
+        NoHitLRUScorer("lru", params, StubHandle())
+    assert info.value.field == "prefixMatchInfoProducerName"

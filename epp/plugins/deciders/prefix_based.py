@@ -16,17 +16,22 @@ log = structlog.get_logger("epp.deciders")
 AVERAGE_CHARS_PER_TOKEN = 4
 
 _NEGATIVE = "nonCachedTokens: nonCachedTokens parameter of prefix disaggregation decider cannot be negative"
+_NEGATIVE_PROMPT = "promptTokens: promptTokens parameter of prefix disaggregation decider cannot be negative"
 
 
 @dataclass(slots=True, frozen=True)
 class PrefixBasedPDDeciderParams:
-    """``nonCachedTokens``: minimum uncached prompt tokens that make a remote prefill worthwhile."""
+    """``nonCachedTokens``: minimum uncached prompt tokens that make a remote prefill worthwhile;
+    ``promptTokens``: minimum prompt tokens (0 = no minimum)."""
 
     non_cached_tokens: int = 0
+    prompt_tokens: int = 0
 
     def validate(self) -> str | None:
         if self.non_cached_tokens < 0:
             return _NEGATIVE
+        if self.prompt_tokens < 0:
+            return _NEGATIVE_PROMPT
         return None
 
 
@@ -78,6 +83,8 @@ class PrefixBasedPDDecider(Decider):
             return False
         input_tokens = estimate_input_tokens(request.body)
         if input_tokens is None or input_tokens < threshold:
+            return False
+        if input_tokens < self.params.prompt_tokens:
             return False
         per_endpoint = cycle.get(PREFIX_CACHE_MATCH_INFO_KEY)
         info = per_endpoint.get(decode_endpoint) if isinstance(per_endpoint, dict) else None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field
+from typing import cast
 
 import structlog
 
@@ -36,6 +37,24 @@ DEFAULT_ENCODE_PROFILE = "encode"
 
 DECODE_FAILED = "failed to find available decode workers"
 
+STAGE_ORDER_DECODE_FIRST = "decode-first"
+STAGE_ORDER_PREFILL_FIRST = "prefill-first"
+
+PEER_ENDPOINT_KEY = "peer-endpoint/disagg-profile-handler"
+"""Cycle-state key of the endpoint picked by the stage that ran before (read by topology plugins)."""
+
+
+def parse_stage_order(value: str) -> str | None:
+    """``decode-first`` or ``prefill-first`` (case, ``-`` and ``_`` ignored; ``decode``/``prefill``
+    and empty accepted), None when ``value`` is neither."""
+    folded = value.lower().replace("-", "").replace("_", "")
+    if folded in ("", "decodefirst", "decode"):
+        return STAGE_ORDER_DECODE_FIRST
+    if folded in ("prefillfirst", "prefill"):
+        return STAGE_ORDER_PREFILL_FIRST
+    return None
+
+
 _MIX_ERROR = (
     "cannot mix deprecated flat parameters (decodeProfile, prefillProfile, encodeProfile, "
     "deciderPluginName, prefillDeciderPluginName, encodeDeciderPluginName) "
@@ -66,6 +85,7 @@ class DisaggParams:
 
     profiles: DisaggProfiles = field(default_factory=DisaggProfiles)
     deciders: DisaggDeciders = field(default_factory=DisaggDeciders)
+    stage_order: str = STAGE_ORDER_DECODE_FIRST
     # deprecated flat form
     decode_profile: str = ""
     prefill_profile: str = ""
@@ -75,6 +95,9 @@ class DisaggParams:
     decider_plugin_name: str = ""
 
     def __post_init__(self) -> None:
+        order = parse_stage_order(self.stage_order)
+        if order is not None:
+            object.__setattr__(self, "stage_order", order)
         flat = self._flat_keys()
         if flat and self._has_nested():
             return  # left as given: validate() reports the mix
@@ -106,6 +129,16 @@ class DisaggParams:
         flat = self._flat_keys()
         if flat and self._has_nested():
             return f"{flat[0]}: {_MIX_ERROR}"
+        if parse_stage_order(self.stage_order) is None:
+            return (
+                f'stageOrder: invalid stage order "{self.stage_order}", must be '
+                f'"{STAGE_ORDER_DECODE_FIRST}" or "{STAGE_ORDER_PREFILL_FIRST}"'
+            )
+        if self.stage_order == STAGE_ORDER_PREFILL_FIRST and self.deciders.prefill:
+            return (
+                f"deciders.prefill: prefill decider is not supported in {STAGE_ORDER_PREFILL_FIRST} "
+                "stage order"
+            )
         return None
 
     def _flat_keys(self) -> list[str]:
@@ -186,13 +219,14 @@ class DisaggProfileHandler(ProfileHandler, PreRequest):
         self.decode_profile = params.profiles.decode
         self.prefill_profile = params.profiles.prefill
         self.encode_profile = params.profiles.encode
+        self.prefill_first = params.stage_order == STAGE_ORDER_PREFILL_FIRST
         self.prefill_decider = resolve_decider(
             handle, "deciders.prefill", params.deciders.prefill, "prefillDeciderPlugin"
         )
         self.encode_decider = resolve_decider(
             handle, "deciders.encode", params.deciders.encode, "encodeDeciderPlugin"
         )
-        if self.prefill_decider is None:
+        if self.prefill_decider is None and not self.prefill_first:
             log.info("No deciders.prefill configured, P/D disaggregation disabled", plugin=name)
         if self.encode_decider is None:
             log.info("No deciders.encode configured, E disaggregation disabled", plugin=name)
@@ -204,6 +238,8 @@ class DisaggProfileHandler(ProfileHandler, PreRequest):
         profiles: Mapping[str, Profile],
         results: MutableMapping[str, ProfileRunResult | None],
     ) -> Mapping[str, Profile]:
+        if self.prefill_first:
+            return self._pick_prefill_first(cycle, request, profiles, results)
         pending, decode_endpoint = decode_stage(self.decode_profile, profiles, results)
         if decode_endpoint is None:
             return pending
@@ -216,15 +252,49 @@ class DisaggProfileHandler(ProfileHandler, PreRequest):
             if profile is None or stage in results:
                 continue
             if decider is not None and decider.disaggregate(cycle, request, decode_endpoint):
+                if stage == self.prefill_profile:
+                    cycle[PEER_ENDPOINT_KEY] = decode_endpoint
                 return {stage: profile}
             results[stage] = None  # declined: recorded so that it is not evaluated again
 
+        self._record_decision(request, results)
+        return {}
+
+    def _pick_prefill_first(
+        self,
+        cycle: CycleState,
+        request: LLMRequest,
+        profiles: Mapping[str, Profile],
+        results: MutableMapping[str, ProfileRunResult | None],
+    ) -> Mapping[str, Profile]:
+        """Prefill (no decider), then encode (its decider sees no decode endpoint), then decode."""
+        if self.decode_profile in results:
+            if has_endpoints(results[self.decode_profile]):
+                self._record_decision(request, results)
+            return {}
+        prefill = profiles.get(self.prefill_profile)
+        if prefill is not None and self.prefill_profile not in results:
+            return {self.prefill_profile: prefill}
+        encode = profiles.get(self.encode_profile)
+        if encode is not None and self.encode_profile not in results:
+            decider = self.encode_decider
+            if decider is not None and decider.disaggregate(cycle, request, cast(Endpoint, None)):
+                return {self.encode_profile: encode}
+            results[self.encode_profile] = None
+        decode = profiles.get(self.decode_profile)
+        if decode is None:
+            return {}
+        prefill_result = results.get(self.prefill_profile)
+        if prefill_result is not None and prefill_result.target_endpoints:
+            cycle[PEER_ENDPOINT_KEY] = prefill_result.target_endpoints[0]
+        return {self.decode_profile: decode}
+
+    def _record_decision(self, request: LLMRequest, results: Mapping[str, ProfileRunResult | None]) -> None:
         decision = _metrics.decision_type(
             encode_used=has_endpoints(results.get(self.encode_profile)),
             prefill_used=has_endpoints(results.get(self.prefill_profile)),
         )
         _metrics.record_disagg_decision(request.target_model, decision)
-        return {}
 
     def process_results(
         self, cycle: CycleState, request: LLMRequest, results: Mapping[str, ProfileRunResult | None]

@@ -7,17 +7,25 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from epp.framework import CycleState, Endpoint, LLMRequest, Scorer, register
+from epp.framework import CycleState, Endpoint, Handle, LLMRequest, Scorer, register
 from epp.framework.attributes import PREFIX_CACHE_MATCH_INFO_KEY, PrefixCacheMatchInfo
 from epp.plugins.producers.approx_prefix_cache import ApproxPrefixCacheParams
+from epp.plugins.scorers._data_keys import check_producer
 
 __all__ = ["PrefixCacheScorer", "PrefixCacheScorerParams"]
 
 
+DEFAULT_MATCH_LENGTH_SCALE_TOKENS = 8192
+_PRODUCER_FIELDS = frozenset(f.name for f in dataclasses.fields(ApproxPrefixCacheParams))
+
+
 @dataclass(slots=True, frozen=True)
 class PrefixCacheScorerParams:
-    """The producer parameters a user may put on the scorer (None = not given)."""
+    """The scorer's own parameters, and the producer parameters a user may put on it (None = not given)."""
 
+    prefix_match_info_producer_name: str = ""
+    match_length_weight: float = 0.0
+    match_length_scale_tokens: int = DEFAULT_MATCH_LENGTH_SCALE_TOKENS
     auto_tune: bool | None = None
     block_size_tokens: int | None = None
     max_prefix_blocks_to_match: int | None = None
@@ -26,14 +34,25 @@ class PrefixCacheScorerParams:
     block_size: int | None = None
 
     def given(self) -> dict[str, Any]:
-        """The parameters that were set, by field name."""
-        return {f.name: v for f in dataclasses.fields(self) if (v := getattr(self, f.name)) is not None}
+        """The producer parameters that were set, by field name."""
+        return {
+            f.name: v
+            for f in dataclasses.fields(self)
+            if f.name in _PRODUCER_FIELDS and (v := getattr(self, f.name)) is not None
+        }
 
     def producer_params(self) -> ApproxPrefixCacheParams | None:
         given = self.given()
         return ApproxPrefixCacheParams(**given) if given else None
 
     def validate(self) -> str | None:
+        if not 0.0 <= self.match_length_weight <= 1.0:
+            return f"matchLengthWeight: must be between 0.0 and 1.0, got {self.match_length_weight}"
+        if self.match_length_weight > 0.0 and self.match_length_scale_tokens <= 0:
+            return (
+                "matchLengthScaleTokens: must be greater than 0 when matchLengthWeight is greater than 0, "
+                f"got {self.match_length_scale_tokens}"
+            )
         params = self.producer_params()
         return params.validate() if params is not None else None
 
@@ -46,6 +65,17 @@ class PrefixCacheScorer(Scorer):
     params: PrefixCacheScorerParams
     consumes = frozenset({PREFIX_CACHE_MATCH_INFO_KEY})
 
+    def __init__(self, name: str, params: PrefixCacheScorerParams, handle: Handle | None = None) -> None:
+        super().__init__(name, params, handle)
+        check_producer(
+            handle,
+            "prefixMatchInfoProducerName",
+            params.prefix_match_info_producer_name,
+            PREFIX_CACHE_MATCH_INFO_KEY,
+        )
+        self._weight = params.match_length_weight
+        self._scale = float(params.match_length_scale_tokens)
+
     def producer_params(self) -> ApproxPrefixCacheParams | None:
         """The ``approx-prefix-cache-producer`` parameters given on this scorer, or None."""
         params = self.params
@@ -56,17 +86,21 @@ class PrefixCacheScorer(Scorer):
         if not infos:
             return [0.0] * len(endpoints)
         get = infos.get
-        ratios: dict[int, float] = {}  # id(info) -> ratio: the producer shares one info per match length
+        weight, scale = self._weight, self._scale
+        scores: dict[int, float] = {}  # id(info) -> score: the producer shares one info per match length
         out: list[float] = []
         append = out.append
         for e in endpoints:
             info = get(e)
-            r = ratios.get(id(info))
+            r = scores.get(id(info))
             if r is None:
                 if isinstance(info, PrefixCacheMatchInfo) and info.total_blocks > 0:
                     r = info.match_blocks / info.total_blocks
+                    if weight > 0.0:
+                        length = min(1.0, info.match_blocks * info.block_size_tokens / scale)
+                        r = weight * length * length + (1.0 - weight) * r
                 else:
                     r = 0.0
-                ratios[id(info)] = r
+                scores[id(info)] = r
             append(r)
         return out

@@ -1,0 +1,74 @@
+"""Keys of data produced by other plugins: named producers, and endpoint attributes.
+
+Per-request data is keyed by its type in the cycle state (one producer per type and request), so a
+``...ProducerName`` parameter is checked at load: the named plugin must be declared earlier and
+produce that type. Endpoint attributes (``Endpoint.attributes``, written by data-layer extractors)
+are keyed ``"<attribute>/<producer>"``, e.g. ``GPUUtilization/dcgm-extractor``.
+"""
+
+from __future__ import annotations
+
+from epp.framework import ConfigError, DataProducer, Endpoint, Handle
+
+__all__ = [
+    "CORE_METRICS_EXTRACTOR",
+    "as_number",
+    "attribute_key",
+    "check_producer",
+    "endpoint_key_or_error",
+    "read_scalar",
+    "resolve_attribute_key",
+]
+
+CORE_METRICS_EXTRACTOR = "core-metrics-extractor"
+
+
+def check_producer(handle: Handle | None, field: str, name: str, data_key: str) -> None:
+    """ConfigError at ``field`` unless ``name`` is empty or names a plugin declared earlier that
+    produces ``data_key``."""
+    if not name or handle is None:
+        return
+    plugin = handle.plugin(name)
+    if plugin is None:
+        raise ConfigError(
+            field, f"producer plugin '{name}' not found (it must be declared before this plugin)"
+        )
+    produces = plugin.produces if isinstance(plugin, DataProducer) else frozenset()
+    if data_key not in produces:
+        raise ConfigError(field, f"plugin '{name}' ({plugin.type_name}) does not produce {data_key}")
+
+
+def attribute_key(attribute: str, producer: str) -> str:
+    """The ``Endpoint.attributes`` key of an attribute published by ``producer``."""
+    return f"{attribute}/{producer}"
+
+
+def endpoint_key_or_error(attribute: str, producer: str | None) -> str | None:
+    """A reason when the attribute cannot be addressed, else None (see ``resolve_attribute_key``)."""
+    if producer is None and "/" in attribute:
+        head, _, tail = attribute.rpartition("/")
+        return (
+            f'attribute "{attribute}" contains "/" but no producer is set: the attribute and its '
+            f'producer are separate parameters (attribute: "{head}", producer: "{tail}"); if the '
+            'name itself contains "/", set producer explicitly'
+        )
+    return None
+
+
+def resolve_attribute_key(attribute: str, producer: str | None) -> str:
+    """The key read for ``attribute``: omitted producer = the core metrics extractor."""
+    return attribute_key(attribute, CORE_METRICS_EXTRACTOR if producer is None else producer)
+
+
+def as_number(value: object) -> float | None:
+    """``value`` as a float when it is an int or a float (not a bool), else None."""
+    if type(value) is float:
+        return value
+    if type(value) is int:
+        return float(value)
+    return None
+
+
+def read_scalar(endpoint: Endpoint, key: str) -> float | None:
+    """The endpoint's numeric attribute ``key``, None when absent or not a number."""
+    return as_number(endpoint.attributes.get(key))

@@ -1,0 +1,292 @@
+"""Session affinity shared by ``session-affinity-scorer`` and ``session-affinity-filter``.
+
+Two strategies: ``encoded_endpoint_header`` (stateless: the client echoes a header holding the
+base64 of the serving endpoint's ``namespace/name``) and ``session_id`` (a client-chosen session
+identifier bound server-side to the endpoint that served it, in a TTL-evicted map).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import structlog
+
+from epp.framework import CycleState, Endpoint, LLMRequest, ResponseInfo, SchedulingResult
+from epp.framework.wire import SESSION_TOKEN_HEADER
+from epp.plugins.producers.session_id import request_attribute_key
+
+__all__ = [
+    "STRATEGY_ENCODED_ENDPOINT_HEADER",
+    "STRATEGY_SESSION_ID",
+    "EncodedEndpointHeaderConfig",
+    "SessionAffinity",
+    "SessionAffinityParams",
+    "SessionIdConfig",
+    "SessionIdSource",
+    "SessionStore",
+    "session_token",
+]
+
+log = structlog.get_logger("epp.plugins.session_affinity")
+
+STRATEGY_ENCODED_ENDPOINT_HEADER = "encoded_endpoint_header"
+STRATEGY_SESSION_ID = "session_id"
+DEFAULT_SESSION_ID_HEADER = "x-session-id"
+DEFAULT_EVICTION_TTL_SECONDS = 300.0
+DEFAULT_EVICTION_SWEEP_SECONDS = 10.0
+
+
+def session_token(endpoint: Endpoint) -> str:
+    """The token that routes a session to ``endpoint``: base64 of ``namespace/name``."""
+    return base64.b64encode(endpoint.metadata.key.encode()).decode("ascii")
+
+
+def _normalize_header(name: str, default: str) -> str:
+    return name.strip().lower() or default
+
+
+@dataclass(slots=True, frozen=True)
+class EncodedEndpointHeaderConfig:
+    header: str = SESSION_TOKEN_HEADER
+
+
+@dataclass(slots=True, frozen=True)
+class SessionIdSource:
+    """One place a session identifier is read from: a request ``header`` or a request ``attribute``
+    (published by ``producer``, empty for a producer-agnostic attribute)."""
+
+    header: str = ""
+    attribute: str = ""
+    producer: str = ""
+
+    def validate(self) -> str | None:
+        if bool(self.header) == bool(self.attribute):
+            return "exactly one of header or attribute must be set"
+        return None
+
+
+@dataclass(slots=True, frozen=True)
+class SessionIdConfig:
+    """``sources`` in priority order (default: the header ``x-session-id``); a binding unused for
+    ``evictionTtlSeconds`` is dropped by a sweep every ``evictionSweepSeconds`` (0 = the default)."""
+
+    sources: tuple[SessionIdSource, ...] = ()
+    eviction_ttl_seconds: float = DEFAULT_EVICTION_TTL_SECONDS
+    eviction_sweep_seconds: float = DEFAULT_EVICTION_SWEEP_SECONDS
+
+    def __post_init__(self) -> None:
+        if not self.sources:
+            object.__setattr__(self, "sources", (SessionIdSource(header=DEFAULT_SESSION_ID_HEADER),))
+        if self.eviction_ttl_seconds == 0:
+            object.__setattr__(self, "eviction_ttl_seconds", DEFAULT_EVICTION_TTL_SECONDS)
+        if self.eviction_sweep_seconds == 0:
+            object.__setattr__(self, "eviction_sweep_seconds", DEFAULT_EVICTION_SWEEP_SECONDS)
+
+    def validate(self) -> str | None:
+        if not self.eviction_ttl_seconds > 0:
+            return f"evictionTtlSeconds: must be > 0, got {self.eviction_ttl_seconds}"
+        if not self.eviction_sweep_seconds > 0:
+            return f"evictionSweepSeconds: must be > 0, got {self.eviction_sweep_seconds}"
+        return None
+
+
+@dataclass(slots=True, frozen=True)
+class SessionAffinityParams:
+    strategy: str = STRATEGY_ENCODED_ENDPOINT_HEADER
+    encoded_endpoint_header_config: EncodedEndpointHeaderConfig = field(
+        default_factory=EncodedEndpointHeaderConfig
+    )
+    session_id_config: SessionIdConfig = field(default_factory=SessionIdConfig)
+    profile_name: str = ""
+
+    def validate(self) -> str | None:
+        if self.strategy not in (STRATEGY_ENCODED_ENDPOINT_HEADER, STRATEGY_SESSION_ID):
+            return (
+                f'strategy: must be "{STRATEGY_ENCODED_ENDPOINT_HEADER}" or "{STRATEGY_SESSION_ID}", '
+                f'got "{self.strategy}"'
+            )
+        return None
+
+
+@dataclass(slots=True)
+class _Binding:
+    key: str  # the endpoint's namespace/name
+    last_seen: float
+
+
+class SessionStore:
+    """Session id -> endpoint key, least recently used first.
+
+    Bounded by time: a sweep (at most every ``sweep`` seconds, run by ``commit``) drops the bindings
+    unused for longer than ``ttl``; because the map is in last-use order a sweep stops at the first
+    live binding, so it costs O(expired). ``forget_endpoint`` drops every binding of an endpoint.
+    """
+
+    def __init__(self, ttl: float, sweep: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.ttl = ttl
+        self.sweep = sweep
+        self._clock = clock
+        self._bindings: OrderedDict[str, _Binding] = OrderedDict()
+        self._by_endpoint: dict[str, set[str]] = {}
+        self._next_sweep = clock() + sweep
+
+    def __len__(self) -> int:
+        return len(self._bindings)
+
+    def get(self, session_id: str) -> str | None:
+        binding = self._bindings.get(session_id)
+        return binding.key if binding is not None else None
+
+    def commit(self, session_id: str, key: str, bound_absent: bool) -> None:
+        """Record that ``session_id`` was routed to ``key``.
+
+        An unbound session is bound; a binding to ``key`` is refreshed; a binding to another endpoint
+        moves only when ``bound_absent`` (its endpoint was not a candidate for this request).
+        """
+        now = self._clock()
+        if now >= self._next_sweep:
+            self._sweep(now)
+        bindings = self._bindings
+        binding = bindings.get(session_id)
+        if binding is None:
+            bindings[session_id] = _Binding(key, now)
+            self._by_endpoint.setdefault(key, set()).add(session_id)
+            return
+        if binding.key != key:
+            if not bound_absent:
+                return
+            self._unindex(binding.key, session_id)
+            binding.key = key
+            self._by_endpoint.setdefault(key, set()).add(session_id)
+        binding.last_seen = now
+        bindings.move_to_end(session_id)
+
+    def forget_endpoint(self, key: str) -> None:
+        for session_id in self._by_endpoint.pop(key, ()):
+            self._bindings.pop(session_id, None)
+
+    def _sweep(self, now: float) -> None:
+        self._next_sweep = now + self.sweep
+        bindings, deadline = self._bindings, now - self.ttl
+        while bindings:
+            session_id, binding = next(iter(bindings.items()))
+            if binding.last_seen >= deadline:
+                break
+            del bindings[session_id]
+            self._unindex(binding.key, session_id)
+
+    def _unindex(self, key: str, session_id: str) -> None:
+        ids = self._by_endpoint.get(key)
+        if ids is not None:
+            ids.discard(session_id)
+            if not ids:
+                del self._by_endpoint[key]
+
+
+class SessionAffinity:
+    """One plugin instance's session affinity: ``target`` (the session's endpoint among the
+    candidates, or None), ``pre_request`` (commits bindings), ``response_header`` (the token)."""
+
+    def __init__(self, plugin_key: str, params: SessionAffinityParams) -> None:
+        self.strategy = params.strategy
+        self.profile_name = params.profile_name
+        self._state_key = plugin_key  # cycle / request state of this instance
+        self.header = _normalize_header(params.encoded_endpoint_header_config.header, SESSION_TOKEN_HEADER)
+        cfg = params.session_id_config
+        self._sources: tuple[tuple[bool, str], ...] = tuple(
+            (True, _normalize_header(s.header, DEFAULT_SESSION_ID_HEADER))
+            if s.header
+            else (False, request_attribute_key(s.attribute, s.producer))
+            for s in cfg.sources
+        )
+        self.store: SessionStore | None = None
+        if self.strategy == STRATEGY_SESSION_ID:
+            self.store = SessionStore(cfg.eviction_ttl_seconds, cfg.eviction_sweep_seconds)
+        if self.strategy == STRATEGY_ENCODED_ENDPOINT_HEADER and cfg != SessionIdConfig():
+            log.warning(
+                "sessionIdConfig is not used with strategy encoded_endpoint_header", plugin=plugin_key
+            )
+        elif self.strategy == STRATEGY_SESSION_ID and params.encoded_endpoint_header_config != (
+            EncodedEndpointHeaderConfig()
+        ):
+            log.warning("encodedEndpointHeaderConfig is not used with strategy session_id", plugin=plugin_key)
+
+    # --- scheduling ----------------------------------------------------------------------------
+
+    def target(self, cycle: CycleState, request: LLMRequest, endpoints: list[Endpoint]) -> Endpoint | None:
+        if not endpoints:
+            return None
+        store = self.store
+        if store is None:
+            wanted = self._decode(request.headers.get(self.header, ""))
+            if not wanted:
+                return None
+            return next((e for e in endpoints if e.metadata.key == wanted), None)
+        session_id = self.session_id(cycle, request)
+        if not session_id:
+            return None
+        bound = store.get(session_id)
+        if bound is None:
+            return None
+        found = next((e for e in endpoints if e.metadata.key == bound), None)
+        cycle[self._state_key] = found is not None  # bound endpoint present: read by pre_request
+        return found
+
+    def session_id(self, cycle: CycleState, request: LLMRequest) -> str:
+        """The identifier from the first source that has a non-empty one, ``""`` for none."""
+        headers = request.headers
+        for is_header, key in self._sources:
+            value = headers.get(key) if is_header else request.state.get(key)
+            if isinstance(value, str):
+                value = value.strip()
+                if value:
+                    return value
+        return ""
+
+    @staticmethod
+    def _decode(token: str) -> str:
+        if not token:
+            return ""
+        try:
+            return base64.b64decode(token, validate=True).decode("utf-8", "replace")
+        except (binascii.Error, ValueError) as e:
+            log.debug("cannot decode session token", error=str(e))
+            return ""
+
+    # --- request control -----------------------------------------------------------------------
+
+    def picked(self, result: SchedulingResult) -> Endpoint | None:
+        """The first endpoint of this instance's profile (``profileName``, default the primary)."""
+        run = result.profile_results.get(self.profile_name or result.primary_profile_name)
+        return run.target_endpoints[0] if run is not None and run.target_endpoints else None
+
+    def pre_request(self, cycle: CycleState, request: LLMRequest, result: SchedulingResult) -> None:
+        store = self.store
+        if store is None:
+            if self.profile_name:  # remembered for the response header
+                request.state[self._state_key] = self.picked(result)
+            return
+        session_id = self.session_id(cycle, request)
+        if not session_id:
+            return
+        endpoint = self.picked(result)
+        if endpoint is None:
+            return
+        store.commit(session_id, endpoint.metadata.key, bound_absent=cycle.get(self._state_key) is False)
+
+    def response_header(self, request: LLMRequest, response: ResponseInfo, endpoint: Endpoint | None) -> None:
+        if self.store is not None:
+            return  # session_id: the client owns its identifier
+        if self.profile_name:
+            endpoint = request.state.get(self._state_key)
+        if endpoint is not None:
+            response.headers[self.header] = session_token(endpoint)
+
+    def remove_endpoint(self, key: str) -> None:
+        if self.store is not None:
+            self.store.forget_endpoint(key)
