@@ -58,9 +58,11 @@ from epp.framework.interfaces import (
     Plugin,
     PreRequest,
     RequestDone,
+    RequestHeaderProcessor,
     ResponseBodyProcessor,
     ResponseHeaderProcessor,
     SaturationDetector,
+    Screener,
 )
 from epp.scheduling import Scheduler
 from epp.scheduling.parser_router import ParserRouter
@@ -86,6 +88,8 @@ class LoadedConfig:
     response_header: list[ResponseHeaderProcessor] = field(default_factory=list)
     response_body: list[ResponseBodyProcessor] = field(default_factory=list)
     request_done: list[RequestDone] = field(default_factory=list)
+    request_header: list[RequestHeaderProcessor] = field(default_factory=list)
+    screeners: list[Screener] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     source: str = "<config>"
 
@@ -210,6 +214,8 @@ def _load(ctx: LoadContext) -> LoadedConfig:
         response_header=hooks.response_header,
         response_body=hooks.response_body,
         request_done=hooks.request_done,
+        request_header=hooks.request_header,
+        screeners=hooks.screeners,
         warnings=ctx.warnings,
         source=ctx.source,
     )

@@ -1,6 +1,7 @@
 """Request control: the hooks run around scheduling.
 
-Hooks (pre-request, admitters, response processors, request-done) run in ``plugins:`` order.
+Hooks (request-header processors, screeners, admitters, pre-request, response processors,
+request-done) run in ``plugins:`` order.
 """
 
 from __future__ import annotations
@@ -13,8 +14,10 @@ from epp.framework.interfaces import (
     Plugin,
     PreRequest,
     RequestDone,
+    RequestHeaderProcessor,
     ResponseBodyProcessor,
     ResponseHeaderProcessor,
+    Screener,
 )
 
 
@@ -27,6 +30,8 @@ class RequestHooks:
     response_header: list[ResponseHeaderProcessor]
     response_body: list[ResponseBodyProcessor]
     request_done: list[RequestDone]
+    request_header: list[RequestHeaderProcessor]
+    screeners: list[Screener]
 
 
 def request_hooks(plugins: Iterable[Plugin]) -> RequestHooks:
@@ -38,4 +43,6 @@ def request_hooks(plugins: Iterable[Plugin]) -> RequestHooks:
         response_header=[p for p in plugins if isinstance(p, ResponseHeaderProcessor)],
         response_body=[p for p in plugins if isinstance(p, ResponseBodyProcessor)],
         request_done=[p for p in plugins if isinstance(p, RequestDone)],
+        request_header=[p for p in plugins if isinstance(p, RequestHeaderProcessor)],
+        screeners=[p for p in plugins if isinstance(p, Screener)],
     )

@@ -10,6 +10,8 @@ from dataclasses import dataclass
 
 PREFIX_CACHE_MATCH_INFO_KEY = "PrefixCacheMatchInfoKey"
 INFLIGHT_LOAD_KEY = "InFlightLoadKey"
+AGENT_IDENTITY_KEY = "agent-identity"
+"""Request attribute (``LLMRequest.state``): the agent session identity of a request (a string)."""
 
 
 @dataclass(slots=True, frozen=True)

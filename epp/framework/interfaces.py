@@ -147,11 +147,38 @@ class ProfileHandler(Plugin, abc.ABC):
 # --- request control --------------------------------------------------------------------------
 
 
+class RequestHeaderProcessor(Plugin, abc.ABC):
+    """Runs once the request is assembled, before admission, candidates and everything below.
+
+    It may record request attributes in ``request.state`` (e.g. ``AGENT_IDENTITY_KEY``, from which
+    the director derives the fairness id when no fairness header was sent) and edit
+    ``request.headers``. Raising ``InferenceError`` rejects the request with that error.
+    """
+
+    @abc.abstractmethod
+    def request_header(self, request: LLMRequest) -> None: ...
+
+
+class Screener(Plugin, abc.ABC):
+    """Narrows the located candidates before data producers, admitters and every profile run.
+
+    Every screener sees the same input list; the director keeps the endpoints all of them
+    returned (the intersection, in candidate order). No endpoint left fails the request with 503.
+    """
+
+    @abc.abstractmethod
+    def screen(self, request: LLMRequest, endpoints: list[Endpoint]) -> list[Endpoint]: ...
+
+
 class DataProducer(Plugin, abc.ABC):
     """Computes per-request data (e.g. prefix matches) before scheduling; errors are only logged.
 
-    Per-endpoint results go into the cycle state as ``cycle[KEY] = {endpoint: value}``.
+    Per-endpoint results go into the cycle state as ``cycle[KEY] = {endpoint: value}``. The
+    producers share one time budget per request; ``produce_timeout`` (seconds, 0 = none) raises it
+    for a producer that waits on purpose (e.g. for a batching window).
     """
+
+    produce_timeout: float = 0.0
 
     @abc.abstractmethod
     async def produce(self, cycle: CycleState, request: LLMRequest, endpoints: list[Endpoint]) -> None: ...

@@ -78,9 +78,16 @@ class CycleState(dict[str, Any]):
 
 @dataclass(slots=True)
 class ResponseInfo:
-    """What response-path plugins see: the upstream status and headers, and usage once known."""
+    """What response-path plugins see: the upstream status and headers, and usage once known.
+
+    ``usage`` is the response's token usage merged over the body seen so far (``prompt_tokens``,
+    ``completion_tokens``, ``total_tokens``, optionally ``prompt_tokens_details``). A response-body
+    plugin may put Envoy dynamic metadata (``{namespace: {key: value}}``) into ``dynamic_metadata``
+    on the end-of-stream call; it rides on the reply that ends the response.
+    """
 
     headers: dict[str, str] = field(default_factory=dict)
     status: int = 0
     end_of_stream: bool = False
     usage: dict[str, Any] | None = None
+    dynamic_metadata: dict[str, dict[str, Any]] | None = None

@@ -28,6 +28,7 @@ from epp.plugins.parsers import vllmhttp as vllmhttp
 from epp.plugins.pickers import max_score, random_picker
 from epp.plugins.pickers import weighted_random as weighted_random
 from epp.plugins.producers import approx_prefix_cache as approx_prefix_cache
+from epp.plugins.producers import burst_prefix_cache as burst_prefix_cache
 from epp.plugins.producers import inflight_load as inflight_load
 from epp.plugins.producers import session_id as session_id
 from epp.plugins.profile_handlers import data_parallel as data_parallel
@@ -36,6 +37,10 @@ from epp.plugins.profile_handlers import disagg_headers as disagg_headers
 from epp.plugins.profile_handlers import header_profile as header_profile
 from epp.plugins.profile_handlers import pd_legacy as pd_legacy
 from epp.plugins.profile_handlers import single
+from epp.plugins.request_control import agent_identity as agent_identity
+from epp.plugins.request_control import disaggregatedset_rollout_screener as disaggregatedset_rollout_screener
+from epp.plugins.request_control import probabilistic_admitter as probabilistic_admitter
+from epp.plugins.request_control import request_attribute_reporter as request_attribute_reporter
 from epp.plugins.saturation import concurrency_detector as concurrency_detector
 from epp.plugins.saturation import utilization_detector as utilization_detector
 from epp.plugins.scorers import active_request as active_request

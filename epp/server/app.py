@@ -113,7 +113,7 @@ class EppServer:
     ) -> None:
         self.cfg = cfg
         self.opts = opts
-        self.store = store or EndpointStore()
+        self.store = store if store is not None else EndpointStore()  # an empty store is falsy
         self.kube = kube
         self._state_holders = [p for p in cfg.plugins.values() if isinstance(p, EndpointStateHolder)]
         if (
@@ -139,7 +139,14 @@ class EppServer:
             self.store,
             cfg.parsers,
             scheduler,
-            DirectorHooks(cfg.producers, cfg.admitters, cfg.pre_request, cfg.request_done),
+            DirectorHooks(
+                cfg.producers,
+                cfg.admitters,
+                cfg.pre_request,
+                cfg.request_done,
+                request_header=cfg.request_header,
+                screeners=cfg.screeners,
+            ),
             use_subset_hint=not opts.disable_endpoint_subset_filter,
             saturation_detector=cfg.saturation_detector,
             objectives=kube.objectives if kube is not None else None,

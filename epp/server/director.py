@@ -1,8 +1,8 @@
 """The director: from a parsed request to a routing decision.
 
 The parser for the request path (the request handler's table), parse, model and rewrite, priority,
-candidates, shedding, data producers, admitters, scheduler, PreRequest plugins; every failure
-becomes an HTTP status with an OpenAI-style error.
+request-header processors, fairness id, shedding, candidates, screeners, data producers, admitters,
+scheduler, PreRequest plugins; every failure becomes an HTTP status with an OpenAI-style error.
 """
 
 from __future__ import annotations
@@ -33,9 +33,12 @@ from epp.framework import (
     Plugin,
     PreRequest,
     RequestDone,
+    RequestHeaderProcessor,
     SaturationDetector,
     SchedulingResult,
+    Screener,
 )
+from epp.framework.attributes import AGENT_IDENTITY_KEY
 from epp.framework.errors import FiltersDrainedError, no_endpoints, saturated
 from epp.framework.request import request_path
 from epp.framework.wire import (
@@ -157,6 +160,8 @@ class DirectorHooks:
     admitters: Sequence[Admitter] = ()
     pre_request: Sequence[PreRequest] = ()
     request_done: Sequence[RequestDone] = ()
+    request_header: Sequence[RequestHeaderProcessor] = ()
+    screeners: Sequence[Screener] = ()
 
 
 class Director:
@@ -254,6 +259,7 @@ class Director:
         objectives = self.objectives
         priority = objectives.priority(objective) if objectives is not None and objective else 0
 
+        fairness_id = _first_header(headers, FAIRNESS_HEADERS)
         request = LLMRequest(
             request_id=headers.get(REQUEST_ID_HEADER) or str(uuid.uuid4()),
             body=body,
@@ -262,7 +268,7 @@ class Director:
             target_model=target,
             priority=priority,
             objective=objective,
-            fairness_id=_first_header(headers, FAIRNESS_HEADERS) or DEFAULT_FAIRNESS_ID,
+            fairness_id=fairness_id or DEFAULT_FAIRNESS_ID,
             request_size_bytes=len(raw),
             slo_ttft_ms=_slo_ms(headers, SLO_TTFT_HEADERS),
             slo_tpot_ms=_slo_ms(headers, SLO_TPOT_HEADERS),
@@ -271,6 +277,13 @@ class Director:
             on_request(request)
         for key in EPP_OWNED_HEADERS:  # consumed above; plugins may set them again
             headers.pop(key, None)
+        hooks = self.hooks
+        if hooks.request_header:
+            self._request_header(request)
+            if not fairness_id:  # an explicit fairness header wins over the agent identity
+                agent = request.state.get(AGENT_IDENTITY_KEY)
+                if isinstance(agent, str) and agent:
+                    request.fairness_id = agent
 
         candidates = self.candidates(metadata)
         if priority < 0 and self._saturated(candidates):
@@ -279,8 +292,14 @@ class Director:
         if not candidates:
             raise no_endpoints(NO_CANDIDATES_MESSAGE)
 
+        if hooks.screeners:
+            candidates = self._screen(request, candidates)
+            if not candidates:
+                raise InferenceError(
+                    ErrorCode.SERVICE_UNAVAILABLE, "screeners eliminated all endpoint candidates"
+                )
+
         cycle = CycleState()
-        hooks = self.hooks
         if hooks.producers:
             await self._produce(cycle, request, candidates)
         for admitter in hooks.admitters:
@@ -327,6 +346,38 @@ class Director:
             cycle=cycle,
         )
 
+    def _request_header(self, request: LLMRequest) -> None:
+        """Run the request-header processors in order; the first error rejects the request."""
+        for plugin in self.hooks.request_header:
+            t0 = time.perf_counter()
+            try:
+                plugin.request_header(request)
+            except InferenceError:
+                raise
+            except Exception as exc:
+                raise InferenceError(
+                    ErrorCode.INTERNAL, f"request header processor {plugin.typed_name} failed: {exc}"
+                ) from exc
+            metrics.observe_plugin("RequestHeader", plugin, time.perf_counter() - t0)
+
+    def _screen(self, request: LLMRequest, candidates: list[Endpoint]) -> list[Endpoint]:
+        """The candidates every screener kept (each sees the full list), in candidate order.
+
+        A screener that raises keeps nothing: screeners guard compatibility (e.g. rollout
+        revisions), so failing closed is safer than routing past one.
+        """
+        kept = candidates
+        for plugin in self.hooks.screeners:
+            t0 = time.perf_counter()
+            try:
+                allowed = {id(e) for e in plugin.screen(request, list(candidates))}
+            except Exception as exc:
+                _plugin_failed("screener_failed", "screener failed", plugin, exc)
+                allowed = set()
+            metrics.observe_plugin("Screener", plugin, time.perf_counter() - t0)
+            kept = [e for e in kept if id(e) in allowed]
+        return kept
+
     def _saturated(self, candidates: list[Endpoint]) -> bool:
         """Legacy admission, asked only for sheddable requests.
 
@@ -348,9 +399,11 @@ class Director:
         ``asyncio.timeout`` (a timer, no extra task) keeps the common case, producers that never
         suspend, as cheap as plain calls.
         """
+        producers = self.hooks.producers
+        budget = max(PRODUCERS_BUDGET_SECONDS, max((p.produce_timeout for p in producers), default=0.0))
         try:
-            async with asyncio.timeout(PRODUCERS_BUDGET_SECONDS):
-                for producer in self.hooks.producers:
+            async with asyncio.timeout(budget):
+                for producer in producers:
                     t0 = time.perf_counter()
                     try:
                         await producer.produce(cycle, request, candidates)
@@ -362,7 +415,7 @@ class Director:
                 log.warning,
                 "producers_budget",
                 "data producers exceeded their budget",
-                budget_s=PRODUCERS_BUDGET_SECONDS,
+                budget_s=budget,
             )
 
     # --- end of request ----------------------------------------------------------------------

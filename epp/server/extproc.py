@@ -512,6 +512,12 @@ class _Stream:
         msg = req.response_body
         chunk, eos = msg.body, msg.end_of_stream
         self._observe_body(chunk, eos)
+        out = self._response_body_replies(chunk, eos)
+        if eos:
+            self._attach_metadata(out)
+        return out
+
+    def _response_body_replies(self, chunk: bytes, eos: bool) -> list[ep.ProcessingResponse]:
         if self.resp_mode == FULL_DUPLEX_STREAMED:
             if self.resp_streaming:
                 return replies.streamed_body_replies(self._rewrite_chunk(chunk), eos, response=True)
@@ -532,11 +538,21 @@ class _Stream:
         return out
 
     def _response_trailers(self) -> list[ep.ProcessingResponse]:
+        if self.resp_mode != NONE and not self.resp_eos:  # the body ended with the trailers
+            self._observe_body(b"", True)
         out = []
         if self.resp_mode == FULL_DUPLEX_STREAMED and not self.resp_streaming and self.resp_buffer:
             out.extend(replies.streamed_body_replies(self._rewrite_whole(), False, response=True))
         out.append(replies.response_trailers_reply())
+        self._attach_metadata(out)
         return out
+
+    def _attach_metadata(self, out: list[ep.ProcessingResponse]) -> None:
+        """Response-body plugins' dynamic metadata rides on the reply that ends the response."""
+        response = self.response
+        if response is not None and response.dynamic_metadata and out:
+            replies.add_dynamic_metadata(out[-1], response.dynamic_metadata)
+            response.dynamic_metadata = None
 
     def _observe_body(self, chunk: bytes, eos: bool) -> None:
         """Response-body metrics (size, TTFT, inter-token latency, usage) and the body plugins."""
@@ -561,10 +577,14 @@ class _Stream:
         request = self.routing.request if self.routing is not None else None
         if not self.opts.response_body or request is None:
             return
-        response = self.response or ResponseInfo()
+        response = self.response
+        if response is None:
+            response = self.response = ResponseInfo()
+        if response.end_of_stream:
+            return  # the end was already seen (a body end_of_stream, then trailers)
+        if self.usage is not None:
+            response.usage = self.usage.usage
         response.end_of_stream = eos
-        if eos and self.usage is not None and self.usage.raw is not None:
-            response.usage = self.usage.raw
         endpoint = self.routing.endpoints[0] if self.routing and self.routing.endpoints else None
         point = "ResponseComplete" if eos else "ResponseStreaming"
         for plugin in self.opts.response_body:

@@ -68,6 +68,12 @@ def add_endpoint_scores(resp: ep.ProcessingResponse, scores: Mapping[str, float]
         fields.fields[hostport].number_value = score
 
 
+def add_dynamic_metadata(resp: ep.ProcessingResponse, metadata: Mapping[str, Mapping[str, object]]) -> None:
+    """Merge ``{namespace: {key: value}}`` (JSON-like values) into a reply's dynamic metadata."""
+    for namespace, values in metadata.items():
+        resp.dynamic_metadata.fields[namespace].struct_value.update(values)
+
+
 def rewrite_models(metadata: Mapping[str, Mapping[str, object]]) -> tuple[str, str] | None:
     """``(incoming, target)`` from the merged metadata of a stream, if the request was rewritten."""
     models = metadata.get(LB_NAMESPACE, {}).get(REWRITE_METADATA_KEY)

@@ -2,7 +2,8 @@
 
 ``UsageReader.feed(chunk)`` per response-body chunk: only a chunk holding ``"usage"`` is parsed
 (just that object), so a streamed generation costs one substring test per chunk. Fields reported by
-several events (Anthropic splits them) are merged; the last value of each wins.
+several events (Anthropic splits them) are merged; the last value of each wins. ``usage`` gives the
+merged counts under OpenAI's field names (what response-body plugins see).
 """
 
 from __future__ import annotations
@@ -47,14 +48,39 @@ def _int(value: Any) -> int:
 class UsageReader:
     """Accumulates ``prompt``, ``completion`` and ``cached`` token counts from a response body."""
 
-    __slots__ = ("_tail", "cached", "completion", "prompt", "raw")
+    __slots__ = ("_merged", "_tail", "cached", "cached_seen", "completion", "prompt", "raw", "total")
 
     def __init__(self) -> None:
         self.prompt = 0
         self.completion = 0
         self.cached = 0
-        self.raw: dict[str, Any] | None = None  # the last usage object seen (for plugins)
+        self.total = 0
+        self.cached_seen = False  # a cached-token count was reported (even 0)
+        self.raw: dict[str, Any] | None = None  # the last usage object seen
         self._tail = b""
+        self._merged: dict[str, Any] | None = None
+
+    @property
+    def usage(self) -> dict[str, Any] | None:
+        """The merged usage in OpenAI's field names; None until a usage object was seen."""
+        if self.raw is None:
+            return None
+        merged = self._merged
+        if merged is None:
+            total = (
+                self.total
+                if self.prompt and self.completion and self.total
+                else self.prompt + self.completion
+            )
+            merged = {
+                "prompt_tokens": self.prompt,
+                "completion_tokens": self.completion,
+                "total_tokens": total,
+            }
+            if self.cached_seen:
+                merged["prompt_tokens_details"] = {"cached_tokens": self.cached}
+            self._merged = merged
+        return merged
 
     def feed(self, chunk: bytes) -> None:
         if self._tail:
@@ -99,11 +125,17 @@ class UsageReader:
         if not isinstance(usage, dict):
             return
         self.raw = usage
+        self._merged = None
         prompt = _int(usage.get("prompt_tokens")) or _int(usage.get("input_tokens"))
         completion = _int(usage.get("completion_tokens")) or _int(usage.get("output_tokens"))
         details = usage.get("prompt_tokens_details")
         cached = _int(details.get("cached_tokens")) if isinstance(details, dict) else 0
         cached = cached or _int(usage.get("cache_read_input_tokens"))
+        if isinstance(details, dict) or "cache_read_input_tokens" in usage:
+            self.cached_seen = True
+        total = _int(usage.get("total_tokens"))
+        if total:
+            self.total = total
         if prompt:
             self.prompt = prompt
         if completion:

@@ -16,12 +16,28 @@ from epp.framework import (
     ResponseInfo,
     SchedulingResult,
 )
-from epp.framework.attributes import INFLIGHT_LOAD_KEY, InFlightLoad
+from epp.framework.attributes import (
+    INFLIGHT_LOAD_KEY,
+    PREFIX_CACHE_MATCH_INFO_KEY,
+    InFlightLoad,
+    PrefixCacheMatchInfo,
+)
 from epp.framework.params import decode_params
-from epp.plugins.producers.inflight_load import InFlightLoadProducer, estimate_tokens
+from epp.plugins.producers.inflight_load import (
+    InFlightLoadParams,
+    InFlightLoadProducer,
+    estimate_output_tokens,
+    estimate_tokens,
+)
 from epp.plugins.scorers.active_request import ActiveRequestParams, ActiveRequestScorer
 from epp.plugins.scorers.token_load import TokenLoadParams, TokenLoadScorer
 from tests.unit.factories import StubHandle, completions, endpoint, endpoints
+
+WITH_OUTPUT = InFlightLoadParams(add_estimated_output_tokens=True)  # input + round(1.5 * input)
+
+
+def with_output() -> InFlightLoadProducer:
+    return InFlightLoadProducer("inflight-load-producer", WITH_OUTPUT)
 
 
 def request(size: int = 400, prompt: str = "", rid: str = "r") -> LLMRequest:
@@ -64,7 +80,7 @@ def test_token_estimate() -> None:
 
 async def test_pre_request_charges_every_profile_and_request_done_releases() -> None:
     eps = endpoints(4)
-    prod = InFlightLoadProducer("inflight-load-producer")
+    prod = with_output()
     assert await loads(prod, eps) == [(0, 0)] * 4
     r1, r2 = request(400, rid="1"), request(800, rid="2")
     prod.pre_request(CycleState(), r1, result(eps[0], prefill=eps[1], encode=eps[2]))
@@ -78,7 +94,7 @@ async def test_pre_request_charges_every_profile_and_request_done_releases() -> 
 
 async def test_prefill_released_at_response_headers_and_only_once() -> None:
     eps = endpoints(2)
-    prod = InFlightLoadProducer("inflight-load-producer")
+    prod = with_output()
     r = request(400)
     res = result(eps[0], prefill=eps[1])
     prod.pre_request(CycleState(), r, res)
@@ -92,7 +108,7 @@ async def test_prefill_released_at_response_headers_and_only_once() -> None:
 
 async def test_request_without_response_releases_everything_at_done() -> None:
     eps = endpoints(2)
-    prod = InFlightLoadProducer("inflight-load-producer")
+    prod = with_output()
     r = request(400)
     res = result(eps[0], prefill=eps[1])
     prod.pre_request(CycleState(), r, res)
@@ -102,7 +118,7 @@ async def test_request_without_response_releases_everything_at_done() -> None:
 
 async def test_counters_never_go_negative() -> None:
     eps = endpoints(1)
-    prod = InFlightLoadProducer("inflight-load-producer")
+    prod = with_output()
     r = request(400)
     prod.request_done(r, result(eps[0]))  # never charged
     prod.pre_request(CycleState(), r, result(eps[0]))
@@ -117,7 +133,7 @@ async def test_counters_never_go_negative() -> None:
 
 async def test_failed_profiles_are_not_charged() -> None:
     eps = endpoints(2)
-    prod = InFlightLoadProducer("inflight-load-producer")
+    prod = with_output()
     r = request(400)
     res = SchedulingResult({"decode": ProfileRunResult([eps[0]]), "prefill": None}, "decode")
     prod.pre_request(CycleState(), r, res)
@@ -126,7 +142,7 @@ async def test_failed_profiles_are_not_charged() -> None:
 
 async def test_dropped_request_releases_its_charges() -> None:
     eps = endpoints(1)
-    prod = InFlightLoadProducer("inflight-load-producer")
+    prod = with_output()
     r: LLMRequest | None = request(400)
     assert r is not None
     prod.pre_request(CycleState(), r, result(eps[0]))
@@ -139,7 +155,7 @@ async def test_dropped_request_releases_its_charges() -> None:
 async def test_removed_endpoint_counters_are_dropped_without_negative_releases() -> None:
     eps = endpoints(2)
     handle = StubHandle(endpoints=eps)
-    prod = InFlightLoadProducer("inflight-load-producer", None, handle)
+    prod = InFlightLoadProducer("inflight-load-producer", WITH_OUTPUT, handle)
     old = request(400, rid="old")
     prod.pre_request(CycleState(), old, result(eps[1]))
     assert prod.snapshot() == {"default/e1": InFlightLoad(tokens=250, requests=1)}
@@ -157,6 +173,78 @@ async def test_removed_endpoint_counters_are_dropped_without_negative_releases()
     assert prod.load("default/e1") == InFlightLoad(tokens=500, requests=1)
     prod.request_done(new, result(back))
     assert prod.load("default/e1") == InFlightLoad(tokens=0, requests=0)
+
+
+async def test_default_charges_input_only_and_gives_tokens_back_at_the_first_response() -> None:
+    eps = endpoints(2)
+    prod = InFlightLoadProducer("inflight-load-producer")  # addEstimatedOutputTokens: false
+    r = request(400)
+    res = result(eps[0], prefill=eps[1])
+    prod.pre_request(CycleState(), r, res)
+    assert await loads(prod, eps) == [(1, 100), (1, 100)]
+    prod.response_header(r, ResponseInfo(status=200), eps[0])  # prefill done: tokens back, request stays
+    assert await loads(prod, eps) == [(1, 0), (0, 0)]
+    prod.request_done(r, res)
+    assert await loads(prod, eps) == [(0, 0), (0, 0)]
+
+
+async def test_estimated_output_is_held_until_the_end() -> None:
+    eps = endpoints(1)
+    prod = with_output()
+    r = request(400)
+    prod.pre_request(CycleState(), r, result(eps[0]))
+    prod.response_header(r, ResponseInfo(status=200), eps[0])
+    assert await loads(prod, eps) == [(1, 250)]
+
+
+def test_output_estimate_is_capped_by_the_client_and_the_operator() -> None:
+    assert estimate_output_tokens(completions("p"), 100) == 150
+    assert estimate_output_tokens(completions("p", max_tokens=20), 100) == 20
+    assert estimate_output_tokens(completions("p", max_completion_tokens=30), 100) == 30
+    assert estimate_output_tokens(completions("p", max_tokens=500), 100, 0.5) == 50
+    assert estimate_output_tokens(completions("p", max_tokens=20), 100, 1.5, cap=10) == 10
+    assert estimate_output_tokens(completions("p"), 100, 1.5, cap=0) == 0
+    assert estimate_output_tokens(completions("p"), 0) == 0
+    prod = InFlightLoadProducer(
+        "p",
+        decode_params(
+            InFlightLoadParams,
+            {"addEstimatedOutputTokens": True, "outputRatio": 0.5, "maxEstimatedOutputTokens": 40},
+            "p",
+        ),
+    )
+    eps = endpoints(1)
+    r = request(400)  # charges live as long as their request object
+    prod.pre_request(CycleState(), r, result(eps[0]))  # 100 input + min(50, 40)
+    assert prod.load(eps[0].metadata.key) == InFlightLoad(tokens=140, requests=1)
+
+
+async def test_cached_prefix_is_not_charged() -> None:
+    eps = endpoints(2)
+    prod = InFlightLoadProducer("inflight-load-producer")
+    cycle = CycleState()
+    # 6 blocks of 16 tokens indexed (96 of the 100 input tokens), 4 of them cached on e0
+    cycle[PREFIX_CACHE_MATCH_INFO_KEY] = {
+        eps[0]: PrefixCacheMatchInfo(4, 6, 16),
+        eps[1]: PrefixCacheMatchInfo(0, 6, 16),
+    }
+    r = request(400)
+    prod.pre_request(cycle, r, result(eps[0], prefill=eps[1]))
+    assert prod.load(eps[0].metadata.key).tokens == 2 * 16 + 4  # uncached blocks + unindexed tail
+    assert prod.load(eps[1].metadata.key).tokens == 100
+
+
+def test_inflight_parameters() -> None:
+    p = decode_params(InFlightLoadParams, {}, "p")
+    assert (p.add_estimated_output_tokens, p.output_ratio, p.max_estimated_output_tokens) == (
+        False,
+        None,
+        None,
+    )
+    for key, bad in (("outputRatio", -0.1), ("maxEstimatedOutputTokens", -1)):
+        with pytest.raises(ConfigError) as e:
+            decode_params(InFlightLoadParams, {key: bad}, "p")
+        assert e.value.field == f"p.{key}" and "non-negative" in e.value.reason
 
 
 # --- scorers -------------------------------------------------------------------------------------
@@ -206,7 +294,7 @@ def test_token_load_scores() -> None:
 
 async def test_producer_feeds_scorers_end_to_end() -> None:
     eps = endpoints(3)
-    prod = InFlightLoadProducer("inflight-load-producer")
+    prod = with_output()
     live = [request(400, rid="a0"), request(400, rid="a1"), request(4000, rid="b")]
     for r, target in zip(live, [eps[0], eps[0], eps[1]], strict=True):
         prod.pre_request(CycleState(), r, result(target))

@@ -637,4 +637,4 @@ async def test_response_plugins_are_timed_and_see_the_usage(run: Any) -> None:
         "ResponseStreaming": 1,
         "ResponseComplete": 1,
     }
-    assert watcher.usage == [None, {"prompt_tokens": 2, "completion_tokens": 1}]
+    assert watcher.usage == [None, {"prompt_tokens": 2, "completion_tokens": 1, "total_tokens": 3}]

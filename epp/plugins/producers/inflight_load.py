@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from typing import Any
+from dataclasses import dataclass
 
 from epp.framework import (
     CycleState,
@@ -18,13 +18,41 @@ from epp.framework import (
     SchedulingResult,
     register,
 )
-from epp.framework.attributes import INFLIGHT_LOAD_KEY, InFlightLoad
+from epp.framework.attributes import (
+    INFLIGHT_LOAD_KEY,
+    PREFIX_CACHE_MATCH_INFO_KEY,
+    InFlightLoad,
+    PrefixCacheMatchInfo,
+)
 
-__all__ = ["InFlightLoadProducer", "estimate_tokens"]
+__all__ = [
+    "DEFAULT_OUTPUT_RATIO",
+    "InFlightLoadParams",
+    "InFlightLoadProducer",
+    "estimate_input_tokens",
+    "estimate_output_tokens",
+    "estimate_tokens",
+]
 
 PREFILL_PROFILE = "prefill"
 SWEEP_INTERVAL_SECONDS = 30.0
+DEFAULT_OUTPUT_RATIO = 1.5
 _ZERO = InFlightLoad(tokens=0, requests=0)
+_CLIENT_OUTPUT_CAPS = ("max_tokens", "max_completion_tokens", "max_output_tokens")
+
+
+@dataclass(slots=True, frozen=True)
+class InFlightLoadParams:
+    add_estimated_output_tokens: bool = False
+    output_ratio: float | None = None  # None: DEFAULT_OUTPUT_RATIO
+    max_estimated_output_tokens: int | None = None  # None: no cap
+
+    def validate(self) -> str | None:
+        if self.output_ratio is not None and self.output_ratio < 0:
+            return f"outputRatio: must be non-negative, got {self.output_ratio:g}"
+        if self.max_estimated_output_tokens is not None and self.max_estimated_output_tokens < 0:
+            return f"maxEstimatedOutputTokens: must be non-negative, got {self.max_estimated_output_tokens}"
+        return None
 
 
 def _round_half_up(x: float) -> int:
@@ -32,13 +60,50 @@ def _round_half_up(x: float) -> int:
     return int(x + 0.5)
 
 
-def estimate_tokens(request: LLMRequest) -> int:
-    """Input estimate plus 1.5x for the output: ``input + round(1.5 * input)``."""
+def estimate_input_tokens(request: LLMRequest) -> int:
+    """The request's input tokens: a quarter of its size (or of its prompt text when size is unknown)."""
     if request.request_size_bytes > 0:
-        n_input = request.request_size_bytes // 4
-    else:
-        n_input = _round_half_up(len(request.body.prompt_text) / 4)
-    return n_input + _round_half_up(1.5 * n_input)
+        return request.request_size_bytes // 4
+    return _round_half_up(len(request.body.prompt_text) / 4)
+
+
+def _client_output_cap(request: LLMRequest) -> int | None:
+    payload = request.body.payload
+    for key in _CLIENT_OUTPUT_CAPS:
+        v = payload.get(key)
+        if isinstance(v, int) and not isinstance(v, bool) and v >= 0:
+            return v
+    return None
+
+
+def estimate_output_tokens(
+    request: LLMRequest, n_input: int, ratio: float = DEFAULT_OUTPUT_RATIO, cap: int | None = None
+) -> int:
+    """``min(round(n_input * ratio), the client's output limit, cap)`` (limits only when set)."""
+    if n_input <= 0:
+        return 0
+    est = _round_half_up(n_input * ratio)
+    client = _client_output_cap(request)
+    if client is not None and client < est:
+        est = client
+    if cap is not None and cap < est:
+        est = cap
+    return est
+
+
+def estimate_tokens(request: LLMRequest) -> int:
+    """Input estimate plus 1.5x for the output: ``input + round(1.5 * input)`` (no limits)."""
+    n_input = estimate_input_tokens(request)
+    return n_input + _round_half_up(DEFAULT_OUTPUT_RATIO * n_input)
+
+
+def uncached_input_tokens(n_input: int, info: object) -> int:
+    """The input the endpoint must still compute: the unmatched prefix blocks plus the unindexed tail."""
+    if not isinstance(info, PrefixCacheMatchInfo) or info.block_size_tokens <= 0:
+        return max(0, n_input)
+    indexed = info.total_blocks * info.block_size_tokens
+    matched = info.match_blocks * info.block_size_tokens
+    return max(0, indexed - matched) + max(0, n_input - indexed)
 
 
 class _Counter:
@@ -58,6 +123,9 @@ class _Counter:
 
     def sub(self, tokens: int) -> None:
         self.requests = max(0, self.requests - 1)
+        self.sub_tokens(tokens)
+
+    def sub_tokens(self, tokens: int) -> None:
         self.tokens = max(0, self.tokens - tokens)
         self.load = (
             InFlightLoad(tokens=self.tokens, requests=self.requests)
@@ -88,6 +156,14 @@ class _Ledger:
             self.owner._outstanding -= 1
         self.charges = keep
 
+    def release_tokens(self) -> None:
+        """Give back the tokens of the remaining charges; their requests stay counted."""
+        charges = self.charges
+        for i, (counter, tokens, is_prefill) in enumerate(charges):
+            if tokens:
+                counter.sub_tokens(tokens)
+                charges[i] = (counter, 0, is_prefill)
+
     def __del__(self) -> None:
         # the request object went away without request_done: give its charges back
         if self.charges:
@@ -99,8 +175,10 @@ class _Ledger:
 
 @register
 class InFlightLoadProducer(DataProducer, PreRequest, ResponseHeaderProcessor, RequestDone):
-    """PreRequest charges every picked profile's first target; releases come at response headers
-    (the ``prefill`` charge) and in ``request_done`` (everything else).
+    """PreRequest charges every picked profile's first target with the request's uncached input
+    tokens (plus the estimated output with ``addEstimatedOutputTokens``); at the response headers
+    the ``prefill`` charge is released, and without the output estimate every charge's tokens too
+    (prefill is over); ``request_done`` releases the rest.
 
     A charge remembers the counter it incremented and is released once, also when the request
     object is collected without ``request_done``; counters never go below 0. Counters of endpoints
@@ -108,11 +186,19 @@ class InFlightLoadProducer(DataProducer, PreRequest, ResponseHeaderProcessor, Re
     """
 
     type_name = "inflight-load-producer"
+    Params = InFlightLoadParams
+    params: InFlightLoadParams
     produces = frozenset({INFLIGHT_LOAD_KEY})
 
-    def __init__(self, name: str, params: Any = None, handle: Handle | None = None) -> None:
+    def __init__(
+        self, name: str, params: InFlightLoadParams | None = None, handle: Handle | None = None
+    ) -> None:
+        params = params if params is not None else InFlightLoadParams()
         super().__init__(name, params, handle)
         self._handle = handle
+        self._add_output = params.add_estimated_output_tokens
+        self._ratio = DEFAULT_OUTPUT_RATIO if params.output_ratio is None else params.output_ratio
+        self._output_cap = params.max_estimated_output_tokens
         self._counters: dict[str, _Counter] = {}
         self._outstanding = 0  # unreleased charges; 0 means every counter is 0
         self._state_key = f"{self.type_name}/{name}"
@@ -135,16 +221,26 @@ class InFlightLoadProducer(DataProducer, PreRequest, ResponseHeaderProcessor, Re
         cycle[INFLIGHT_LOAD_KEY] = out
 
     def pre_request(self, cycle: CycleState, request: LLMRequest, result: SchedulingResult) -> None:
-        tokens = -1
+        n_input = output = -1
         ledger: _Ledger | None = request.state.get(self._state_key)
+        matches: dict[Endpoint, PrefixCacheMatchInfo] | None = None
         for profile, res in result.profile_results.items():
             if res is None or not res.target_endpoints:
                 continue
-            if tokens < 0:
-                tokens = estimate_tokens(request)
+            if n_input < 0:
+                n_input = estimate_input_tokens(request)
+                output = (
+                    estimate_output_tokens(request, n_input, self._ratio, self._output_cap)
+                    if self._add_output
+                    else 0
+                )
+                matches = cycle.get(PREFIX_CACHE_MATCH_INFO_KEY)
             if ledger is None:
                 ledger = request.state[self._state_key] = _Ledger(self)
-            counter = self._counter(res.target_endpoints[0])
+            target = res.target_endpoints[0]
+            info = matches.get(target) if matches else None
+            tokens = uncached_input_tokens(n_input, info) + output  # output: from the full input
+            counter = self._counter(target)
             counter.add(tokens)
             ledger.charges.append((counter, tokens, profile == PREFILL_PROFILE))
             self._outstanding += 1
@@ -153,6 +249,8 @@ class InFlightLoadProducer(DataProducer, PreRequest, ResponseHeaderProcessor, Re
         ledger: _Ledger | None = request.state.get(self._state_key)
         if ledger is not None:
             ledger.release(prefill_only=True)
+            if not self._add_output:
+                ledger.release_tokens()
 
     def request_done(self, request: LLMRequest, result: SchedulingResult) -> None:
         ledger: _Ledger | None = request.state.pop(self._state_key, None)

@@ -1,0 +1,1 @@
+"""Built-in request-control plugins (request-header processors, screeners, admitters, reporters)."""
