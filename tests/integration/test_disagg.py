@@ -85,4 +85,8 @@ def test_prefill_decode_then_decode_only_then_no_decode(rig: Rig) -> None:
     assert status == 429
     resp = envoy.post("/v1/chat/completions", chat_body(marker()))
     assert resp.status == 429
-    assert "failed to find available decode workers" in resp.json()["error"]["message"]
+    # as the reference since its #2462: the decode filter drained a non-empty pool, so the typed
+    # "no endpoints" error of the profile run is answered (not the handler's), reason saturated
+    message = resp.json()["error"]["message"]
+    assert "no endpoints available for the given request (filter 'decode-filter')" in message
+    assert resp.headers.get("x-llm-d-request-dropped-reason") == "rejected-saturated"
