@@ -22,7 +22,7 @@ class PoolSpec:
 
     selector: Mapping[str, str]
     target_ports: tuple[int, ...]
-    app_protocol: str = "http"
+    app_protocol: str = ""  # the InferencePool's appProtocol; "" (unset) constrains no parser
     label_selector: str = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:

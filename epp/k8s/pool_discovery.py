@@ -46,7 +46,7 @@ def parse_pool_spec(pool: Mapping[str, Any]) -> PoolSpec:
         numbers = parse_target_ports([p.get("number") if isinstance(p, dict) else p for p in ports])
     except ValueError as e:
         raise ValueError(f"spec.targetPorts: {e}") from None
-    protocol = spec.get("appProtocol") or "http"
+    protocol = spec.get("appProtocol") or ""  # unset: no constraint on the parsers
     return PoolSpec(
         selector={str(k): str(v) for k, v in labels.items()},
         target_ports=numbers,
@@ -191,7 +191,7 @@ class PoolDiscovery:
         spec = self.pods.spec
         if spec is None or self.pod_reflector is None or not self.pod_reflector.synced:
             return
-        if spec.app_protocol not in self.app_protocols:
+        if spec.app_protocol and spec.app_protocol not in self.app_protocols:
             self._set_status(False, f'appProtocol "{spec.app_protocol}" is not supported by the parser')
             return
         self._set_status(True, f"synced: {self.pods.endpoint_count} endpoints")

@@ -192,6 +192,18 @@ async def test_invalid_pool_spec_or_unsupported_protocol_is_not_ready(kube: Fake
     await w.until(lambda: w.discovery.ready)
 
 
+async def test_pool_without_app_protocol_serves_h2c_only_parsers(kube: FakeKube, watch: Any) -> None:
+    """An unset appProtocol constrains nothing (as the reference): a vLLM gRPC EPP becomes ready."""
+    pool = pool_obj()
+    pool["spec"].pop("appProtocol", None)
+    kube.create(pool)
+    kube.create(pod_obj("a", "10.0.0.1"))
+    w = await watch(app_protocols=("kubernetes.io/h2c",))
+    await w.until(lambda: w.discovery.ready and w.names() == {"ns/a-rank-0"})
+    kube.patch(POOL_API, "InferencePool", NS, "pool", {"spec": {"appProtocol": "http"}})
+    await w.until(lambda: not w.discovery.ready and "appProtocol" in w.discovery.reason)
+
+
 async def test_dropped_watch_mid_stream_loses_and_duplicates_nothing(kube: FakeKube, watch: Any) -> None:
     kube.create(pool_obj())
     for i in range(3):
