@@ -1,8 +1,7 @@
 """The EPP container of the llm-d Helm charts, with epp's image swapped in and nothing else changed.
 
-The args, ports, probes and env below are rendered by hand from llm-d/llm-d-router
-``config/charts/routerlib/templates/_deployment.yaml`` (``define "llm-d-epp.deployment-pod-spec"``)
-with the defaults of ``config/charts/routerlib/values.yaml`` (release ``qwen`` in namespace ``llm``),
+The args, ports, probes and env below are rendered by hand from the llm-d router's Helm library
+chart (its EPP deployment pod spec) with its default values (release ``qwen`` in namespace ``llm``),
 for three value sets: the ``llm-d-router-gateway`` chart as installed, the same with
 ``router.epp.replicas: 2``, ``router.tracing.enabled: true``, ``router.epp.flags`` and
 ``router.monitoring.prometheus.auth.enabled: false``, and the ``llm-d-router-standalone`` chart with
@@ -14,8 +13,8 @@ container ports 9002 (ext_proc), 9003 (health) and 9090 (metrics) listen, and a 
 What differs from a pod, because nothing here is a cluster: ``KUBECONFIG`` points at the fake API
 server (a pod uses its service-account mount, which the chart does not configure either), and the
 ``--config-file`` path, the ConfigMap's ``/config`` mount, is a temporary directory holding the
-chart's ``default-plugins.yaml`` (from ``config/charts/routerlib/templates/_config.yaml``, defaults:
-vllm over http, no parsers). The model-server target port is a free one (``router.modelServers.
+chart's ``default-plugins.yaml`` (its config template with the defaults: vllm over http, no
+parsers). The model-server target port is a free one (``router.modelServers.
 targetPorts``), as the chart's 8000 may be taken on this machine. The chart's ports are fixed, so
 the test needs 9002, 9003 and 9090 free.
 """
@@ -217,7 +216,7 @@ STANDALONE = Variant(
 
 
 def _chart_inference_pool(target_port: int) -> dict[str, Any]:
-    """The InferencePool of config/charts/routerlib/templates/_inferencepool.yaml (protocol http)."""
+    """The InferencePool the chart renders (protocol http)."""
     return {
         "apiVersion": "inference.networking.k8s.io/v1",
         "kind": "InferencePool",

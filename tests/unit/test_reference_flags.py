@@ -25,9 +25,8 @@ FILE_CONFIG = (
 )
 
 
-# Every flag of the reference's `epp` command: pkg/epp/server/options.go (AddFlags) and
-# pkg/common/observability/logging/options.go (--v and controller-runtime's zap flags) of
-# llm-d/llm-d-router.
+# Every flag of the reference's `epp` command: its server options and its logging options (--v and
+# controller-runtime's zap flags).
 REFERENCE_FLAGS = {
     "grpc-port", "ha-enable-leader-election", "drain-timeout", "grpc-max-recv-msg-size",
     "grpc-max-send-msg-size", "pool-group", "pool-namespace", "pool-name", "endpoint-selector",

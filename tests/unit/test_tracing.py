@@ -194,7 +194,7 @@ async def test_spans_reach_an_otlp_collector_configured_as_the_helm_chart_does(
     port = server.add_insecure_port("127.0.0.1:0")
     server.start()
     try:
-        # the env of config/charts/routerlib/templates/_deployment.yaml with router.tracing.enabled
+        # the env the llm-d Helm chart sets with router.tracing.enabled
         monkeypatch.setenv("OTEL_SERVICE_NAME", "llm-d-router/epp")
         monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", f"http://127.0.0.1:{port}")
         monkeypatch.setenv("OTEL_TRACES_EXPORTER", "otlp")
