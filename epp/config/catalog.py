@@ -5,12 +5,12 @@ as JSON-ready data."""
 from __future__ import annotations
 
 import dataclasses
-import enum
 import re
 import typing
 from typing import Any
 
 import epp.plugins  # noqa: F401 - registers the built-in plugin types
+from epp.config.effective import yaml_safe
 from epp.framework import registry
 from epp.framework.interfaces import (
     Admitter,
@@ -27,10 +27,12 @@ from epp.framework.interfaces import (
     PreRequest,
     ProfileHandler,
     RequestDone,
+    RequestHeaderProcessor,
     ResponseBodyProcessor,
     ResponseHeaderProcessor,
     SaturationDetector,
     Scorer,
+    Screener,
     SupportsDisaggregate,
     UsageLimitPolicy,
 )
@@ -43,6 +45,8 @@ _KINDS: tuple[tuple[Any, str], ...] = (
     (Picker, "picker"),
     (SupportsDisaggregate, "decider"),
     (DataProducer, "data-producer"),
+    (RequestHeaderProcessor, "request-header"),
+    (Screener, "screener"),
     (Admitter, "admitter"),
     (PreRequest, "pre-request"),
     (ResponseHeaderProcessor, "response-header"),
@@ -67,20 +71,6 @@ def kinds_of(cls: type[Plugin]) -> list[str]:
     return [name for kind, name in _KINDS if isinstance(cls, type) and issubclass(cls, kind)]
 
 
-def _plain(value: Any) -> Any:
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {yaml_key(f): _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
-    if isinstance(value, dict):
-        return {str(k): _plain(v) for k, v in value.items()}
-    if isinstance(value, list | tuple | set | frozenset):
-        return [_plain(v) for v in value]
-    if isinstance(value, enum.Enum):
-        return _plain(value.value)
-    if value is None or isinstance(value, bool | int | float | str):
-        return value
-    return str(value)
-
-
 def parameters_of(params_cls: type) -> dict[str, Any]:
     """YAML key -> default value of a Params dataclass (``REQUIRED`` when it has none)."""
     if not dataclasses.is_dataclass(params_cls):
@@ -93,7 +83,7 @@ def parameters_of(params_cls: type) -> dict[str, Any]:
             value = f.default_factory()
         else:
             value = REQUIRED
-        out[yaml_key(f)] = _plain(value)
+        out[yaml_key(f)] = yaml_safe(value)
     return out
 
 

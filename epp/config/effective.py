@@ -14,16 +14,16 @@ from epp.framework.interfaces import Plugin, Scorer
 from epp.framework.params import encode_params
 
 
-def _plain(value: Any) -> Any:
+def yaml_safe(value: Any) -> Any:
     """Convert parameter values to what ``yaml.safe_dump`` accepts."""
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {k: _plain(v) for k, v in encode_params(value).items()}
+        return {k: yaml_safe(v) for k, v in encode_params(value).items()}
     if isinstance(value, Mapping):
-        return {str(k): _plain(v) for k, v in value.items()}
+        return {str(k): yaml_safe(v) for k, v in value.items()}
     if isinstance(value, list | tuple | set | frozenset):
-        return [_plain(v) for v in value]
+        return [yaml_safe(v) for v in value]
     if isinstance(value, enum.Enum):
-        return _plain(value.value)
+        return yaml_safe(value.value)
     if value is None or isinstance(value, bool | int | float | str):
         return value
     return str(value)
@@ -101,7 +101,7 @@ def effective_document(doc: ConfigDocument, plugins: Mapping[str, Plugin]) -> di
     entries = []
     for spec in doc.plugins:
         entry: dict[str, Any] = {"name": spec.name, "type": spec.type}
-        params = _plain(encode_params(plugins[spec.name].params))
+        params = yaml_safe(encode_params(plugins[spec.name].params))
         if params:
             entry["parameters"] = params
         entries.append(entry)

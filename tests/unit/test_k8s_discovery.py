@@ -8,7 +8,7 @@ mode, the alpha resources and in-cluster configuration.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -45,19 +45,6 @@ def pod_obj(
 
 def set_ready(kube: FakeKube, name: str, ready: bool) -> None:
     kube.patch("v1", "Pod", NS, name, objects.readiness_patch(ready))
-
-
-@pytest.fixture
-def kube() -> Iterator[FakeKube]:
-    with FakeKube(bookmark_interval=0.2) as k:
-        yield k
-
-
-@pytest.fixture
-async def api(kube: FakeKube, tmp_path: Path) -> AsyncIterator[client.ApiClient]:
-    c = await api_client(str(kube.write_kubeconfig(tmp_path / "kubeconfig")))
-    yield c
-    await c.close()
 
 
 class Watcher:

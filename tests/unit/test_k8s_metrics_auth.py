@@ -9,13 +9,11 @@ import asyncio
 import urllib.error
 import urllib.request
 from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
 
 import pytest
 from kubernetes_asyncio import client
 
 from epp.dev.stack import free_port
-from epp.k8s.client import api_client
 from epp.k8s.metrics_auth import MetricsAuth
 from epp.promlite import start_http_server
 from tests.fakekube import FakeKube
@@ -31,13 +29,6 @@ def kube() -> Iterator[FakeKube]:
         k.add_user(OTHER, "system:serviceaccount:default:other")
         k.grant_non_resource("system:serviceaccount:monitoring:prometheus", "get", "/metrics")
         yield k
-
-
-@pytest.fixture
-async def api(kube: FakeKube, tmp_path: Path) -> AsyncIterator[client.ApiClient]:
-    c = await api_client(str(kube.write_kubeconfig(tmp_path / "kubeconfig")))
-    yield c
-    await c.close()
 
 
 @pytest.fixture

@@ -3,8 +3,7 @@ the in-process fake API server with the real kubernetes-asyncio client."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -16,7 +15,6 @@ from epp.datalayer.runtime import DataLayer
 from epp.datalayer.store import EndpointStore
 from epp.framework import ConfigError, Extractor, registry
 from epp.framework.interfaces import EventType, GroupVersionKind, NotificationEvent
-from epp.k8s.client import api_client
 from epp.k8s.notification_watch import NotificationWatch, resolve_kind
 from epp.plugins.scraping.k8s_notification_source import K8sNotificationSource, K8sNotificationSourceParams
 from tests.fakekube import FakeKube, objects
@@ -28,19 +26,6 @@ OBJECTIVE_API = str(objects.objective("ns", "x", 0)["apiVersion"])
 OBJECTIVE_GVK = GroupVersionKind(
     OBJECTIVE_API.split("/")[0], OBJECTIVE_API.split("/")[1], "InferenceObjective"
 )
-
-
-@pytest.fixture
-def kube() -> Iterator[FakeKube]:
-    with FakeKube(bookmark_interval=0.2) as k:
-        yield k
-
-
-@pytest.fixture
-async def api(kube: FakeKube, tmp_path: Path) -> AsyncIterator[client.ApiClient]:
-    c = await api_client(str(kube.write_kubeconfig(tmp_path / "kubeconfig")))
-    yield c
-    await c.close()
 
 
 class Recorder(Extractor):

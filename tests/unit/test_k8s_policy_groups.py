@@ -8,8 +8,7 @@ group installed after start-up is picked up without a restart.
 from __future__ import annotations
 
 import random
-from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
+from collections.abc import AsyncIterator
 
 import pytest
 import structlog
@@ -18,7 +17,6 @@ from kubernetes_asyncio import client
 from epp.datalayer.objectives import ObjectiveStore
 from epp.datalayer.rewrites import RewriteStore
 from epp.k8s import policy_watchers
-from epp.k8s.client import api_client
 from epp.k8s.policy_watchers import PolicyWatchers
 from tests.fakekube import FakeKube, objects
 from tests.unit.polling import until
@@ -27,19 +25,6 @@ NS = "ns"
 LLMD = "llm-d.ai"
 LEGACY = "inference.networking.x-k8s.io"
 POOL_GROUP = "inference.networking.k8s.io"
-
-
-@pytest.fixture
-def kube() -> Iterator[FakeKube]:
-    with FakeKube(bookmark_interval=0.2) as k:
-        yield k
-
-
-@pytest.fixture
-async def api(kube: FakeKube, tmp_path: Path) -> AsyncIterator[client.ApiClient]:
-    c = await api_client(str(kube.write_kubeconfig(tmp_path / "kubeconfig")))
-    yield c
-    await c.close()
 
 
 @pytest.fixture
