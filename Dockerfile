@@ -13,7 +13,10 @@ COPY pyproject.toml README.md ./
 COPY epp ./epp
 # Dependencies from binary wheels only (a missing wheel fails here instead of needing a compiler);
 # pip byte-compiles everything it installs, as the final image's file system is read-only.
+# xds-protos ships an older copy of opentelemetry/proto/: reinstall opentelemetry-proto last.
 RUN /opt/epp/bin/pip install --only-binary=:all: --no-binary=epp . \
+ && /opt/epp/bin/pip install --only-binary=:all: --force-reinstall --no-deps \
+      "opentelemetry-proto==$(/opt/epp/bin/python -c 'from importlib.metadata import version; print(version("opentelemetry-proto"))')" \
  && /opt/epp/bin/pip uninstall --yes pip setuptools
 
 FROM python:3.11-slim

@@ -12,6 +12,10 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(PYTHON) -m pip install --quiet --upgrade pip
 	$(PYTHON) -m pip install --quiet -e '.[test]'
+	# xds-protos ships an older copy of opentelemetry/proto/; whichever package pip installs last
+	# owns those files, so reinstall opentelemetry-proto to make the OTLP exporter's files win.
+	$(PYTHON) -m pip install --quiet --force-reinstall --no-deps \
+	  "opentelemetry-proto==$$($(PYTHON) -c 'from importlib.metadata import version; print(version("opentelemetry-proto"))')"
 	touch $@
 
 run: install

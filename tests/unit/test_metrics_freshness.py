@@ -163,7 +163,8 @@ def test_unknown_endpoint_never_beats_the_best_known_total(busy: list[tuple[int,
             totals[e] = totals.get(e, 0.0) + ws.weight * min(1.0, max(0.0, s))
     best_known = max(totals[e] for e in known)
     assert totals[unknown] <= best_known + 1e-12
-    if len({(q, kv) for q, kv in busy}) > 1 and max(totals[e] for e in known) > min(totals[e] for e in known):
+    spread = best_known - min(totals[e] for e in known)
+    if len({(q, kv) for q, kv in busy}) > 1 and spread > 1e-9:  # (not float noise)
         assert totals[unknown] < best_known  # strictly behind when the known ones differ
 
 
