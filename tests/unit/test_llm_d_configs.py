@@ -265,6 +265,12 @@ def _full_config(cfg: LoadedConfig) -> None:
     assert cfg.scheduler.handler is cfg.plugins["profileHandler"]
 
 
+def _deprecated_group(cfg: LoadedConfig) -> None:
+    _full_config(cfg)
+    old = "apiVersion 'inference.networking.x-k8s.io/v1alpha1' is deprecated"
+    assert any(w.startswith(old) for w in cfg.warnings)
+
+
 def _no_profiles(cfg: LoadedConfig) -> None:
     assert TEST_GATE not in cfg.feature_gates and "flowControl" not in cfg.feature_gates
     assert f"{TEST_GATE}=false" in yaml.safe_load(cfg.effective_yaml())["featureGates"]
@@ -295,8 +301,11 @@ def _explicit_data_layer(cfg: LoadedConfig) -> None:
 
 def _needs(name: str, *deps: str) -> Callable[[LoadedConfig], None]:
     def check(cfg: LoadedConfig) -> None:
-        got = getattr(cfg.plugins[name], "dependencies")
-        assert [id(p) for p in got] == [id(cfg.plugins[d]) for d in deps]  # the very instances declared
+        plugin = cfg.plugins[name]
+        assert isinstance(plugin, _MockWithDependencies | _MockWithNestedDependencies)
+        assert [id(p) for p in plugin.dependencies] == [
+            id(cfg.plugins[d]) for d in deps
+        ]  # the very instances declared
 
     return check
 
@@ -304,6 +313,7 @@ def _needs(name: str, *deps: str) -> Callable[[LoadedConfig], None]:
 # What the reference's own tests check of these configurations.
 MOCK_CHECKS: dict[str, Callable[[LoadedConfig], None]] = {
     "testdata_test-successConfigText": _full_config,
+    "testdata_test-successDeprecatedText": _deprecated_group,
     "testdata_test-successNoProfilesText": _no_profiles,
     "testdata_test-successSchedulerConfigText": _scheduler_config,
     "testdata_test-successWithNoWeightText": _no_weight,
