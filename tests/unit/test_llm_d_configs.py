@@ -248,10 +248,51 @@ def _same_shape(cfg: LoadedConfig, allow_experimental: bool) -> None:
     assert again.feature_gates == cfg.feature_gates
 
 
+def _parsers(*names: str) -> Callable[[LoadedConfig], None]:
+    def check(cfg: LoadedConfig) -> None:
+        assert [p.name for p in cfg.parsers.parsers] == list(names)
+
+    return check
+
+
+def _default_handler(cfg: LoadedConfig) -> None:
+    assert cfg.scheduler.handler.type_name == "single-profile-handler"
+    assert cfg.scheduler.handler is cfg.plugins["single-profile-handler"]
+
+
+def _defaults_injected(cfg: LoadedConfig) -> None:
+    sources = [(s.name, [e.name for e in x]) for s, x in cfg.data_sources]
+    assert sources == [("metrics-data-source", ["core-metrics-extractor"])]
+    # no parser configured: the three defaults, then the passthrough fallback
+    _parsers("openai-parser", "anthropic-parser", "vllmhttp-parser", "passthrough-parser")(cfg)
+    assert cfg.parsers.fallback is cfg.plugins["passthrough-parser"]
+
+
+def _all_defaults(cfg: LoadedConfig) -> None:
+    _default_handler(cfg)
+    _defaults_injected(cfg)
+
+
+# What the reference's own loader tests check of these configurations (no mocks needed).
+LOAD_CHECKS: dict[str, Callable[[LoadedConfig], None]] = {
+    "testdata_test-successParserConfigText": _parsers("openai-parser"),
+    "testdata_test-successParserWithNameConfigText": _parsers("openaiParser"),
+    "testdata_test-successMultipleParsersConfigText": _parsers("openai-parser", "secondParser"),
+    "testdata_test-successExplicitPassthroughConfigText": _parsers("openai-parser", "myFallback"),
+    "testdata_test-successDeprecatedTopLevelParserText": _parsers("openai-parser"),
+    # also the reference's successWithNoParserConfigText and successDataLayerAutoDefaultText (same text)
+    "testdata_test-successWithNoProfileHandlersText": _all_defaults,
+    "testdata_test-successDataLayerNoSourcesText": _defaults_injected,
+}
+
+
 @pytest.mark.parametrize("name", _names("load"))
 def test_config_loads(name: str) -> None:
     cfg = load_config_file(_path(name), environ=NO_ENV, allow_experimental=False)
     _same_shape(cfg, allow_experimental=False)
+    check = LOAD_CHECKS.get(name)
+    if check is not None:
+        check(cfg)
 
 
 def _profile(cfg: LoadedConfig, index: int = 0) -> list[tuple[str, float | None]]:
@@ -338,7 +379,8 @@ def test_config_loads_with_the_reference_test_mocks(name: str, mocks: None) -> N
         check(cfg)
 
 
-def test_every_mock_check_names_a_config_loaded_with_mocks() -> None:
+def test_every_check_names_a_config_of_its_class() -> None:
+    assert set(LOAD_CHECKS) <= set(_names("load"))
     assert set(MOCK_CHECKS) <= set(_names("load-with-mocks"))
 
 
