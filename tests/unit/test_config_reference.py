@@ -1,6 +1,6 @@
-"""The reference's own configurations (tests/data/reference_configs, first line names the source in
-llm-d/llm-d-router) load, or fail, as they do there; and the ``epp check-config`` / ``epp plugins``
-commands around them."""
+"""What the reference's own tests check of some of its configurations (the copies in
+tests/data/llm_d_configs, whose first line names the source in llm-d/llm-d-router); and the
+``epp check-config`` / ``epp plugins`` commands around them."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import json
 import shlex
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -16,9 +16,8 @@ import pytest
 import yaml
 
 from epp.config import ConfigError, LoadedConfig, load_config_file
-from epp.framework import Admitter, registry
 
-REFERENCE = Path(__file__).resolve().parents[1] / "data" / "reference_configs"
+CONFIGS = Path(__file__).resolve().parents[1] / "data" / "llm_d_configs"
 NO_ENV: dict[str, str] = {}
 
 
@@ -72,68 +71,55 @@ def _deprecated_detector(cfg: LoadedConfig) -> None:
 
 
 LOADS: dict[str, Callable[[LoadedConfig], None]] = {
-    "pd-epp-config.yaml": _pd,
-    "probabilistic-admitter-epp-config.yaml": _admitter,
-    "feature-gate-ha-populate-off.yaml": _gate_off("haPopulateNonLeaderDatastore"),
-    "feature-gate-flow-control-off.yaml": _gate_off("flowControl"),
-    "successFlowControlConfigText.yaml": _fc(
+    "pd-epp-config": _pd,
+    "probabilistic-admitter-epp-config": _admitter,
+    "feature_gate_test-ConfigText": _gate_off("haPopulateNonLeaderDatastore"),
+    "feature_gate_test-configText-3": _gate_off("flowControl"),
+    "testdata_test-successFlowControlConfigText": _fc(
         maxBytes="1024", defaultRequestTTL="1m", noEndpointRequestTTL="5m"
     ),
-    "successFlowControlInheritedTTLText.yaml": _fc(defaultRequestTTL="0s", noEndpointRequestTTL="0s"),
-    "successflowControlConfigDisabledText.yaml": _ignored,
-    "successFlowControlConfigNoGatesText.yaml": _ignored,
-    "successFlowControlDisabledSaturationDetectorText.yaml": _not_ignored,
-    "successDataLayerOptOutText.yaml": _no_sources,
-    "successDeprecatedTopLevelSaturationDetectorText.yaml": _deprecated_detector,
+    "testdata_test-successFlowControlInheritedTTLText": _fc(
+        defaultRequestTTL="0s", noEndpointRequestTTL="0s"
+    ),
+    "testdata_test-successflowControlConfigDisabledText": _ignored,
+    "testdata_test-successFlowControlConfigNoGatesText": _ignored,
+    "testdata_test-successFlowControlDisabledSaturationDetectorText": _not_ignored,
+    "testdata_test-successDataLayerOptOutText": _no_sources,
+    "testdata_test-successDeprecatedTopLevelSaturationDetectorText": _deprecated_detector,
 }
 
 FAILS: dict[str, tuple[str, str]] = {
-    "errorUnknownFeatureGateText.yaml": (
+    "testdata_test-errorUnknownFeatureGateText": (
         "featureGates[0]",
         "feature gate 'unknown-gate' is unknown or unregistered",
     ),
-    "errorBadFeatureGateText.yaml": (
+    "testdata_test-errorBadFeatureGateText": (
         "featureGates[0]",
         "qwerty is not a valid value for the feature gate flowControl",
     ),
-    "errorFlowControlMissingPluginText.yaml": (
+    "testdata_test-errorFlowControlMissingPluginText": (
         "flowControl.priorityBands[0].orderingPolicyRef",
         'no ordering policy registered for name "non-existent-policy"',
     ),
 }
 
 
-def test_every_reference_config_is_covered_and_names_its_source() -> None:
-    files = sorted(p.name for p in REFERENCE.glob("*.yaml"))
-    assert files == sorted([*LOADS, *FAILS])
-    for name in files:
-        assert (REFERENCE / name).read_text().startswith("# source: llm-d/llm-d-router ")
+def _path(name: str) -> str:
+    return str(CONFIGS / f"{name}.yaml")
 
 
-class _AdmitterStub(Admitter):
-    """Stands in for ``probabilistic-admitter`` while that type is not part of this tree."""
-
-    type_name = "probabilistic-admitter"
-
-    def admit(self, cycle: Any, request: Any, endpoints: Any) -> None:
-        return None
-
-
-@pytest.fixture
-def external_types() -> Iterator[None]:
-    added = registry.lookup(_AdmitterStub.type_name) is None
-    if added:
-        registry.register(_AdmitterStub)
-    try:
-        yield
-    finally:
-        if added:
-            registry._REGISTRY.pop(_AdmitterStub.type_name, None)
+def test_every_named_config_is_in_the_corpus_with_that_outcome() -> None:
+    expected = yaml.safe_load((CONFIGS / "EXPECTED.yaml").read_text())
+    for name in LOADS:
+        assert expected[name] == "load", name
+    for name, (field_path, _) in FAILS.items():
+        entry = expected[name]
+        assert entry.get("reject", entry.get("reject-with-mocks")) == field_path, name
 
 
 @pytest.mark.parametrize("name", sorted(LOADS))
-def test_reference_config_loads(name: str, external_types: None) -> None:
-    cfg = load_config_file(str(REFERENCE / name), environ=NO_ENV, allow_experimental=False)
+def test_reference_config_loads(name: str) -> None:
+    cfg = load_config_file(_path(name), environ=NO_ENV, allow_experimental=False)
     LOADS[name](cfg)
     again = yaml.safe_load(cfg.effective_yaml())
     assert again["apiVersion"] == "llm-d.ai/v1alpha1"
@@ -143,7 +129,7 @@ def test_reference_config_loads(name: str, external_types: None) -> None:
 def test_reference_error_config_is_rejected(name: str) -> None:
     field_path, reason = FAILS[name]
     with pytest.raises(ConfigError) as info:
-        load_config_file(str(REFERENCE / name), environ=NO_ENV)
+        load_config_file(_path(name), environ=NO_ENV)
     assert info.value.field == field_path
     assert reason in info.value.reason
 

@@ -1,0 +1,458 @@
+"""Every EndpointPickerConfig of the reference (tests/data/llm_d_configs) does in epp what
+EXPECTED.yaml there says: it loads, loads only with experimental plugins allowed, is rejected
+naming a field, or waits for a plugin type epp does not have yet.
+
+The reference's own loader tests register mock plugin types (``test-plugin``, ``test-scorer``...)
+and a ``test-feature-gate``; the ``*-with-mocks`` classes are loaded with equivalents registered
+here, so those configurations load, or are rejected, for the reason the reference tests.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from epp.config import ConfigError, LoadedConfig, load_config, load_config_file
+from epp.config.schema import FEATURE_GATES
+from epp.framework import registry
+from epp.framework.endpoint import Endpoint
+from epp.framework.interfaces import (
+    DataSource,
+    Extractor,
+    Filter,
+    Handle,
+    Picker,
+    Plugin,
+    Profile,
+    ProfileHandler,
+    Scorer,
+)
+from epp.framework.request import LLMRequest
+from epp.framework.results import (
+    CycleState,
+    ProfileRunResult,
+    SchedulingOutcome,
+    ScoredEndpoint,
+)
+
+CONFIGS = Path(__file__).resolve().parents[1] / "data" / "llm_d_configs"
+EXPECTED: dict[str, Any] = yaml.safe_load((CONFIGS / "EXPECTED.yaml").read_text())
+NO_ENV: dict[str, str] = {}
+FLAG = "--allow-experimental-plugins"
+SOURCE_LINE = "# source: llm-d/llm-d-router "
+
+CLASSES = (
+    "load",
+    "experimental",
+    "load-with-mocks",
+    "experimental-with-mocks",
+    "reject",
+    "reject-with-mocks",
+    "later",
+)
+
+
+def _class_of(entry: Any) -> str:
+    if isinstance(entry, str):
+        return entry
+    keys = [k for k in entry if k in CLASSES]
+    assert len(keys) == 1, entry
+    return keys[0]
+
+
+def _names(cls: str) -> list[str]:
+    return sorted(name for name, entry in EXPECTED.items() if _class_of(entry) == cls)
+
+
+def _path(name: str) -> str:
+    return str(CONFIGS / f"{name}.yaml")
+
+
+# --- the reference's test-mock plugin types -----------------------------------------------------------
+
+
+class _MockPlugin(Plugin):
+    """``test-plugin``: a plugin of no particular kind (it sits in a profile without a role)."""
+
+    type_name = "test-plugin"
+
+    @dataclass(slots=True, frozen=True)
+    class Params:
+        threshold: int = 0
+
+
+class _MockScorer(Scorer):
+    type_name = "test-scorer"
+
+    @dataclass(slots=True, frozen=True)
+    class Params:
+        block_size: int = 0
+
+    def score(self, cycle: CycleState, request: LLMRequest, endpoints: list[Endpoint]) -> Sequence[float]:
+        return [0.0] * len(endpoints)
+
+
+class _MockPicker(Picker):
+    type_name = "test-picker"
+
+    def pick(self, cycle: CycleState, request: LLMRequest, scored: list[ScoredEndpoint]) -> ProfileRunResult:
+        raise AssertionError("never scheduled")
+
+
+class _MockOrderFilter(Filter):
+    type_name = "test-order-filter"
+
+    def filter(self, cycle: CycleState, request: LLMRequest, endpoints: list[Endpoint]) -> list[Endpoint]:
+        return endpoints
+
+
+class _MockHandler(ProfileHandler):
+    type_name = "test-profile-handler"
+
+    def pick_profiles(
+        self,
+        cycle: CycleState,
+        request: LLMRequest,
+        profiles: Mapping[str, Profile],
+        results: Any,
+    ) -> Mapping[str, Profile]:
+        return {}
+
+    def process_results(
+        self, cycle: CycleState, request: LLMRequest, results: Mapping[str, ProfileRunResult | None]
+    ) -> SchedulingOutcome:
+        raise AssertionError("never scheduled")
+
+
+def _require(handle: Handle | None, name: str) -> Plugin:
+    dependency = handle.plugin(name) if handle is not None else None
+    if dependency is None:
+        raise ValueError(f"failed to find dependency {name}")
+    return dependency
+
+
+class _MockWithDependencies(_MockHandler):
+    """A profile handler whose parameters name other plugins; it fetches them while being created."""
+
+    type_name = "test-with-dependencies"
+
+    @dataclass(slots=True, frozen=True)
+    class Params:
+        dependency: str = ""
+        pointed_to: str | None = None
+
+    def __init__(self, name: str, params: Any, handle: Handle | None = None) -> None:
+        super().__init__(name, params, handle)
+        self.dependencies = [_require(handle, params.dependency)]
+        if params.pointed_to is not None:
+            self.dependencies.append(_require(handle, params.pointed_to))
+
+
+@dataclass(slots=True, frozen=True)
+class _Nested:
+    dependency: str = ""
+
+
+class _MockWithNestedDependencies(_MockHandler):
+    type_name = "test-with-nested-dependencies"
+
+    @dataclass(slots=True, frozen=True)
+    class Params:
+        nested: _Nested = field(default_factory=_Nested)
+        nested_ptr: _Nested | None = None
+        extras: tuple[str, ...] = ()
+        pointed_to: str | None = None
+
+    def __init__(self, name: str, params: Any, handle: Handle | None = None) -> None:
+        super().__init__(name, params, handle)
+        names = [params.nested.dependency, *params.extras]
+        if params.nested_ptr is not None:
+            names.append(params.nested_ptr.dependency)
+        if params.pointed_to is not None:
+            names.append(params.pointed_to)
+        self.dependencies = [_require(handle, n) for n in names]
+
+
+class _MockSource(DataSource):
+    type_name = "test-source"
+
+
+class _MockExtractor(Extractor):
+    type_name = "test-extractor"
+
+
+class _MockMetricsSource(DataSource):
+    """``mock-metrics-source``: the metrics data source the reference's integration harness injects."""
+
+    type_name = "mock-metrics-source"
+
+
+MOCKS: tuple[type[Plugin], ...] = (
+    _MockPlugin,
+    _MockScorer,
+    _MockPicker,
+    _MockOrderFilter,
+    _MockHandler,
+    _MockWithDependencies,
+    _MockWithNestedDependencies,
+    _MockSource,
+    _MockExtractor,
+    _MockMetricsSource,
+)
+TEST_GATE = "test-feature-gate"
+
+
+@pytest.fixture
+def mocks(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """The reference loader tests' mock types and gate, registered for one test only."""
+    for cls in MOCKS:
+        assert registry.lookup(cls.type_name) is None, f"{cls.type_name} is a real type now"
+    monkeypatch.setitem(FEATURE_GATES, TEST_GATE, True)  # registered on by default, as there
+    for cls in MOCKS:
+        registry.register(cls)
+    try:
+        yield
+    finally:
+        for cls in MOCKS:
+            registry._REGISTRY.pop(cls.type_name, None)
+
+
+# --- the corpus -------------------------------------------------------------------------------------
+
+
+def test_every_config_has_exactly_one_expectation() -> None:
+    files = sorted(p.stem for p in CONFIGS.glob("*.yaml") if p.name != "EXPECTED.yaml")
+    assert files == sorted(EXPECTED)
+    assert not list(CONFIGS.glob("*.yml"))
+    text = (CONFIGS / "EXPECTED.yaml").read_text()
+    keys = [line.split(":", 1)[0] for line in text.splitlines() if line and not line.startswith(("#", " "))]
+    assert len(keys) == len(set(keys)), "a config is listed twice"
+    for name in files:
+        assert Path(_path(name)).read_text().startswith(SOURCE_LINE), name
+        _class_of(EXPECTED[name])
+
+
+def _same_shape(cfg: LoadedConfig, allow_experimental: bool) -> None:
+    """The effective document loads again into the same plugins and profiles."""
+    again = load_config(cfg.effective_yaml(), environ=NO_ENV, allow_experimental=allow_experimental)
+    assert list(again.plugins) == list(cfg.plugins)
+    assert {n: type(p) for n, p in again.plugins.items()} == {n: type(p) for n, p in cfg.plugins.items()}
+    assert list(again.scheduler.profiles) == list(cfg.scheduler.profiles)
+    assert again.feature_gates == cfg.feature_gates
+
+
+def _parsers(*names: str) -> Callable[[LoadedConfig], None]:
+    def check(cfg: LoadedConfig) -> None:
+        assert [p.name for p in cfg.parsers.parsers] == list(names)
+
+    return check
+
+
+def _default_handler(cfg: LoadedConfig) -> None:
+    assert cfg.scheduler.handler.type_name == "single-profile-handler"
+    assert cfg.scheduler.handler is cfg.plugins["single-profile-handler"]
+
+
+def _defaults_injected(cfg: LoadedConfig) -> None:
+    sources = [(s.name, [e.name for e in x]) for s, x in cfg.data_sources]
+    assert sources == [("metrics-data-source", ["core-metrics-extractor"])]
+    # no parser configured: the three defaults, then the passthrough fallback
+    _parsers("openai-parser", "anthropic-parser", "vllmhttp-parser", "passthrough-parser")(cfg)
+    assert cfg.parsers.fallback is cfg.plugins["passthrough-parser"]
+
+
+def _all_defaults(cfg: LoadedConfig) -> None:
+    _default_handler(cfg)
+    _defaults_injected(cfg)
+
+
+# What the reference's own loader tests check of these configurations (no mocks needed).
+LOAD_CHECKS: dict[str, Callable[[LoadedConfig], None]] = {
+    "testdata_test-successParserConfigText": _parsers("openai-parser"),
+    "testdata_test-successParserWithNameConfigText": _parsers("openaiParser"),
+    "testdata_test-successMultipleParsersConfigText": _parsers("openai-parser", "secondParser"),
+    "testdata_test-successExplicitPassthroughConfigText": _parsers("openai-parser", "myFallback"),
+    "testdata_test-successDeprecatedTopLevelParserText": _parsers("openai-parser"),
+    # also the reference's successWithNoParserConfigText and successDataLayerAutoDefaultText (same text)
+    "testdata_test-successWithNoProfileHandlersText": _all_defaults,
+    "testdata_test-successDataLayerNoSourcesText": _defaults_injected,
+}
+
+
+@pytest.mark.parametrize("name", _names("load"))
+def test_config_loads(name: str) -> None:
+    cfg = load_config_file(_path(name), environ=NO_ENV, allow_experimental=False)
+    _same_shape(cfg, allow_experimental=False)
+    check = LOAD_CHECKS.get(name)
+    if check is not None:
+        check(cfg)
+
+
+def _profile(cfg: LoadedConfig, index: int = 0) -> list[tuple[str, float | None]]:
+    profile = yaml.safe_load(cfg.effective_yaml())["schedulingProfiles"][index]
+    return [(p["pluginRef"], p.get("weight")) for p in profile["plugins"]]
+
+
+def _full_config(cfg: LoadedConfig) -> None:
+    assert _profile(cfg) == [("test1", None), ("test-scorer", 50.0), ("testPicker", None)]
+    assert {TEST_GATE, "flowControl"} <= cfg.feature_gates
+    assert cfg.scheduler.handler is cfg.plugins["profileHandler"]
+
+
+def _deprecated_group(cfg: LoadedConfig) -> None:
+    _full_config(cfg)
+    old = "apiVersion 'inference.networking.x-k8s.io/v1alpha1' is deprecated"
+    assert any(w.startswith(old) for w in cfg.warnings)
+
+
+def _no_profiles(cfg: LoadedConfig) -> None:
+    assert TEST_GATE not in cfg.feature_gates and "flowControl" not in cfg.feature_gates
+    assert f"{TEST_GATE}=false" in yaml.safe_load(cfg.effective_yaml())["featureGates"]
+
+
+def _scheduler_config(cfg: LoadedConfig) -> None:
+    assert _profile(cfg) == [("testScorer", 50.0), ("maxScorePicker", None)]  # no second picker
+    assert cfg.saturation_detector is not None  # defaulted
+
+
+def _no_weight(cfg: LoadedConfig) -> None:
+    assert _profile(cfg) == [("testScorer", 1.0), ("max-score-picker", None)]
+
+
+def _picker_first(cfg: LoadedConfig) -> None:
+    assert _profile(cfg) == [("test-picker", None), ("test-scorer", 1.0)]
+
+
+def _filter_order(cfg: LoadedConfig) -> None:
+    refs = [ref for ref, _ in _profile(cfg)]
+    assert refs == ["filter-A", "filter-B", "filter-C", "scorer-X", "scorer-Y", "maxScorePicker"]
+
+
+def _explicit_data_layer(cfg: LoadedConfig) -> None:
+    sources = [(s.name, [e.name for e in x]) for s, x in cfg.data_sources]
+    assert sources == [("testSource", ["testExtractor"]), ("metrics-data-source", ["core-metrics-extractor"])]
+
+
+def _needs(name: str, *deps: str) -> Callable[[LoadedConfig], None]:
+    def check(cfg: LoadedConfig) -> None:
+        plugin = cfg.plugins[name]
+        assert isinstance(plugin, _MockWithDependencies | _MockWithNestedDependencies)
+        assert [id(p) for p in plugin.dependencies] == [
+            id(cfg.plugins[d]) for d in deps
+        ]  # the very instances declared
+
+    return check
+
+
+# What the reference's own tests check of these configurations.
+MOCK_CHECKS: dict[str, Callable[[LoadedConfig], None]] = {
+    "testdata_test-successConfigText": _full_config,
+    "testdata_test-successDeprecatedText": _deprecated_group,
+    "testdata_test-successNoProfilesText": _no_profiles,
+    "testdata_test-successSchedulerConfigText": _scheduler_config,
+    "testdata_test-successWithNoWeightText": _no_weight,
+    "testdata_test-successPickerBeforeScorerText": _picker_first,
+    "testdata_test-successFilterOrderConfigText": _filter_order,
+    "testdata_test-successDataLayerExplicitConfigText": _explicit_data_layer,
+    "testdata_test-pluginsInOrderText": _needs("test-with-dependencies", "test1"),
+    "testdata_test-pluginsOutOfOrderText": _needs("test-with-dependencies", "test1"),
+    "testdata_test-pluginsRefedByPointerText": _needs("test-with-dependencies", "test1", "test2"),
+    "testdata_test-pluginsRefedInNestedingText": _needs(
+        "test-with-nested-dependencies", "test1", "test4", "test3", "test2", "test2"
+    ),
+}
+
+
+@pytest.mark.parametrize("name", _names("load-with-mocks"))
+def test_config_loads_with_the_reference_test_mocks(name: str, mocks: None) -> None:
+    cfg = load_config_file(_path(name), environ=NO_ENV, allow_experimental=False)
+    _same_shape(cfg, allow_experimental=False)
+    check = MOCK_CHECKS.get(name)
+    if check is not None:
+        check(cfg)
+
+
+def test_every_check_names_a_config_of_its_class() -> None:
+    assert set(LOAD_CHECKS) <= set(_names("load"))
+    assert set(MOCK_CHECKS) <= set(_names("load-with-mocks"))
+
+
+@pytest.mark.parametrize("name", _names("experimental-with-mocks"))
+def test_experimental_config_loads_with_the_mocks_only_when_allowed(name: str, mocks: None) -> None:
+    _experimental(name)
+
+
+def test_the_with_mocks_classes_need_the_mocks() -> None:
+    for name in [*_names("load-with-mocks"), *_names("experimental-with-mocks")]:
+        with pytest.raises(ConfigError) as info:
+            load_config_file(_path(name), environ=NO_ENV)
+        missing = [m.type_name for m in MOCKS if f"plugin type '{m.type_name}' is not" in info.value.reason]
+        assert missing or f"'{TEST_GATE}' is unknown" in info.value.reason, (name, info.value)
+
+
+@pytest.mark.parametrize("name", _names("experimental"))
+def test_experimental_config_loads_only_when_allowed(name: str) -> None:
+    _experimental(name)
+
+
+def _experimental(name: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config_file(_path(name), environ=NO_ENV, allow_experimental=False)
+    assert FLAG in info.value.reason and "Alpha stability level" in info.value.reason
+    cfg = load_config_file(_path(name), environ=NO_ENV, allow_experimental=True)
+    _same_shape(cfg, allow_experimental=True)
+
+
+def _check_rejected(name: str) -> None:
+    entry = EXPECTED[name]
+    cls = _class_of(entry)
+    with pytest.raises(ConfigError) as info:
+        load_config_file(_path(name), environ=NO_ENV, allow_experimental=True)
+    assert info.value.field == entry[cls], info.value
+    assert entry["reason"] in info.value.reason, info.value
+    for mock in MOCKS:  # rejected for its own reason, not for a missing mock type
+        assert f"plugin type '{mock.type_name}' is not registered" not in info.value.reason
+
+
+@pytest.mark.parametrize("name", _names("reject"))
+def test_invalid_config_is_rejected_naming_the_field(name: str) -> None:
+    _check_rejected(name)
+
+
+@pytest.mark.parametrize("name", _names("reject-with-mocks"))
+def test_reference_error_config_is_rejected_for_its_reason(name: str, mocks: None) -> None:
+    _check_rejected(name)
+
+
+@pytest.mark.parametrize("name", _names("later"))
+def test_config_waits_for_a_missing_plugin_type(name: str, request: pytest.FixtureRequest) -> None:
+    """When the type is implemented this fails: move the file to ``load`` (or ``experimental``)."""
+    entry = EXPECTED[name]
+    assert entry["for"], name
+    if entry.get("mocks"):
+        request.getfixturevalue("mocks")
+    with pytest.raises(ConfigError) as info:
+        load_config_file(_path(name), environ=NO_ENV, allow_experimental=True)
+    assert f"plugin type '{entry['later']}' is not registered" in info.value.reason, info.value
+
+
+def test_check_config_command_loads_an_experimental_config_when_allowed() -> None:
+    path = _path(_names("experimental")[0])
+    run = [sys.executable, "-m", "epp", "check-config"]
+    refused = subprocess.run([*run, path], capture_output=True, text=True, timeout=60)
+    assert refused.returncode == 2 and FLAG in refused.stderr
+    allowed = subprocess.run([*run, FLAG, path], capture_output=True, text=True, timeout=60)
+    assert allowed.returncode == 0, allowed.stderr
+    assert yaml.safe_load(allowed.stdout)["kind"] == "EndpointPickerConfig"
+
+
+def test_the_mocks_are_gone_after_a_test() -> None:
+    assert all(registry.lookup(cls.type_name) is None for cls in MOCKS)
+    assert TEST_GATE not in FEATURE_GATES
