@@ -1,4 +1,5 @@
-"""Builders for the objects unit tests schedule with: endpoints, metrics, requests, handles, directors.
+"""Builders for the objects unit tests schedule with: endpoints, metrics, requests, handles, directors,
+and configurations from a YAML body (``config`` / ``config_error``).
 
 Every argument has a default, so a test names only what it is about. Metrics built by
 ``known_metrics`` are fresh (known to the metric scorers) until ``fresh_until``, forever by default;
@@ -13,6 +14,9 @@ import random
 from collections.abc import Mapping, Sequence
 from typing import Any, TypedDict, Unpack
 
+import pytest
+
+from epp.config import ConfigError, LoadedConfig, load_config
 from epp.datalayer.objectives import ObjectiveStore
 from epp.datalayer.rewrites import RewriteStore
 from epp.datalayer.store import EndpointStore
@@ -195,3 +199,20 @@ def director(
         rewrites=rewrites,
         rng=rng,
     )
+
+
+CONFIG_HEADER = "apiVersion: llm-d.ai/v1alpha1\nkind: EndpointPickerConfig\n"
+NO_ENV: dict[str, str] = {}
+
+
+def config(body: str, **kw: Any) -> LoadedConfig:
+    """``load_config`` of an ``EndpointPickerConfig`` with ``body`` after its header (no environment)."""
+    kw.setdefault("environ", NO_ENV)
+    return load_config(CONFIG_HEADER + body, **kw)
+
+
+def config_error(body: str, **kw: Any) -> ConfigError:
+    """The ``ConfigError`` that loading ``body`` raises (fails the test if it loads)."""
+    with pytest.raises(ConfigError) as info:
+        config(body, **kw)
+    return info.value

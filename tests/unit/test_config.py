@@ -58,22 +58,10 @@ from epp.framework import (
     registry,
 )
 from epp.framework.params import encode_params
-from tests.unit.factories import endpoint
-
-HEADER = "apiVersion: llm-d.ai/v1alpha1\nkind: EndpointPickerConfig\n"
-NO_ENV: dict[str, str] = {}
-
-
-def load(body: str, **kw: Any) -> LoadedConfig:
-    kw.setdefault("environ", NO_ENV)
-    return load_config(HEADER + body, **kw)
-
-
-def load_error(body: str, **kw: Any) -> ConfigError:
-    with pytest.raises(ConfigError) as info:
-        load(body, **kw)
-    return info.value
-
+from tests.unit.factories import CONFIG_HEADER as HEADER
+from tests.unit.factories import NO_ENV, endpoint
+from tests.unit.factories import config as load
+from tests.unit.factories import config_error as load_error
 
 # --- stub plugins ------------------------------------------------------------------------------------
 

@@ -24,20 +24,9 @@ from epp.framework import (
     registry,
 )
 from epp.plugins.saturation.utilization_detector import UtilizationDetector
-
-HEADER = "apiVersion: llm-d.ai/v1alpha1\nkind: EndpointPickerConfig\n"
-NO_ENV: dict[str, str] = {}
-
-
-def load(body: str, **kw: Any) -> LoadedConfig:
-    kw.setdefault("environ", NO_ENV)
-    return load_config(HEADER + body, **kw)
-
-
-def load_error(body: str, **kw: Any) -> ConfigError:
-    with pytest.raises(ConfigError) as info:
-        load(body, **kw)
-    return info.value
+from tests.unit.factories import NO_ENV
+from tests.unit.factories import config as load
+from tests.unit.factories import config_error as load_error
 
 
 def effective(cfg: LoadedConfig) -> dict[str, Any]:

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import yaml
 
-from epp.config import ConfigError, LoadedConfig, load_config
+from epp.config import LoadedConfig, load_config
 from epp.datalayer.store import EndpointStore
 from epp.framework import ApiKind, ErrorCode, InferenceError, LLMRequest, Parser, RequestBody
 from epp.plugins.parsers._grpc import grpc_frame
@@ -18,9 +18,9 @@ from epp.scheduling.parser_router import ParserRouter
 from epp.server.director import Director
 from tests.unit import factories
 from tests.unit.extproc_harness import body_msg, headers_msg, set_headers, start
+from tests.unit.factories import NO_ENV, config_error
+from tests.unit.factories import config as load
 
-HEADER = "apiVersion: llm-d.ai/v1alpha1\nkind: EndpointPickerConfig\n"
-NO_ENV: dict[str, str] = {}
 PICKER = """
 - name: maxScore
   type: max-score-picker
@@ -31,16 +31,6 @@ schedulingProfiles:
   plugins:
   - pluginRef: maxScore
 """
-
-
-def load(body: str) -> LoadedConfig:
-    return load_config(HEADER + body, environ=NO_ENV)
-
-
-def config_error(body: str) -> ConfigError:
-    with pytest.raises(ConfigError) as info:
-        load(body)
-    return info.value
 
 
 def types(cfg: LoadedConfig) -> list[str]:

@@ -10,10 +10,8 @@ from epp.config import ConfigError, load_config
 from epp.framework import CycleState, Endpoint, Metrics, SaturationDetector
 from epp.framework.durations import parse_go_duration
 from epp.plugins.saturation.utilization_detector import UtilizationDetector, UtilizationDetectorParams
-from tests.unit.factories import endpoint
-
-HEADER = "apiVersion: llm-d.ai/v1alpha1\nkind: EndpointPickerConfig\n"
-NO_ENV: dict[str, str] = {}
+from tests.unit.factories import CONFIG_HEADER as HEADER
+from tests.unit.factories import NO_ENV, endpoint
 
 
 def ep(i: int, queue: int = 0, kv: float = 0.0, age: float | None = 0.0) -> Endpoint:
