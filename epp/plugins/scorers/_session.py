@@ -16,7 +16,17 @@ from dataclasses import dataclass, field
 
 import structlog
 
-from epp.framework import CycleState, Endpoint, LLMRequest, ResponseInfo, SchedulingResult
+from epp.framework import (
+    CycleState,
+    Endpoint,
+    Handle,
+    LLMRequest,
+    PreRequest,
+    ResponseHeaderProcessor,
+    ResponseInfo,
+    SchedulingResult,
+    Stability,
+)
 from epp.framework.wire import SESSION_TOKEN_HEADER
 from epp.plugins.producers.session_id import request_attribute_key
 
@@ -26,6 +36,7 @@ __all__ = [
     "EncodedEndpointHeaderConfig",
     "SessionAffinity",
     "SessionAffinityParams",
+    "SessionAffinityPlugin",
     "SessionIdConfig",
     "SessionIdSource",
     "SessionStore",
@@ -290,3 +301,25 @@ class SessionAffinity:
     def remove_endpoint(self, key: str) -> None:
         if self.store is not None:
             self.store.forget_endpoint(key)
+
+
+class SessionAffinityPlugin(PreRequest, ResponseHeaderProcessor):
+    """What the session-affinity filter and scorer share: parameters, the ``SessionAffinity`` state
+    and its hooks (binding after scheduling, the response header, a departed endpoint)."""
+
+    stability = Stability.ALPHA
+    Params = SessionAffinityParams
+    params: SessionAffinityParams
+
+    def __init__(self, name: str, params: SessionAffinityParams, handle: Handle | None = None) -> None:
+        super().__init__(name, params, handle)
+        self.affinity = SessionAffinity(f"session-affinity:{self.typed_name}", params)
+
+    def pre_request(self, cycle: CycleState, request: LLMRequest, result: SchedulingResult) -> None:
+        self.affinity.pre_request(cycle, request, result)
+
+    def response_header(self, request: LLMRequest, response: ResponseInfo, endpoint: Endpoint | None) -> None:
+        self.affinity.response_header(request, response, endpoint)
+
+    def remove_endpoint(self, key: str) -> None:
+        self.affinity.remove_endpoint(key)
