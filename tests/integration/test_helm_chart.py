@@ -100,21 +100,26 @@ class Variant:
     metrics_token: str = ""  # with --metrics-endpoint-auth: Prometheus's token
 
 
+# The args every InferencePool-mode rendering starts with (the gateway chart's template order).
+_POOL_ARGS = (
+    "--pool-name",
+    RELEASE,
+    "--pool-namespace",
+    NAMESPACE,
+    "--pool-group",
+    "inference.networking.k8s.io",
+    "--zap-encoder",
+    "json",
+    "--config-file",
+    "{config}/default-plugins.yaml",
+)
+
 GATEWAY = Variant(
     "gateway-defaults",
     # llm-d-router-gateway, default values: InferencePool mode, one replica, tracing and the
     # metrics auth flag at their defaults.
     (
-        "--pool-name",
-        RELEASE,
-        "--pool-namespace",
-        NAMESPACE,
-        "--pool-group",
-        "inference.networking.k8s.io",
-        "--zap-encoder",
-        "json",
-        "--config-file",
-        "{config}/default-plugins.yaml",
+        *_POOL_ARGS,
         "--grpc-health-port",
         "9003",
         "--tracing=false",
@@ -130,16 +135,7 @@ GATEWAY_HA_TRACING = Variant(
     # (otelExporterEndpoint set to the test's collector), router.monitoring.prometheus.auth.enabled:
     # false.
     (
-        "--pool-name",
-        RELEASE,
-        "--pool-namespace",
-        NAMESPACE,
-        "--pool-group",
-        "inference.networking.k8s.io",
-        "--zap-encoder",
-        "json",
-        "--config-file",
-        "{config}/default-plugins.yaml",
+        *_POOL_ARGS,
         "--ha-enable-leader-election",
         "--grpc-health-port",
         "9003",
@@ -172,16 +168,7 @@ GATEWAY_METRICS_AUTH = Variant(
     # (the chart's ClusterRole lets the EPP create TokenReviews and SubjectAccessReviews, and the
     # ServiceMonitor scrapes with a service-account token)
     (
-        "--pool-name",
-        RELEASE,
-        "--pool-namespace",
-        NAMESPACE,
-        "--pool-group",
-        "inference.networking.k8s.io",
-        "--zap-encoder",
-        "json",
-        "--config-file",
-        "{config}/default-plugins.yaml",
+        *_POOL_ARGS,
         "--grpc-health-port",
         "9003",
         "--metrics-endpoint-auth=true",
