@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from epp.framework import CycleState, DataProducer, Endpoint, Handle, LLMRequest, register
+from epp.framework.endpoint_attributes import data_key
 
 __all__ = [
     "SESSION_ID_DATA_KEY",
@@ -26,7 +27,7 @@ _COOKIE_HEADER = "cookie"
 def request_attribute_key(attribute: str, producer: str) -> str:
     """The ``LLMRequest.state`` key of a request attribute: ``attribute/producer``, or ``attribute``
     alone when it is producer-agnostic (``producer`` empty, e.g. ``agent-identity``)."""
-    return f"{attribute}/{producer}" if producer else attribute
+    return data_key(attribute, producer) if producer else attribute
 
 
 def cookie_value(header: str, name: str) -> str:

@@ -9,18 +9,15 @@ are keyed ``"<attribute>/<producer>"``, e.g. ``GPUUtilization/dcgm-extractor``.
 from __future__ import annotations
 
 from epp.framework import ConfigError, DataProducer, Endpoint, Handle
+from epp.framework.endpoint_attributes import CORE_METRICS_EXTRACTOR, data_key
 
 __all__ = [
-    "CORE_METRICS_EXTRACTOR",
     "as_number",
-    "attribute_key",
     "check_producer",
     "endpoint_key_or_error",
     "read_scalar",
     "resolve_attribute_key",
 ]
-
-CORE_METRICS_EXTRACTOR = "core-metrics-extractor"
 
 
 def check_producer(handle: Handle | None, field: str, name: str, data_key: str) -> None:
@@ -38,11 +35,6 @@ def check_producer(handle: Handle | None, field: str, name: str, data_key: str) 
         raise ConfigError(field, f"plugin '{name}' ({plugin.type_name}) does not produce {data_key}")
 
 
-def attribute_key(attribute: str, producer: str) -> str:
-    """The ``Endpoint.attributes`` key of an attribute published by ``producer``."""
-    return f"{attribute}/{producer}"
-
-
 def endpoint_key_or_error(attribute: str, producer: str | None) -> str | None:
     """A reason when the attribute cannot be addressed, else None (see ``resolve_attribute_key``)."""
     if producer is None and "/" in attribute:
@@ -57,7 +49,7 @@ def endpoint_key_or_error(attribute: str, producer: str | None) -> str | None:
 
 def resolve_attribute_key(attribute: str, producer: str | None) -> str:
     """The key read for ``attribute``: omitted producer = the core metrics extractor."""
-    return attribute_key(attribute, CORE_METRICS_EXTRACTOR if producer is None else producer)
+    return data_key(attribute, CORE_METRICS_EXTRACTOR if producer is None else producer)
 
 
 def as_number(value: object) -> float | None:
