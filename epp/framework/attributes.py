@@ -6,10 +6,13 @@ Plugins declare the keys they ``produces``/``consumes``, so the loader can creat
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 PREFIX_CACHE_MATCH_INFO_KEY = "PrefixCacheMatchInfoKey"
 INFLIGHT_LOAD_KEY = "InFlightLoadKey"
+TOKENIZED_PROMPT_KEY = "TokenizedPrompt"
+"""Request data (``LLMRequest.body.tokenized``) written by a ``token-producer``: the prompt's token ids."""
 AGENT_IDENTITY_KEY = "agent-identity"
 """Request attribute (``LLMRequest.state``): the agent session identity of a request (a string)."""
 
@@ -25,6 +28,21 @@ class PrefixCacheMatchInfo:
     @property
     def ratio(self) -> float:
         return self.match_blocks / self.total_blocks if self.total_blocks > 0 else 0.0
+
+
+@dataclass(slots=True, frozen=True)
+class TokenizedPrompt:
+    """A request's prompt as token ids, as the model server will see it.
+
+    ``exact``: the ids come from the model's real tokenizer (a local tokenizer file or the model
+    server's render endpoint); False for the estimate backend, whose ids are only stable
+    stand-ins (equal text prefixes give equal id prefixes) and never match an engine's blocks.
+    ``mm_hashes``: per multimodal item, its content hash and placeholder (offset, length) in ids.
+    """
+
+    token_ids: Sequence[int]
+    exact: bool = True
+    mm_hashes: tuple[tuple[str, int, int], ...] = ()
 
 
 @dataclass(slots=True, frozen=True)

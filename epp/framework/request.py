@@ -9,6 +9,7 @@ from typing import Any
 
 import orjson
 
+from epp.framework.attributes import TokenizedPrompt
 from epp.framework.wire import DEFAULT_FAIRNESS_ID, FORWARDED_PATH_HEADER, ORIGINAL_PATH_HEADER
 
 DEFAULT_REQUEST_PATH = "/v1/completions"
@@ -45,6 +46,7 @@ class RequestBody:
     stream: bool = False
     token_ids: list[int] | None = None
     rewritable: bool = True
+    tokenized: TokenizedPrompt | None = None  # set by a token-producer (TOKENIZED_PROMPT_KEY)
     _prompt: str | None = None
 
     @property
