@@ -1,6 +1,9 @@
-"""Open-loop load generator for ``bench/routing.py`` (and the routing-quality integration test).
+"""Load generator for ``bench/routing.py`` (and the routing-quality integration test).
 
-Seeded groups of streaming chat requests sharing a system prompt, Poisson arrivals; per request the
+``--scenario groups`` (open loop): seeded groups of streaming chat requests sharing a system prompt,
+Poisson arrivals. ``--scenario sessions`` (closed loop per session): multi-turn conversations, each
+with its own long system prompt, whose history grows every turn; a session sends its next turn a
+think time after the previous answer, sessions start at Poisson times and interleave. Per request the
 TTFT, output tokens, serving pod and error, as one JSON document on ``--output`` (default stdout).
 """
 
@@ -86,6 +89,65 @@ def plan(
 
 
 @dataclass
+class Session:
+    """One conversation: its start offset and, per turn, the user message and the assistant reply
+    that the next turn carries in its history (planned, so every config sees the same prompts)."""
+
+    index: int
+    at: float
+    system: str
+    turns: list[tuple[str, str]]
+
+
+def plan_sessions(
+    *, sessions: int, turns: int, rate: float, system_chars: int, turn_chars: int, seed: int
+) -> list[Session]:
+    """Multi-turn sessions; the same arguments always give the same conversations."""
+    rng = random.Random(f"sessions-{seed}")
+    out: list[Session] = []
+    at = 0.0
+    for s in range(sessions):
+        system = system_prompt(1000 + s, system_chars, seed)
+        conv = []
+        for t in range(turns):
+            user = f"Turn {t} of session {s} ({rng.getrandbits(48):012x}): " + _text(rng, turn_chars)
+            reply = _text(rng, max(1, turn_chars // 2))
+            conv.append((user, reply))
+        out.append(Session(s, at, system, conv))
+        at += rng.expovariate(rate) if rate > 0 else 0.0
+    return out
+
+
+def _text(rng: random.Random, chars: int) -> str:
+    parts: list[str] = []
+    size = 0
+    while size < chars:
+        parts.append(sentence(rng))
+        size += len(parts[-1]) + 1
+    return " ".join(parts)[:chars]
+
+
+def session_messages(session: Session, turn: int) -> list[dict[str, str]]:
+    """The messages of ``turn``: the system prompt, every earlier turn with its reply, the new question."""
+    messages = [{"role": "system", "content": session.system}]
+    for user, reply in session.turns[:turn]:
+        messages += [{"role": "user", "content": user}, {"role": "assistant", "content": reply}]
+    messages.append({"role": "user", "content": session.turns[turn][0]})
+    return messages
+
+
+def session_body(session: Session, turn: int, *, model: str, max_tokens: int) -> bytes:
+    body = {
+        "model": model,
+        "messages": session_messages(session, turn),
+        "max_tokens": max_tokens,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    return json.dumps(body).encode()
+
+
+@dataclass
 class Record:
     index: int
     group: int
@@ -161,6 +223,40 @@ async def run(url: str, items: list[Planned], *, timeout: float, connections: in
     return {"wall_seconds": wall, "requests": [asdict(r) for r in records]}
 
 
+async def run_sessions(
+    url: str,
+    sessions: list[Session],
+    *,
+    model: str,
+    max_tokens: int,
+    think_time: float,
+    seed: int,
+    timeout: float,
+    connections: int,
+) -> dict[str, Any]:
+    """Run every session's turns in order (each after the previous answer and a think time)."""
+    import aiohttp
+
+    rng = random.Random(f"think-{seed}")
+    thinks = [[rng.expovariate(1 / think_time) if think_time > 0 else 0.0 for _ in s.turns] for s in sessions]
+    connector = aiohttp.TCPConnector(limit=connections, force_close=False)
+    records: list[Record] = []
+    async with aiohttp.ClientSession(connector=connector) as client:
+        t0 = time.perf_counter()
+
+        async def one_session(s: Session) -> None:
+            await asyncio.sleep(max(0.0, t0 + s.at - time.perf_counter()))
+            for turn in range(len(s.turns)):
+                body = session_body(s, turn, model=model, max_tokens=max_tokens)
+                item = Planned(s.index * 1000 + turn, s.index, time.perf_counter() - t0, body)
+                records.append(await _one(client, url + PATH, item, t0, timeout))
+                await asyncio.sleep(thinks[s.index][turn])
+
+        await asyncio.gather(*(one_session(s) for s in sessions))
+        wall = time.perf_counter() - t0
+    return {"wall_seconds": wall, "requests": [asdict(r) for r in records]}
+
+
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     add = parser.add_argument
@@ -175,11 +271,36 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     add("--timeout", type=float, default=120.0, help="per-request timeout in seconds (default 120)")
     add("--connections", type=int, default=512, help="connection pool limit (default 512)")
     add("--output", default="-", help="where to write the JSON result (default stdout)")
+    add("--scenario", choices=("groups", "sessions"), default="groups", help="workload (default groups)")
+    add("--sessions", type=int, default=24, help="sessions scenario: conversations (default 24)")
+    add("--turns", type=int, default=6, help="sessions scenario: turns per conversation (default 6)")
+    add("--turn-chars", type=int, default=2000, help="sessions scenario: user message length (2000)")
+    add("--think-time", type=float, default=1.0, help="sessions scenario: mean think time in s (1.0)")
     return parser.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
+    if args.scenario == "sessions":
+        planned = plan_sessions(
+            sessions=args.sessions,
+            turns=args.turns,
+            rate=args.rate,
+            system_chars=args.prompt_chars,
+            turn_chars=args.turn_chars,
+            seed=args.seed,
+        )
+        coro: Any = run_sessions(
+            args.url.rstrip("/"),
+            planned,
+            model=args.model,
+            max_tokens=args.max_tokens,
+            think_time=args.think_time,
+            seed=args.seed,
+            timeout=args.timeout,
+            connections=args.connections,
+        )
+        return _finish(coro, args.output)
     items = plan(
         requests=args.requests,
         groups=args.groups,
@@ -189,7 +310,12 @@ def main(argv: list[str] | None = None) -> int:
         model=args.model,
         seed=args.seed,
     )
-    coro = run(args.url.rstrip("/"), items, timeout=args.timeout, connections=args.connections)
+    return _finish(
+        run(args.url.rstrip("/"), items, timeout=args.timeout, connections=args.connections), args.output
+    )
+
+
+def _finish(coro: Any, output: str) -> int:
     try:
         import uvloop
 
@@ -197,10 +323,10 @@ def main(argv: list[str] | None = None) -> int:
     except ImportError:  # pragma: no cover - uvloop is a dependency of the test extra
         result = asyncio.run(coro)
     text = json.dumps(result)
-    if args.output == "-":
+    if output == "-":
         print(text)
     else:
-        Path(args.output).write_text(text)
+        Path(output).write_text(text)
     return 0
 
 

@@ -1,7 +1,10 @@
-"""Routing quality: the EPP's default scheduling against (random) round-robin (``make bench-routing``).
+"""Routing quality: the EPP's scheduling configs side by side (``make bench-routing``).
 
 The same seeded workload through Envoy, the EPP and fresh ``epp sim`` servers per config; TTFT,
 throughput and the fleet's prefix-cache hit rate (set-up and figures in docs/benchmarks.md).
+``--scenario groups``: groups sharing a system prompt, default scheduling against (random)
+round-robin. ``--scenario cache-pressure``: interleaved multi-turn sessions whose working set is
+twice what the simulators' KV caches hold; random, approximate and precise prefix-cache routing.
 """
 
 from __future__ import annotations
@@ -37,6 +40,72 @@ ROUND_ROBIN_CONFIG: dict[str, Any] = {
     "schedulingProfiles": [{"name": "default", "plugins": [{"pluginRef": "picker"}]}],
 }
 CONFIGS: dict[str, dict[str, Any] | None] = {ROUND_ROBIN_LABEL: ROUND_ROBIN_CONFIG, "default": None}
+
+# Precise prefix-cache routing: real token ids from the simulators' own tokenizer, the blocks the
+# simulators report in KV events; otherwise the default profile's scorers and weights.
+PRECISE_CONFIG: dict[str, Any] = {
+    "plugins": [
+        {"type": "token-producer", "parameters": {"modelName": MODEL, "local": {"path": ""}}},
+        {
+            "type": "precise-prefix-cache-producer",
+            "parameters": {"tokenProcessorConfig": {"blockSizeTokens": 16}, "speculativeIndexing": True},
+        },
+        {
+            "type": "prefix-cache-scorer",
+            "parameters": {"prefixMatchInfoProducerName": "precise-prefix-cache-producer"},
+        },
+        {"type": "queue-scorer"},
+        {"type": "kv-cache-utilization-scorer"},
+        {"type": "max-score-picker"},
+    ],
+    "schedulingProfiles": [
+        {
+            "name": "default",
+            "plugins": [
+                {"pluginRef": "queue-scorer", "weight": 2},
+                {"pluginRef": "kv-cache-utilization-scorer", "weight": 2},
+                {"pluginRef": "prefix-cache-scorer", "weight": 3},
+                {"pluginRef": "max-score-picker"},
+            ],
+        }
+    ],
+}
+PRESSURE_CONFIGS: dict[str, dict[str, Any] | None] = {
+    "random": ROUND_ROBIN_CONFIG,
+    "approximate": None,
+    "precise": PRECISE_CONFIG,
+}
+SCENARIO_CONFIGS = {"groups": CONFIGS, "cache-pressure": PRESSURE_CONFIGS}
+
+
+def config_for(label: str, scenario: str) -> dict[str, Any] | None:
+    """The EPP config of ``label``; the precise one gets the simulators' tokenizer directory."""
+    config = SCENARIO_CONFIGS[scenario][label]
+    if config is PRECISE_CONFIG:
+        from epp.tokenization import DEFAULT_TOKENIZER_DIR
+
+        config = json.loads(json.dumps(config))
+        config["plugins"][0]["parameters"]["local"]["path"] = str(DEFAULT_TOKENIZER_DIR)
+    return config
+
+
+def working_set_tokens(args: argparse.Namespace) -> int:
+    """Tokens of every session's last turn (its whole history), with the simulators' tokenizer."""
+    from epp.tokenization import DEFAULT_TOKENIZER_DIR, load_tokenizer
+
+    from bench import _loadgen
+
+    tok = load_tokenizer(DEFAULT_TOKENIZER_DIR)
+    sessions = _loadgen.plan_sessions(
+        sessions=args.sessions,
+        turns=args.turns,
+        rate=args.rate,
+        system_chars=args.prompt_tokens * CHARS_PER_TOKEN,
+        turn_chars=args.turn_chars,
+        seed=args.seed,
+    )
+    return sum(len(tok.chat_ids(_loadgen.session_messages(s, args.turns - 1))) for s in sessions)
+
 
 PREFILL_FLAG = "--prefill-time-per-token"
 
@@ -78,6 +147,15 @@ def default_sim_args(help_text: str, *, max_tokens: int) -> list[str]:
         ("--block-size", "16"),
     ]
     return [x for flag, value in flags if has_flag(help_text, flag) for x in (flag, value)]
+
+
+def _replace_flag(argv: list[str], flag: str, value: str) -> list[str]:
+    out = list(argv)
+    if flag in out:
+        out[out.index(flag) + 1] = value
+    else:
+        out += [flag, value]
+    return out
 
 
 def has_flag(help_text: str, flag: str) -> bool:
@@ -122,9 +200,18 @@ def _get(url: str) -> str:
 class Stack(stack.LocalStack):
     """``epp run``'s stack (N sims + ``epp serve`` with ``config`` + Envoy) on free ports."""
 
-    def __init__(self, workdir: Path, sims: int, sim_args: Sequence[str], config: dict[str, Any] | None):
+    def __init__(
+        self,
+        workdir: Path,
+        sims: int,
+        sim_args: Sequence[str],
+        config: dict[str, Any] | None,
+        *,
+        kv_events: bool = False,
+    ):
         opts = stack.StackOptions.on_free_ports(
             sims,
+            kv_events=kv_events,
             model=MODEL,
             sim_args=list(sim_args),
             config=config,
@@ -183,6 +270,20 @@ def percentile(values: Sequence[float], q: float) -> float:
 
 
 def loadgen_argv(url: str, args: argparse.Namespace, output: Path) -> list[str]:
+    scenario: list[str] = []
+    if args.scenario == "cache-pressure":
+        scenario = [
+            "--scenario",
+            "sessions",
+            "--sessions",
+            str(args.sessions),
+            "--turns",
+            str(args.turns),
+            "--turn-chars",
+            str(args.turn_chars),
+            "--think-time",
+            str(args.think_time),
+        ]
     return [
         sys.executable,
         str(LOADGEN),
@@ -204,6 +305,7 @@ def loadgen_argv(url: str, args: argparse.Namespace, output: Path) -> list[str]:
         str(args.seed),
         "--output",
         str(output),
+        *scenario,
     ]
 
 
@@ -232,13 +334,14 @@ def summarize(label: str, data: dict[str, Any], hits: float, queries: float) -> 
 def run_config(
     label: str, config: dict[str, Any] | None, args: argparse.Namespace, sim_args: list[str], workdir: Path
 ) -> Result:
-    with Stack(workdir, args.sims, sim_args, config) as st:
+    kv_events = args.scenario == "cache-pressure"
+    with Stack(workdir, args.sims, sim_args, config, kv_events=kv_events) as st:
         h0, q0 = scrape_cache(st.sim_ports)
         output = workdir / "loadgen.json"
         argv = loadgen_argv(st.url, args, output)
         print(f"  {label}: {shlex.join(argv[1:])}", flush=True)
         t0 = time.monotonic()
-        proc = subprocess.run(argv, check=False, timeout=args.requests / max(args.rate, 0.1) + 300)
+        proc = subprocess.run(argv, check=False, timeout=args.requests / max(args.rate, 0.1) + 600)
         if proc.returncode != 0:
             raise RuntimeError(f"load generator exited with status {proc.returncode}")
         st.alive()
@@ -297,14 +400,37 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     add(
         "--configs",
         nargs="+",
-        default=list(CONFIGS),
-        choices=list(CONFIGS),
-        help="configs to run, in order (default: all)",
+        default=None,
+        choices=sorted({*CONFIGS, *PRESSURE_CONFIGS}),
+        help="configs to run, in order (default: all of the scenario's)",
+    )
+    add(
+        "--scenario", choices=("groups", "cache-pressure"), default="groups", help="workload (default groups)"
+    )
+    add("--sessions", type=int, default=24, help="cache-pressure: conversations (default 24)")
+    add("--turns", type=int, default=6, help="cache-pressure: turns per conversation (default 6)")
+    add("--turn-chars", type=int, default=1600, help="cache-pressure: user message characters (default 1600)")
+    add("--think-time", type=float, default=0.5, help="cache-pressure: mean think time in s (default 0.5)")
+    add(
+        "--cache-fraction",
+        type=float,
+        default=0.5,
+        help="cache-pressure: the fleet's KV cache as a fraction of the working set (default 0.5)",
     )
     add("--keep-logs", action="store_true", help="keep the work directory (logs, configs) on success")
     args = parser.parse_args(argv)
     if min(args.sims, args.groups, args.requests, args.prompt_tokens) < 1 or args.rate <= 0:
         parser.error("--sims, --groups, --requests, --prompt-tokens and --rate must be positive")
+    scenario_configs = SCENARIO_CONFIGS[args.scenario]
+    if args.configs is None:
+        args.configs = list(scenario_configs)
+    unknown = [c for c in args.configs if c not in scenario_configs]
+    if unknown:
+        parser.error(
+            f"--configs: {', '.join(unknown)} not in scenario {args.scenario} ({', '.join(scenario_configs)})"
+        )
+    if args.scenario == "cache-pressure":
+        args.requests = args.sessions * args.turns
     return args
 
 
@@ -313,6 +439,16 @@ def main(argv: list[str] | None = None) -> int:
     help_text = sim_help()
     engine = sim_has_prefix_cache(help_text)
     sim_args = default_sim_args(help_text, max_tokens=args.max_tokens)
+    if args.scenario == "cache-pressure":
+        working_set = working_set_tokens(args)
+        blocks = max(1, int(args.cache_fraction * working_set / args.sims / 16))
+        sim_args = _replace_flag(sim_args, "--kv-cache-size", str(blocks))
+        print(
+            f"cache-pressure: {args.sessions} sessions x {args.turns} turns, "
+            f"working set {working_set} tokens; "
+            f"each of {args.sims} sims caches {blocks} blocks x 16 tokens "
+            f"({args.cache_fraction:g} of the working set over the fleet)"
+        )
     if args.time_scale is not None:
         sim_args += ["--time-scale", str(args.time_scale)]
     sim_args += shlex.split(args.sim_args)
@@ -339,7 +475,8 @@ def main(argv: list[str] | None = None) -> int:
     def run() -> int:
         for label in args.configs:
             safe = re.sub(r"[^a-z0-9]+", "-", label.lower()).strip("-")
-            results.append(run_config(label, CONFIGS[label], args, sim_args, workdir / safe))
+            config = config_for(label, args.scenario)
+            results.append(run_config(label, config, args, sim_args, workdir / safe))
         return 0
 
     return run_in_workdir(

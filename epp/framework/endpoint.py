@@ -10,6 +10,12 @@ from typing import Any
 
 _EMPTY: Mapping[str, Any] = MappingProxyType({})
 
+KV_EVENTS_PORT_LABEL = "epp/kv-events-port"
+"""Endpoint label: the port of the endpoint's KV-events PUB socket, when it is not the configured
+``socketPort`` (+ rank), e.g. several engines on one host."""
+KV_EVENTS_REPLAY_PORT_LABEL = "epp/kv-events-replay-port"
+"""Endpoint label: the port of the endpoint's KV-events replay (ROUTER) socket."""
+
 
 @dataclass(slots=True, frozen=True)
 class EndpointMetadata:

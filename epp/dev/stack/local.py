@@ -8,6 +8,7 @@ benchmarks and the integration tests use the same two classes.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,6 +29,7 @@ from epp.dev.stack.probes import (
     wait_until,
 )
 from epp.dev.stack.supervisor import SIM_MAX_RESTARTS, SIM_RESTART_WINDOW, Child, RestartPolicy, Supervisor
+from epp.framework.endpoint import KV_EVENTS_PORT_LABEL, KV_EVENTS_REPLAY_PORT_LABEL
 
 
 class Stack:
@@ -165,14 +167,19 @@ class StackOptions:
     ready_timeout: float = READY_TIMEOUT
     sim_max_restarts: int = SIM_MAX_RESTARTS
     sim_restart_window: float = SIM_RESTART_WINDOW
+    kv_events_base_port: int = 0  # > 0: sim i publishes KV events on this + 2i, replay on + 2i + 1
 
     @classmethod
-    def on_free_ports(cls, sims: int, **options: Any) -> StackOptions:
-        """Options with every port (Envoy, admin, gRPC, health, metrics, the sims') a free one."""
+    def on_free_ports(cls, sims: int, *, kv_events: bool = False, **options: Any) -> StackOptions:
+        """Options with every port (Envoy, admin, gRPC, health, metrics, the sims', with ``kv_events``
+        the sims' KV-events ports) a free one."""
         port, admin, grpc, health, metrics = free_ports(5)
+        base = free_port_block(3 * sims if kv_events else sims)  # the sims' ports, then the KV-events ones
+        if kv_events:
+            options["kv_events_base_port"] = base + sims
         return cls(
             sims=sims,
-            sim_base_port=free_port_block(sims),
+            sim_base_port=base,
             port=port,
             admin_port=admin,
             grpc_port=grpc,
@@ -189,8 +196,40 @@ class StackOptions:
     def sim_ports(self) -> list[int]:
         return [self.sim_base_port + i for i in range(self.sims)]
 
+    def kv_events_ports(self, sim: int) -> tuple[int, int]:
+        """(PUB port, replay port) of sim ``sim``'s KV events (only when ``kv_events_base_port``)."""
+        base = self.kv_events_base_port + 2 * sim
+        return base, base + 1
+
+    def sim_argv_extra(self, sim: int) -> list[str]:
+        """Sim ``sim``'s flags: ``sim_args`` plus its KV-events publisher when enabled."""
+        if not self.kv_events_base_port:
+            return list(self.sim_args)
+        pub, replay = self.kv_events_ports(sim)
+        kv = {
+            "enable_kv_cache_events": True,
+            "publisher": "zmq",
+            "endpoint": f"tcp://*:{pub}",
+            "replay_endpoint": f"tcp://*:{replay}",
+        }
+        return [*self.sim_args, "--kv-events-config", json.dumps(kv)]
+
+    def endpoint_labels(self) -> dict[str, dict[str, str]]:
+        """Per endpoint name, the labels announcing its KV-events ports to the EPP."""
+        if not self.kv_events_base_port:
+            return {}
+        labels: dict[str, dict[str, str]] = {}
+        for i in range(self.sims):
+            pub, replay = self.kv_events_ports(i)
+            labels[f"sim-{i}"] = {KV_EVENTS_PORT_LABEL: str(pub), KV_EVENTS_REPLAY_PORT_LABEL: str(replay)}
+        return labels
+
     def all_ports(self) -> list[int]:
+        kv = (
+            [p for i in range(self.sims) for p in self.kv_events_ports(i)] if self.kv_events_base_port else []
+        )
         return [
+            *kv,
             *self.sim_ports,
             self.port,
             self.admin_port,
@@ -227,9 +266,11 @@ class LocalStack(Stack):
             raise RuntimeError(f"ports already in use: {', '.join(map(str, busy))}")
         for i, port in enumerate(o.sim_ports):
             self.sims.append(
-                self.start_sim(f"sim-{i}", port, model=o.model, args=o.sim_args, restart=o.sim_restart)
+                self.start_sim(
+                    f"sim-{i}", port, model=o.model, args=o.sim_argv_extra(i), restart=o.sim_restart
+                )
             )
-        write_endpoints(self.endpoints_file, o.sim_ports)
+        write_endpoints(self.endpoints_file, o.sim_ports, labels=o.endpoint_labels())
         self.epp = self.start_epp(
             "epp",
             grpc_port=o.grpc_port,
