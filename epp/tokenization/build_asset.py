@@ -1,10 +1,10 @@
 """Build the tokenizer shipped in the package (``data/epp-bpe-8k``): a byte-level BPE of about 8k
-tokens trained with HF ``tokenizers`` on text available offline (this repository's documentation
-and sources, and the Python standard library's top-level modules), with a ChatML chat template.
+tokens trained with HF ``tokenizers`` on text available offline (the Python standard library's
+top-level modules: code, English docstrings and comments), with a ChatML chat template.
 
 ``python -m epp.tokenization.build_asset [--out DIR]``. Training is deterministic: the corpus is
-read in sorted path order and the trainer breaks ties by token id, so the same corpus gives the
-same files.
+read in sorted path order and the trainer breaks ties by token id, so the same Python version (the
+shipped asset: CPython 3.11.7) gives the same files.
 """
 
 from __future__ import annotations
@@ -22,15 +22,13 @@ from epp.tokenization.chatml import CHATML_TEMPLATE, END, ENDOFTEXT, START
 
 VOCAB_SIZE = 8192
 SPECIAL_TOKENS = (ENDOFTEXT, START, END)
-_REPO = Path(__file__).resolve().parents[2]
 DEFAULT_OUT = Path(__file__).resolve().parent / "data" / "epp-bpe-8k"
 _STDLIB_MAX_BYTES = 6 * 1024 * 1024
 
 
-def corpus_files(repo: Path = _REPO, stdlib: Path | None = None) -> list[Path]:
-    """The training files: the repository's docs and Python sources, then stdlib modules (sorted)."""
-    ours = [*repo.glob("*.md"), *repo.glob("docs/**/*.md"), *repo.glob("epp/**/*.py")]
-    files = sorted(p for p in ours if "data" not in p.relative_to(repo).parts)
+def corpus_files(stdlib: Path | None = None) -> list[Path]:
+    """The training files: the standard library's top-level modules, sorted, up to 6 MiB."""
+    files: list[Path] = []
     std_root = stdlib or Path(sysconfig.get_paths()["stdlib"])
     budget = _STDLIB_MAX_BYTES
     for path in sorted(std_root.glob("*.py")):
