@@ -3,8 +3,8 @@
 Every batch goes out as ``[topic, seq (8 bytes big-endian), msgpack EventBatch]``; ``seq`` starts at 0
 and grows by one per batch. The batch is msgspec's array form ``[ts, events, data_parallel_rank]``;
 events are tagged unions, either positional arrays (``array``: vLLM before its map change) or maps
-keyed by field name with the tag under ``"type"`` (``map``: newer vLLM), trailing or default fields
-omitted as msgspec's ``omit_defaults`` does. The last ``buffer_steps`` batches stay in memory: a
+keyed by field name with the tag under ``"type"`` (``map``: newer vLLM, fields at their default
+omitted as msgspec's ``omit_defaults`` does; arrays carry every field). The last ``buffer_steps`` batches stay in memory: a
 DEALER sending ``[b"", start_seq]`` to the replay socket gets every buffered batch with ``seq >=
 start_seq`` and then the end marker (seq -1). Encoding, sending and replay run on one background
 thread, so publishing from the event loop never blocks. Data-parallel rank ``r`` offsets both ports
@@ -338,6 +338,11 @@ class ZmqEventPublisher:
         """The sequence number the next batch sent will get."""
         return self._sent
 
+    @property
+    def idle(self) -> bool:
+        """Every batch published so far has been sent (or withheld) and buffered."""
+        return self._queue.unfinished_tasks == 0
+
     def close(self, timeout: float = 2.0) -> None:
         """Send what is queued, stop the thread and close the sockets (blocking, up to ``timeout``)."""
         if not self._running:
@@ -361,6 +366,7 @@ class ZmqEventPublisher:
             except queue.Empty:
                 continue
             if pending is None:
+                self._queue.task_done()
                 break
             try:
                 payload = encode_batch(
@@ -379,6 +385,8 @@ class ZmqEventPublisher:
                 self._sent = seq + 1
             except Exception:
                 log.exception("sim.kv_events.publish_failed")
+            finally:
+                self._queue.task_done()
 
     def _serve_replays(self) -> None:
         assert self._replay is not None
