@@ -140,7 +140,9 @@ async def complete(http: aiohttp.ClientSession, url: str, prompt: list[int], **e
 
 
 @asynccontextmanager
-async def running(config: SimConfig) -> AsyncIterator[tuple[SimServer, aiohttp.ClientSession, zmq.asyncio.Context]]:
+async def running(
+    config: SimConfig,
+) -> AsyncIterator[tuple[SimServer, aiohttp.ClientSession, zmq.asyncio.Context]]:
     ctx = zmq.asyncio.Context()
     try:
         async with SimServer(config) as server, aiohttp.ClientSession() as http:
@@ -405,13 +407,13 @@ def test_kv_events_flags_parse_vllm_json_and_reject_bad_fields() -> None:
 
 async def test_drop_hook_errors_are_precise() -> None:
     async with running(sim_config()) as (server, http, _):
-        async with http.post(f"{server.url}/sim/kv-events/drop", params={"count": "0"}) as response:
-            assert response.status == 400
-            assert (await response.json())["error"]["param"] == "count"
+        response = await http.post(f"{server.url}/sim/kv-events/drop", params={"count": "0"})
+        assert response.status == 400
+        assert (await response.json())["error"]["param"] == "count"
     async with running(sim_config(kv_events_config=None)) as (server, http, _):
-        async with http.post(f"{server.url}/sim/kv-events/drop") as response:
-            assert response.status == 409
-            assert "not enabled" in (await response.json())["error"]["message"]
+        response = await http.post(f"{server.url}/sim/kv-events/drop")
+        assert response.status == 409
+        assert "not enabled" in (await response.json())["error"]["message"]
 
 
 async def test_cache_salt_keys_the_first_block_and_is_validated() -> None:

@@ -117,9 +117,11 @@ def extra_keys(block_index: int, lora_name: str | None, cache_salt: str | None) 
 class BlockHasher:
     """Chained block hashes of token ids with one algorithm and one seed (fixed for its lifetime)."""
 
-    __slots__ = ("algorithm", "block_size", "none_hash", "_hash")
+    __slots__ = ("_hash", "algorithm", "block_size", "none_hash")
 
-    def __init__(self, block_size: int, algorithm: str = DEFAULT_HASH_ALGORITHM, seed: str | None = None) -> None:
+    def __init__(
+        self, block_size: int, algorithm: str = DEFAULT_HASH_ALGORITHM, seed: str | None = None
+    ) -> None:
         if block_size < 1:
             raise ValueError("block_size must be >= 1")
         self.block_size = block_size

@@ -184,8 +184,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=_kv_events_config,
         default=d.kv_events_config,
         metavar="JSON",
-        help="vLLM's KV events config, e.g. '{\"enable_kv_cache_events\": true, \"endpoint\": \"tcp://*:5557\","
-        " \"replay_endpoint\": \"tcp://*:5558\"}' (fields: enable_kv_cache_events, publisher, endpoint,"
+        help='vLLM\'s KV events config, e.g. \'{"enable_kv_cache_events": true, "endpoint": "tcp://*:5557",'
+        ' "replay_endpoint": "tcp://*:5558"}\' (fields: enable_kv_cache_events, publisher, endpoint,'
         " replay_endpoint, buffer_steps, hwm, max_queue_size, topic; topic default kv@<pod>@<model>;"
         " rank i: ports + i; default off)",
     )
@@ -193,13 +193,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--kv-events-encoding",
         choices=ENCODINGS,
         default=d.kv_events_encoding,
-        help="KV events as positional arrays (older vLLM) or field-name maps (newer vLLM) (default %(default)s)",
+        help="KV events as positional arrays (older vLLM) or field-name maps (newer vLLM)"
+        " (default %(default)s)",
     )
     add(
         "--kv-events-replay-format",
         choices=REPLAY_FORMATS,
         default=d.kv_events_replay_format,
-        help="replay replies with the topic frame (newer vLLM) or without it (older vLLM) (default %(default)s)",
+        help="replay replies with the topic frame (newer vLLM) or without it (older vLLM)"
+        " (default %(default)s)",
     )
     add(
         "--prefix-caching-hash-algo",

@@ -88,6 +88,7 @@ POD_KEY = web.AppKey("pod", str)
 
 RNG_KEY = web.AppKey("rng", random.Random)
 
+
 @dataclass(slots=True)
 class PublisherSlot:
     """The app's KV-event publisher, set once the server knows its pod name (after binding)."""

@@ -121,7 +121,9 @@ class SimConfig:
             self.prefix_caching_hash_algo in HASH_ALGORITHMS,
             f"prefix_caching_hash_algo must be one of {', '.join(HASH_ALGORITHMS)}",
         )
-        _require(self.kv_events_encoding in ENCODINGS, f"kv_events_encoding must be one of {', '.join(ENCODINGS)}")
+        _require(
+            self.kv_events_encoding in ENCODINGS, f"kv_events_encoding must be one of {', '.join(ENCODINGS)}"
+        )
         _require(
             self.kv_events_replay_format in REPLAY_FORMATS,
             f"kv_events_replay_format must be one of {', '.join(REPLAY_FORMATS)}",

@@ -2,10 +2,10 @@
 
 Every batch goes out as ``[topic, seq (8 bytes big-endian), msgpack EventBatch]``; ``seq`` starts at 0
 and grows by one per batch. The batch is msgspec's array form ``[ts, events, data_parallel_rank]``;
-events are tagged unions, either positional arrays (``array``: vLLM before its map change) or maps
-keyed by field name with the tag under ``"type"`` (``map``: newer vLLM, fields at their default
-omitted as msgspec's ``omit_defaults`` does; arrays carry every field). The last ``buffer_steps`` batches stay in memory: a
-DEALER sending ``[b"", start_seq]`` to the replay socket gets every buffered batch with ``seq >=
+events are tagged unions, either positional arrays (``array``: vLLM before its map change; every
+field present) or maps keyed by field name with the tag under ``"type"`` (``map``: newer vLLM; fields
+at their default omitted, as msgspec's ``omit_defaults`` does). The last ``buffer_steps`` batches stay
+in memory: a DEALER sending ``[b"", start_seq]`` to the replay socket gets every buffered batch with ``seq >=
 start_seq`` and then the end marker (seq -1). Encoding, sending and replay run on one background
 thread, so publishing from the event loop never blocks. Data-parallel rank ``r`` offsets both ports
 by ``r`` and stamps ``data_parallel_rank`` on its batches.
@@ -36,7 +36,8 @@ ENCODINGS = ("array", "map")
 DEFAULT_ENCODING = "map"
 
 REPLAY_FORMATS = ("topic", "legacy")
-"""Replay replies ``[b"", topic, seq, payload]`` (vLLM since it added the topic) or ``[b"", seq, payload]``."""
+"""Replay replies ``[b"", topic, seq, payload]`` (vLLM since it added the topic) or the older
+``[b"", seq, payload]``."""
 
 END_SEQ = (-1).to_bytes(8, "big", signed=True)
 
@@ -230,7 +231,9 @@ def encode_batch(
             )
         elif isinstance(event, AllCleared):
             wire.append(cleared_type())
-    batch = EventBatch(ts=time.time() if ts is None else ts, events=wire, data_parallel_rank=data_parallel_rank)
+    batch = EventBatch(
+        ts=time.time() if ts is None else ts, events=wire, data_parallel_rank=data_parallel_rank
+    )
     return (encoder or msgspec.msgpack.Encoder()).encode(batch)
 
 
@@ -282,7 +285,7 @@ class ZmqEventPublisher:
         self._drop_pending = 0
         self._sent = 0
         self._running = True
-        ctx = zmq.Context.instance()
+        ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
         self._pub = ctx.socket(zmq.PUB)
         self._replay: zmq.Socket[bytes] | None = None
         try:
@@ -306,7 +309,9 @@ class ZmqEventPublisher:
         except Exception:
             self._close_sockets()
             raise
-        self._thread = threading.Thread(target=self._run, daemon=True, name=f"sim-kv-events-{data_parallel_rank}")
+        self._thread = threading.Thread(
+            target=self._run, daemon=True, name=f"sim-kv-events-{data_parallel_rank}"
+        )
         self._thread.start()
 
     # ------------------------------------------------------------------ event-loop side

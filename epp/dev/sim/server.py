@@ -79,7 +79,10 @@ class SimServer:
         self.app[PUBLISHER_KEY].publisher = self.publisher
         self.engine.kv_event_sink = self.publisher.publish
         log.info(
-            "sim.kv_events", endpoint=self.publisher.endpoint, replay=self.publisher.replay_endpoint, topic=topic
+            "sim.kv_events",
+            endpoint=self.publisher.endpoint,
+            replay=self.publisher.replay_endpoint,
+            topic=topic,
         )
 
     async def stop(self) -> None:
