@@ -9,7 +9,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import hashlib
+import json
+import os
 import socket
+import subprocess
+import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -436,3 +440,41 @@ async def test_engine_without_a_sink_discards_events() -> None:
     seq = engine.submit(RequestSpec.of("r", "demo", [f"x{i}" for i in range(8)], 1))
     engine.abort(seq)
     assert engine.kv.take_events() == []  # flushed at every scheduling step, nothing accumulates
+
+
+async def test_the_epp_sim_process_publishes_hashes_seeded_by_pythonhashseed() -> None:
+    """The real ``epp sim`` command: flags from the command line, the seed from the environment."""
+    http_port, pub_port = _consecutive_free_ports(), _consecutive_free_ports()
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONHASHSEED"} | {"PYTHONHASHSEED": "0"}
+    argv = [
+        sys.executable, "-m", "epp", "sim", "--port", str(http_port), "--name", "pod-x",
+        "--block-size", str(BLOCK), "--time-scale", "0", "--max-tokens", "1", "--prefix-caching-hash-algo", "sha256_cbor",
+        "--kv-events-config", json.dumps({"enable_kv_cache_events": True, "endpoint": f"tcp://*:{pub_port}"}),
+    ]  # fmt: skip
+    process = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    ctx = zmq.asyncio.Context()
+    sub = Subscriber(ctx, f"tcp://127.0.0.1:{pub_port}")
+    url = f"http://127.0.0.1:{http_port}"
+    try:
+        async with aiohttp.ClientSession() as http:
+            for _ in range(600):
+                assert process.poll() is None, process.stderr.read() if process.stderr else ""
+                try:
+                    async with http.get(f"{url}/health") as response:
+                        if response.status == 200:
+                            break
+                except aiohttp.ClientError:
+                    pass
+                await asyncio.sleep(0.05)
+            for attempt in range(200):  # until the SUB has joined: each prompt is new, so it publishes
+                await complete(http, url, [attempt * 100 + t for t in range(8)])
+                if await sub.sock.poll(50):
+                    break
+            topic, _, (_, events, rank) = await sub.recv()
+        assert (topic, rank) == (b"kv@pod-x@demo", 0)
+        assert events[0]["block_hashes"] == expected_hashes(events[0]["token_ids"], seed="0")
+    finally:
+        sub.close()
+        ctx.destroy(linger=0)
+        process.terminate()
+        process.wait(timeout=30)
