@@ -448,7 +448,8 @@ async def test_the_epp_sim_process_publishes_hashes_seeded_by_pythonhashseed() -
     env = {k: v for k, v in os.environ.items() if k != "PYTHONHASHSEED"} | {"PYTHONHASHSEED": "0"}
     argv = [
         sys.executable, "-m", "epp", "sim", "--port", str(http_port), "--name", "pod-x",
-        "--block-size", str(BLOCK), "--time-scale", "0", "--max-tokens", "1", "--prefix-caching-hash-algo", "sha256_cbor",
+        "--block-size", str(BLOCK), "--time-scale", "0", "--max-tokens", "1",
+        "--prefix-caching-hash-algo", "sha256_cbor",
         "--kv-events-config", json.dumps({"enable_kv_cache_events": True, "endpoint": f"tcp://*:{pub_port}"}),
     ]  # fmt: skip
     process = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
