@@ -353,7 +353,10 @@ class ZmqEventPublisher:
         if not self._running:
             return
         self._running = False
-        self._queue.put(None)
+        try:
+            self._queue.put(None, timeout=timeout)
+        except queue.Full:
+            log.warning("sim.kv_events.close_timeout", queued=self._queue.qsize())
         self._thread.join(timeout)
         if not self._thread.is_alive():
             self._close_sockets()
