@@ -479,3 +479,17 @@ async def test_the_epp_sim_process_publishes_hashes_seeded_by_pythonhashseed() -
         ctx.destroy(linger=0)
         process.terminate()
         process.wait(timeout=30)
+
+
+async def test_a_busy_kv_events_port_fails_start_up_with_the_endpoint_named() -> None:
+    ctx = zmq.asyncio.Context()
+    holder = ctx.socket(zmq.PUB)
+    port = holder.bind_to_random_port("tcp://*")
+    server = SimServer(sim_config(events={"endpoint": f"tcp://*:{port}"}))
+    try:
+        with pytest.raises(OSError, match=f"KV events socket \\(tcp://\\*:{port}"):
+            await server.start()
+    finally:
+        await server.stop()
+        holder.close(linger=0)
+        ctx.destroy(linger=0)

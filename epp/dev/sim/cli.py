@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import signal
+import sys
 from dataclasses import fields
 
 from epp.dev.sim.block_hash import HASH_ALGORITHMS
@@ -229,8 +230,13 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
 
 
 def main(args: argparse.Namespace) -> int:
-    """Serve until SIGINT or SIGTERM, then shut down cleanly; returns the exit status."""
-    asyncio.run(serve(config_from_args(args)))
+    """Serve until SIGINT or SIGTERM, then shut down cleanly; returns the exit status (1: a port
+    could not be bound)."""
+    try:
+        asyncio.run(serve(config_from_args(args)))
+    except OSError as exc:
+        print(f"epp sim: error: {exc}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -306,6 +306,11 @@ class ZmqEventPublisher:
                 self._replay.setsockopt(zmq.LINGER, 0)
                 self._replay.bind(replay)
                 self.replay_endpoint = self._replay.getsockopt_string(zmq.LAST_ENDPOINT)
+        except zmq.ZMQError as exc:
+            self._close_sockets()
+            raise OSError(
+                f"KV events socket ({config.endpoint}, replay {config.replay_endpoint}): {exc}"
+            ) from None
         except Exception:
             self._close_sockets()
             raise
