@@ -265,7 +265,7 @@ async def test_dropped_batches_leave_a_gap_that_replay_fills_byte_for_byte() -> 
         before = await settled(server)
         async with http.post(f"{server.url}/sim/kv-events/drop", params={"count": "2"}) as response:
             assert response.status == 200
-            assert (await response.json())["dropping"] == 2
+            assert (await response.json())["pending_faults"] == 2
         for index in range(3):  # three new prompts: one BlockStored batch each
             await complete(http, server.url, [50_000 + 100 * index + t for t in range(8)])
         topic, seq, _ = await sub.recv()
@@ -493,3 +493,27 @@ async def test_a_busy_kv_events_port_fails_start_up_with_the_endpoint_named() ->
         await server.stop()
         holder.close(linger=0)
         ctx.destroy(linger=0)
+
+
+async def test_a_corrupted_batch_is_malformed_on_pub_and_whole_in_replay() -> None:
+    async with running(sim_config()) as (server, http, ctx):
+        sub = await synced(ctx, server, http)
+        publisher = server.publisher
+        assert publisher is not None and publisher.replay_endpoint is not None
+        before = await settled(server)
+        async with http.post(f"{server.url}/sim/kv-events/corrupt") as response:
+            assert response.status == 200
+        await complete(http, server.url, list(range(300, 308)))
+        await complete(http, server.url, list(range(400, 408)))
+        assert await sub.sock.poll(RECV_TIMEOUT_MS)
+        _, seq, payload = await sub.sock.recv_multipart()
+        assert int.from_bytes(seq, "big") == before
+        with pytest.raises(msgspec.DecodeError):
+            msgspec.msgpack.decode(payload)
+        _, next_seq, (_, events, _) = await sub.recv()  # the fault hit one batch only
+        assert next_seq == before + 1 and events[0]["type"] == "BlockStored"
+        replies = await replay(ctx, publisher.replay_endpoint, before)
+        replayed = msgspec.msgpack.decode(replies[0][3])
+        assert int.from_bytes(replies[0][2], "big") == before
+        assert replayed[1][0]["type"] == "BlockStored"
+        sub.close()

@@ -37,8 +37,8 @@ def build_app(config: SimConfig) -> web.Application:
     Routes: ``POST /v1/completions`` and ``/v1/chat/completions`` (optionally SSE), ``GET /v1/models``,
     ``/health``, ``/metrics`` (vLLM names), ``POST /reset_prefix_cache``, ``GET``/``DELETE
     /debug/requests`` (the last requests received) and the simulator-only ``GET /sim/kv-events`` and
-    ``POST /sim/kv-events/drop?count=N``. Any other ``POST`` is journaled and answered 404. Every
-    response carries ``x-inference-pod``, ``-namespace`` and ``-port``; errors use the OpenAI shape
+    ``POST /sim/kv-events/drop`` / ``corrupt?count=N``. Any other ``POST`` is journaled and answered
+    404. Every response carries ``x-inference-pod``, ``-namespace`` and ``-port``; errors use the OpenAI shape
     ``{"error": {"message", "type", "param", "code"}}``.
     """
     app = web.Application(middlewares=[error_middleware], client_max_size=MAX_BODY_BYTES)
@@ -64,6 +64,7 @@ def build_app(config: SimConfig) -> web.Application:
     app.router.add_post("/reset_prefix_cache", kv_admin.reset_prefix_cache)
     app.router.add_get("/sim/kv-events", kv_admin.kv_events_state)
     app.router.add_post("/sim/kv-events/drop", kv_admin.drop_kv_events)
+    app.router.add_post("/sim/kv-events/corrupt", kv_admin.corrupt_kv_events)
     app.router.add_post("/{path:.*}", unserved)
     return app
 

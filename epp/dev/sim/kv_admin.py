@@ -1,5 +1,6 @@
 """The simulator's KV-cache admin endpoints: vLLM's ``POST /reset_prefix_cache`` and the
-simulator-only ``/sim/kv-events`` (publisher state) and ``/sim/kv-events/drop`` (a sequence-gap fault)."""
+simulator-only ``/sim/kv-events`` (publisher state), ``/sim/kv-events/drop`` (a sequence gap) and
+``/sim/kv-events/corrupt`` (a malformed message)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from epp.dev.sim.context import ENGINE_KEY, PUBLISHER_KEY
 from epp.dev.sim.kv_events import ZmqEventPublisher
 from epp.dev.sim.openai import OpenAIError, bad_request, json_response
 
-MAX_DROP = 1_000_000
+MAX_FAULTS = 100_000
 
 
 async def reset_prefix_cache(request: web.Request) -> web.Response:
@@ -44,14 +45,27 @@ async def drop_kv_events(request: web.Request) -> web.Response:
     """Simulator-only fault: the next ``count`` batches get sequence numbers and stay in the replay
     buffer but are not sent on PUB, so a subscriber sees a gap."""
     publisher = _publisher(request)
+    pending = publisher.drop_next(_count(request))
+    return json_response({"pending_faults": pending, "next_seq": publisher.next_seq})
+
+
+async def corrupt_kv_events(request: web.Request) -> web.Response:
+    """Simulator-only fault: the next ``count`` batches are sent on PUB with a payload that is not
+    msgpack (their real payload stays in the replay buffer), so a subscriber gets malformed messages."""
+    publisher = _publisher(request)
+    pending = publisher.corrupt_next(_count(request))
+    return json_response({"pending_faults": pending, "next_seq": publisher.next_seq})
+
+
+def _count(request: web.Request) -> int:
     text = request.query.get("count", "1")
     try:
         count = int(text)
     except ValueError:
         raise bad_request(f"count must be an integer, got {text!r}", "count") from None
-    if not 1 <= count <= MAX_DROP:
-        raise bad_request(f"count must be in 1..{MAX_DROP}, got {count}", "count")
-    return json_response({"dropping": publisher.drop_next(count), "next_seq": publisher.next_seq})
+    if not 1 <= count <= MAX_FAULTS:
+        raise bad_request(f"count must be in 1..{MAX_FAULTS}, got {count}", "count")
+    return count
 
 
 def _publisher(request: web.Request) -> ZmqEventPublisher:

@@ -47,6 +47,12 @@ SPEC_KIND_FULL_ATTENTION = "full_attention"
 
 _POLL_SECONDS = 0.05
 
+FAULT_DROP = "drop"
+FAULT_CORRUPT = "corrupt"
+
+CORRUPT_PAYLOAD = b"\xc1not-msgpack"
+"""What a corrupted batch carries on PUB: 0xc1 is the one byte msgpack never uses."""
+
 
 @dataclass(slots=True, frozen=True)
 class KVEventsConfig:
@@ -244,7 +250,7 @@ def encode_batch(
 class _Pending:
     ts: float
     events: list[KVEvent]
-    drop: bool
+    fault: str | None
 
 
 class ZmqEventPublisher:
@@ -252,8 +258,10 @@ class ZmqEventPublisher:
 
     Sockets are bound (or connected) in the constructor, so a bad endpoint fails at start-up; the
     thread owns them afterwards. :meth:`publish` never blocks: a full queue drops the batch (logged
-    and counted in ``queue_overflows``). :meth:`drop_next` is a simulator-only fault: the next batches
-    get sequence numbers and enter the replay buffer but are not sent on PUB, so subscribers see a gap.
+    and counted in ``queue_overflows``). Two simulator-only faults act on the next batches, which get
+    their sequence numbers and enter the replay buffer as usual: :meth:`drop_next` does not send them
+    on PUB (subscribers see a gap), :meth:`corrupt_next` sends ``CORRUPT_PAYLOAD`` instead of their
+    payload (subscribers get a malformed message); replay returns the real batches.
     """
 
     def __init__(
@@ -281,8 +289,8 @@ class ZmqEventPublisher:
         self._replay_format = replay_format
         self._queue: queue.Queue[_Pending | None] = queue.Queue(maxsize=config.max_queue_size)
         self._buffer: deque[tuple[int, bytes]] = deque(maxlen=config.buffer_steps)
-        self._drop_lock = threading.Lock()
-        self._drop_pending = 0
+        self._fault_lock = threading.Lock()
+        self._faults: deque[str] = deque()
         self._sent = 0
         self._running = True
         ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
@@ -325,23 +333,30 @@ class ZmqEventPublisher:
         """Queue one batch (never blocks); it gets the next sequence number when the thread sends it."""
         if not self._running or not events:
             return
-        drop = False
-        if self._drop_pending:
-            with self._drop_lock:
-                if self._drop_pending:
-                    self._drop_pending -= 1
-                    drop = True
+        fault = None
+        if self._faults:
+            with self._fault_lock:
+                if self._faults:
+                    fault = self._faults.popleft()
         try:
-            self._queue.put_nowait(_Pending(time.time(), events, drop))
+            self._queue.put_nowait(_Pending(time.time(), events, fault))
         except queue.Full:
             self.queue_overflows += 1
             log.warning("sim.kv_events.queue_full", dropped_events=len(events))
 
     def drop_next(self, count: int) -> int:
-        """Withhold the next ``count`` batches from PUB (they are still buffered for replay)."""
-        with self._drop_lock:
-            self._drop_pending += count
-            return self._drop_pending
+        """Withhold the next ``count`` batches from PUB (they are still buffered for replay); returns
+        how many batches have a fault pending."""
+        return self._add_faults(FAULT_DROP, count)
+
+    def corrupt_next(self, count: int) -> int:
+        """Send ``CORRUPT_PAYLOAD`` on PUB for the next ``count`` batches (replay has the real ones)."""
+        return self._add_faults(FAULT_CORRUPT, count)
+
+    def _add_faults(self, fault: str, count: int) -> int:
+        with self._fault_lock:
+            self._faults.extend([fault] * count)
+            return len(self._faults)
 
     @property
     def next_seq(self) -> int:
@@ -392,8 +407,10 @@ class ZmqEventPublisher:
                     encoder=encoder,
                 )
                 seq = next(seqs)
-                if not pending.drop:
+                if pending.fault is None:
                     self._pub.send_multipart((self._topic, seq.to_bytes(8, "big"), payload))
+                elif pending.fault == FAULT_CORRUPT:
+                    self._pub.send_multipart((self._topic, seq.to_bytes(8, "big"), CORRUPT_PAYLOAD))
                 self._buffer.append((seq, payload))
                 self._sent = seq + 1
             except Exception:
