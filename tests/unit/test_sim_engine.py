@@ -18,7 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from epp.dev.sim.cli import add_arguments, config_from_args
 from epp.dev.sim.engine import Engine, RequestSpec, SeqState, Sequence, SimConfig
-from epp.dev.sim.kvcache import KVCache, block_hashes, hash_seed
+from epp.dev.sim.kvcache import KVCache, PromptBlocks
 from epp.dev.sim.latency import LatencyModel
 from epp.dev.sim.lora import LoraSlots
 from epp.dev.sim.openai import parse_request
@@ -71,22 +71,16 @@ def test_tokens_are_four_characters_and_chat_adds_overhead() -> None:
 # --------------------------------------------------------------------------- KV cache
 
 
-def test_block_hashes_are_chained_and_seeded() -> None:
-    tokens = text_tokens("a" * 40)  # 10 tokens: 2 full blocks of 4, one partial
-    seed = hash_seed("demo")
-    hashes = block_hashes(tokens, 4, seed)
-    assert len(hashes) == 2
-    assert hashes[0] != hashes[1]  # same content, different parent
-    assert block_hashes(tokens, 4, seed) == hashes
-    assert block_hashes(tokens, 4, hash_seed("other")) != hashes
-    changed = block_hashes(["zzzz", *tokens[1:]], 4, seed)
-    assert changed[0] != hashes[0] and changed[1] != hashes[1]  # the chain carries the difference
+def blocks(cache: KVCache, char: str, tokens: int) -> PromptBlocks:
+    """A prompt of ``tokens`` identical token ids (``ord(char)``), hashed by ``cache``."""
+    return cache.prompt_blocks([ord(char)] * tokens)
 
 
 def test_lookup_never_hits_the_last_prompt_token() -> None:
     cache = KVCache(num_blocks=10, block_size=4)
-    hashes = block_hashes(text_tokens("b" * 32), 4, 1)  # 8 tokens, 2 full blocks
-    allocation = cache.allocate(hashes, 8)
+    prompt = blocks(cache, "b", 8)  # 8 tokens, 2 full blocks
+    hashes = prompt.hashes
+    allocation = cache.allocate(prompt, 8)
     assert allocation is not None and allocation.hit_tokens == 0
     cache.free(allocation)
     assert cache.lookup(hashes, 8) == 1  # the second block holds the last token: recomputed
@@ -95,14 +89,14 @@ def test_lookup_never_hits_the_last_prompt_token() -> None:
 
 def test_lru_eviction_frees_the_oldest_cached_blocks() -> None:
     cache = KVCache(num_blocks=4, block_size=4)
-    old = block_hashes(text_tokens("o" * 32), 4, 1)
-    new = block_hashes(text_tokens("n" * 32), 4, 1)
-    for hashes in (old, new):
-        allocation = cache.allocate(hashes, 8)
+    old_blocks, new_blocks = blocks(cache, "o", 8), blocks(cache, "n", 8)
+    old, new = old_blocks.hashes, new_blocks.hashes
+    for prompt in (old_blocks, new_blocks):
+        allocation = cache.allocate(prompt, 8)
         assert allocation is not None
         cache.free(allocation)
     assert cache.evictable_blocks == 4 and cache.usage == 0
-    third = cache.allocate(block_hashes(text_tokens("t" * 16), 4, 1), 4)  # needs one block
+    third = cache.allocate(blocks(cache, "t", 4), 4)  # needs one block
     assert third is not None
     assert not cache.contains(old[1])  # the old request's tail block went first
     assert cache.contains(old[0]) and cache.contains(new[0]) and cache.contains(new[1])
@@ -110,17 +104,17 @@ def test_lru_eviction_frees_the_oldest_cached_blocks() -> None:
 
 def test_running_blocks_are_never_evicted() -> None:
     cache = KVCache(num_blocks=4, block_size=4)
-    running_hashes = block_hashes(text_tokens("r" * 32), 4, 1)
-    running = cache.allocate(running_hashes, 8)
-    finished = cache.allocate(block_hashes(text_tokens("f" * 32), 4, 1), 8)
+    running_blocks = blocks(cache, "r", 8)
+    running = cache.allocate(running_blocks, 8)
+    finished = cache.allocate(blocks(cache, "f", 8), 8)
     assert running is not None and finished is not None
-    assert cache.allocate(block_hashes(text_tokens("x" * 4), 4, 1), 1) is None  # full: it must wait
+    assert cache.allocate(blocks(cache, "x", 1), 1) is None  # full: it must wait
     cache.free(finished)
-    big = cache.allocate(block_hashes(text_tokens("g" * 32), 4, 1), 8)
+    big = cache.allocate(blocks(cache, "g", 8), 8)
     assert big is not None
-    assert all(cache.contains(h) for h in running_hashes)
+    assert all(cache.contains(h) for h in running_blocks.hashes)
     assert cache.pinned_blocks == 4 and cache.usage == 1.0
-    assert cache.allocate(block_hashes(text_tokens("y" * 4), 4, 1), 1) is None
+    assert cache.allocate(blocks(cache, "y", 1), 1) is None
 
 
 # --------------------------------------------------------------------------- prefix caching in the engine

@@ -1,9 +1,11 @@
 """``epp sim``: an OpenAI-compatible simulated vLLM server for tests, load experiments and local demos.
 
-``engine`` models the engine (with ``kvcache``, ``latency``, ``lora`` and the stand-in tokenizer
-``tokens``) without HTTP. The HTTP side: ``openai`` (wire format), ``inference`` (the ``/v1``
-endpoints), ``metrics`` (``/metrics``), ``context`` (what the handlers share), ``app`` (routes) and
-``server`` (serving it); ``cli`` holds the flags and the entry point.
+``engine`` models the engine (with ``kvcache``, its vLLM block hashes ``block_hash``, ``latency``,
+``lora`` and the stand-in tokenizer ``tokens``) without HTTP; ``kv_events`` publishes vLLM's KV-cache
+events over ZMQ. The HTTP side: ``openai`` (wire format), ``inference`` (the ``/v1`` endpoints),
+``metrics`` (``/metrics``), ``kv_admin`` (``/reset_prefix_cache`` and the ``/sim/kv-events`` hooks),
+``context`` (what the handlers share), ``app`` (routes) and ``server`` (serving it); ``cli`` holds the
+flags and the entry point.
 """
 
 from epp.dev.sim.app import build_app

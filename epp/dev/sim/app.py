@@ -9,15 +9,17 @@ from collections.abc import Awaitable, Callable
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
-from epp.dev.sim import inference
+from epp.dev.sim import inference, kv_admin
 from epp.dev.sim.context import (
     CONFIG_KEY,
     CREATED_KEY,
     ENGINE_KEY,
     JOURNAL_KEY,
     POD_KEY,
+    PUBLISHER_KEY,
     REGISTRY_KEY,
     RNG_KEY,
+    PublisherSlot,
     RequestJournal,
     add_identity_headers,
 )
@@ -33,9 +35,10 @@ def build_app(config: SimConfig) -> web.Application:
     """A fresh simulator app with its own engine, journal and metrics registry.
 
     Routes: ``POST /v1/completions`` and ``/v1/chat/completions`` (optionally SSE), ``GET /v1/models``,
-    ``/health``, ``/metrics`` (vLLM names) and ``GET``/``DELETE /debug/requests`` (the last requests
-    received). Any other ``POST`` is journaled and answered 404. Every response carries
-    ``x-inference-pod``, ``-namespace`` and ``-port``; errors use the OpenAI shape
+    ``/health``, ``/metrics`` (vLLM names), ``POST /reset_prefix_cache``, ``GET``/``DELETE
+    /debug/requests`` (the last requests received) and the simulator-only ``GET /sim/kv-events`` and
+    ``POST /sim/kv-events/drop`` / ``corrupt?count=N``. Any other ``POST`` is journaled and answered
+    404. Every response carries ``x-inference-pod``, ``-namespace`` and ``-port``; errors use the OpenAI shape
     ``{"error": {"message", "type", "param", "code"}}``.
     """
     app = web.Application(middlewares=[error_middleware], client_max_size=MAX_BODY_BYTES)
@@ -48,6 +51,7 @@ def build_app(config: SimConfig) -> web.Application:
     app[REGISTRY_KEY] = registry
     app[CREATED_KEY] = int(time.time())
     app[RNG_KEY] = random.Random(config.seed)
+    app[PUBLISHER_KEY] = PublisherSlot()
     app.on_response_prepare.append(add_identity_headers)
     app.router.add_post("/v1/completions", inference.completions)
     app.router.add_post("/v1/chat/completions", inference.chat_completions)
@@ -57,6 +61,10 @@ def build_app(config: SimConfig) -> web.Application:
         app.router.add_get("/metrics", metrics)
     app.router.add_get("/debug/requests", debug_requests)
     app.router.add_delete("/debug/requests", clear_debug_requests)
+    app.router.add_post("/reset_prefix_cache", kv_admin.reset_prefix_cache)
+    app.router.add_get("/sim/kv-events", kv_admin.kv_events_state)
+    app.router.add_post("/sim/kv-events/drop", kv_admin.drop_kv_events)
+    app.router.add_post("/sim/kv-events/corrupt", kv_admin.corrupt_kv_events)
     app.router.add_post("/{path:.*}", unserved)
     return app
 

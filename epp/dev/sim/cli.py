@@ -5,9 +5,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import signal
+import sys
 from dataclasses import fields
 
+from epp.dev.sim.block_hash import HASH_ALGORITHMS
 from epp.dev.sim.engine import FAILURE_TYPES, METRICS_FAULTS, ROLES, SimConfig
+from epp.dev.sim.kv_events import ENCODINGS, REPLAY_FORMATS, KVEventsConfig
 from epp.dev.sim.server import SimCluster
 
 _DEFAULTS = SimConfig()
@@ -177,6 +180,36 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="N",
         help="independent engines (ranks) on consecutive ports from --port (default %(default)s)",
     )
+    add(
+        "--kv-events-config",
+        type=_kv_events_config,
+        default=d.kv_events_config,
+        metavar="JSON",
+        help='vLLM\'s KV events config, e.g. \'{"enable_kv_cache_events": true, "endpoint": "tcp://*:5557",'
+        ' "replay_endpoint": "tcp://*:5558"}\' (fields: enable_kv_cache_events, publisher, endpoint,'
+        " replay_endpoint, buffer_steps, hwm, max_queue_size, topic; topic default kv@<pod>@<model>;"
+        " rank i: ports + i; default off)",
+    )
+    add(
+        "--kv-events-encoding",
+        choices=ENCODINGS,
+        default=d.kv_events_encoding,
+        help="KV events as positional arrays (older vLLM) or field-name maps (newer vLLM)"
+        " (default %(default)s)",
+    )
+    add(
+        "--kv-events-replay-format",
+        choices=REPLAY_FORMATS,
+        default=d.kv_events_replay_format,
+        help="replay replies with the topic frame (newer vLLM) or without it (older vLLM)"
+        " (default %(default)s)",
+    )
+    add(
+        "--prefix-caching-hash-algo",
+        choices=HASH_ALGORITHMS,
+        default=d.prefix_caching_hash_algo,
+        help="vLLM's block hash; seeded from PYTHONHASHSEED (random when unset) (default %(default)s)",
+    )
     add("--seed", type=int, default=d.seed, help="random seed for jitter and failure injection")
     add(
         "--time-scale",
@@ -197,8 +230,13 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
 
 
 def main(args: argparse.Namespace) -> int:
-    """Serve until SIGINT or SIGTERM, then shut down cleanly; returns the exit status."""
-    asyncio.run(serve(config_from_args(args)))
+    """Serve until SIGINT or SIGTERM, then shut down cleanly; returns the exit status (1: a port
+    could not be bound)."""
+    try:
+        asyncio.run(serve(config_from_args(args)))
+    except OSError as exc:
+        print(f"epp sim: error: {exc}", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -224,6 +262,13 @@ def _install_signal_handlers(loop: asyncio.AbstractEventLoop, stop: asyncio.Even
             continue
         installed.append(sig)
     return installed
+
+
+def _kv_events_config(text: str) -> KVEventsConfig:
+    try:
+        return KVEventsConfig.from_json(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _positive_int(text: str) -> int:

@@ -12,6 +12,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from epp.dev.sim.engine import Engine, SimConfig
+from epp.dev.sim.kv_events import ZmqEventPublisher
 
 JOURNAL_SIZE = 100
 
@@ -86,3 +87,13 @@ CREATED_KEY = web.AppKey("created", int)
 POD_KEY = web.AppKey("pod", str)
 
 RNG_KEY = web.AppKey("rng", random.Random)
+
+
+@dataclass(slots=True)
+class PublisherSlot:
+    """The app's KV-event publisher, set once the server knows its pod name (after binding)."""
+
+    publisher: ZmqEventPublisher | None = None
+
+
+PUBLISHER_KEY = web.AppKey("kv_events_publisher", PublisherSlot)

@@ -5,13 +5,17 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import enum
+import functools
+import hashlib
 import random
 import time
 from collections import deque
-from collections.abc import AsyncGenerator, Iterable
+from collections.abc import AsyncGenerator, Callable, Iterable
 from dataclasses import dataclass, field
 
-from epp.dev.sim.kvcache import Allocation, KVCache, block_hashes, hash_seed
+from epp.dev.sim.block_hash import DEFAULT_HASH_ALGORITHM, HASH_ALGORITHMS, BlockHasher, seed_from_env
+from epp.dev.sim.kv_events import DEFAULT_ENCODING, ENCODINGS, REPLAY_FORMATS, KVEventsConfig
+from epp.dev.sim.kvcache import Allocation, KVCache, KVEvent, PromptBlocks
 from epp.dev.sim.latency import ITL_BUCKETS, QUEUE_TIME_BUCKETS, TTFT_BUCKETS, Histogram, LatencyModel
 from epp.dev.sim.lora import LoraSlots
 from epp.dev.sim.tokens import CHARS_PER_TOKEN as CHARS_PER_TOKEN
@@ -66,8 +70,16 @@ class SimConfig:
     dcgm_port: int = 0  # > 0: a DCGM-exporter-like GPU page on this port
     role: str = "both"
     data_parallel_size: int = 1
+    data_parallel_rank: int = 0
     seed: int | None = None
     time_scale: float = 1.0
+    kv_events_config: KVEventsConfig | None = None
+    """vLLM's ``--kv-events-config``; ``None`` or not enabled: no KV events."""
+    kv_events_encoding: str = DEFAULT_ENCODING
+    kv_events_replay_format: str = "topic"
+    prefix_caching_hash_algo: str = DEFAULT_HASH_ALGORITHM
+    hash_seed: str | None = field(default_factory=seed_from_env)
+    """vLLM's block-hash seed (``PYTHONHASHSEED``); ``None``: a random seed per engine."""
 
     def __post_init__(self) -> None:
         self.served_model_names = tuple(self.served_model_names)
@@ -104,6 +116,23 @@ class SimConfig:
         clash = set(self.lora_modules) & set(self.model_names)
         _require(not clash, f"lora_modules must differ from the served model names: {sorted(clash)}")
         _require(self.port + self.data_parallel_size - 1 <= 65535, "data-parallel ports must be <= 65535")
+        _require(self.data_parallel_rank >= 0, "data_parallel_rank must be >= 0")
+        _require(
+            self.prefix_caching_hash_algo in HASH_ALGORITHMS,
+            f"prefix_caching_hash_algo must be one of {', '.join(HASH_ALGORITHMS)}",
+        )
+        _require(
+            self.kv_events_encoding in ENCODINGS, f"kv_events_encoding must be one of {', '.join(ENCODINGS)}"
+        )
+        _require(
+            self.kv_events_replay_format in REPLAY_FORMATS,
+            f"kv_events_replay_format must be one of {', '.join(REPLAY_FORMATS)}",
+        )
+
+    @property
+    def kv_events_enabled(self) -> bool:
+        """The engine publishes vLLM KV events."""
+        return self.kv_events_config is not None and self.kv_events_config.enabled
 
     @property
     def model_names(self) -> tuple[str, ...]:
@@ -159,6 +188,8 @@ class RequestSpec:
     """The prompt's tokens (see :mod:`epp.dev.sim.tokens`); empty means unknown content, never cached."""
     remote_prefill: bool = False
     """The KV of the prompt comes from a remote prefill worker: no local prefill cost."""
+    cache_salt: str | None = None
+    """vLLM's ``cache_salt``: an extra key of the first block's hash (so the whole chain)."""
 
     @classmethod
     def of(
@@ -169,10 +200,11 @@ class RequestSpec:
         max_tokens: int | None = None,
         *,
         remote_prefill: bool = False,
+        cache_salt: str | None = None,
     ) -> RequestSpec:
         """A spec whose prompt content is known (so prefix caching applies)."""
         tokens = tuple(prompt)
-        return cls(request_id, model, len(tokens), max_tokens, tokens, remote_prefill)
+        return cls(request_id, model, len(tokens), max_tokens, tokens, remote_prefill, cache_salt)
 
 
 @dataclass(slots=True, eq=False)
@@ -183,7 +215,7 @@ class Sequence:
     output_tokens: int
     finish_reason: str
     lora: str | None = None
-    block_hashes: list[int] = field(default_factory=list, repr=False)
+    blocks: PromptBlocks = field(default_factory=PromptBlocks, repr=False)
     state: SeqState = SeqState.WAITING
     generated_tokens: int = 0
     cached_tokens: int = 0
@@ -265,7 +297,14 @@ class Engine:
 
     def __init__(self, config: SimConfig) -> None:
         self.config = config
-        self.kv = KVCache(config.kv_cache_size, config.block_size)
+        self.kv = KVCache(
+            config.kv_cache_size,
+            config.block_size,
+            BlockHasher(config.block_size, config.prefix_caching_hash_algo, config.hash_seed),
+            record_events=config.kv_events_enabled,
+        )
+        self.kv_event_sink: Callable[[list[KVEvent]], None] | None = None
+        """Receives each scheduling step's KV events (the publisher's ``publish``)."""
         self.loras = LoraSlots(config.max_loras)
         self.latency = LatencyModel(
             time_to_first_token=config.time_to_first_token,
@@ -292,8 +331,11 @@ class Engine:
             output_tokens=self._output_tokens(spec),
             finish_reason=_finish_reason(spec),
             lora=lora,
-            block_hashes=block_hashes(
-                spec.prompt, self.config.block_size, hash_seed(lora or self.config.model)
+            blocks=self.kv.prompt_blocks(
+                _stand_in_ids(spec.prompt),
+                lora_name=lora,
+                lora_id=self.config.lora_modules.index(lora) + 1 if lora is not None else None,
+                cache_salt=spec.cache_salt,
             ),
         )
         loop = asyncio.get_running_loop()
@@ -328,6 +370,7 @@ class Engine:
                 self._counters.generation_tokens += 1
                 if seq.allocation is not None:
                     self.kv.grow(seq.allocation, seq.spec.prompt_tokens + seq.generated_tokens)
+                    self._flush_kv_events()
                 final = index == seq.output_tokens - 1
                 yield Token(
                     index=index, text=token_text(index), finish_reason=seq.finish_reason if final else None
@@ -339,6 +382,20 @@ class Engine:
     def abort(self, seq: Sequence) -> None:
         """Release the queue place or running slot of a request; a no-op once it has finished."""
         self._release(seq)
+
+    def reset_prefix_cache(self) -> bool:
+        """vLLM's ``/reset_prefix_cache``: forget every cached block, refused while requests hold blocks."""
+        reset = self.kv.reset()
+        self._flush_kv_events()
+        return reset
+
+    def _flush_kv_events(self) -> None:
+        """Hand the KV events of this scheduling step to the sink, as one batch."""
+        if not self.kv.record_events:
+            return
+        events = self.kv.take_events()
+        if events and self.kv_event_sink is not None:
+            self.kv_event_sink(events)
 
     def snapshot(self) -> EngineSnapshot:
         """The real current state: queue lengths, KV usage, LoRA adapters and counters."""
@@ -369,16 +426,19 @@ class Engine:
         The queue stops at a request whose prompt does not fit in the KV cache; a request whose LoRA
         adapter cannot be loaded yet is passed over.
         """
-        for seq in list(self._waiting):
-            if len(self._running) >= self.config.max_num_seqs:
-                return
-            if seq.lora is not None and not self.loras.can_acquire(seq.lora, self._busy_adapters()):
-                continue
-            allocation = self.kv.allocate(seq.block_hashes, seq.spec.prompt_tokens)
-            if allocation is None:
-                return
-            loaded = seq.lora is not None and self.loras.acquire(seq.lora, self._busy_adapters())
-            self._start(seq, allocation, lora_loaded=bool(loaded))
+        try:
+            for seq in list(self._waiting):
+                if len(self._running) >= self.config.max_num_seqs:
+                    return
+                if seq.lora is not None and not self.loras.can_acquire(seq.lora, self._busy_adapters()):
+                    continue
+                allocation = self.kv.allocate(seq.blocks, seq.spec.prompt_tokens)
+                if allocation is None:
+                    return
+                loaded = seq.lora is not None and self.loras.acquire(seq.lora, self._busy_adapters())
+                self._start(seq, allocation, lora_loaded=bool(loaded))
+        finally:
+            self._flush_kv_events()
 
     def _start(self, seq: Sequence, allocation: Allocation, *, lora_loaded: bool) -> None:
         self._waiting.remove(seq)
@@ -417,6 +477,16 @@ class Engine:
         if seq.granted is not None and not seq.granted.done():
             seq.granted.cancel()
         self._schedule()
+
+
+@functools.lru_cache(maxsize=65536)
+def _stand_in_id(token: str) -> int:
+    return int.from_bytes(hashlib.blake2b(token.encode(), digest_size=4).digest(), "big")
+
+
+def _stand_in_ids(prompt: tuple[str, ...]) -> list[int]:
+    """Integer ids for the stand-in tokenizer's string tokens (until the engine gets real token ids)."""
+    return [_stand_in_id(token) for token in prompt]
 
 
 def _adapters(seqs: Iterable[Sequence]) -> tuple[str, ...]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import uuid
+from typing import Any
 
 import structlog
 from aiohttp import web
@@ -42,7 +43,9 @@ async def _inference(request: web.Request, *, chat: bool) -> web.StreamResponse:
     failure = injected_failure(request)
     if failure is not None:
         raise failure
-    parsed = parse_request(decode_body(raw), config, chat=chat)
+    body = decode_body(raw)
+    parsed = parse_request(body, config, chat=chat)
+    cache_salt = _cache_salt(body)
     engine = request.app[ENGINE_KEY]
     completion = Completion(parsed, _request_id(request, chat=chat))
     spec = RequestSpec.of(
@@ -51,6 +54,7 @@ async def _inference(request: web.Request, *, chat: bool) -> web.StreamResponse:
         parsed.prompt,
         parsed.max_tokens,
         remote_prefill=parsed.remote_prefill and config.role != "prefill",
+        cache_salt=cache_salt,
     )
     try:
         seq = engine.submit(spec)
@@ -64,6 +68,16 @@ async def _inference(request: web.Request, *, chat: bool) -> web.StreamResponse:
         return await _respond(engine, seq, completion)
     finally:
         engine.abort(seq)
+
+
+def _cache_salt(body: dict[str, Any]) -> str | None:
+    """vLLM's ``cache_salt``: a non-empty string that keys the prompt's blocks apart, or absent."""
+    salt = body.get("cache_salt")
+    if salt is None:
+        return None
+    if not isinstance(salt, str) or not salt:
+        raise bad_request("Parameter 'cache_salt' must be a non-empty string if provided.", "cache_salt")
+    return salt
 
 
 _FAILURES: dict[str, tuple[int, str, str]] = {

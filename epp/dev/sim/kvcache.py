@@ -1,38 +1,65 @@
-"""A block-level KV cache with vLLM-style automatic prefix caching, for the simulated engine."""
+"""A block-level KV cache with vLLM-style automatic prefix caching, for the simulated engine.
+
+It records vLLM's KV-cache events as they happen (``BlockStored`` when prompt blocks become cached,
+``BlockRemoved`` when a cached block is evicted, ``AllBlocksCleared`` on a prefix-cache reset) for
+the engine to publish; :meth:`KVCache.take_events` hands them over.
+"""
 
 from __future__ import annotations
 
-import hashlib
 import math
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-_SEPARATOR = "\x1f"
+from epp.dev.sim.block_hash import BlockHasher
+
+ExtraKeys = tuple[str, ...] | None
 
 
-def hash_seed(name: str) -> int:
-    """The root of a hash chain: derived from the model or adapter name."""
-    return int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "big")
+@dataclass(slots=True, frozen=True)
+class PromptBlocks:
+    """A prompt's token ids with the hash and extra keys of each of its full blocks."""
+
+    token_ids: Sequence[int] = ()
+    hashes: Sequence[bytes] = ()
+    extra_keys: Sequence[ExtraKeys] = ()
+    lora_name: str | None = None
+    lora_id: int | None = None
 
 
-def block_hashes(tokens: Sequence[str], block_size: int, seed: int) -> list[int]:
-    """Chained hashes of every full block of ``tokens`` (a trailing partial block has none)."""
-    hashes: list[int] = []
-    previous = seed
-    for start in range(0, len(tokens) - block_size + 1, block_size):
-        content = _SEPARATOR.join(tokens[start : start + block_size]).encode()
-        digest = hashlib.sha256(previous.to_bytes(8, "big") + content).digest()
-        previous = int.from_bytes(digest[:8], "big")
-        hashes.append(previous)
-    return hashes
+@dataclass(slots=True, frozen=True)
+class BlocksStored:
+    """Consecutive prompt blocks became cached; ``parent`` is the hash of the block before the first."""
+
+    hashes: list[bytes]
+    parent: bytes | None
+    token_ids: list[int]
+    extra_keys: list[ExtraKeys]
+    lora_name: str | None
+    lora_id: int | None
+
+
+@dataclass(slots=True, frozen=True)
+class BlocksRemoved:
+    """Cached blocks were evicted."""
+
+    hashes: list[bytes]
+
+
+@dataclass(slots=True, frozen=True)
+class AllCleared:
+    """The prefix cache was reset: no block is cached any more."""
+
+
+KVEvent = BlocksStored | BlocksRemoved | AllCleared
 
 
 @dataclass(slots=True, eq=False)
 class Block:
     """One KV block; ``block_hash`` is set for a cached (full prompt) block."""
 
-    block_hash: int | None = None
+    block_hash: bytes | None = None
     ref_count: int = 0
 
 
@@ -48,21 +75,35 @@ class Allocation:
 class KVCache:
     """Blocks, their reference counts and the LRU list of evictable cached blocks.
 
-    Every full prompt block gets a chained hash seeded from the model (or adapter) name. A prompt's
-    longest run of cached blocks from the start is its hit; as in vLLM the last prompt token is
-    always recomputed. Hit blocks are shared, the rest are fresh; blocks of running requests are
-    pinned, and a finished request's hashed blocks stay cached but evictable (tail first, least
-    recently used first). A prompt that cannot get blocks waits; one longer than the whole cache
-    gets the whole cache once nothing else runs. Decode takes blocks while any are free or
-    evictable; there is no preemption.
+    Every full prompt block has vLLM's chained hash (:mod:`epp.dev.sim.block_hash`; the LoRA name and
+    cache salt are extra keys). A prompt's longest run of cached blocks from the start is its hit; as
+    in vLLM the last prompt token is always recomputed. Hit blocks are shared, the rest are fresh;
+    blocks of running requests are pinned, and a finished request's hashed blocks stay cached but
+    evictable (tail first, least recently used first). A prompt that cannot get blocks waits; one
+    longer than the whole cache gets the whole cache once nothing else runs. Decode takes blocks while
+    any are free or evictable; there is no preemption. With ``record_events`` every change of the
+    cached set is recorded as a KV event, so the stored minus the removed hashes are always exactly
+    the cached ones.
     """
 
-    def __init__(self, num_blocks: int, block_size: int) -> None:
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        hasher: BlockHasher | None = None,
+        *,
+        record_events: bool = False,
+    ) -> None:
         self.num_blocks = num_blocks
         self.block_size = block_size
-        self._cached: dict[int, Block] = {}  # every hashed block, pinned or evictable
-        self._evictable: OrderedDict[int, Block] = OrderedDict()  # ref_count == 0, least recent first
+        self.hasher = hasher or BlockHasher(block_size)
+        if self.hasher.block_size != block_size:
+            raise ValueError("the hasher's block size must be the cache's")
+        self.record_events = record_events
+        self._cached: dict[bytes, Block] = {}  # every hashed block, pinned or evictable
+        self._evictable: OrderedDict[bytes, Block] = OrderedDict()  # ref_count == 0, least recent first
         self._pinned = 0  # blocks with ref_count > 0
+        self._events: list[KVEvent] = []
 
     # ------------------------------------------------------------------ inspection
 
@@ -91,14 +132,30 @@ class KVCache:
         """``vllm:kv_cache_usage_perc``: blocks in use by running requests over all blocks."""
         return self._pinned / self.num_blocks
 
-    def contains(self, block_hash: int) -> bool:
+    def contains(self, block_hash: bytes) -> bool:
         return block_hash in self._cached
+
+    def cached_hashes(self) -> set[bytes]:
+        """The hash of every cached block."""
+        return set(self._cached)
 
     def blocks_for(self, tokens: int) -> int:
         """Blocks needed to hold ``tokens`` tokens."""
         return math.ceil(tokens / self.block_size)
 
-    def lookup(self, hashes: Sequence[int], prompt_tokens: int) -> int:
+    def prompt_blocks(
+        self,
+        token_ids: Sequence[int],
+        *,
+        lora_name: str | None = None,
+        lora_id: int | None = None,
+        cache_salt: str | None = None,
+    ) -> PromptBlocks:
+        """A prompt's blocks with their hashes (the LoRA name and cache salt are part of them)."""
+        hashes, keys = self.hasher.hashes(token_ids, lora_name=lora_name, cache_salt=cache_salt)
+        return PromptBlocks(token_ids, hashes, keys, lora_name, lora_id)
+
+    def lookup(self, hashes: Sequence[bytes], prompt_tokens: int) -> int:
         """The number of leading blocks of a prompt that are cached (the last token never hits)."""
         limit = max(0, prompt_tokens - 1) // self.block_size
         hits = 0
@@ -108,10 +165,18 @@ class KVCache:
             hits += 1
         return hits
 
+    # ------------------------------------------------------------------ events
+
+    def take_events(self) -> list[KVEvent]:
+        """The events recorded since the last call, oldest first."""
+        events, self._events = self._events, []
+        return events
+
     # ------------------------------------------------------------------ allocation
 
-    def allocate(self, hashes: Sequence[int], prompt_tokens: int) -> Allocation | None:
+    def allocate(self, prompt: PromptBlocks, prompt_tokens: int) -> Allocation | None:
         """Blocks for a prompt (hit blocks shared, the rest fresh), or ``None`` if they do not fit now."""
+        hashes = prompt.hashes
         needed = min(self.blocks_for(prompt_tokens), self.num_blocks)
         hits = self.lookup(hashes, prompt_tokens)
         hit_blocks = [self._cached[h] for h in hashes[:hits]]
@@ -122,12 +187,16 @@ class KVCache:
         for block in hit_blocks:
             self._pin(block)
             allocation.blocks.append(block)
+        stored: list[int] = []  # indexes of the blocks this allocation adds to the cache
         for index in range(hits, needed):
             block = self._take_free()
             if index < len(hashes) and hashes[index] not in self._cached:
                 block.block_hash = hashes[index]
                 self._cached[hashes[index]] = block
+                stored.append(index)
             allocation.blocks.append(block)
+        if self.record_events and stored:
+            self._record_stored(prompt, stored)
         return allocation
 
     def grow(self, allocation: Allocation, tokens: int) -> None:
@@ -153,6 +222,21 @@ class KVCache:
                 self._evictable[block.block_hash] = block
         allocation.blocks.clear()
 
+    def reset(self) -> bool:
+        """vLLM's prefix-cache reset: forget every cached block, only when no request holds blocks.
+
+        Returns whether it happened (``AllBlocksCleared`` is recorded then).
+        """
+        if self._pinned:
+            return False
+        for block in self._cached.values():
+            block.block_hash = None
+        self._cached.clear()
+        self._evictable.clear()
+        if self.record_events:
+            self._events.append(AllCleared())
+        return True
+
     def _pin(self, block: Block) -> None:
         if block.ref_count == 0:
             self._pinned += 1
@@ -165,6 +249,30 @@ class KVCache:
         if self._pinned + len(self._evictable) >= self.num_blocks:
             evicted_hash, _ = self._evictable.popitem(last=False)
             del self._cached[evicted_hash]
+            if self.record_events:
+                self._events.append(BlocksRemoved([evicted_hash]))
         block = Block()
         self._pin(block)
         return block
+
+    def _record_stored(self, prompt: PromptBlocks, indexes: list[int]) -> None:
+        """One ``BlocksStored`` per run of consecutive newly cached blocks."""
+        run: list[int] = []
+        for index in indexes:
+            if run and index != run[-1] + 1:
+                self._events.append(self._stored(prompt, run))
+                run = []
+            run.append(index)
+        self._events.append(self._stored(prompt, run))
+
+    def _stored(self, prompt: PromptBlocks, run: list[int]) -> BlocksStored:
+        size = self.block_size
+        first, last = run[0], run[-1]
+        return BlocksStored(
+            hashes=[prompt.hashes[i] for i in run],
+            parent=prompt.hashes[first - 1] if first else None,
+            token_ids=list(prompt.token_ids[first * size : (last + 1) * size]),
+            extra_keys=[prompt.extra_keys[i] for i in run],
+            lora_name=prompt.lora_name,
+            lora_id=prompt.lora_id,
+        )

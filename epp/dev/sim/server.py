@@ -3,14 +3,17 @@ data-parallel rank."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 
 import structlog
 from aiohttp import web
 
 from epp.dev.sim.app import build_app, build_side_app
-from epp.dev.sim.context import ENGINE_KEY
+from epp.dev.sim.block_hash import int_hashes_from_env
+from epp.dev.sim.context import ENGINE_KEY, PUBLISHER_KEY
 from epp.dev.sim.engine import Engine, SimConfig
+from epp.dev.sim.kv_events import ZmqEventPublisher
 from epp.dev.sim.metrics import dcgm_metrics, metrics
 
 log = structlog.get_logger("epp.sim")
@@ -29,6 +32,7 @@ class SimServer:
         self.port = config.port
         self._runner: web.AppRunner | None = None
         self._side: list[web.AppRunner] = []
+        self.publisher: ZmqEventPublisher | None = None
 
     @property
     def engine(self) -> Engine:
@@ -45,6 +49,7 @@ class SimServer:
         self._runner = runner
         self.port = _bound_port(runner, self.config.port)
         pod = self.config.pod_name(self.port)
+        self._start_kv_events(pod)
         for side_port, handler in (
             (self.config.metrics_port, metrics),
             (self.config.dcgm_port, dcgm_metrics),
@@ -56,6 +61,30 @@ class SimServer:
                 await web.TCPSite(side, self.config.host, side_port).start()
         log.info("sim.started", url=self.url, pod=self.config.pod_name(self.port), model=self.config.model)
 
+    def _start_kv_events(self, pod: str) -> None:
+        """Start the KV-event publisher (if enabled); its default topic is ``kv@<pod>@<model>``."""
+        events = self.config.kv_events_config
+        if events is None or not events.enabled:
+            return
+        topic = events.topic if events.topic is not None else f"kv@{pod}@{self.config.model}"
+        self.publisher = ZmqEventPublisher(
+            events,
+            topic=topic,
+            block_size=self.config.block_size,
+            data_parallel_rank=self.config.data_parallel_rank,
+            encoding=self.config.kv_events_encoding,
+            int_hashes=int_hashes_from_env(),
+            replay_format=self.config.kv_events_replay_format,
+        )
+        self.app[PUBLISHER_KEY].publisher = self.publisher
+        self.engine.kv_event_sink = self.publisher.publish
+        log.info(
+            "sim.kv_events",
+            endpoint=self.publisher.endpoint,
+            replay=self.publisher.replay_endpoint,
+            topic=topic,
+        )
+
     async def stop(self) -> None:
         for side in self._side:
             await side.cleanup()
@@ -63,6 +92,11 @@ class SimServer:
         if self._runner is not None:
             runner, self._runner = self._runner, None
             await runner.cleanup()
+        if self.publisher is not None:
+            publisher, self.publisher = self.publisher, None
+            self.app[PUBLISHER_KEY].publisher = None
+            self.engine.kv_event_sink = None
+            await asyncio.to_thread(publisher.close)
 
     async def __aenter__(self) -> SimServer:
         await self.start()
@@ -89,6 +123,7 @@ def rank_configs(config: SimConfig) -> list[SimConfig]:
             metrics_port=config.metrics_port + rank if config.metrics_port else 0,
             dcgm_port=config.dcgm_port + rank if config.dcgm_port else 0,
             data_parallel_size=1,
+            data_parallel_rank=rank,
         )
         for rank in range(config.data_parallel_size)
     ]
