@@ -28,7 +28,7 @@ def messages_to_chat(payload: dict[str, Any]) -> dict[str, Any]:
     for m in messages if isinstance(messages, list) else ():
         if not isinstance(m, dict):
             continue
-        role = m.get("role") if isinstance(m.get("role"), str) else ""
+        role = _text(m.get("role"))
         if role == "system":
             text = anthropic_system_text(m.get("content"))
             if text:
@@ -61,7 +61,7 @@ def _append_message(out: list[dict[str, Any]], role: str, content: Any) -> None:
             if url:
                 parts.append({"type": "image_url", "image_url": {"url": url}})
         elif kind == "thinking":
-            reasoning += b.get("thinking") if isinstance(b.get("thinking"), str) else ""
+            reasoning += _text(b.get("thinking"))
         elif kind == "tool_use":
             tool_calls.append(_tool_call(b))
         elif kind == "tool_result":
@@ -91,6 +91,10 @@ def _append_message(out: list[dict[str, Any]], role: str, content: Any) -> None:
     out.append(msg)
 
 
+def _text(v: Any) -> str:
+    return v if isinstance(v, str) else ""
+
+
 def _tool_call(b: dict[str, Any]) -> dict[str, Any]:
     args = b.get("input")
     return {
@@ -110,7 +114,11 @@ def _tools(tools: Any) -> list[dict[str, Any]]:
             "name": t.get("name", ""),
             "parameters": schema if schema is not None else {"type": "object"},
         }
-        for src, dst in (("description", "description"), ("strict", "strict"), ("defer_loading", "defer_loading")):
+        for src, dst in (
+            ("description", "description"),
+            ("strict", "strict"),
+            ("defer_loading", "defer_loading"),
+        ):
             if t.get(src) not in (None, ""):
                 fn[dst] = t[src]
         out.append({"type": "function", "function": fn})

@@ -172,9 +172,7 @@ class RenderClient:
             result = await self._post(path, body, self.mm_timeout if multimodal else self.timeout)
         except RenderError as e:
             RENDER_FAILURES.labels(self._plugin, e.reason).value += 1
-            self._log.warn(
-                "token-producer render failed", plugin=self._plugin, reason=e.reason, error=str(e)
-            )
+            self._log.warn("token-producer render failed", plugin=self._plugin, reason=e.reason, error=str(e))
         finally:
             del self._inflight[key]
             if not fut.done():

@@ -69,9 +69,9 @@ class DynamicFactor:
 @dataclass(slots=True, frozen=True)
 class ImageEstimate:
     mode: str = ""
-    default_resolution: None | Resolution = None
-    static: None | ImageStatic = None
-    dynamic: None | DynamicFactor = None
+    default_resolution: Resolution | None = None
+    static: ImageStatic | None = None
+    dynamic: DynamicFactor | None = None
 
     def validate(self) -> str | None:
         if self.mode not in ("", IMAGE_MODE_DYNAMIC, IMAGE_MODE_STATIC):
@@ -87,8 +87,8 @@ class TokensPerFrameStatic:
 @dataclass(slots=True, frozen=True)
 class TokensPerFrame:
     mode: str = ""
-    static: None | TokensPerFrameStatic = None
-    dynamic: None | DynamicFactor = None
+    static: TokensPerFrameStatic | None = None
+    dynamic: DynamicFactor | None = None
 
     def validate(self) -> str | None:
         if self.mode not in ("", IMAGE_MODE_DYNAMIC, IMAGE_MODE_STATIC):
@@ -113,8 +113,8 @@ class Frames:
     mode: str = ""
     min_frames: int = 0
     max_frames: int = 0
-    sampled: None | FramesSampled = None
-    strided: None | FramesStrided = None
+    sampled: FramesSampled | None = None
+    strided: FramesStrided | None = None
 
     def validate(self) -> str | None:
         if self.mode not in ("", FRAMES_MODE_SAMPLED, FRAMES_MODE_STRIDED):
@@ -124,10 +124,10 @@ class Frames:
 
 @dataclass(slots=True, frozen=True)
 class VideoEstimate:
-    default_resolution: None | Resolution = None
+    default_resolution: Resolution | None = None
     default_duration: float = 0.0
-    tokens_per_frame: None | TokensPerFrame = None
-    frames: None | Frames = None
+    tokens_per_frame: TokensPerFrame | None = None
+    frames: Frames | None = None
     max_video_tokens: int = 0
 
 
@@ -135,8 +135,8 @@ class VideoEstimate:
 class EstimateParams:
     """``estimate``: multimodal placeholder estimation; empty uses the built-in defaults."""
 
-    image: None | ImageEstimate = None
-    video: None | VideoEstimate = None
+    image: ImageEstimate | None = None
+    video: VideoEstimate | None = None
 
 
 # --- placeholder counts ---------------------------------------------------------------------------

@@ -100,12 +100,10 @@ _UDS_REFUSED = (
 
 @dataclass(slots=True, frozen=True)
 class TokenProducerParams:
-    """Optional sections are typed ``None | X`` so that an explicit ``null`` stays unset."""
-
     model_name: str = ""
-    vllm: None | VllmParams = None
-    estimate: None | EstimateParams = None
-    local: None | LocalParams = None
+    vllm: VllmParams | None = None
+    estimate: EstimateParams | None = None
+    local: LocalParams | None = None
     uds_tokenizer_config: dict[str, Any] | None = field(default=None, metadata={"key": "udsTokenizerConfig"})
 
     def validate(self) -> str | None:
@@ -165,7 +163,9 @@ class TokenProducer(DataProducer):
     params: TokenProducerParams
     produces = frozenset({TOKENIZED_PROMPT_KEY})
 
-    def __init__(self, name: str, params: TokenProducerParams | None = None, handle: Handle | None = None) -> None:
+    def __init__(
+        self, name: str, params: TokenProducerParams | None = None, handle: Handle | None = None
+    ) -> None:
         params = params if params is not None else TokenProducerParams()
         super().__init__(name, params, handle)
         self.backend = params.backend
@@ -175,7 +175,9 @@ class TokenProducer(DataProducer):
         if self.backend == "vllm":
             cfg = params.vllm or VllmParams()
             timeout, mm_timeout = cfg.seconds()
-            self._render = RenderClient(name, cfg.url.strip() or DEFAULT_URL, params.model_name, timeout, mm_timeout)
+            self._render = RenderClient(
+                name, cfg.url.strip() or DEFAULT_URL, params.model_name, timeout, mm_timeout
+            )
             self.produce_timeout = max(timeout, mm_timeout)
         elif self.backend == "local":
             assert params.local is not None
