@@ -297,8 +297,8 @@ async def test_estimate_videos_sampled_and_strided_with_headers() -> None:
 
 
 def test_pack_pads_the_tail() -> None:
-    assert pack(b"") == []
-    assert pack(b"\x01") == [1]
+    assert list(pack(b"")) == []
+    assert list(pack(b"\x01")) == [1]
 
 
 # --- the vllm backend against a real HTTP server ------------------------------------------------------

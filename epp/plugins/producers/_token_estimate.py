@@ -384,8 +384,12 @@ class _Stream:
         self.items.append((format(h, "x"), offset, count))
 
 
-def pack(raw: bytes | bytearray) -> list[int]:
-    """Little-endian uint32 ids of ``raw`` (zero-padded to a multiple of 4 bytes)."""
+def pack(raw: bytes | bytearray) -> array[int]:
+    """Little-endian uint32 ids of ``raw`` (zero-padded to a multiple of 4 bytes).
+
+    An ``array('I')``: a sequence of ints without one Python object per id (a list of the 200K ids
+    of an 800 KB prompt costs about 9 ms to build, the array 0.1 ms).
+    """
     pad = -len(raw) % BYTES_PER_TOKEN
     if pad:
         raw = bytes(raw) + b"\0" * pad
@@ -393,7 +397,7 @@ def pack(raw: bytes | bytearray) -> list[int]:
     ids.frombytes(raw)
     if sys.byteorder != "little":
         ids.byteswap()
-    return ids.tolist()
+    return ids
 
 
 class Estimator:
@@ -406,7 +410,9 @@ class Estimator:
         self.image = ImageEstimator(cfg.image)
         self.video = VideoEstimator(cfg.video)
 
-    def estimate(self, body: RequestBody, headers: Mapping[str, str]) -> tuple[list[int], tuple[MMItem, ...]]:
+    def estimate(
+        self, body: RequestBody, headers: Mapping[str, str]
+    ) -> tuple[array[int], tuple[MMItem, ...]]:
         if body.api is ApiKind.CHAT_COMPLETIONS:
             s = self._chat(body.payload, headers)
         elif body.api is ApiKind.MESSAGES:
