@@ -19,6 +19,7 @@ import orjson
 import pytest
 from aiohttp import web
 
+from epp.datalayer.store import EndpointStore
 from epp.framework import ApiKind, DataProducer, LLMRequest, RequestBody, register, registry
 from epp.framework.attributes import DEFAULT_PRODUCERS, TOKENIZED_PROMPT_KEY, TokenizedPrompt
 from epp.framework.results import CycleState
@@ -28,7 +29,8 @@ from epp.plugins.producers._render_client import RENDER_CACHE, RENDER_FAILURES
 from epp.plugins.producers._token_estimate import pack
 from epp.plugins.producers.token_producer import TokenProducer
 from epp.plugins.scorers.context_length_aware import request_length
-from tests.unit.factories import chat, completions, config, config_error, request
+from epp.server.director import Director, DirectorHooks
+from tests.unit.factories import chat, completions, config, config_error, metadata, request
 
 # --- helpers ------------------------------------------------------------------------------------------
 
@@ -313,6 +315,7 @@ class RenderServer:
     calls: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
     peers: set[Any] = field(default_factory=set)
     release: asyncio.Event = field(default_factory=asyncio.Event)
+    max_ids: int = 64
 
     @staticmethod
     def ids_of(body: dict[str, Any]) -> list[int]:
@@ -333,7 +336,7 @@ class RenderServer:
             return web.Response(text="{not json", content_type="application/json")
         if self.mode == "noids":
             return web.json_response({"request_id": "x"})
-        ids = self.ids_of(body)
+        ids = self.ids_of(body)[: self.max_ids]
         one = {
             "request_id": "r",
             "token_ids": ids,
@@ -534,6 +537,36 @@ async def test_vllm_unsupported_api_is_skipped(
     p = await vllm_producer("v-skip")
     assert await _produce(p, request({"model": "m", "input": "x"}, api=ApiKind.RESPONSES)) is None
     assert render_server.calls == []
+
+
+async def test_director_routes_by_the_rendered_token_count(render_server: RenderServer) -> None:
+    """Through the real director: the token-producer runs before the context-length filter, whose
+    exact count (10 rendered ids) picks the short-context endpoint; the 4000-byte estimate would not."""
+    render_server.max_ids = 10
+    store = EndpointStore()
+    label = "llm-d.ai/context-length-range"
+    store.upsert(metadata("short", "10.0.0.1", labels={label: "0-100"}))
+    store.upsert(metadata("long", "10.0.0.2", labels={label: "101-1000000"}))
+    cfg = config(
+        "plugins:\n"
+        f"- type: token-producer\n  parameters: {{modelName: base, vllm: {{url: '{render_server.url}'}}}}\n"
+        "- type: context-length-aware\n  parameters: {enableFiltering: true}\n"
+        "- type: max-score-picker\n"
+        "schedulingProfiles:\n- name: default\n  plugins:\n  - pluginRef: context-length-aware\n"
+        "  - pluginRef: max-score-picker\n"
+    )
+    director = Director(store, cfg.parsers, cfg.scheduler, DirectorHooks(cfg.producers))
+    raw = orjson.dumps({"model": "m", "messages": [{"role": "user", "content": "x" * 4000}]})
+    try:
+        routing = await director.route({":path": "/v1/chat/completions"}, raw, {})
+        assert routing.request is not None and routing.request.body.tokenized is not None
+        assert len(routing.request.body.tokenized.token_ids) == 10
+        assert routing.destination == "10.0.0.1:8000"
+        assert len(render_server.calls) == 1
+    finally:
+        tp = cfg.plugins["token-producer"]
+        assert isinstance(tp, TokenProducer)
+        await tp.close()
 
 
 # --- the local backend --------------------------------------------------------------------------------
