@@ -610,7 +610,7 @@ def stand_in(monkeypatch: pytest.MonkeyPatch) -> _StandInTokenizer:
 
 async def test_local_backend_renders_the_template_and_encodes_cached(stand_in: _StandInTokenizer) -> None:
     p = _producer("local: {path: /tok}")
-    assert p.backend == "local"
+    assert p.backend == "local" and p.produce_timeout == 5.0
     msgs = [{"role": "user", "content": "hello"}]
     tp = await _produce(p, chat(msgs))
     assert tp is not None and tp.exact

@@ -182,6 +182,7 @@ class TokenProducer(DataProducer):
         elif self.backend == "local":
             assert params.local is not None
             self._local = _LocalBackend(params.local.path)
+            self.produce_timeout = DEFAULT_TIMEOUT  # a cold long prompt may take a second or more
         else:
             self._estimator = Estimator(params.estimate)
 
