@@ -114,6 +114,12 @@ def test_vllm_defaults_and_produce_timeout() -> None:
             "unknown",
         ),
         ("local: {}", "local.path", "tokenizer.json"),
+        (
+            "estimate: {video: {defaultResolution: {width: 1, height: -2}}}",
+            "estimate.video.defaultResolution.height",
+            "non-negative",
+        ),
+        ("estimate: {image: {static: {staticToken: many}}}", "estimate.image.static.staticToken", "integer"),
     ],
 )
 def test_bad_parameters_name_the_field(params: str, field: str, reason: str) -> None:

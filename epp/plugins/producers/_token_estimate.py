@@ -51,8 +51,10 @@ class Resolution:
     height: int = 0
 
     def validate(self) -> str | None:
-        if self.width < 0 or self.height < 0:
-            return f"width: must be non-negative, got {self.width}x{self.height}"
+        if self.width < 0:
+            return f"width: must be non-negative, got {self.width}"
+        if self.height < 0:
+            return f"height: must be non-negative, got {self.height}"
         return None
 
 
