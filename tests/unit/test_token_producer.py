@@ -18,6 +18,8 @@ from typing import Any
 import orjson
 import pytest
 from aiohttp import web
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from epp.datalayer.store import EndpointStore
 from epp.framework import ApiKind, DataProducer, LLMRequest, RequestBody, register, registry
@@ -26,7 +28,7 @@ from epp.framework.results import CycleState
 from epp.plugins.deciders.prefix_based import estimate_input_tokens as pd_input_tokens
 from epp.plugins.producers import inflight_load
 from epp.plugins.producers._render_client import RENDER_CACHE, RENDER_FAILURES
-from epp.plugins.producers._token_estimate import pack
+from epp.plugins.producers._token_estimate import Estimator, pack
 from epp.plugins.producers.token_producer import TokenProducer
 from epp.plugins.scorers.context_length_aware import request_length
 from epp.server.director import Director, DirectorHooks
@@ -302,6 +304,17 @@ async def test_estimate_videos_sampled_and_strided_with_headers() -> None:
         _producer(), _video_chat({"x-llm-d-video-duration-seconds": "nan?", "x-llm-d-video-resolution": "9"})
     )
     assert bad is not None and bad.mm_hashes[0][2] == default.mm_hashes[0][2]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(max_size=200), st.text(max_size=50), st.text(max_size=50))
+def test_estimate_equal_text_prefixes_give_equal_id_prefixes(shared: str, a: str, b: str) -> None:
+    est = Estimator(None)
+    ids_a = list(est.estimate(completions(shared + a).body, {})[0])
+    ids_b = list(est.estimate(completions(shared + b).body, {})[0])
+    n = len(shared.encode("utf-8", "surrogatepass")) // 4
+    assert ids_a[:n] == ids_b[:n]
+    assert ids_a == list(est.estimate(completions(shared + a).body, {})[0])
 
 
 def test_pack_pads_the_tail() -> None:
