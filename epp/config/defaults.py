@@ -37,6 +37,7 @@ AUTO_PRODUCERS: dict[str, str] = {
     "InFlightLoad": "inflight-load-producer",
     "LatencyPredictionInfoKey": "predicted-latency-producer",
     "LatencyPredictionInfo": "predicted-latency-producer",
+    "TokenizedPrompt": "token-producer",
 }
 
 # (type, weight) of the default profile's scorers.

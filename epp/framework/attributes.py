@@ -57,4 +57,5 @@ class InFlightLoad:
 DEFAULT_PRODUCERS: dict[str, str] = {
     PREFIX_CACHE_MATCH_INFO_KEY: "approx-prefix-cache-producer",
     INFLIGHT_LOAD_KEY: "inflight-load-producer",
+    TOKENIZED_PROMPT_KEY: "token-producer",
 }

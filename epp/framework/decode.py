@@ -129,8 +129,14 @@ def decode_value(value: Any, hint: Any, where: str) -> Any:
     if hint is Any:
         return value
     if origin in (typing.Union, types.UnionType):
+        arms = typing.get_args(hint)
+        if value is None and type(None) in arms:
+            return None  # an explicit null leaves an optional field unset
+        others = [arm for arm in arms if arm is not type(None)]
+        if len(others) == 1:
+            return decode_value(value, others[0], where)  # its error keeps the nested field's path
         errors = []
-        for arm in typing.get_args(hint):
+        for arm in arms:
             try:
                 return decode_value(value, arm, where)
             except ConfigError as e:

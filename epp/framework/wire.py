@@ -62,3 +62,8 @@ REQUEST_DROPPED_REASON_HEADER: Final = "x-llm-d-request-dropped-reason"
 """On a rejection: why the EPP dropped the request (``epp.framework.errors.DroppedReason``)."""
 ENDPOINT_SCORES_KEY: Final = "x-gateway-destination-endpoint-scores"
 """``LB_NAMESPACE`` key of the candidates' scores (``epp serve --emit-endpoint-scores``)."""
+
+# Request headers describing a request's videos (multimodal placeholder estimation).
+VIDEO_DURATION_HEADER: Final = "x-llm-d-video-duration-seconds"
+VIDEO_RESOLUTION_HEADER: Final = "x-llm-d-video-resolution"
+VIDEO_FPS_HEADER: Final = "x-llm-d-video-fps"

@@ -36,7 +36,11 @@ class PrefixBasedPDDeciderParams:
 
 
 def estimate_input_tokens(body: RequestBody) -> int | None:
-    """Estimated prompt tokens of a completions or chat request; None for other APIs."""
+    """Prompt tokens: exact when a token-producer tokenized the prompt, else estimated for a
+    completions or chat request; None for other APIs."""
+    tp = body.tokenized
+    if tp is not None and tp.exact:
+        return len(tp.token_ids)
     if body.api is ApiKind.COMPLETIONS:
         return _completions_tokens(body.payload.get("prompt"))
     if body.api is ApiKind.CHAT_COMPLETIONS:

@@ -61,7 +61,11 @@ def _round_half_up(x: float) -> int:
 
 
 def estimate_input_tokens(request: LLMRequest) -> int:
-    """The request's input tokens: a quarter of its size (or of its prompt text when size is unknown)."""
+    """The request's input tokens: exact when a token-producer tokenized the prompt, else a quarter
+    of its size (or of its prompt text when size is unknown)."""
+    tp = request.body.tokenized
+    if tp is not None and tp.exact:
+        return len(tp.token_ids)
     if request.request_size_bytes > 0:
         return request.request_size_bytes // 4
     return _round_half_up(len(request.body.prompt_text) / 4)

@@ -45,8 +45,11 @@ def _chat_chars(messages: Any) -> int:
 
 
 def request_length(request: LLMRequest) -> int:
-    """The request's length in (estimated) tokens."""
+    """The request's length in tokens: exact when a token-producer tokenized it, else estimated."""
     body = request.body
+    tp = body.tokenized
+    if tp is not None and tp.exact:
+        return len(tp.token_ids)
     if body.api is ApiKind.COMPLETIONS:
         prompt = body.payload.get("prompt")
         if isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
