@@ -28,7 +28,7 @@ from epp.dev import stack
 MODEL = "demo"
 LOADGEN = Path(__file__).with_name("_loadgen.py")
 READY_TIMEOUT = 60.0
-CHARS_PER_TOKEN = 4  # the simulator's (and the EPP's) token estimate
+CHARS_PER_TOKEN = 4  # the EPP's token estimate (the simulator tokenizes for real: about as many)
 
 # epp has no round-robin picker: random-picker alone is the closest stand-in (see docs/plugins.md).
 ROUND_ROBIN_LABEL = "round-robin*"

@@ -9,7 +9,7 @@ from collections.abc import Awaitable, Callable
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
-from epp.dev.sim import inference
+from epp.dev.sim import inference, tokenize
 from epp.dev.sim.context import (
     CONFIG_KEY,
     CREATED_KEY,
@@ -33,6 +33,8 @@ def build_app(config: SimConfig) -> web.Application:
     """A fresh simulator app with its own engine, journal and metrics registry.
 
     Routes: ``POST /v1/completions`` and ``/v1/chat/completions`` (optionally SSE), ``GET /v1/models``,
+    vLLM's ``POST /tokenize``, ``/detokenize``, ``/v1/completions/render`` and
+    ``/v1/chat/completions/render``,
     ``/health``, ``/metrics`` (vLLM names) and ``GET``/``DELETE /debug/requests`` (the last requests
     received). Any other ``POST`` is journaled and answered 404. Every response carries
     ``x-inference-pod``, ``-namespace`` and ``-port``; errors use the OpenAI shape
@@ -52,6 +54,10 @@ def build_app(config: SimConfig) -> web.Application:
     app.router.add_post("/v1/completions", inference.completions)
     app.router.add_post("/v1/chat/completions", inference.chat_completions)
     app.router.add_get("/v1/models", inference.models)
+    app.router.add_post("/tokenize", tokenize.tokenize)
+    app.router.add_post("/detokenize", tokenize.detokenize)
+    app.router.add_post("/v1/completions/render", tokenize.render_completions)
+    app.router.add_post("/v1/chat/completions/render", tokenize.render_chat)
     app.router.add_get("/health", health)
     if not config.metrics_port:
         app.router.add_get("/metrics", metrics)

@@ -3,8 +3,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import uuid
+from collections.abc import Callable
+from typing import ParamSpec, TypeVar
 
 import structlog
 from aiohttp import web
@@ -42,8 +45,8 @@ async def _inference(request: web.Request, *, chat: bool) -> web.StreamResponse:
     failure = injected_failure(request)
     if failure is not None:
         raise failure
-    parsed = parse_request(decode_body(raw), config, chat=chat)
     engine = request.app[ENGINE_KEY]
+    parsed = await off_loop(len(raw), parse_request, decode_body(raw), config, engine.tokenizer, chat=chat)
     completion = Completion(parsed, _request_id(request, chat=chat))
     spec = RequestSpec.of(
         completion.request_id,
@@ -64,6 +67,21 @@ async def _inference(request: web.Request, *, chat: bool) -> web.StreamResponse:
         return await _respond(engine, seq, completion)
     finally:
         engine.abort(seq)
+
+
+OFF_LOOP_BYTES = 64 * 1024
+"""Bodies from this size are tokenized on a worker thread, so a long prompt does not stall the loop."""
+
+
+_P = ParamSpec("_P")
+_T = TypeVar("_T")
+
+
+async def off_loop(size: int, function: Callable[_P, _T], *args: _P.args, **kwargs: _P.kwargs) -> _T:
+    """``function(*args, **kwargs)``: inline for a small body, on a worker thread for a large one."""
+    if size < OFF_LOOP_BYTES:
+        return function(*args, **kwargs)
+    return await asyncio.to_thread(function, *args, **kwargs)
 
 
 _FAILURES: dict[str, tuple[int, str, str]] = {

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import hashlib
 import math
+from array import array
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-
-_SEPARATOR = "\x1f"
 
 
 def hash_seed(name: str) -> int:
@@ -16,12 +15,12 @@ def hash_seed(name: str) -> int:
     return int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "big")
 
 
-def block_hashes(tokens: Sequence[str], block_size: int, seed: int) -> list[int]:
-    """Chained hashes of every full block of ``tokens`` (a trailing partial block has none)."""
+def block_hashes(tokens: Sequence[int], block_size: int, seed: int) -> list[int]:
+    """Chained hashes of every full block of token ids (a trailing partial block has none)."""
     hashes: list[int] = []
     previous = seed
     for start in range(0, len(tokens) - block_size + 1, block_size):
-        content = _SEPARATOR.join(tokens[start : start + block_size]).encode()
+        content = array("q", tokens[start : start + block_size]).tobytes()
         digest = hashlib.sha256(previous.to_bytes(8, "big") + content).digest()
         previous = int.from_bytes(digest[:8], "big")
         hashes.append(previous)
