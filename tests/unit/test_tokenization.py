@@ -273,3 +273,14 @@ def test_segment_cache_is_bounded_by_bytes_least_recent_first() -> None:
     assert "a" * 40 in tok.cache and "c" * 40 in tok.cache and "b" * 40 not in tok.cache
     tok.encode_cached("é" * 60)  # 120 bytes: larger than the bound, never cached
     assert "é" * 60 not in tok.cache and tok.cache.bytes <= 100
+
+
+def test_the_asset_is_package_data() -> None:
+    """A non-editable install (the image) ships the asset: pyproject's package-data globs cover it."""
+    import tomllib
+
+    root = Path(__file__).resolve().parents[2]
+    globs = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["epp"]
+    for file in DEFAULT_TOKENIZER_DIR.iterdir():
+        relative = file.relative_to(root / "epp")
+        assert any(relative.match(glob) for glob in globs), relative
