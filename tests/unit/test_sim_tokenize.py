@@ -21,6 +21,7 @@ import pytest
 from epp.dev.sim.cli import add_arguments, config_from_args
 from epp.dev.sim.engine import SimConfig
 from epp.dev.sim.server import SimServer
+from epp.dev.sim.tokens import OUTPUT_TEXT
 from epp.tokenization import DEFAULT_TOKENIZER_DIR, load_tokenizer
 
 TOK = load_tokenizer(DEFAULT_TOKENIZER_DIR)
@@ -269,3 +270,56 @@ async def test_tokenizer_flag_loads_a_hf_directory(tmp_path: Path, session: aioh
         await sim.stop()
     with pytest.raises(SystemExit):
         parser.parse_args(["--tokenizer", str(tmp_path / "missing")])
+
+
+# --------------------------------------------------------------------------- token-in generate APIs
+
+
+async def test_vllm_generate_takes_token_ids_and_answers_token_ids(
+    sim: SimServer, session: aiohttp.ClientSession
+) -> None:
+    prompt = TOK.chat_ids(CHAT)
+    body = {"token_ids": prompt, "sampling_params": {"max_tokens": 3}, "request_id": "abc"}
+    status, answer = await _post(session, f"{sim.url}/inference/v1/generate", body)
+    assert status == 200, answer
+    [choice] = answer["choices"]
+    assert choice["token_ids"] == TOK.encode(OUTPUT_TEXT)[:3] and choice["finish_reason"] == "length"
+    assert answer["request_id"] == "generate-tokens-abc"
+    assert answer["usage"] == {
+        "prompt_tokens": len(prompt),
+        "completion_tokens": 3,
+        "total_tokens": len(prompt) + 3,
+    }
+    stream = {**body, "stream": True, "stream_options": {"include_usage": True}}
+    async with session.post(f"{sim.url}/inference/v1/generate", json=stream) as resp:
+        events = [line[6:] for line in (await resp.text()).split("\n\n") if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(event) for event in events[:-1]]
+    assert [i for c in chunks[:-1] for i in c["choices"][0]["token_ids"]] == TOK.encode(OUTPUT_TEXT)[:3]
+    assert chunks[-1]["usage"]["prompt_tokens"] == len(prompt)
+    for bad in ({"token_ids": []}, {"token_ids": [TOK.vocab_size]}, {"token_ids": [1], "sampling_params": 3}):
+        status, error = await _post(session, f"{sim.url}/inference/v1/generate", bad)
+        _error(status, error, 400)
+
+
+async def test_sglang_generate_takes_input_ids_or_text(
+    sim: SimServer, session: aiohttp.ClientSession
+) -> None:
+    text = "Summarise the design of the prefix cache in two sentences. " * 4
+    body = {"text": text, "sampling_params": {"max_new_tokens": 2}}
+    status, answer = await _post(session, f"{sim.url}/generate", body)
+    assert status == 200, answer
+    assert answer["output_ids"] == TOK.encode(OUTPUT_TEXT)[:2]
+    assert answer["text"] == TOK.decode(TOK.encode(OUTPUT_TEXT)[:2])
+    meta = answer["meta_info"]
+    assert meta["prompt_tokens"] == len(TOK.prompt_ids(text)) and meta["completion_tokens"] == 2
+    assert meta["finish_reason"] == {"type": "length", "length": 2} and meta["cached_tokens"] == 0
+    # the same prompt as ids: the engine's KV cache holds the blocks the text request left
+    ids = TOK.prompt_ids(text)
+    _, again = await _post(
+        session, f"{sim.url}/generate", {"input_ids": ids, "sampling_params": {"max_new_tokens": 1}}
+    )
+    block = sim.config.block_size
+    assert again["meta_info"]["cached_tokens"] == (len(ids) - 1) // block * block > 0
+    status, error = await _post(session, f"{sim.url}/generate", {"sampling_params": {}})
+    assert "input_ids or text" in _error(status, error, 400)

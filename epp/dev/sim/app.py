@@ -9,7 +9,7 @@ from collections.abc import Awaitable, Callable
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
-from epp.dev.sim import inference, tokenize
+from epp.dev.sim import generate, inference, tokenize
 from epp.dev.sim.context import (
     CONFIG_KEY,
     CREATED_KEY,
@@ -34,7 +34,8 @@ def build_app(config: SimConfig) -> web.Application:
 
     Routes: ``POST /v1/completions`` and ``/v1/chat/completions`` (optionally SSE), ``GET /v1/models``,
     vLLM's ``POST /tokenize``, ``/detokenize``, ``/v1/completions/render`` and
-    ``/v1/chat/completions/render``,
+    ``/v1/chat/completions/render``, the token-in ``POST /inference/v1/generate`` (vLLM) and
+    ``/generate`` (SGLang),
     ``/health``, ``/metrics`` (vLLM names) and ``GET``/``DELETE /debug/requests`` (the last requests
     received). Any other ``POST`` is journaled and answered 404. Every response carries
     ``x-inference-pod``, ``-namespace`` and ``-port``; errors use the OpenAI shape
@@ -58,6 +59,8 @@ def build_app(config: SimConfig) -> web.Application:
     app.router.add_post("/detokenize", tokenize.detokenize)
     app.router.add_post("/v1/completions/render", tokenize.render_completions)
     app.router.add_post("/v1/chat/completions/render", tokenize.render_chat)
+    app.router.add_post("/inference/v1/generate", generate.vllm_generate)
+    app.router.add_post("/generate", generate.sglang_generate)
     app.router.add_get("/health", health)
     if not config.metrics_port:
         app.router.add_get("/metrics", metrics)
