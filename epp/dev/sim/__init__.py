@@ -1,11 +1,12 @@
 """``epp sim``: an OpenAI-compatible simulated vLLM server for tests, load experiments and local demos.
 
-``engine`` models the engine (with ``kvcache``, ``latency``, ``lora`` and ``tokens``: the real
-tokenizer of :mod:`epp.tokenization` and the generated text) without HTTP; ``prompts`` turns request
-prompts into token ids. The HTTP side: ``openai`` (wire format), ``inference`` (the ``/v1``
-endpoints), ``tokenize`` (vLLM's tokenize, detokenize and render endpoints), ``metrics``
-(``/metrics``), ``context`` (what the handlers share), ``app`` (routes) and ``server`` (serving it);
-``cli`` holds the flags and the entry point.
+``engine`` models the engine (with ``kvcache``, ``latency``, ``lora``, ``tokens``: the real
+tokenizer of :mod:`epp.tokenization` and the generated text, and ``limits``: the context-length
+checks) without HTTP; request prompts become token ids in :mod:`epp.tokenization.requests`. The
+HTTP side: ``openai`` (wire format), ``inference`` (the ``/v1`` endpoints), ``tokenize`` (vLLM's
+tokenize, detokenize and render endpoints), ``generate`` (the token-in generate APIs of vLLM and
+SGLang), ``metrics`` (``/metrics``), ``context`` (what the handlers share), ``app`` (routes) and
+``server`` (serving it); ``cli`` holds the flags and the entry point.
 """
 
 from epp.dev.sim.app import build_app

@@ -15,6 +15,7 @@ from aiohttp import web
 from epp.dev.sim.context import CONFIG_KEY, ENGINE_KEY, JOURNAL_KEY
 from epp.dev.sim.engine import Engine, QueueFullError, RequestSpec, Sequence, Token
 from epp.dev.sim.inference import injected_failure, off_loop
+from epp.dev.sim.limits import check_length
 from epp.dev.sim.openai import (
     SSE_DONE,
     OpenAIError,
@@ -25,8 +26,8 @@ from epp.dev.sim.openai import (
     prompt_error,
     sse,
 )
-from epp.dev.sim.prompts import PromptError, check_length, checked_ids
 from epp.tokenization import Tokenizer
+from epp.tokenization.requests import PromptError, checked_ids
 
 
 async def vllm_generate(request: web.Request) -> web.StreamResponse:

@@ -13,8 +13,9 @@ from aiohttp import web
 
 from epp.dev.sim.context import Identity
 from epp.dev.sim.engine import Sequence, SimConfig, Token
-from epp.dev.sim.prompts import PromptError, chat_prompt, check_length, completion_prompts
+from epp.dev.sim.limits import check_length
 from epp.tokenization import Tokenizer
+from epp.tokenization.requests import PromptError, chat_prompt, completion_prompts
 
 JSON_CONTENT_TYPE = "application/json"
 

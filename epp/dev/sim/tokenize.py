@@ -18,8 +18,8 @@ from epp.dev.sim.context import CONFIG_KEY, ENGINE_KEY
 from epp.dev.sim.engine import SimConfig
 from epp.dev.sim.inference import off_loop
 from epp.dev.sim.openai import bad_request, decode_body, json_response, model_of, prompt_error
-from epp.dev.sim.prompts import PromptError, chat_prompt, checked_ids, completion_prompts
 from epp.tokenization import Tokenizer
+from epp.tokenization.requests import PromptError, chat_prompt, checked_ids, completion_prompts
 
 
 async def tokenize(request: web.Request) -> web.Response:

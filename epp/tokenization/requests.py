@@ -1,17 +1,19 @@
-"""Request prompts as token ids, as vLLM reads them: a completions ``prompt`` (text, texts, ids or
-lists of ids), a chat's ``messages`` rendered by the chat template (with ``tools``,
-``add_generation_prompt``, ``continue_final_message``, ``chat_template_kwargs``), and the limits
-on token ids and on the model's context length."""
+"""OpenAI request bodies as token ids, as vLLM reads them: a completions ``prompt`` (text, texts,
+ids or lists of ids; ``add_special_tokens``) and a chat's ``messages`` rendered by the chat template
+(``tools``, ``add_generation_prompt``, ``continue_final_message``, ``chat_template_kwargs``,
+``add_special_tokens``). The simulator and the EPP's local token producer both use these, so the
+same request gets the same ids."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from epp.tokenization import ChatTemplateError, Tokenizer
+from epp.tokenization.chat_template import ChatTemplateError
+from epp.tokenization.tokenizer import Tokenizer
 
 
 class PromptError(ValueError):
-    """A prompt the model cannot take; ``param`` names the request field."""
+    """A request whose prompt cannot be tokenized; ``param`` names the request field."""
 
     def __init__(self, message: str, param: str | None = None) -> None:
         super().__init__(message)
@@ -82,25 +84,6 @@ def checked_ids(ids: list[Any], tokenizer: Tokenizer, param: str) -> list[int]:
         if not _is_int(token_id) or not 0 <= token_id < vocab:
             raise PromptError(f"Token id {token_id} is out of vocabulary", param)
     return ids
-
-
-def check_length(prompt_tokens: int, max_tokens: int | None, max_model_len: int) -> None:
-    """vLLM's context-length checks: a non-empty prompt shorter than the model length, and room for
-    the requested output."""
-    if prompt_tokens == 0:
-        raise PromptError("The decoder prompt cannot be empty")
-    if prompt_tokens >= max_model_len:
-        raise PromptError(
-            f"The decoder prompt (length {prompt_tokens}) is longer than the maximum model length of "
-            f"{max_model_len}. Make sure that `max_model_len` is no smaller than the number of text tokens."
-        )
-    if max_tokens is not None and prompt_tokens + max_tokens > max_model_len:
-        raise PromptError(
-            f"'max_tokens' or 'max_completion_tokens' is too large: {max_tokens}. This model's maximum "
-            f"context length is {max_model_len} tokens and your request has {prompt_tokens} input tokens "
-            f"({max_tokens} > {max_model_len} - {prompt_tokens}).",
-            "max_tokens",
-        )
 
 
 def _continued(text: str, final: dict[str, Any]) -> str:
