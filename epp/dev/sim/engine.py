@@ -49,7 +49,7 @@ class SimConfig:
     time_to_first_token_std_dev: float = 0.0
     inter_token_latency_std_dev: float = 0.0
     max_tokens: int = 16
-    max_model_len: int = 1_048_576
+    max_model_len: int = 16_777_216  # tokens; large enough for any body the server accepts
     tokenizer: str = ""  # a HF tokenizer directory; "" is the one shipped with epp
     kv_cache_size: int = 1024
     block_size: int = 16
