@@ -155,7 +155,7 @@ def assert_openai_error(body: dict[str, Any], code: int) -> None:
 
 async def test_completion_usage_model_and_length(start_sim: StartSim, session: aiohttp.ClientSession) -> None:
     sim = await start_sim(served_model_names=("alias",))
-    body = {"model": "alias", "prompt": "abcdefghi", "max_tokens": 3}
+    body = {"model": "alias", "prompt": "zqxjzqxjz", "max_tokens": 3}
     async with session.post(f"{sim.url}/v1/completions", json=body) as resp:
         assert resp.status == 200
         data = await resp.json()
@@ -165,9 +165,9 @@ async def test_completion_usage_model_and_length(start_sim: StartSim, session: a
     assert choice["finish_reason"] == "length"
     assert isinstance(choice["text"], str) and choice["text"]
     assert data["usage"] == {
-        "prompt_tokens": prompt_len("abcdefghi"),
+        "prompt_tokens": prompt_len("zqxjzqxjz"),
         "completion_tokens": 3,
-        "total_tokens": prompt_len("abcdefghi") + 3,
+        "total_tokens": prompt_len("zqxjzqxjz") + 3,
         "prompt_tokens_details": {"cached_tokens": 0},
     }
 
@@ -210,7 +210,7 @@ async def test_streaming_completion_chunks_and_usage(
     start_sim: StartSim, session: aiohttp.ClientSession
 ) -> None:
     sim = await start_sim()
-    body = {"prompt": "abcdefgh", "max_tokens": 5, "stream": True, "stream_options": {"include_usage": True}}
+    body = {"prompt": "qwertyuiop", "max_tokens": 5, "stream": True, "stream_options": {"include_usage": True}}
     async with session.post(f"{sim.url}/v1/completions", json=body) as resp:
         assert resp.status == 200
         assert resp.headers["content-type"].startswith("text/event-stream")
@@ -228,9 +228,9 @@ async def test_streaming_completion_chunks_and_usage(
     assert streamed == TOK.decode(TOK.encode(OUTPUT_TEXT)[:5])  # real text, decoded from the token ids
     assert usage_chunk["choices"] == []
     assert usage_chunk["usage"] == {
-        "prompt_tokens": prompt_len("abcdefgh"),
+        "prompt_tokens": prompt_len("qwertyuiop"),
         "completion_tokens": 5,
-        "total_tokens": prompt_len("abcdefgh") + 5,
+        "total_tokens": prompt_len("qwertyuiop") + 5,
         "prompt_tokens_details": {"cached_tokens": 0},
     }
 

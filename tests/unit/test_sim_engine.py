@@ -426,12 +426,12 @@ async def test_data_parallel_ranks_are_independent(session: aiohttp.ClientSessio
     async with SimCluster(SimConfig(port=0, time_scale=0.0, data_parallel_size=2)) as cluster:
         first, second = cluster.servers
         assert first.port != second.port
-        async with session.post(f"{first.url}/v1/completions", json={"prompt": "abcd"}) as resp:
+        async with session.post(f"{first.url}/v1/completions", json={"prompt": "Grüße!"}) as resp:
             assert resp.headers["x-inference-port"] == str(first.port)
         async with session.get(f"{second.url}/health") as resp:
             assert resp.headers["x-inference-port"] == str(second.port)
         assert value(await scrape(session, first.url), "vllm:prompt_tokens_total") == len(
-            TOK.prompt_ids("abcd")
+            TOK.prompt_ids("Grüße!")
         )
         assert value(await scrape(session, second.url), "vllm:prompt_tokens_total") == 0
 
