@@ -210,7 +210,12 @@ async def test_streaming_completion_chunks_and_usage(
     start_sim: StartSim, session: aiohttp.ClientSession
 ) -> None:
     sim = await start_sim()
-    body = {"prompt": "qwertyuiop", "max_tokens": 5, "stream": True, "stream_options": {"include_usage": True}}
+    body = {
+        "prompt": "qwertyuiop",
+        "max_tokens": 5,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     async with session.post(f"{sim.url}/v1/completions", json=body) as resp:
         assert resp.status == 200
         assert resp.headers["content-type"].startswith("text/event-stream")
