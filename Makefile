@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 PYTHON := $(BIN)/python
 
-.PHONY: install run test test-unit test-integration lint bench-cpu bench-sched bench-routing bench-kube bench-soak clean
+.PHONY: install run test test-unit test-integration lint bench-cpu bench-sched bench-routing bench-kube bench-soak bench-tokenize clean
 
 install: $(VENV)/.installed
 
@@ -34,6 +34,9 @@ lint: install
 	$(BIN)/ruff check epp tests bench
 	$(BIN)/ruff format --check epp tests bench
 	$(BIN)/mypy
+
+bench-tokenize: install
+	$(PYTHON) bench/tokenize_cache.py
 
 bench-cpu: install
 	$(PYTHON) bench/cpu_per_request.py

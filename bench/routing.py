@@ -31,7 +31,7 @@ from epp.dev import stack
 MODEL = "demo"
 LOADGEN = Path(__file__).with_name("_loadgen.py")
 READY_TIMEOUT = 60.0
-CHARS_PER_TOKEN = 4  # the simulator's (and the EPP's) token estimate
+CHARS_PER_TOKEN = 4  # the EPP's token estimate (the simulator tokenizes for real: about as many)
 
 # epp has no round-robin picker: random-picker alone is the closest stand-in (see docs/plugins.md).
 ROUND_ROBIN_LABEL = "round-robin*"
@@ -91,9 +91,8 @@ def config_for(label: str, scenario: str) -> dict[str, Any] | None:
 
 def working_set_tokens(args: argparse.Namespace) -> int:
     """Tokens of every session's last turn (its whole history), with the simulators' tokenizer."""
-    from epp.tokenization import DEFAULT_TOKENIZER_DIR, load_tokenizer
-
     from bench import _loadgen
+    from epp.tokenization import DEFAULT_TOKENIZER_DIR, load_tokenizer
 
     tok = load_tokenizer(DEFAULT_TOKENIZER_DIR)
     sessions = _loadgen.plan_sessions(

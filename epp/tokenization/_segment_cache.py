@@ -7,8 +7,8 @@ import threading
 from array import array
 from collections import OrderedDict
 
-DEFAULT_CACHE_BYTES = 64 * 1024 * 1024
-"""The default bound: 64 MiB of cached segment text."""
+DEFAULT_CACHE_BYTES = 32 * 1024 * 1024
+"""The default bound: 32 MiB of cached segment text (about as much again of ids, 4 bytes each)."""
 
 
 class SegmentCache:

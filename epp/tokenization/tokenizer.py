@@ -132,13 +132,13 @@ class Tokenizer:
                 ids = array("I", encoding.ids)
                 found[piece] = ids
                 self._cache.put(piece, ids)
-        result: list[int] = []
+        result = array("I")  # array-to-array extends are copies; one tolist() makes the ints
         for piece in pieces:
             if isinstance(piece, int):
                 result.append(piece)
             else:
                 result.extend(found[piece])
-        return result
+        return result.tolist()
 
     def prompt_ids(self, prompt: str, *, add_special_tokens: bool = True) -> list[int]:
         """A completions prompt: what the model adds around a prompt (e.g. BOS), then its ids."""

@@ -26,14 +26,20 @@ from epp.dev.sim.app import build_app
 from epp.dev.sim.cli import add_arguments, config_from_args, serve
 from epp.dev.sim.engine import Engine, QueueFullError, RequestSpec, SeqState, SimConfig
 from epp.dev.sim.server import SimServer
-from epp.dev.sim.tokens import CHAT_MESSAGE_OVERHEAD
+from epp.dev.sim.tokens import OUTPUT_TEXT
 from epp.dev.stack import free_ports
+from epp.tokenization import DEFAULT_TOKENIZER_DIR, load_tokenizer
 
 StartSim = Callable[..., Awaitable[SimServer]]
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
 LONG = 100_000  # max_tokens of a request that the test itself ends by disconnecting
 POLL_BOUND_S = 10.0
+TOK = load_tokenizer(DEFAULT_TOKENIZER_DIR)  # the simulator's default tokenizer
+
+
+def prompt_len(text: str) -> int:
+    return len(TOK.prompt_ids(text))
 
 
 @pytest.fixture
@@ -149,7 +155,7 @@ def assert_openai_error(body: dict[str, Any], code: int) -> None:
 
 async def test_completion_usage_model_and_length(start_sim: StartSim, session: aiohttp.ClientSession) -> None:
     sim = await start_sim(served_model_names=("alias",))
-    body = {"model": "alias", "prompt": "abcdefghi", "max_tokens": 3}
+    body = {"model": "alias", "prompt": "zqxjzqxjz", "max_tokens": 3}
     async with session.post(f"{sim.url}/v1/completions", json=body) as resp:
         assert resp.status == 200
         data = await resp.json()
@@ -159,9 +165,9 @@ async def test_completion_usage_model_and_length(start_sim: StartSim, session: a
     assert choice["finish_reason"] == "length"
     assert isinstance(choice["text"], str) and choice["text"]
     assert data["usage"] == {
-        "prompt_tokens": 3,  # 9 characters, 4 per token, rounded up
+        "prompt_tokens": prompt_len("zqxjzqxjz"),
         "completion_tokens": 3,
-        "total_tokens": 6,
+        "total_tokens": prompt_len("zqxjzqxjz") + 3,
         "prompt_tokens_details": {"cached_tokens": 0},
     }
 
@@ -194,16 +200,22 @@ async def test_chat_honours_max_completion_tokens(
     [choice] = data["choices"]
     assert choice["message"]["role"] == "assistant"
     assert choice["finish_reason"] == "length"
-    assert data["usage"]["prompt_tokens"] == 2 + 2 * CHAT_MESSAGE_OVERHEAD  # 4 characters each, plus overhead
+    rendered = "<|im_start|>system\nabcd<|im_end|>\n<|im_start|>user\nefgh<|im_end|>\n<|im_start|>assistant\n"
+    assert data["usage"]["prompt_tokens"] == len(TOK.encode(rendered))  # the ChatML template's text
     assert data["usage"]["completion_tokens"] == 4
-    assert data["usage"]["total_tokens"] == 6 + 2 * CHAT_MESSAGE_OVERHEAD
+    assert data["usage"]["total_tokens"] == len(TOK.encode(rendered)) + 4
 
 
 async def test_streaming_completion_chunks_and_usage(
     start_sim: StartSim, session: aiohttp.ClientSession
 ) -> None:
     sim = await start_sim()
-    body = {"prompt": "abcdefgh", "max_tokens": 5, "stream": True, "stream_options": {"include_usage": True}}
+    body = {
+        "prompt": "qwertyuiop",
+        "max_tokens": 5,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     async with session.post(f"{sim.url}/v1/completions", json=body) as resp:
         assert resp.status == 200
         assert resp.headers["content-type"].startswith("text/event-stream")
@@ -217,11 +229,13 @@ async def test_streaming_completion_chunks_and_usage(
     assert len(token_chunks) == 5
     assert [c["choices"][0]["finish_reason"] for c in token_chunks] == [None, None, None, None, "length"]
     assert all(c["choices"][0]["text"] for c in token_chunks)
+    streamed = "".join(c["choices"][0]["text"] for c in token_chunks)
+    assert streamed == TOK.decode(TOK.encode(OUTPUT_TEXT)[:5])  # real text, decoded from the token ids
     assert usage_chunk["choices"] == []
     assert usage_chunk["usage"] == {
-        "prompt_tokens": 2,
+        "prompt_tokens": prompt_len("qwertyuiop"),
         "completion_tokens": 5,
-        "total_tokens": 7,
+        "total_tokens": prompt_len("qwertyuiop") + 5,
         "prompt_tokens_details": {"cached_tokens": 0},
     }
 
@@ -285,12 +299,15 @@ async def test_metrics_return_to_zero_after_completion(
     assert metric(samples, "vllm:num_requests_running") == 0
     assert metric(samples, "vllm:num_requests_waiting") == 0
     assert metric(samples, "vllm:kv_cache_usage_perc") == 0
-    assert metric(samples, "vllm:prompt_tokens_total") == 2 * (10 + 2)
+    lengths = (prompt_len("a" * 40), prompt_len("b" * 8))
+    prompt_tokens = sum(lengths)
+    assert metric(samples, "vllm:prompt_tokens_total") == 2 * prompt_tokens
     assert metric(samples, "vllm:generation_tokens_total") == 2 * (3 + 1)
     assert metric(samples, "vllm:request_success_total", finished_reason="length") == 4
     assert metric(samples, "vllm:request_success_total", finished_reason="stop") == 0
-    assert metric(samples, "vllm:prefix_cache_queries_total") == 2 * (10 + 2)
-    assert metric(samples, "vllm:prefix_cache_hits_total") == 0
+    assert metric(samples, "vllm:prefix_cache_queries_total") == 2 * prompt_tokens
+    # the second round repeats each prompt: its full 16-token blocks hit (never the last token)
+    assert metric(samples, "vllm:prefix_cache_hits_total") == sum((n - 1) // 16 * 16 for n in lengths)
 
 
 @pytest.mark.parametrize("fault", ["error", "hang", "garbage"])
@@ -349,12 +366,12 @@ async def test_disconnect_releases_slot_without_handler_cancellation(session: ai
 async def test_kv_cache_usage_is_running_blocks_over_capacity(
     start_sim: StartSim, session: aiohttp.ClientSession
 ) -> None:
-    # 10 blocks of 10 tokens; a 40-character prompt is 10 tokens; the next token never comes.
+    # 10 blocks of 10 tokens; prompts of 10 and 70 token ids; the second output token never comes.
     sim = await start_sim(kv_cache_size=10, block_size=10, inter_token_latency=3_600_000.0)
-    stream = await open_stream(session, sim.url, {"prompt": "p" * 40, "max_tokens": 5})
+    stream = await open_stream(session, sim.url, {"prompt": [80] * 10, "max_tokens": 5})
     samples = await scrape(session, sim.url)
     assert metric(samples, "vllm:kv_cache_usage_perc") == pytest.approx(2 / 10)  # 11 tokens: 2 blocks
-    big = await open_stream(session, sim.url, {"prompt": "q" * 280, "max_tokens": 5})  # 70 tokens
+    big = await open_stream(session, sim.url, {"prompt": [81] * 70, "max_tokens": 5})
     samples = await scrape(session, sim.url)
     assert metric(samples, "vllm:kv_cache_usage_perc") == pytest.approx(10 / 10)  # 2 + 8 blocks
     stream.close()

@@ -23,9 +23,10 @@ from epp.dev.sim.latency import LatencyModel
 from epp.dev.sim.lora import LoraSlots
 from epp.dev.sim.openai import parse_request
 from epp.dev.sim.server import SimCluster, SimServer, rank_configs
-from epp.dev.sim.tokens import CHAT_MESSAGE_OVERHEAD, chat_tokens, text_tokens
+from epp.tokenization import DEFAULT_TOKENIZER_DIR, load_tokenizer
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
+TOK = load_tokenizer(DEFAULT_TOKENIZER_DIR)  # the simulator's default tokenizer
 
 
 def config(**overrides: Any) -> SimConfig:
@@ -41,8 +42,15 @@ def config(**overrides: Any) -> SimConfig:
     return SimConfig(**options)
 
 
-def spec(request_id: str, chars: str, max_tokens: int = 1, model: str = "demo", **kw: Any) -> RequestSpec:
-    return RequestSpec.of(request_id, model, text_tokens(chars), max_tokens, **kw)
+def ids(label: str, count: int) -> list[int]:
+    """``count`` copies of one token id (distinct per label): a prompt of a known length."""
+    return [ord(label)] * count
+
+
+def spec(
+    request_id: str, prompt: list[int], max_tokens: int = 1, model: str = "demo", **kw: Any
+) -> RequestSpec:
+    return RequestSpec.of(request_id, model, prompt, max_tokens, **kw)
 
 
 async def run(engine: Engine, seq: Sequence) -> int:
@@ -57,15 +65,6 @@ async def complete(engine: Engine, request: RequestSpec) -> Sequence:
     seq = engine.submit(request)
     await run(engine, seq)
     return seq
-
-
-# --------------------------------------------------------------------------- tokens
-
-
-def test_tokens_are_four_characters_and_chat_adds_overhead() -> None:
-    assert text_tokens("abcdefghij") == ["abcd", "efgh", "ij"]
-    chat = chat_tokens([("system", "abcdefgh"), ("user", "x")])
-    assert len(chat) == 2 * CHAT_MESSAGE_OVERHEAD + 2 + 1
 
 
 # --------------------------------------------------------------------------- KV cache
@@ -122,12 +121,14 @@ def test_running_blocks_are_never_evicted() -> None:
 
 async def test_cached_prefix_gives_smaller_ttft_and_exact_token_counters() -> None:
     engine = Engine(config())
-    prompt = "p" * 40  # 10 tokens; blocks of 4: lookups cover (10 - 1) // 4 = 2 blocks
+    prompt = ids("p", 10)  # 10 tokens; blocks of 4: lookups cover (10 - 1) // 4 = 2 blocks
     cold = await complete(engine, spec("cold", prompt))
     warm = await complete(engine, spec("warm", prompt))
     assert (cold.cached_tokens, cold.uncached_tokens, cold.ttft_ms) == (0, 10, 10.0 + 10)
     assert (warm.cached_tokens, warm.uncached_tokens, warm.ttft_ms) == (8, 2, 10.0 + 2)
-    partial = await complete(engine, spec("partial", "p" * 20 + "q" * 20))  # shares one block (5 tokens)
+    partial = await complete(
+        engine, spec("partial", ids("p", 5) + ids("q", 5))
+    )  # shares one block (5 tokens)
     assert (partial.cached_tokens, partial.ttft_ms) == (4, 10.0 + 6)
     counters = engine.snapshot().counters
     assert counters.prefix_cache_queries == 30
@@ -137,14 +138,14 @@ async def test_cached_prefix_gives_smaller_ttft_and_exact_token_counters() -> No
 
 async def test_adapters_do_not_share_the_base_model_cache() -> None:
     engine = Engine(config(lora_modules=("ad",), lora_load_time=0.0))
-    await complete(engine, spec("base", "s" * 40))
-    other = await complete(engine, spec("lora", "s" * 40, model="ad"))
+    await complete(engine, spec("base", ids("s", 10)))
+    other = await complete(engine, spec("lora", ids("s", 10), model="ad"))
     assert other.cached_tokens == 0
 
 
 async def test_kv_usage_counts_only_running_blocks() -> None:
     engine = Engine(config(kv_cache_size=10))
-    seq = engine.submit(spec("a", "u" * 40, max_tokens=3))  # 10 tokens: 3 blocks of 4
+    seq = engine.submit(spec("a", ids("u", 10), max_tokens=3))  # 10 tokens: 3 blocks of 4
     assert engine.snapshot().kv_cache_usage == pytest.approx(0.3)
     await run(engine, seq)
     assert engine.snapshot().kv_cache_usage == 0
@@ -153,9 +154,9 @@ async def test_kv_usage_counts_only_running_blocks() -> None:
 
 async def test_request_waits_for_kv_blocks_and_queue_shows_it() -> None:
     engine = Engine(config(kv_cache_size=4, max_num_seqs=5))
-    big = engine.submit(spec("big", "b" * 48))  # 12 tokens: 3 of 4 blocks
-    blocked = engine.submit(spec("blocked", "c" * 32))  # 8 tokens: 2 blocks, only 1 free
-    behind = engine.submit(spec("behind", "d"))  # would fit, but the queue is FIFO
+    big = engine.submit(spec("big", ids("b", 12)))  # 12 tokens: 3 of 4 blocks
+    blocked = engine.submit(spec("blocked", ids("c", 8)))  # 8 tokens: 2 blocks, only 1 free
+    behind = engine.submit(spec("behind", ids("d", 1)))  # would fit, but the queue is FIFO
     assert [s.state for s in (big, blocked, behind)] == [SeqState.RUNNING, SeqState.WAITING, SeqState.WAITING]
     snap = engine.snapshot()
     assert (snap.running, snap.waiting, snap.kv_cache_usage) == (1, 2, 0.75)
@@ -167,8 +168,8 @@ async def test_request_waits_for_kv_blocks_and_queue_shows_it() -> None:
 
 async def test_prompt_longer_than_the_cache_runs_alone_with_the_whole_cache() -> None:
     engine = Engine(config(kv_cache_size=4))
-    small = engine.submit(spec("small", "s" * 4))
-    huge = engine.submit(spec("huge", "h" * 400))  # 100 tokens: 25 blocks, the cache has 4
+    small = engine.submit(spec("small", ids("s", 1)))
+    huge = engine.submit(spec("huge", ids("h", 100)))  # 100 tokens: 25 blocks, the cache has 4
     assert huge.state is SeqState.WAITING
     engine.abort(small)
     assert huge.state is SeqState.RUNNING and engine.snapshot().kv_cache_usage == 1.0
@@ -178,7 +179,7 @@ async def test_prompt_longer_than_the_cache_runs_alone_with_the_whole_cache() ->
 
 async def test_waiting_queue_grows_past_max_num_seqs() -> None:
     engine = Engine(config(max_num_seqs=2))
-    seqs = [engine.submit(spec(f"r{i}", "w" * 8)) for i in range(5)]
+    seqs = [engine.submit(spec(f"r{i}", ids("w", 2))) for i in range(5)]
     snap = engine.snapshot()
     assert (snap.running, snap.waiting) == (2, 3)
     assert [s.state for s in seqs].count(SeqState.WAITING) == 3
@@ -189,7 +190,7 @@ async def test_waiting_queue_grows_past_max_num_seqs() -> None:
 
 async def test_load_factor_slows_a_fuller_batch() -> None:
     engine = Engine(config(max_num_seqs=3, time_factor_under_load=1.0, prefill_time_per_token=0.0))
-    seqs = [engine.submit(spec(f"r{i}", f"{i}" * 4)) for i in range(3)]
+    seqs = [engine.submit(spec(f"r{i}", ids(str(i), 1))) for i in range(3)]
     assert [s.ttft_ms for s in seqs] == [10.0, 15.0, 20.0]  # x1, x1.5, x2
     model = engine.latency
     assert model.itl_ms(1) == 2.0 and model.itl_ms(3) == 4.0
@@ -209,7 +210,7 @@ def test_latency_jitter_is_seeded_and_never_negative() -> None:
 
 async def test_latency_histograms_count_observations() -> None:
     engine = Engine(config())
-    await complete(engine, spec("h", "abcd", max_tokens=3))
+    await complete(engine, spec("h", ids("h", 1), max_tokens=3))
     counters = engine.snapshot().counters
     assert counters.time_to_first_token.count == 1
     assert counters.inter_token_latency.count == 2
@@ -219,7 +220,7 @@ async def test_latency_histograms_count_observations() -> None:
 
 async def test_remote_prefill_skips_the_prefill_cost() -> None:
     engine = Engine(config())
-    seq = await complete(engine, spec("d", "k" * 40, remote_prefill=True))
+    seq = await complete(engine, spec("d", ids("k", 10), remote_prefill=True))
     assert (seq.uncached_tokens, seq.ttft_ms) == (0, 10.0)
 
 
@@ -237,10 +238,10 @@ def test_lora_slots_evict_only_idle_adapters() -> None:
 
 async def test_lora_requests_wait_for_a_slot_and_labels_follow() -> None:
     engine = Engine(config(lora_modules=("a", "b"), max_loras=1, lora_load_time=50.0))
-    first = engine.submit(spec("1", "x" * 4, model="a"))
-    second = engine.submit(spec("2", "y" * 4, model="b"))  # no slot: waits
-    base = engine.submit(spec("3", "z" * 4))  # the base model passes it
-    same = engine.submit(spec("4", "v" * 4, model="a"))  # already loaded: no load time
+    first = engine.submit(spec("1", ids("x", 1), model="a"))
+    second = engine.submit(spec("2", ids("y", 1), model="b"))  # no slot: waits
+    base = engine.submit(spec("3", ids("z", 1)))  # the base model passes it
+    same = engine.submit(spec("4", ids("v", 1), model="a"))  # already loaded: no load time
     assert [s.state for s in (first, second, base, same)] == [
         SeqState.RUNNING,
         SeqState.WAITING,
@@ -301,19 +302,29 @@ def value(samples: Samples, name: str, **labels: str) -> float:
     return found
 
 
+def cached_prefix(first: list[int], second: list[int], block_size: int) -> int:
+    """Tokens of ``second`` a cache holding ``first`` serves: whole shared blocks, never the last token."""
+    shared = next((i for i, (a, b) in enumerate(zip(first, second, strict=False)) if a != b), len(first))
+    return min(shared, len(second) - 1) // block_size * block_size
+
+
 async def test_chat_prefix_is_cached_across_requests(sim: SimServer, session: aiohttp.ClientSession) -> None:
-    system = {"role": "system", "content": "s" * 64}  # 3 + 16 tokens
+    system = {"role": "system", "content": "s" * 64}
+    chats = [[system, {"role": "user", "content": question}] for question in ("abcd", "efgh")]
+    prompts = [TOK.chat_ids(messages) for messages in chats]  # what the simulator's tokenizer makes of them
+    hit = cached_prefix(prompts[0], prompts[1], 4)
+    assert hit >= 8  # the system message spans whole blocks
     totals = []
-    for question in ("abcd", "efgh"):  # 3 + 1 tokens each: 23 tokens, 22 shared
-        body = {"messages": [system, {"role": "user", "content": question}], "max_tokens": 1}
+    for messages in chats:
+        body = {"messages": messages, "max_tokens": 1}
         async with session.post(f"{sim.url}/v1/chat/completions", json=body) as resp:
             assert resp.status == 200
             totals.append((await resp.json())["usage"])
-    assert [u["prompt_tokens"] for u in totals] == [23, 23]
-    assert [u["prompt_tokens_details"]["cached_tokens"] for u in totals] == [0, 20]  # 5 full blocks
+    assert [u["prompt_tokens"] for u in totals] == [len(p) for p in prompts]
+    assert [u["prompt_tokens_details"]["cached_tokens"] for u in totals] == [0, hit]
     samples = await scrape(session, sim.url)
-    assert value(samples, "vllm:prefix_cache_queries_total") == 46
-    assert value(samples, "vllm:prefix_cache_hits_total") == 20
+    assert value(samples, "vllm:prefix_cache_queries_total") == sum(len(p) for p in prompts)
+    assert value(samples, "vllm:prefix_cache_hits_total") == hit
     assert value(samples, "vllm:time_to_first_token_seconds_count") == 2
     assert value(samples, "vllm:inter_token_latency_seconds_count") == 0
     assert value(samples, "vllm:request_queue_time_seconds_count") == 2
@@ -375,11 +386,8 @@ async def test_prefill_request_returns_kv_transfer_params(
         data = await resp.json()
     returned = data["kv_transfer_params"]
     assert returned["do_remote_prefill"] is True and returned["do_remote_decode"] is False
-    assert returned["remote_port"] == sim.port and returned["remote_block_ids"] == [
-        0,
-        1,
-        2,
-    ]  # 10 tokens in blocks of 4
+    blocks = -(-len(TOK.prompt_ids("k" * 40)) // 4)  # the prompt's tokens in blocks of 4
+    assert returned["remote_port"] == sim.port and returned["remote_block_ids"] == list(range(blocks))
     async with session.post(f"{sim.url}/v1/completions", json={"prompt": "k"}) as resp:
         assert "kv_transfer_params" not in await resp.json()
 
@@ -404,7 +412,7 @@ async def test_decode_role_does_not_answer_kv_transfer_params(session: aiohttp.C
 )
 def test_remote_prefill_detection(params: dict[str, Any] | None, remote: bool) -> None:
     body = {"prompt": "abc", "kv_transfer_params": params}
-    assert parse_request(body, SimConfig(), chat=False).remote_prefill is remote
+    assert parse_request(body, SimConfig(), TOK, chat=False).remote_prefill is remote
 
 
 async def test_data_parallel_ranks_are_independent(session: aiohttp.ClientSession) -> None:
@@ -412,11 +420,13 @@ async def test_data_parallel_ranks_are_independent(session: aiohttp.ClientSessio
     async with SimCluster(SimConfig(port=0, time_scale=0.0, data_parallel_size=2)) as cluster:
         first, second = cluster.servers
         assert first.port != second.port
-        async with session.post(f"{first.url}/v1/completions", json={"prompt": "abcd"}) as resp:
+        async with session.post(f"{first.url}/v1/completions", json={"prompt": "Grüße!"}) as resp:
             assert resp.headers["x-inference-port"] == str(first.port)
         async with session.get(f"{second.url}/health") as resp:
             assert resp.headers["x-inference-port"] == str(second.port)
-        assert value(await scrape(session, first.url), "vllm:prompt_tokens_total") == 1
+        assert value(await scrape(session, first.url), "vllm:prompt_tokens_total") == len(
+            TOK.prompt_ids("Grüße!")
+        )
         assert value(await scrape(session, second.url), "vllm:prompt_tokens_total") == 0
 
 

@@ -215,7 +215,7 @@ async def test_stored_minus_removed_is_what_the_cache_holds_under_eviction() -> 
         sub = await synced(ctx, server, http)
         assert server.publisher is not None
         for index in range(12):  # 12 prompts of 3 full blocks each through an 8-block cache
-            await complete(http, server.url, [1000 * index + t for t in range(13)])
+            await complete(http, server.url, [500 * index + t for t in range(13)])
         await sub.until_seq(await settled(server) - 1)
         held: set[int] = set()
         removed_any = False
@@ -267,7 +267,7 @@ async def test_dropped_batches_leave_a_gap_that_replay_fills_byte_for_byte() -> 
             assert response.status == 200
             assert (await response.json())["pending_faults"] == 2
         for index in range(3):  # three new prompts: one BlockStored batch each
-            await complete(http, server.url, [50_000 + 100 * index + t for t in range(8)])
+            await complete(http, server.url, [6000 + 100 * index + t for t in range(8)])
         topic, seq, _ = await sub.recv()
         assert seq == before + 2  # the two dropped batches never came on PUB
         live_payload = sub.frames[-1][2]
@@ -305,7 +305,7 @@ async def test_reset_clears_the_cache_publishes_all_blocks_cleared_and_refuses_w
         await complete(http, server.url, list(range(12)))
         await sub.recv()
         assert server.engine.kv.cached_blocks == 3
-        seq = server.engine.submit(RequestSpec.of("busy", "demo", [f"t{i}" for i in range(8)], 1))
+        seq = server.engine.submit(RequestSpec.of("busy", "demo", list(range(100, 108)), 1))
         async with http.post(f"{server.url}/reset_prefix_cache") as response:
             assert response.status == 409
             assert "in use" in (await response.json())["error"]["message"]
@@ -357,7 +357,7 @@ async def test_data_parallel_ranks_offset_ports_and_stamp_their_rank() -> None:
                 assert server.publisher is not None
                 assert server.publisher.replay_endpoint == f"tcp://127.0.0.1:{replay_port + rank}"
                 for attempt in range(200):  # a connecting PUB drops batches until the link is up
-                    await complete(http, server.url, [rank * 10_000 + attempt * 100 + t for t in range(4)])
+                    await complete(http, server.url, [rank * 4000 + attempt * 4 + t for t in range(4)])
                     if await subs[rank].sock.poll(50):
                         break
                 topic, _, (_, events, batch_rank) = await subs[rank].recv()
@@ -437,7 +437,7 @@ async def test_cache_salt_keys_the_first_block_and_is_validated() -> None:
 
 async def test_engine_without_a_sink_discards_events() -> None:
     engine = Engine(sim_config(port=8000))
-    seq = engine.submit(RequestSpec.of("r", "demo", [f"x{i}" for i in range(8)], 1))
+    seq = engine.submit(RequestSpec.of("r", "demo", list(range(8)), 1))
     engine.abort(seq)
     assert engine.kv.take_events() == []  # flushed at every scheduling step, nothing accumulates
 
@@ -468,7 +468,7 @@ async def test_the_epp_sim_process_publishes_hashes_seeded_by_pythonhashseed() -
                     pass
                 await asyncio.sleep(0.05)
             for attempt in range(200):  # until the SUB has joined: each prompt is new, so it publishes
-                await complete(http, url, [attempt * 100 + t for t in range(8)])
+                await complete(http, url, [attempt * 8 + t for t in range(8)])
                 if await sub.sock.poll(50):
                     break
             topic, _, (_, events, rank) = await sub.recv()

@@ -273,3 +273,37 @@ def test_segment_cache_is_bounded_by_bytes_least_recent_first() -> None:
     assert "a" * 40 in tok.cache and "c" * 40 in tok.cache and "b" * 40 not in tok.cache
     tok.encode_cached("é" * 60)  # 120 bytes: larger than the bound, never cached
     assert "é" * 60 not in tok.cache and tok.cache.bytes <= 100
+
+
+def test_the_asset_is_package_data() -> None:
+    """A non-editable install (the image) ships the asset: pyproject's package-data globs cover it."""
+    import tomllib
+
+    root = Path(__file__).resolve().parents[2]
+    globs = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["epp"]
+    for file in DEFAULT_TOKENIZER_DIR.iterdir():
+        relative = file.relative_to(root / "epp")
+        assert any(relative.match(glob) for glob in globs), relative
+
+
+def test_request_bodies_become_the_ids_vllm_would_use() -> None:
+    from epp.tokenization.requests import PromptError, chat_prompt, completion_prompts
+
+    assert completion_prompts({"prompt": "hi"}, TOK) == [TOK.prompt_ids("hi")]
+    assert completion_prompts({"prompt": ["a", "b"]}, TOK) == [TOK.encode("a"), TOK.encode("b")]
+    assert completion_prompts({"prompt": [[1, 2], [3]]}, TOK) == [[1, 2], [3]]
+    body = {"messages": [{"role": "user", "content": [{"type": "text", "text": "x"}]}], "tools": []}
+    assert chat_prompt(body, TOK) == TOK.encode("<|im_start|>user\nx<|im_end|>\n<|im_start|>assistant\n")
+    kwargs_body = {**body, "add_generation_prompt": False}
+    assert chat_prompt(kwargs_body, TOK) == TOK.encode("<|im_start|>user\nx<|im_end|>\n")
+    for bad, param in (
+        ({"prompt": [1, "a"]}, "prompt"),
+        ({"prompt": [TOK.vocab_size]}, "prompt"),
+        ({"prompt": None}, "prompt"),
+        ({"prompt": "x", "add_special_tokens": 1}, "add_special_tokens"),
+    ):
+        with pytest.raises(PromptError) as caught:
+            completion_prompts(bad, TOK)
+        assert caught.value.param == param
+    with pytest.raises(PromptError, match="non-empty list"):
+        chat_prompt({"messages": []}, TOK)

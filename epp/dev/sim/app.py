@@ -9,7 +9,7 @@ from collections.abc import Awaitable, Callable
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
-from epp.dev.sim import inference, kv_admin
+from epp.dev.sim import generate, inference, kv_admin, tokenize
 from epp.dev.sim.context import (
     CONFIG_KEY,
     CREATED_KEY,
@@ -35,10 +35,13 @@ def build_app(config: SimConfig) -> web.Application:
     """A fresh simulator app with its own engine, journal and metrics registry.
 
     Routes: ``POST /v1/completions`` and ``/v1/chat/completions`` (optionally SSE), ``GET /v1/models``,
-    ``/health``, ``/metrics`` (vLLM names), ``POST /reset_prefix_cache``, ``GET``/``DELETE
-    /debug/requests`` (the last requests received) and the simulator-only ``GET /sim/kv-events`` and
-    ``POST /sim/kv-events/drop`` / ``corrupt?count=N``. Any other ``POST`` is journaled and answered
-    404. Every response carries ``x-inference-pod``, ``-namespace`` and ``-port``; errors use the OpenAI shape
+    vLLM's ``POST /tokenize``, ``/detokenize``, ``/v1/completions/render`` and
+    ``/v1/chat/completions/render``, the token-in ``POST /inference/v1/generate`` (vLLM) and
+    ``/generate`` (SGLang), ``/health``, ``/metrics`` (vLLM names), ``POST /reset_prefix_cache``,
+    ``GET``/``DELETE /debug/requests`` (the last requests received) and the simulator-only
+    ``GET /sim/kv-events`` and ``POST /sim/kv-events/drop`` / ``corrupt?count=N``. Any other ``POST``
+    is journaled and answered 404. Every response carries ``x-inference-pod``, ``-namespace`` and
+    ``-port``; errors use the OpenAI shape
     ``{"error": {"message", "type", "param", "code"}}``.
     """
     app = web.Application(middlewares=[error_middleware], client_max_size=MAX_BODY_BYTES)
@@ -56,6 +59,12 @@ def build_app(config: SimConfig) -> web.Application:
     app.router.add_post("/v1/completions", inference.completions)
     app.router.add_post("/v1/chat/completions", inference.chat_completions)
     app.router.add_get("/v1/models", inference.models)
+    app.router.add_post("/tokenize", tokenize.tokenize)
+    app.router.add_post("/detokenize", tokenize.detokenize)
+    app.router.add_post("/v1/completions/render", tokenize.render_completions)
+    app.router.add_post("/v1/chat/completions/render", tokenize.render_chat)
+    app.router.add_post("/inference/v1/generate", generate.vllm_generate)
+    app.router.add_post("/generate", generate.sglang_generate)
     app.router.add_get("/health", health)
     if not config.metrics_port:
         app.router.add_get("/metrics", metrics)

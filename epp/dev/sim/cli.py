@@ -12,6 +12,8 @@ from epp.dev.sim.block_hash import HASH_ALGORITHMS
 from epp.dev.sim.engine import FAILURE_TYPES, METRICS_FAULTS, ROLES, SimConfig
 from epp.dev.sim.kv_events import ENCODINGS, REPLAY_FORMATS, KVEventsConfig
 from epp.dev.sim.server import SimCluster
+from epp.dev.sim.tokens import tokenizer_for
+from epp.tokenization import DEFAULT_TOKENIZER_DIR, TokenizerError
 
 _DEFAULTS = SimConfig()
 
@@ -96,6 +98,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=_positive_int,
         default=d.max_tokens,
         help="output length when the request sets no max_tokens (default %(default)s)",
+    )
+    add(
+        "--max-model-len",
+        type=_positive_int,
+        default=d.max_model_len,
+        metavar="TOKENS",
+        help="context length: a longer prompt, or prompt + max_tokens beyond it, gets 400"
+        " (default %(default)s)",
+    )
+    add(
+        "--tokenizer",
+        type=_tokenizer,
+        default=d.tokenizer,
+        metavar="PATH",
+        help="HF tokenizer directory (tokenizer.json, tokenizer_config.json with the chat template) for"
+        f" prompts, usage and the KV cache (default: the shipped {DEFAULT_TOKENIZER_DIR.name})",
     )
     add(
         "--kv-cache-size",
@@ -269,6 +287,14 @@ def _kv_events_config(text: str) -> KVEventsConfig:
         return KVEventsConfig.from_json(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _tokenizer(text: str) -> str:
+    try:
+        tokenizer_for(text)
+    except TokenizerError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
 
 
 def _positive_int(text: str) -> int:

@@ -5,8 +5,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import enum
-import functools
-import hashlib
 import random
 import time
 from collections import deque
@@ -18,8 +16,8 @@ from epp.dev.sim.kv_events import DEFAULT_ENCODING, ENCODINGS, REPLAY_FORMATS, K
 from epp.dev.sim.kvcache import Allocation, KVCache, KVEvent, PromptBlocks
 from epp.dev.sim.latency import ITL_BUCKETS, QUEUE_TIME_BUCKETS, TTFT_BUCKETS, Histogram, LatencyModel
 from epp.dev.sim.lora import LoraSlots
-from epp.dev.sim.tokens import CHARS_PER_TOKEN as CHARS_PER_TOKEN
-from epp.dev.sim.tokens import estimate_tokens as estimate_tokens
+from epp.dev.sim.tokens import output_tokens, tokenizer_for
+from epp.tokenization import Tokenizer
 
 FINISH_STOP = "stop"
 FINISH_LENGTH = "length"
@@ -29,11 +27,6 @@ ROLES = ("both", "prefill", "decode")
 FAILURE_TYPES = ("rate_limit", "server_error", "invalid_request", "model_not_found")
 # a broken /metrics (inference keeps working): 500 answers, no answer at all, or a 200 of non-metrics text
 METRICS_FAULTS = ("none", "error", "hang", "garbage")
-
-_VOCABULARY = (
-    "The", " quick", " brown", " fox", " jumps", " over", " the", " lazy", " dog", ".",
-    " A", " simulated", " model", " server", " answers", " every", " request", " politely", ",",
-)  # fmt: skip
 
 
 @dataclass(slots=True)
@@ -58,6 +51,8 @@ class SimConfig:
     time_to_first_token_std_dev: float = 0.0
     inter_token_latency_std_dev: float = 0.0
     max_tokens: int = 16
+    max_model_len: int = 16_777_216  # tokens; large enough for any body the server accepts
+    tokenizer: str = ""  # a HF tokenizer directory; "" is the one shipped with epp
     kv_cache_size: int = 1024
     block_size: int = 16
     lora_modules: tuple[str, ...] = ()
@@ -89,7 +84,14 @@ class SimConfig:
         for name in ("metrics_port", "dcgm_port"):
             _require(0 <= getattr(self, name) <= 65535, f"{name} must be in 0..65535")
         _require(bool(self.model), "model must not be empty")
-        for name in ("max_num_seqs", "max_tokens", "kv_cache_size", "block_size", "data_parallel_size"):
+        for name in (
+            "max_num_seqs",
+            "max_tokens",
+            "max_model_len",
+            "kv_cache_size",
+            "block_size",
+            "data_parallel_size",
+        ):
             _require(getattr(self, name) >= 1, f"{name} must be >= 1")
         for name in (
             "max_waiting",
@@ -158,11 +160,6 @@ def _require(condition: bool, message: str) -> None:
         raise ValueError(message)
 
 
-def token_text(index: int) -> str:
-    """The deterministic text of the ``index``-th generated token."""
-    return _VOCABULARY[index % len(_VOCABULARY)]
-
-
 class QueueFullError(Exception):
     """The waiting queue is at ``max_waiting``: the request is rejected (HTTP 429)."""
 
@@ -184,8 +181,8 @@ class RequestSpec:
     prompt_tokens: int
     max_tokens: int | None = None
     """The client's output limit; ``None`` means the configured default length, finishing with ``stop``."""
-    prompt: tuple[str, ...] = ()
-    """The prompt's tokens (see :mod:`epp.dev.sim.tokens`); empty means unknown content, never cached."""
+    prompt: list[int] = field(default_factory=list)
+    """The prompt's token ids; empty means unknown content, never cached."""
     remote_prefill: bool = False
     """The KV of the prompt comes from a remote prefill worker: no local prefill cost."""
     cache_salt: str | None = None
@@ -196,15 +193,14 @@ class RequestSpec:
         cls,
         request_id: str,
         model: str,
-        prompt: tuple[str, ...] | list[str],
+        prompt: list[int],
         max_tokens: int | None = None,
         *,
         remote_prefill: bool = False,
         cache_salt: str | None = None,
     ) -> RequestSpec:
         """A spec whose prompt content is known (so prefix caching applies)."""
-        tokens = tuple(prompt)
-        return cls(request_id, model, len(tokens), max_tokens, tokens, remote_prefill, cache_salt)
+        return cls(request_id, model, len(prompt), max_tokens, prompt, remote_prefill, cache_salt)
 
 
 @dataclass(slots=True, eq=False)
@@ -244,6 +240,7 @@ class Token:
     index: int
     text: str
     finish_reason: str | None = None
+    token_id: int = 0
 
 
 @dataclass(slots=True)
@@ -295,8 +292,10 @@ class Engine:
     what the engine is doing.
     """
 
-    def __init__(self, config: SimConfig) -> None:
+    def __init__(self, config: SimConfig, tokenizer: Tokenizer | None = None) -> None:
         self.config = config
+        self.tokenizer = tokenizer or tokenizer_for(config.tokenizer)
+        self._output = output_tokens(self.tokenizer)
         self.kv = KVCache(
             config.kv_cache_size,
             config.block_size,
@@ -332,7 +331,7 @@ class Engine:
             finish_reason=_finish_reason(spec),
             lora=lora,
             blocks=self.kv.prompt_blocks(
-                _stand_in_ids(spec.prompt),
+                spec.prompt,
                 lora_name=lora,
                 lora_id=self.config.lora_modules.index(lora) + 1 if lora is not None else None,
                 cache_salt=spec.cache_salt,
@@ -372,9 +371,8 @@ class Engine:
                     self.kv.grow(seq.allocation, seq.spec.prompt_tokens + seq.generated_tokens)
                     self._flush_kv_events()
                 final = index == seq.output_tokens - 1
-                yield Token(
-                    index=index, text=token_text(index), finish_reason=seq.finish_reason if final else None
-                )
+                token_id, text = self._output.at(index)
+                yield Token(index, text, seq.finish_reason if final else None, token_id)
             self._finish(seq)
         finally:
             self.abort(seq)
@@ -418,7 +416,9 @@ class Engine:
         return tuple(self._running)
 
     def _output_tokens(self, spec: RequestSpec) -> int:
-        return spec.max_tokens if spec.max_tokens is not None else self.config.max_tokens
+        if spec.max_tokens is not None:
+            return spec.max_tokens
+        return max(1, min(self.config.max_tokens, self.config.max_model_len - spec.prompt_tokens))
 
     def _schedule(self) -> None:
         """Start waiting requests in FIFO order while slots and KV blocks allow.
@@ -477,16 +477,6 @@ class Engine:
         if seq.granted is not None and not seq.granted.done():
             seq.granted.cancel()
         self._schedule()
-
-
-@functools.lru_cache(maxsize=65536)
-def _stand_in_id(token: str) -> int:
-    return int.from_bytes(hashlib.blake2b(token.encode(), digest_size=4).digest(), "big")
-
-
-def _stand_in_ids(prompt: tuple[str, ...]) -> list[int]:
-    """Integer ids for the stand-in tokenizer's string tokens (until the engine gets real token ids)."""
-    return [_stand_in_id(token) for token in prompt]
 
 
 def _adapters(seqs: Iterable[Sequence]) -> tuple[str, ...]:

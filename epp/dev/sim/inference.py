@@ -3,9 +3,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import uuid
-from typing import Any
+from collections.abc import Callable
+from typing import Any, ParamSpec, TypeVar
 
 import structlog
 from aiohttp import web
@@ -43,10 +45,10 @@ async def _inference(request: web.Request, *, chat: bool) -> web.StreamResponse:
     failure = injected_failure(request)
     if failure is not None:
         raise failure
-    body = decode_body(raw)
-    parsed = parse_request(body, config, chat=chat)
-    cache_salt = _cache_salt(body)
     engine = request.app[ENGINE_KEY]
+    body = decode_body(raw)
+    cache_salt = _cache_salt(body)
+    parsed = await off_loop(len(raw), parse_request, body, config, engine.tokenizer, chat=chat)
     completion = Completion(parsed, _request_id(request, chat=chat))
     spec = RequestSpec.of(
         completion.request_id,
@@ -78,6 +80,21 @@ def _cache_salt(body: dict[str, Any]) -> str | None:
     if not isinstance(salt, str) or not salt:
         raise bad_request("Parameter 'cache_salt' must be a non-empty string if provided.", "cache_salt")
     return salt
+
+
+OFF_LOOP_BYTES = 64 * 1024
+"""Bodies from this size are tokenized on a worker thread, so a long prompt does not stall the loop."""
+
+
+_P = ParamSpec("_P")
+_T = TypeVar("_T")
+
+
+async def off_loop(size: int, function: Callable[_P, _T], *args: _P.args, **kwargs: _P.kwargs) -> _T:
+    """``function(*args, **kwargs)``: inline for a small body, on a worker thread for a large one."""
+    if size < OFF_LOOP_BYTES:
+        return function(*args, **kwargs)
+    return await asyncio.to_thread(function, *args, **kwargs)
 
 
 _FAILURES: dict[str, tuple[int, str, str]] = {

@@ -13,7 +13,9 @@ from aiohttp import web
 
 from epp.dev.sim.context import Identity
 from epp.dev.sim.engine import Sequence, SimConfig, Token
-from epp.dev.sim.tokens import chat_tokens, id_tokens, text_tokens
+from epp.dev.sim.limits import check_length
+from epp.tokenization import Tokenizer
+from epp.tokenization.requests import PromptError, chat_prompt, completion_prompts
 
 JSON_CONTENT_TYPE = "application/json"
 
@@ -46,6 +48,10 @@ def bad_request(message: str, param: str | None = None) -> OpenAIError:
     return OpenAIError(400, message, "BadRequestError", param)
 
 
+def prompt_error(exc: PromptError) -> OpenAIError:
+    return bad_request(exc.message, exc.param)
+
+
 def _http_error_type(status: int) -> str:
     return {404: "NotFoundError", 405: "MethodNotAllowedError", 413: "RequestEntityTooLargeError"}.get(
         status, "BadRequestError" if status < 500 else "InternalServerError"
@@ -71,7 +77,7 @@ class InferenceRequest:
 
     chat: bool
     model: str
-    prompt: tuple[str, ...]
+    prompt: list[int]
     max_tokens: int | None
     stream: bool
     include_usage: bool
@@ -103,10 +109,21 @@ def decode_body(raw: bytes) -> dict[str, Any]:
     return body
 
 
-def parse_request(body: dict[str, Any], config: SimConfig, *, chat: bool) -> InferenceRequest:
-    """Validate the body (400 on bad fields), then the model (404 when not served)."""
-    prompt = _chat_prompt(body) if chat else _completion_prompt(body)
-    max_tokens = _max_tokens(body, chat=chat)
+def parse_request(
+    body: dict[str, Any], config: SimConfig, tokenizer: Tokenizer, *, chat: bool
+) -> InferenceRequest:
+    """Validate the body (400 on bad fields), then the model (404 when not served); the prompt's
+    token ids come from ``tokenizer`` (several completions prompts are served as one)."""
+    try:
+        if chat:
+            prompt = chat_prompt(body, tokenizer)
+        else:
+            prompts = completion_prompts(body, tokenizer)
+            prompt = prompts[0] if len(prompts) == 1 else [i for ids in prompts for i in ids]
+        max_tokens = _max_tokens(body, chat=chat)
+        check_length(len(prompt), max_tokens, config.max_model_len)
+    except PromptError as exc:
+        raise prompt_error(exc) from None
     stream = _optional_bool(body, "stream")
     options = body.get("stream_options")
     if options is not None and not isinstance(options, dict):
@@ -119,6 +136,11 @@ def parse_request(body: dict[str, Any], config: SimConfig, *, chat: bool) -> Inf
     return InferenceRequest(chat, model, prompt, max_tokens, stream, include_usage, kv_transfer_params)
 
 
+def model_of(body: dict[str, Any], config: SimConfig) -> str:
+    """The request's model (the configured one if absent); 404 when it is not served."""
+    return _model(body, config)
+
+
 def _model(body: dict[str, Any], config: SimConfig) -> str:
     model = body.get("model")
     if model is None:
@@ -128,40 +150,6 @@ def _model(body: dict[str, Any], config: SimConfig) -> str:
     if model not in config.model_names and model not in config.lora_modules:
         raise OpenAIError(404, f"The model `{model}` does not exist.", "NotFoundError", "model")
     return model
-
-
-def _completion_prompt(body: dict[str, Any]) -> tuple[str, ...]:
-    prompt = body.get("prompt")
-    if isinstance(prompt, str):
-        return tuple(text_tokens(prompt))
-    if isinstance(prompt, list) and prompt:
-        if all(isinstance(item, str) for item in prompt):
-            return tuple(token for item in prompt for token in text_tokens(item))
-        if all(_is_int(item) for item in prompt):
-            return tuple(id_tokens(prompt))
-        if all(isinstance(item, list) and all(_is_int(tok) for tok in item) for item in prompt):
-            return tuple(token for item in prompt for token in id_tokens(item))
-    if prompt is None:
-        raise bad_request("prompt is required", "prompt")
-    raise bad_request("prompt must be a string, a list of strings or a list of token ids", "prompt")
-
-
-def _chat_prompt(body: dict[str, Any]) -> tuple[str, ...]:
-    messages = body.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise bad_request("messages must be a non-empty list", "messages")
-    if not all(isinstance(message, dict) for message in messages):
-        raise bad_request("every message must be an object", "messages")
-    pairs = [(str(message.get("role", "")), _message_text(message.get("content"))) for message in messages]
-    return tuple(chat_tokens(pairs))
-
-
-def _message_text(content: object) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "".join(part.get("text", "") for part in content if isinstance(part, dict))
-    return ""
 
 
 def _max_tokens(body: dict[str, Any], *, chat: bool) -> int | None:

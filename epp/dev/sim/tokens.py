@@ -1,37 +1,46 @@
-"""The simulator's stand-in tokenizer: about four characters per token, deterministic and model-free."""
+"""The simulator's tokenizer: one :mod:`epp.tokenization` tokenizer per path, shared by every rank
+of the process (so its segment cache is too), and the deterministic text the engine generates."""
 
 from __future__ import annotations
 
-import math
-from collections.abc import Iterable
+import functools
+from dataclasses import dataclass
+from pathlib import Path
 
-CHARS_PER_TOKEN = 4
-"""Token estimate used for prompts given as text: about four characters per token."""
+from epp.tokenization import DEFAULT_TOKENIZER_DIR, Tokenizer, load_tokenizer
 
-CHAT_MESSAGE_OVERHEAD = 3
-"""Tokens a chat template adds around every message (start marker, role, end marker)."""
-
-
-def estimate_tokens(text: str) -> int:
-    """Approximate token count of a text (four characters per token, rounded up)."""
-    return math.ceil(len(text) / CHARS_PER_TOKEN)
+OUTPUT_TEXT = (
+    "The quick brown fox jumps over the lazy dog. A simulated model server answers every request politely, "
+)
+"""What the simulated model says, over and over (as many tokens as the request gets)."""
 
 
-def text_tokens(text: str) -> list[str]:
-    """The tokens of a text: its consecutive four-character pieces."""
-    return [text[start : start + CHARS_PER_TOKEN] for start in range(0, len(text), CHARS_PER_TOKEN)]
+@functools.cache
+def tokenizer_for(path: str = "") -> Tokenizer:
+    """The tokenizer at ``path`` (``""``: the one shipped with epp), loaded once per process."""
+    return load_tokenizer(Path(path) if path else DEFAULT_TOKENIZER_DIR)
 
 
-def id_tokens(ids: Iterable[int]) -> list[str]:
-    """Tokens given as ids by the client, in the same key space as text tokens (no collisions)."""
-    return [f"\x00{token_id}" for token_id in ids]
+@dataclass(slots=True, frozen=True)
+class OutputTokens:
+    """The generated tokens' ids and the text each adds to the answer (cycled)."""
+
+    ids: tuple[int, ...]
+    texts: tuple[str, ...]
+
+    def at(self, index: int) -> tuple[int, str]:
+        position = index % len(self.ids)
+        return self.ids[position], self.texts[position]
 
 
-def chat_tokens(messages: Iterable[tuple[str, str]]) -> list[str]:
-    """The tokens of a chat prompt given as ``(role, content)`` pairs: per message, a small fixed
-    overhead (the role markers a chat template adds), then the content's tokens."""
-    tokens: list[str] = []
-    for role, content in messages:
-        tokens.extend(("\x00<|start|>", f"\x00{role}", "\x00<|sep|>"))
-        tokens.extend(text_tokens(content))
-    return tokens
+@functools.cache
+def output_tokens(tokenizer: Tokenizer) -> OutputTokens:
+    """:data:`OUTPUT_TEXT` tokenized; each token's text is what decoding it adds to the ones before."""
+    ids = tokenizer.encode(OUTPUT_TEXT)
+    texts: list[str] = []
+    decoded = ""
+    for end in range(1, len(ids) + 1):
+        text = tokenizer.decode(ids[:end])
+        texts.append(text[len(decoded) :])
+        decoded = text
+    return OutputTokens(tuple(ids), tuple(texts))
