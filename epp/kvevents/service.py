@@ -97,8 +97,8 @@ class _Stream:
 
 
 class KVEventsIngester:
-    """The ingestion thread and its sockets. ``subscribe_endpoints``: connect to every endpoint
-    added; ``central_endpoint``: also bind one socket engines connect to."""
+    """The ingestion thread and its sockets; ``central_endpoint``: also bind one socket engines
+    connect to."""
 
     def __init__(
         self,
@@ -108,7 +108,6 @@ class KVEventsIngester:
         topic_filter: str = "kv@",
         socket_port: int = 5557,
         replay_port: int = 0,
-        subscribe_endpoints: bool = True,
         central_endpoint: str = "",
         on_tick: Callable[[float], None] | None = None,
     ) -> None:
@@ -118,7 +117,6 @@ class KVEventsIngester:
         self.topic_filter = topic_filter
         self.socket_port = socket_port
         self.replay_port = replay_port
-        self.subscribe_endpoints = subscribe_endpoints
         self.central_endpoint = central_endpoint
         self._on_tick = on_tick
         self._commands: deque[tuple[str, Any]] = deque()
@@ -174,8 +172,9 @@ class KVEventsIngester:
             self._ctx.destroy(linger=0)
             self._ctx = None
 
-    def add_endpoint(self, target: Target) -> None:
-        self._commands.append(("add", target))
+    def add_endpoint(self, target: Target, subscribe: bool = True) -> None:
+        """Know ``target`` (central-socket topics name it); ``subscribe``: connect to its socket."""
+        self._commands.append(("add", (target, subscribe)))
         self._wake()
 
     def remove_endpoint(self, key: str) -> None:
@@ -258,14 +257,16 @@ class KVEventsIngester:
         while commands:
             op, arg = commands.popleft()
             if op == "add":
-                self._add(arg)
+                self._add(*arg)
             elif op == "remove":
                 self._remove(arg)
 
-    def _add(self, target: Target) -> None:
+    def _add(self, target: Target, subscribe: bool) -> None:
         old = self._targets.get(target.key)
         self._targets[target.key] = target
-        if not self.subscribe_endpoints:
+        if not subscribe:
+            if target.key in self.streams:
+                self._close_stream(target.key)
             return
         endpoint = self._endpoint_of(target, self.socket_port)
         stream = self.streams.get(target.key)
