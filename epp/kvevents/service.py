@@ -571,6 +571,8 @@ class KVEventsIngester:
     def _flush_pending(self, seq: _Seq) -> None:
         pending, seq.pending = seq.pending, []
         for i, (topic, n, payload) in enumerate(pending):
+            if seq.last is not None and n <= seq.last:
+                continue  # held during the replay, which covered it
             self._sequence(seq, topic, n, payload)
             if seq.replay is not None:  # another replay started: keep the rest for after it
                 seq.pending.extend(pending[i + 1 :])
