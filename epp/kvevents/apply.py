@@ -67,7 +67,9 @@ class EventApplier:
         if ev.parent is not None:
             parent = index.request_key(pod, ev.parent)
             if parent is None:
-                metrics.STORES_SKIPPED.labels("unknown" if ev.group_idx is None else "grouped", "unknown_parent").inc()
+                metrics.STORES_SKIPPED.labels(
+                    "unknown" if ev.group_idx is None else "grouped", "unknown_parent"
+                ).inc()
                 return
         namespace = ""
         if ev.lora_name:

@@ -229,7 +229,9 @@ def decode_batch(payload: bytes, engine: str = "vllm") -> EventBatch:
         elif isinstance(ev, list):
             fields = ev
         else:
-            raise DecodeError(f"event must be an array{'' if sglang else ' or a map'}, got {type(ev).__name__}")
+            raise DecodeError(
+                f"event must be an array{'' if sglang else ' or a map'}, got {type(ev).__name__}"
+            )
         if not fields or not isinstance(fields[0], str):
             raise DecodeError("event without a string tag")
         tag = fields[0]

@@ -312,7 +312,9 @@ class KVEventsIngester:
             sub.connect(endpoint)
         except zmq.ZMQError as e:
             metrics.ZMQ_ERRORS.labels(target.key, "connect").inc()
-            self._log(target.key, "connect", "cannot connect the KV-events socket", endpoint=endpoint, error=str(e))
+            self._log(
+                target.key, "connect", "cannot connect the KV-events socket", endpoint=endpoint, error=str(e)
+            )
         metrics.ACTIVE_SUBSCRIBERS.set(len(self.streams))
         log.info("kv-events subscriber added", endpoint=target.key, address=endpoint, replay=replay or None)
         if replay:
@@ -439,7 +441,9 @@ class KVEventsIngester:
             if n == last:
                 return
             if n < last:
-                log.warning("KV-event sequence went back: engine restarted", endpoint=seq.pod, last=last, seq=n)
+                log.warning(
+                    "KV-event sequence went back: engine restarted", endpoint=seq.pod, last=last, seq=n
+                )
                 self._clear(seq.pod)
                 seq.last = None
                 if self._can_replay(seq):
@@ -543,8 +547,13 @@ class KVEventsIngester:
             if n < replay.expected:
                 continue
             if n > replay.expected and (replay.start > 0 or replay.received > 0):
-                self._replay_failed(seq, "replay-incomplete", "replay skipped sequence numbers",
-                                    expected=replay.expected, seq=n)
+                self._replay_failed(
+                    seq,
+                    "replay-incomplete",
+                    "replay skipped sequence numbers",
+                    expected=replay.expected,
+                    got=n,
+                )
                 return
             replay.received += 1
             replay.expected = n + 1
@@ -555,7 +564,9 @@ class KVEventsIngester:
         replay = seq.replay
         assert replay is not None
         if replay.start > 0 and replay.received == 0:
-            self._replay_failed(seq, "replay-incomplete", "replay start no longer buffered", start=replay.start)
+            self._replay_failed(
+                seq, "replay-incomplete", "replay start no longer buffered", start=replay.start
+            )
             return
         self._close_replay(seq)
         log.info("KV-event replay complete", endpoint=seq.pod, start=replay.start, replayed=replay.received)

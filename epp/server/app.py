@@ -123,7 +123,9 @@ class EppServer:
         self._metadata_extractors = [p for p in cfg.plugins.values() if isinstance(p, MetadataExtractor)]
         if self._metadata_extractors:  # endpoint attributes derived from labels (topology)
             self.store.subscribe(on_add=self._extract_metadata, on_update=self._extract_metadata)
-        self._serving_hooks = [p for p in cfg.plugins.values() if isinstance(p, ServingHooks)]
+        self._serving_hooks: list[ServingHooks] = [
+            p for p in cfg.plugins.values() if isinstance(p, ServingHooks)
+        ]
         self.health = Health(leader_election=kube is not None and kube.leader is not None)
         self._stop = asyncio.Event()
         self._hurry = asyncio.Event()
@@ -281,9 +283,9 @@ class EppServer:
                 await self.health.set_condition("pool", True)
                 log.info("endpoints loaded", count=len(self.store))
             self.data_layer.start()
-            for plugin in self._serving_hooks:
-                serving.append(plugin)
-                await plugin.start_serving()
+            for hook in self._serving_hooks:
+                serving.append(hook)
+                await hook.start_serving()
             if replication is not None:
                 for part in replication:
                     part.start()
@@ -330,11 +332,11 @@ class EppServer:
             if server is not None:
                 await server.stop(opts.grace_period)
             await self.processor.close()
-            for plugin in reversed(serving):
+            for started in reversed(serving):
                 try:
-                    await plugin.stop_serving()
+                    await started.stop_serving()
                 except Exception as e:
-                    log.error("plugin failed to stop", plugin=repr(plugin), error=repr(e))
+                    log.error("plugin failed to stop", plugin=repr(started), error=repr(e))
             await self.data_layer.stop()
             await self.pool_gauges.stop()
             await self.served_models.stop()

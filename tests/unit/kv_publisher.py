@@ -20,8 +20,14 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def stored(hashes: list[int | bytes], tokens: list[int], parent: int | bytes | None = None, bs: int = 4,
-           medium: str | None = None, lora: str | None = None) -> list[Any]:
+def stored(
+    hashes: list[int | bytes],
+    tokens: list[int],
+    parent: int | bytes | None = None,
+    bs: int = 4,
+    medium: str | None = None,
+    lora: str | None = None,
+) -> list[Any]:
     ev: list[Any] = ["BlockStored", hashes, parent, tokens, bs]
     if medium is not None or lora is not None:
         ev += [None, medium, lora]
@@ -35,8 +41,15 @@ def removed(hashes: list[int | bytes], medium: str | None = None) -> list[Any]:
 def batch(events: list[Any], *, encoding: str = "array", rank: int | None = None) -> bytes:
     if encoding == "map":
         names = {
-            "BlockStored": ("block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id",
-                            "medium", "lora_name"),
+            "BlockStored": (
+                "block_hashes",
+                "parent_block_hash",
+                "token_ids",
+                "block_size",
+                "lora_id",
+                "medium",
+                "lora_name",
+            ),
             "BlockRemoved": ("block_hashes", "medium"),
             "AllBlocksCleared": (),
         }
@@ -51,7 +64,9 @@ def batch(events: list[Any], *, encoding: str = "array", rank: int | None = None
 class Publisher:
     """Publishes ``[topic, seq, payload]``; ``replay_port`` serves the buffer like vLLM's ROUTER."""
 
-    def __init__(self, port: int, *, topic: str = "kv@pod@m", replay_port: int = 0, connect: str = "") -> None:
+    def __init__(
+        self, port: int, *, topic: str = "kv@pod@m", replay_port: int = 0, connect: str = ""
+    ) -> None:
         self.ctx = zmq.Context()
         self.pub = self.ctx.socket(zmq.XPUB)
         self.pub.setsockopt(zmq.LINGER, 0)

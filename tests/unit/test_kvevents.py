@@ -26,7 +26,11 @@ T2 = [9, 10, 11, 12]
 def test_decode_both_encodings(encoding: str) -> None:
     digest = bytes(24) + (0xDEADBEEF).to_bytes(8, "big")
     payload = batch(
-        [stored([1, digest], T1, parent=7, medium="CPU", lora="ad"), removed([3], "GPU"), ["AllBlocksCleared"]],
+        [
+            stored([1, digest], T1, parent=7, medium="CPU", lora="ad"),
+            removed([3], "GPU"),
+            ["AllBlocksCleared"],
+        ],
         encoding=encoding,
         rank=1,
     )
@@ -65,7 +69,10 @@ def test_decode_malformed_raises_decode_error(payload: bytes) -> None:
 
 
 def test_sglang_positional_events() -> None:
-    b = decode_batch(msgspec.msgpack.encode([0.0, [["BlockStored", [1], None, T2, 4, None, None, None, None, 3]]]), "sglang")
+    b = decode_batch(
+        msgspec.msgpack.encode([0.0, [["BlockStored", [1], None, T2, 4, None, None, None, None, 3]]]),
+        "sglang",
+    )
     assert b.events[0].group_idx is None  # type: ignore[union-attr]
     with pytest.raises(DecodeError):
         decode_batch(msgspec.msgpack.encode([0.0, [{"type": "BlockRemoved", "block_hashes": [1]}]]), "sglang")

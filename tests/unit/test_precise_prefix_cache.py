@@ -32,7 +32,10 @@ def test_reference_defaults() -> None:
     assert p.token_processor_config.effective_block_size == 16
     mem = p.indexer_config.kv_block_index_config.in_memory_config
     assert (mem.size, mem.pod_cache_size) == (100_000_000, 10)
-    assert [(b.name, b.weight) for b in p.indexer_config.kv_cache_backend_configs] == [("gpu", 1.0), ("cpu", 0.8)]
+    assert [(b.name, b.weight) for b in p.indexer_config.kv_cache_backend_configs] == [
+        ("gpu", 1.0),
+        ("cpu", 0.8),
+    ]
     ev = p.kv_events_config
     assert (ev.topic_filter, ev.concurrency, ev.engine_type, ev.discover_pods) == ("kv@", 4, "vllm", True)
     assert (ev.pod_discovery_config.socket_port, ev.pod_discovery_config.replay_socket_port) == (5557, 0)
@@ -40,7 +43,10 @@ def test_reference_defaults() -> None:
     deprecated = decode_params(PrecisePrefixCacheParams, {"tokenProcessorConfig": {"blockSize": 64}}, "p")
     assert deprecated.token_processor_config.effective_block_size == 64
     ns = {"indexerConfig": {"kvBlockIndexConfig": {"metricsLoggingInterval": 60_000_000_000}}}
-    assert decode_params(PrecisePrefixCacheParams, ns, "p").indexer_config.kv_block_index_config.logging_interval == 60
+    assert (
+        decode_params(PrecisePrefixCacheParams, ns, "p").indexer_config.kv_block_index_config.logging_interval
+        == 60
+    )
 
 
 def test_loads_in_a_configuration() -> None:
@@ -54,19 +60,39 @@ def test_loads_in_a_configuration() -> None:
 @pytest.mark.parametrize(
     ("params", "field", "reason"),
     [
-        ("indexerConfig:\n  kvBlockIndexConfig:\n    redisConfig:\n      address: r:6379",
-         "indexerConfig.kvBlockIndexConfig.redisConfig", "in memory only"),
-        ("indexerConfig:\n  kvBlockIndexConfig:\n    costAwareMemoryConfig: {}",
-         "indexerConfig.kvBlockIndexConfig.costAwareMemoryConfig", "in memory only"),
-        ("indexerConfig:\n  tokenizersPoolConfig: {}", "indexerConfig.tokenizersPoolConfig", "token-producer"),
+        (
+            "indexerConfig:\n  kvBlockIndexConfig:\n    redisConfig:\n      address: r:6379",
+            "indexerConfig.kvBlockIndexConfig.redisConfig",
+            "in memory only",
+        ),
+        (
+            "indexerConfig:\n  kvBlockIndexConfig:\n    costAwareMemoryConfig: {}",
+            "indexerConfig.kvBlockIndexConfig.costAwareMemoryConfig",
+            "in memory only",
+        ),
+        (
+            "indexerConfig:\n  tokenizersPoolConfig: {}",
+            "indexerConfig.tokenizersPoolConfig",
+            "token-producer",
+        ),
         ("kvEventsConfig:\n  engineType: trt", "kvEventsConfig.engineType", "unsupported engine type"),
         ("tokenProcessorConfig:\n  hashAlgorithm: sha1", "tokenProcessorConfig.hashAlgorithm", "cbor-fnv"),
-        ("tokenProcessorConfig:\n  blockSizeTokens: -1", "tokenProcessorConfig.blockSizeTokens", "greater than 0"),
+        (
+            "tokenProcessorConfig:\n  blockSizeTokens: -1",
+            "tokenProcessorConfig.blockSizeTokens",
+            "greater than 0",
+        ),
         ("speculativeTTL: soon", "speculativeTTL", "invalid duration"),
-        ("indexerConfig:\n  kvBlockIndexConfig:\n    inMemoryConfig:\n      size: 0",
-         "indexerConfig.kvBlockIndexConfig.inMemoryConfig.size", "greater than 0"),
-        ("kvEventsConfig:\n  podDiscoveryConfig:\n    socketPort: 70000",
-         "kvEventsConfig.podDiscoveryConfig.socketPort", "between 1 and 65535"),
+        (
+            "indexerConfig:\n  kvBlockIndexConfig:\n    inMemoryConfig:\n      size: 0",
+            "indexerConfig.kvBlockIndexConfig.inMemoryConfig.size",
+            "greater than 0",
+        ),
+        (
+            "kvEventsConfig:\n  podDiscoveryConfig:\n    socketPort: 70000",
+            "kvEventsConfig.podDiscoveryConfig.socketPort",
+            "between 1 and 65535",
+        ),
         ("kvEventsConfig:\n  concurrency: 0", "kvEventsConfig.concurrency", "greater than 0"),
         ("kvEventsConfig:\n  topicFiltr: kv", "kvEventsConfig.topicFiltr", "unknown parameter"),
     ],
@@ -143,7 +169,9 @@ async def test_events_in_match_info_out(producer: tuple[PrecisePrefixCacheProduc
         pub.close()
 
 
-async def test_lora_blocks_match_requests_for_the_adapter(producer: tuple[PrecisePrefixCacheProducer, int]) -> None:
+async def test_lora_blocks_match_requests_for_the_adapter(
+    producer: tuple[PrecisePrefixCacheProducer, int],
+) -> None:
     p, port = producer
     e0 = f.endpoint("e0", "127.0.0.1", 8000)
     pub = Publisher(port)

@@ -174,7 +174,9 @@ class KVEventsConfig:
         if self.engine_type not in ("", *_ENGINES):
             return f'engineType: unsupported engine type "{self.engine_type}" (supported: "vllm", "sglang")'
         if self.zmq_endpoint and "://" not in self.zmq_endpoint:
-            return f'zmqEndpoint: expected a ZMQ address such as "tcp://0.0.0.0:5557", got "{self.zmq_endpoint}"'
+            return (
+                f'zmqEndpoint: expected a ZMQ address such as "tcp://0.0.0.0:5557", got "{self.zmq_endpoint}"'
+            )
         return None
 
 
