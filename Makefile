@@ -47,6 +47,9 @@ bench-routing: install
 bench-kube: install
 	$(PYTHON) bench/kube.py
 
+bench-kv-index: install
+	$(PYTHON) bench/kv_index.py
+
 # SOAK_ARGS=--short for a smoke run; SOAK_ARGS="--duration 3600" for a long one.
 bench-soak: install
 	$(PYTHON) bench/soak.py $(SOAK_ARGS)

@@ -434,19 +434,23 @@ class KVBlockIndex:
         tiers: dict[int, int] = {}
         scores: dict[int, float] = {}
         last = v
+        raw_last = -1  # the unmasked (interned) value of the previous block: same object, same run
         run_start = 0
-        i = 1
-        while i < n:
+        end = n
+        for i in range(1, n):
             k = request_keys[i]
             x = gy(k)
             if x is None:
                 x = go(k, 0)
+            if x is raw_last:
+                continue
+            raw_last = x
             x &= alive_full
             if x == last:
-                i += 1
                 continue
             self._score_run(scores, last, i - run_start)
             if not x:
+                end = i
                 break
             now_alive = any_(x)
             self._record(blocks, alive & ~now_alive, i)
@@ -456,11 +460,10 @@ class KVBlockIndex:
             tier_alive = nta
             last = x
             run_start = i
-            i += 1
         else:
             self._score_run(scores, last, n - run_start)
-        self._record(blocks, alive, i)
-        self._record(tiers, tier_alive, i)
+        self._record(blocks, alive, end)
+        self._record(tiers, tier_alive, end)
         slot_pods = self._slot_pods
         names = self.tier_names
         out: dict[str, PodMatch] = {}
