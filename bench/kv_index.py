@@ -1,11 +1,11 @@
 """KV-event ingestion cost and KV-block index memory (``make bench-kv-index``).
 
 Builds vLLM-format payloads (msgpack ``EventBatch`` of chained ``BlockStored`` events) for
-``--pods`` endpoints × ``--blocks`` blocks each (the first ``--shared`` fraction of every pod's
+``--pods`` endpoints x ``--blocks`` blocks each (the first ``--shared`` fraction of every pod's
 blocks is a prefix all pods share), then reports:
 
 * CPU per 1,000 block events, decode + index update (``time.process_time``), for stores and removes;
-* bytes per block entry (endpoint × block) the index holds, by ``tracemalloc``, and the index's own
+* bytes per block entry (endpoint x block) the index holds, by ``tracemalloc``, and the index's own
   estimate;
 * the request side: block keys for a ``--prompt-tokens`` prompt and one match over all pods.
 """
@@ -24,8 +24,8 @@ import msgspec
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from epp.kvcache import BlockKeyer, KVBlockIndex  # noqa: E402
-from epp.kvevents import EventApplier, decode_batch  # noqa: E402
+from epp.kvcache import BlockKeyer, KVBlockIndex
+from epp.kvevents import EventApplier, decode_batch
 
 BLOCK = 16
 
@@ -107,7 +107,7 @@ def main() -> None:
     t_keys = time.perf_counter() - t0
     pods = [f"default/pod-{p}" for p in range(args.pods)]
     # a prompt the pods hold: pod 0's whole chain
-    held = [k for k in index2._young] + [k for k in index2._old]  # noqa: SLF001 - bench introspection
+    held = [k for k in index2._young] + [k for k in index2._old]
     sample = held[: len(keys)]
     t0 = time.perf_counter()
     index2.match(keys, pods)
@@ -133,9 +133,15 @@ def main() -> None:
     print(f"index: {st.keys} request keys, {st.engine_keys} engine keys, {entries} block entries")
     print(f"ingest stores : {t_store / stored * 1e6:8.1f} ms CPU per 1,000 block events ({stored} events)")
     print(f"ingest removes: {t_remove / removed * 1e6:8.1f} ms CPU per 1,000 block events ({removed} events)")
-    print(f"memory        : {used / entries:8.1f} bytes per block entry (tracemalloc); estimate {st.bytes / entries:.1f}")
+    print(
+        f"memory        : {used / entries:8.1f} bytes per block entry (tracemalloc); "
+        f"estimate {st.bytes / entries:.1f}"
+    )
     print(f"request keys  : {t_keys * 1e3:8.2f} ms for {args.prompt_tokens} tokens ({len(keys)} blocks)")
-    print(f"match (miss)  : {t_miss * 1e6:8.1f} µs; match ({len(keys)} blocks, {args.pods} pods): {t_hit * 1e3:.2f} ms")
+    print(
+        f"match (miss)  : {t_miss * 1e6:8.1f} us; "
+        f"match ({len(keys)} blocks, {args.pods} pods): {t_hit * 1e3:.2f} ms"
+    )
 
 
 if __name__ == "__main__":
