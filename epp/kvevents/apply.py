@@ -18,6 +18,20 @@ from epp.kvevents.decode import AllBlocksCleared, BlockRemoved, BlockStored, Dec
 __all__ = ["EventApplier"]
 
 _INDEXABLE = frozenset({"full_attention", "mla_attention", "sink_full_attention"})
+_KINDS = _INDEXABLE | {
+    "sliding_window",
+    "sliding_window_mla",
+    "mamba",
+    "chunked_local_attention",
+    "encoder_only_attention",
+    "cross_attention",
+}
+
+
+def _kind_label(kind: str | None) -> str:
+    """A bounded ``cache_kind`` label value (an engine's unknown kind is ``unknown``)."""
+    return kind if kind in _KINDS else "unknown"
+
 _MAX_LORAS = 4096
 
 
@@ -56,7 +70,7 @@ class EventApplier:
             kind = ev.spec_kind or groups.get(ev.group_idx, "")
             reason = self._undigestible(ev, kind)
             if reason:
-                metrics.STORES_SKIPPED.labels(kind or "unknown", reason).inc()
+                metrics.STORES_SKIPPED.labels(_kind_label(kind), reason).inc()
                 return
         index = self.index
         tier = index.tier(ev.medium)
@@ -67,9 +81,7 @@ class EventApplier:
         if ev.parent is not None:
             parent = index.request_key(pod, ev.parent)
             if parent is None:
-                metrics.STORES_SKIPPED.labels(
-                    "unknown" if ev.group_idx is None else "grouped", "unknown_parent"
-                ).inc()
+                metrics.STORES_SKIPPED.labels(_kind_label(ev.spec_kind), "unknown_parent").inc()
                 return
         namespace = ""
         if ev.lora_name:
@@ -108,7 +120,7 @@ class EventApplier:
             kind = self._groups.get(pod, {}).get(ev.group_idx)
             if kind is None or kind not in _INDEXABLE:
                 metrics.REMOVALS_SKIPPED.labels(
-                    kind or "unknown", "unknown_group" if kind is None else "unsupported_cache_kind"
+                    _kind_label(kind), "unknown_group" if kind is None else "unsupported_cache_kind"
                 ).inc()
                 return
         forwarded, suppressed = self.index.remove(pod, ev.block_hashes, self.index.tier(ev.medium))

@@ -312,3 +312,35 @@ def test_stop_ends_the_thread(rig: Rig) -> None:
     rig.ing.stop()
     assert thread is not None and not thread.is_alive()
     time.sleep(0)
+
+
+def test_apply_skips_unknown_parents_and_sliding_window_groups() -> None:
+    index = KVBlockIndex()
+    applier = EventApplier(index, BlockKeyer(BS))
+    skipped = m.STORES_SKIPPED.labels("unknown", "unknown_parent")
+    before = skipped.value
+    applier.apply(POD, decode_batch(batch([stored([5], T2, parent=999)])))
+    assert len(index) == 0 and skipped.value == before + 1
+    swa = ["BlockStored", [6], None, T2, BS, None, None, None, None, 1, "sliding_window"]
+    applier.apply(POD, decode_batch(msgspec.msgpack.encode([0.0, [swa]])))
+    assert len(index) == 0
+    full = ["BlockStored", [7], None, T2, BS, None, None, None, None, 0, "full_attention"]
+    applier.apply(POD, decode_batch(msgspec.msgpack.encode([0.0, [full]])))
+    assert len(index) == 1
+    # a removal for the sliding-window group is skipped, for the full-attention group applied
+    applier.apply(POD, decode_batch(msgspec.msgpack.encode([0.0, [["BlockRemoved", [7], None, 1]]])))
+    assert len(index) == 1
+    applier.apply(POD, decode_batch(msgspec.msgpack.encode([0.0, [["BlockRemoved", [7], None, 0]]])))
+    assert len(index) == 0
+
+
+def test_cleared_event_empties_the_endpoint_and_bad_token_ids_raise() -> None:
+    index = KVBlockIndex()
+    applier = EventApplier(index, BlockKeyer(BS))
+    applier.apply(POD, decode_batch(batch([stored([1], T2)])))
+    applier.apply(POD, decode_batch(batch([["AllBlocksCleared"]])))
+    assert len(index) == 0
+    with pytest.raises(DecodeError):
+        applier.apply(
+            POD, decode_batch(msgspec.msgpack.encode([0.0, [["BlockStored", [1], None, ["a"] * 4, 4]]]))
+        )
