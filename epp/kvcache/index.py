@@ -5,7 +5,8 @@ tier: the configured ones, ``other`` for unknown media, ``speculative``). Masks 
 key costs its dict entry and its int. Per endpoint an engine-key → request-key map resolves
 BlockRemoved (engine hashes only) and a BlockStored's parent. Bounded: ``size`` keys (two
 generations: the keys stored least recently go first), ``pod_cache_size`` endpoints per key (the one
-that stored least recently is dropped). One writer at a time (a lock); ``match`` reads without it.
+that stored least recently is dropped); an endpoint whose engine-key map would outgrow ``size`` is
+cleared first. One writer at a time (a lock); ``match`` reads without it.
 """
 
 from __future__ import annotations
@@ -238,6 +239,10 @@ class KVBlockIndex:
             if ne == 0:
                 return
             emap = pod.emap
+            if len(emap) + ne > self.size:  # removals were lost on a massive scale: start over
+                self._clear_locked(pod)
+                for rk in request_keys:
+                    self._add_bits(pod, rk, tier)
             if ne == nr:
                 for i, ek in enumerate(engine_keys):
                     rk = request_keys[i]

@@ -150,3 +150,12 @@ def test_match_with_many_pods_is_per_run() -> None:
     assert {p: v.blocks for p, v in m.items()} == {p: 10 * (i + 1) for i, p in enumerate(pods)}
     stats = idx.stats()
     assert stats.keys == 400 and stats.pods == 40 and stats.bytes > 0
+
+
+def test_engine_key_map_is_bounded_too() -> None:
+    idx = KVBlockIndex(size=4)
+    idx.store("a", [1, 2, 3], [11, 12, 13])
+    idx.remove("b", [1])  # unknown endpoint: nothing
+    idx.store("a", [4, 5], [14, 15])  # 5 engine keys > size: the endpoint starts over
+    assert idx.stats().engine_keys == 2
+    assert idx.holds(15, "a") == ("gpu",) and idx.holds(11, "a") == ()
