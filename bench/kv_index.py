@@ -7,7 +7,8 @@ blocks is a prefix all pods share), then reports:
 * CPU per 1,000 block events, decode + index update (``time.process_time``), for stores and removes;
 * bytes per block entry (endpoint x block) the index holds, by ``tracemalloc``, and the index's own
   estimate;
-* the request side: block keys for a ``--prompt-tokens`` prompt and one match over all pods.
+* the request side: block keys for a ``--prompt-tokens`` prompt (and for its next turn, reusing
+  the previous turn's keys) and one match over all pods.
 """
 
 from __future__ import annotations
@@ -105,6 +106,12 @@ def main() -> None:
     t0 = time.perf_counter()
     keys = keyer.keys(prompt)
     t_keys = time.perf_counter() - t0
+    recent = PrefixKeyCache(keyer)
+    recent.keys(prompt)
+    next_turn = prompt[:-10] + [rng.randrange(150_000) for _ in range(500)]
+    t0 = time.perf_counter()
+    recent.keys(next_turn)
+    t_next = time.perf_counter() - t0
     pods = [f"default/pod-{p}" for p in range(args.pods)]
     # a prompt the pods hold: pod 0's whole chain
     held = [k for k in index2._young] + [k for k in index2._old]
@@ -138,6 +145,7 @@ def main() -> None:
         f"estimate {st.bytes / entries:.1f}"
     )
     print(f"request keys  : {t_keys * 1e3:8.2f} ms for {args.prompt_tokens} tokens ({len(keys)} blocks)")
+    print(f"next turn     : {t_next * 1e3:8.2f} ms (the same prompt + 500 tokens, PrefixKeyCache)")
     print(
         f"match (miss)  : {t_miss * 1e6:8.1f} us; "
         f"match ({len(keys)} blocks, {args.pods} pods): {t_hit * 1e3:.2f} ms"

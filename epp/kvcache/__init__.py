@@ -1,7 +1,14 @@
 """Precise prefix-cache bookkeeping: request block keys (``block_keys``) and the KV-block index
 (``index``) that KV events fill and requests are matched against."""
 
-from epp.kvcache.block_keys import HASH_ALGORITHMS, BlockKeyer, block_extras, realign_extras, token_bytes
+from epp.kvcache.block_keys import (
+    HASH_ALGORITHMS,
+    BlockKeyer,
+    PrefixKeyCache,
+    block_extras,
+    realign_extras,
+    token_bytes,
+)
 from epp.kvcache.index import (
     DEFAULT_POD_CACHE_SIZE,
     DEFAULT_SIZE,
@@ -22,6 +29,7 @@ __all__ = [
     "IndexStats",
     "KVBlockIndex",
     "PodMatch",
+    "PrefixKeyCache",
     "block_extras",
     "realign_extras",
     "token_bytes",

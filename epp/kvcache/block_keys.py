@@ -18,6 +18,7 @@ import xxhash
 __all__ = [
     "HASH_ALGORITHMS",
     "BlockKeyer",
+    "PrefixKeyCache",
     "block_extras",
     "realign_extras",
     "token_bytes",
@@ -183,3 +184,73 @@ def realign_extras(extras: Sequence[Sequence[str] | None], n_blocks: int) -> lis
         else:
             lst.extend(e)
     return out
+
+
+class _Recent:
+    __slots__ = ("data", "keys", "namespace")
+
+    def __init__(self, data: bytes, keys: list[int], namespace: str) -> None:
+        self.data = data
+        self.keys = keys
+        self.namespace = namespace
+
+
+class PrefixKeyCache:
+    """The keys of recent long prompts: a prompt that extends one of them (the next turn of a
+    conversation: all but its last blocks equal) hashes only its new blocks.
+
+    Bounded by ``max_entries`` prompts and ``max_bytes`` of token bytes; a prompt extending an
+    entry replaces it. For the request path of one thread.
+    """
+
+    def __init__(
+        self, keyer: BlockKeyer, max_entries: int = 16, max_bytes: int = 32 << 20, min_blocks: int = 64
+    ) -> None:
+        self.keyer = keyer
+        self.max_entries = max_entries
+        self.max_bytes = max_bytes
+        self.min_blocks = min_blocks
+        self._recent: list[_Recent] = []  # oldest first
+        self._bytes = 0
+        self.hits = 0
+        self.reused_blocks = 0
+
+    def keys(self, token_ids: Sequence[int], namespace: str = "") -> list[int]:
+        keyer = self.keyer
+        data = token_bytes(token_ids)
+        step = keyer.block_size * 4
+        n = len(data) // step
+        if n < self.min_blocks:
+            return keyer.keys(data, namespace=namespace)
+        best: _Recent | None = None
+        best_len = 0
+        for entry in reversed(self._recent):
+            if entry.namespace != namespace:
+                continue
+            m = min(len(entry.keys), n)
+            view = memoryview(entry.data)
+            lo = max(0, m - 2)
+            if not data.startswith(view[: lo * step]):
+                continue
+            while lo < m and data.startswith(view[: (lo + 1) * step]):
+                lo += 1
+            if lo > best_len:
+                best, best_len = entry, lo
+                if lo == m:
+                    break
+        if best is None or best_len < self.min_blocks // 2:
+            keys = keyer.keys(data, namespace=namespace)
+        else:
+            self.hits += 1
+            self.reused_blocks += best_len
+            keys = best.keys[:best_len]
+            keys += keyer.keys(data[best_len * step :], parent=keys[-1])
+            if best_len >= len(best.keys) - 2:  # superseded by this prompt
+                self._recent.remove(best)
+                self._bytes -= len(best.data)
+        self._recent.append(_Recent(data, keys, namespace))
+        self._bytes += len(data)
+        while self._recent and (len(self._recent) > self.max_entries or self._bytes > self.max_bytes):
+            old = self._recent.pop(0)
+            self._bytes -= len(old.data)
+        return keys

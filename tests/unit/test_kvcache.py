@@ -159,3 +159,18 @@ def test_engine_key_map_is_bounded_too() -> None:
     idx.store("a", [4, 5], [14, 15])  # 5 engine keys > size: the endpoint starts over
     assert idx.stats().engine_keys == 2
     assert idx.holds(15, "a") == ("gpu",) and idx.holds(11, "a") == ()
+
+
+def test_prefix_key_cache_reuses_a_previous_turn() -> None:
+    from epp.kvcache import PrefixKeyCache
+
+    keyer = BlockKeyer(4)
+    cache = PrefixKeyCache(keyer, min_blocks=8)
+    turn1 = list(range(1000, 1000 + 4 * 40 + 2))  # 40 blocks + a partial one
+    assert cache.keys(turn1) == keyer.keys(turn1)
+    turn2 = turn1[:-6] + [7] * 50  # the previous turn minus its last tokens, then new ones
+    assert cache.keys(turn2) == keyer.keys(turn2)
+    assert cache.hits == 1 and cache.reused_blocks == 39
+    assert cache.keys(turn2, namespace="lora") == keyer.keys(turn2, namespace="lora")  # not shared
+    other = [5] * 4 * 40
+    assert cache.keys(other) == keyer.keys(other) and cache.hits == 1

@@ -35,7 +35,7 @@ from epp.framework.attributes import (
 )
 from epp.framework.durations import parse_go_duration
 from epp.framework.interfaces import EndpointEvent, EventType
-from epp.kvcache import HASH_ALGORITHMS, BlockKeyer, KVBlockIndex, block_extras
+from epp.kvcache import HASH_ALGORITHMS, BlockKeyer, KVBlockIndex, PrefixKeyCache, block_extras
 from epp.kvevents import EventApplier, KVEventsIngester, Target
 from epp.kvevents import metrics as kv_metrics
 
@@ -221,6 +221,7 @@ class PrecisePrefixCacheProducer(DataProducer, PreRequest):
         tp = params.token_processor_config
         self.block_size = tp.effective_block_size
         self.keyer = BlockKeyer(self.block_size, tp.hash_seed, tp.hash_algorithm)
+        self._recent_keys = PrefixKeyCache(self.keyer)
         ic = params.indexer_config
         mem = ic.kv_block_index_config.in_memory_config
         weights = {b.name.lower(): b.weight for b in ic.kv_cache_backend_configs}
@@ -261,6 +262,8 @@ class PrecisePrefixCacheProducer(DataProducer, PreRequest):
         model = request.target_model
         namespace = model if model and model in self.applier.loras else ""
         extras = block_extras(len(ids), self.block_size, prompt.mm_hashes, request.body.cache_salt)
+        if extras is None:
+            return self._recent_keys.keys(ids, namespace)
         return self.keyer.keys(ids, namespace=namespace, extras=extras)
 
     async def produce(self, cycle: CycleState, request: LLMRequest, endpoints: list[Endpoint]) -> None:
