@@ -25,7 +25,7 @@ import msgspec
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from epp.kvcache import BlockKeyer, KVBlockIndex
+from epp.kvcache import BlockKeyer, KVBlockIndex, PrefixKeyCache
 from epp.kvevents import EventApplier, decode_batch
 
 BLOCK = 16

@@ -32,6 +32,7 @@ def _kind_label(kind: str | None) -> str:
     """A bounded ``cache_kind`` label value (an engine's unknown kind is ``unknown``)."""
     return kind if kind in _KINDS else "unknown"
 
+
 _MAX_LORAS = 4096
 
 
