@@ -134,6 +134,7 @@ class KVEventsIngester:
         self._poller = zmq.Poller()
         self._by_socket: dict[zmq.Socket[Any], tuple[str, Any]] = {}
         self._logged: dict[tuple[str, str], float] = {}
+        self._resubscribe: list[Target] = []
         self.central_error = ""
 
     # --- control (any thread) -----------------------------------------------------------------
@@ -146,6 +147,11 @@ class KVEventsIngester:
         if self._thread is not None:
             return
         self._stopping = False
+        self._poller = zmq.Poller()
+        self._by_socket = {}
+        for target in self._resubscribe:  # started again after a stop: the same subscriptions
+            self._commands.appendleft(("add", (target, True)))
+        self._resubscribe = []
         ctx = self._ctx = zmq.Context()
         name = f"inproc://kvevents-wake-{id(self)}"
         self._wake_rx = ctx.socket(zmq.PAIR)
@@ -205,8 +211,10 @@ class KVEventsIngester:
                     log.error("kv-events ingestion error", error=repr(e))
                     time.sleep(0.05)
         finally:
+            self._resubscribe = [s.target for s in self.streams.values()]
             for key in list(self.streams):
                 self._close_stream(key)
+            self._central_seq.clear()
             if self._central is not None:
                 self._central.close(linger=0)
             self._wake_rx.close(linger=0)

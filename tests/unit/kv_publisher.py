@@ -70,6 +70,7 @@ class Publisher:
         self.ctx = zmq.Context()
         self.pub = self.ctx.socket(zmq.XPUB)
         self.pub.setsockopt(zmq.LINGER, 0)
+        self.pub.setsockopt(zmq.XPUB_VERBOSE, 1)  # every subscription is reported
         if connect:
             self.pub.connect(connect)
         else:
@@ -85,9 +86,14 @@ class Publisher:
             self._thread.start()
 
     def wait_subscribed(self, timeout: float = 10.0) -> None:
-        if not self.pub.poll(int(timeout * 1000)):
-            raise AssertionError("no subscriber")
-        self.pub.recv()
+        """Until a subscription arrives (an unsubscription, ``\x00...``, does not count)."""
+        end = time.monotonic() + timeout
+        while True:
+            left = end - time.monotonic()
+            if left <= 0 or not self.pub.poll(int(left * 1000) + 1):
+                raise AssertionError("no subscriber")
+            if self.pub.recv()[:1] == b"\x01":
+                return
 
     def send(self, payload: bytes, *, seq: int | None = None, publish: bool = True) -> int:
         n = self.seq if seq is None else seq

@@ -344,3 +344,18 @@ def test_cleared_event_empties_the_endpoint_and_bad_token_ids_raise() -> None:
         applier.apply(
             POD, decode_batch(msgspec.msgpack.encode([0.0, [["BlockStored", [1], None, ["a"] * 4, 4]]]))
         )
+
+
+def test_ingester_can_start_again_after_a_stop(rig: Rig) -> None:
+    pub = Publisher(rig.port)
+    try:
+        rig.ing.add_endpoint(_target())
+        pub.wait_subscribed()
+        rig.ing.stop()
+        assert not rig.ing.streams
+        rig.ing.start()
+        pub.wait_subscribed()  # subscribed again
+        pub.send(batch([stored([101], T2)]))
+        wait(lambda: rig.holds(POD, T2) == 1)
+    finally:
+        pub.close()
