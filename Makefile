@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 PYTHON := $(BIN)/python
 
-.PHONY: install run test test-unit test-integration lint bench-cpu bench-sched bench-routing bench-kube bench-soak clean
+.PHONY: install run test test-unit test-integration lint bench-cpu bench-sched bench-routing bench-kube bench-kv-index bench-soak clean
 
 install: $(VENV)/.installed
 
