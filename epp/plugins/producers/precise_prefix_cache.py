@@ -292,7 +292,7 @@ class PrecisePrefixCacheProducer(DataProducer, PreRequest):
             for e in endpoints:
                 m = matches.get(e.metadata.key)
                 if m is not None:
-                    infos[e] = PrefixCacheMatchInfo(int(m.score), total, bs)
+                    infos[e] = PrefixCacheMatchInfo(int(m.score + 1e-9), total, bs)  # 0.8 * 5 is 4
         cycle[PREFIX_CACHE_MATCH_INFO_KEY] = infos
         if self._speculative:
             cycle[self._state_key] = keys
