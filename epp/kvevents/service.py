@@ -45,6 +45,7 @@ _BURST = 256  # messages taken from one socket per poll round (fairness)
 _TICK = 0.2
 _END_SEQ = (-1).to_bytes(8, "big", signed=True)
 _LOG_INTERVAL = 30.0
+_RETRY_BIND = 5.0
 _MONITOR_EVENTS = zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED | zmq.EVENT_CONNECT_RETRIED
 
 
@@ -135,6 +136,7 @@ class KVEventsIngester:
         self._by_socket: dict[zmq.Socket[Any], tuple[str, Any]] = {}
         self._logged: dict[tuple[str, str], float] = {}
         self._resubscribe: list[Target] = []
+        self._next_bind = 0.0
         self.central_error = ""
 
     # --- control (any thread) -----------------------------------------------------------------
@@ -217,6 +219,7 @@ class KVEventsIngester:
             self._central_seq.clear()
             if self._central is not None:
                 self._central.close(linger=0)
+                self._central = None
             self._wake_rx.close(linger=0)
             metrics.ACTIVE_SUBSCRIBERS.set(0)
             metrics.POOL_QUEUE_DEPTH.set(0)
@@ -254,6 +257,8 @@ class KVEventsIngester:
             if now >= seq.replay.deadline:
                 self._replay_failed(seq, "replay-timeout", "no replay answer in time")
         self.index.expire(now)
+        if self.central_endpoint and self._central is None and now >= self._next_bind:
+            self._open_central()  # the address was taken: keep trying, as the reference does
         if self._on_tick is not None:
             self._on_tick(now)
 
@@ -357,9 +362,13 @@ class KVEventsIngester:
         except zmq.ZMQError as e:
             sock.close(linger=0)
             self.central_error = str(e)
+            self._next_bind = time.monotonic() + _RETRY_BIND
             metrics.ZMQ_ERRORS.labels("", "bind").inc()
-            log.error("cannot bind the KV-events socket", address=self.central_endpoint, error=str(e))
+            self._log(
+                "", "bind", "cannot bind the KV-events socket", address=self.central_endpoint, error=str(e)
+            )
             return
+        self.central_error = ""
         self._central = sock
         self._poller.register(sock, zmq.POLLIN)
         self._by_socket[sock] = ("central", None)

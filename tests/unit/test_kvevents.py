@@ -359,3 +359,22 @@ def test_ingester_can_start_again_after_a_stop(rig: Rig) -> None:
         wait(lambda: rig.holds(POD, T2) == 1)
     finally:
         pub.close()
+
+
+def test_central_socket_bind_is_retried_when_the_address_is_taken() -> None:
+    import zmq
+
+    port = free_port()
+    ctx = zmq.Context()
+    squatter = ctx.socket(zmq.PULL)
+    squatter.bind(f"tcp://127.0.0.1:{port}")
+    rig = Rig(central=f"tcp://127.0.0.1:{port}")
+    try:
+        wait(lambda: rig.ing.central_error != "", what="a failed bind")
+        assert rig.ing.running
+        squatter.close(0)
+        wait(lambda: rig.ing._central is not None, what="the bind retried")
+        assert rig.ing.central_error == ""
+    finally:
+        rig.ing.stop()
+        ctx.term()
