@@ -41,6 +41,7 @@ log = structlog.get_logger("epp.kvevents")
 REPLAY_IDLE_TIMEOUT = 2.0
 REPLAY_COOLDOWN = 30.0
 MAX_PENDING = 100_000  # live messages held while a replay runs
+MAX_MESSAGE_BYTES = 128 << 20  # a larger message drops the connection (ZMQ reconnects)
 _BURST = 256  # messages taken from one socket per poll round (fairness)
 _TICK = 0.2
 _END_SEQ = (-1).to_bytes(8, "big", signed=True)
@@ -308,6 +309,7 @@ class KVEventsIngester:
         sub = self._ctx.socket(zmq.SUB)
         sub.setsockopt(zmq.LINGER, 0)
         sub.setsockopt(zmq.RCVHWM, MAX_PENDING)
+        sub.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
         sub.setsockopt(zmq.RECONNECT_IVL, 1000)
         sub.setsockopt(zmq.RECONNECT_IVL_MAX, 5000)
         if ":" in target.address:
@@ -356,6 +358,7 @@ class KVEventsIngester:
         sock = self._ctx.socket(zmq.SUB)
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.RCVHWM, MAX_PENDING)
+        sock.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
         sock.setsockopt(zmq.SUBSCRIBE, self.topic_filter.encode())
         try:
             sock.bind(self.central_endpoint)
