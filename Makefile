@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 PYTHON := $(BIN)/python
 
-.PHONY: install run test test-unit test-integration lint bench-cpu bench-sched bench-routing bench-kube bench-soak bench-tokenize clean
+.PHONY: install run test test-unit test-integration lint bench-cpu bench-sched bench-routing bench-kube bench-kv-index bench-soak bench-tokenize clean
 
 install: $(VENV)/.installed
 
@@ -49,6 +49,9 @@ bench-routing: install
 
 bench-kube: install
 	$(PYTHON) bench/kube.py
+
+bench-kv-index: install
+	$(PYTHON) bench/kv_index.py
 
 # SOAK_ARGS=--short for a smoke run; SOAK_ARGS="--duration 3600" for a long one.
 bench-soak: install

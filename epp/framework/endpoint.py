@@ -34,6 +34,7 @@ class EndpointMetadata:
     labels: Mapping[str, str] = field(default_factory=dict)
     metrics_host: str = ""  # "host:port" to scrape; defaults to address:port
     node_address: str = ""  # the IP of the node hosting the pod ("" outside Kubernetes)
+    rank: int = 0  # data-parallel rank: the index of this endpoint's port in the pool's target ports
     key: str = field(init=False, repr=False, compare=False)
     hostport: str = field(init=False, repr=False, compare=False)
 

@@ -337,6 +337,20 @@ class EndpointStateHolder(Protocol):
 
 
 @runtime_checkable
+class ServingHooks(Protocol):
+    """A plugin with work of its own while the EPP serves (a background thread, sockets).
+
+    ``epp serve`` awaits ``start_serving`` once the endpoint source has loaded, before ext_proc
+    accepts streams, and ``stop_serving`` at shutdown; ``epp check-config`` calls neither, so a
+    plugin must not start such work in its constructor.
+    """
+
+    async def start_serving(self) -> None: ...
+
+    async def stop_serving(self) -> None: ...
+
+
+@runtime_checkable
 class MetadataExtractor(Protocol):
     """A data-layer plugin deriving endpoint-level data from an endpoint's metadata (labels).
 

@@ -164,6 +164,7 @@ class PodEndpoints:
                     labels=labels,
                     metrics_host=metrics_host,
                     node_address=str(pod["status"].get("hostIP") or ""),
+                    rank=rank,
                 )
             )
         return out

@@ -30,6 +30,7 @@ from epp.plugins.pickers import weighted_random as weighted_random
 from epp.plugins.producers import approx_prefix_cache as approx_prefix_cache
 from epp.plugins.producers import burst_prefix_cache as burst_prefix_cache
 from epp.plugins.producers import inflight_load as inflight_load
+from epp.plugins.producers import precise_prefix_cache as precise_prefix_cache
 from epp.plugins.producers import session_id as session_id
 from epp.plugins.producers import token_producer as token_producer
 from epp.plugins.profile_handlers import data_parallel as data_parallel

@@ -18,7 +18,7 @@ from epp.datalayer.pool_gauges import PoolGauges
 from epp.datalayer.runtime import DataLayer
 from epp.datalayer.served_models import ServedModels
 from epp.datalayer.store import EndpointStore
-from epp.framework import Endpoint, EndpointStateHolder, MetadataExtractor, ReplicatedState
+from epp.framework import Endpoint, EndpointStateHolder, MetadataExtractor, ReplicatedState, ServingHooks
 from epp.promlite import start_http_server
 from epp.scheduling import Scheduler
 from epp.server.director import Director, DirectorHooks
@@ -123,6 +123,9 @@ class EppServer:
         self._metadata_extractors = [p for p in cfg.plugins.values() if isinstance(p, MetadataExtractor)]
         if self._metadata_extractors:  # endpoint attributes derived from labels (topology)
             self.store.subscribe(on_add=self._extract_metadata, on_update=self._extract_metadata)
+        self._serving_hooks: list[ServingHooks] = [
+            p for p in cfg.plugins.values() if isinstance(p, ServingHooks)
+        ]
         self.health = Health(leader_election=kube is not None and kube.leader is not None)
         self._stop = asyncio.Event()
         self._hurry = asyncio.Event()
@@ -260,6 +263,7 @@ class EppServer:
         discovery = cfg.discovery
         kube = self.kube
         server: grpc.aio.Server | None = None
+        serving: list[ServingHooks] = []
         try:
             if kube is not None:
                 kube.discovery.on_status = self._pool_status
@@ -279,6 +283,9 @@ class EppServer:
                 await self.health.set_condition("pool", True)
                 log.info("endpoints loaded", count=len(self.store))
             self.data_layer.start()
+            for hook in self._serving_hooks:
+                serving.append(hook)
+                await hook.start_serving()
             if replication is not None:
                 for part in replication:
                     part.start()
@@ -325,6 +332,11 @@ class EppServer:
             if server is not None:
                 await server.stop(opts.grace_period)
             await self.processor.close()
+            for started in reversed(serving):
+                try:
+                    await started.stop_serving()
+                except Exception as e:
+                    log.error("plugin failed to stop", plugin=repr(started), error=repr(e))
             await self.data_layer.stop()
             await self.pool_gauges.stop()
             await self.served_models.stop()

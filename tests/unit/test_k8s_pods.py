@@ -108,6 +108,7 @@ def test_active_ports_annotation_restricts_ranks() -> None:
     h, store = handler(spec)
     h.on_upsert(pod("p1", annotations={"llm-d.ai/active-ports": "8000, 8002"}))
     assert sorted(e.metadata.key for e in store.endpoints()) == ["ns/p1-rank-0", "ns/p1-rank-2"]
+    assert sorted(e.metadata.rank for e in store.endpoints()) == [0, 2]  # the port's index, not a count
     h.on_upsert(pod("p1", annotations={"inference.networking.k8s.io/active-ports": "8001,bogus"}))
     assert [e.metadata.key for e in store.endpoints()] == ["ns/p1-rank-1"]
 

@@ -1,0 +1,131 @@
+"""Applying decoded KV events of one endpoint to the KV-block index (the reference's pool logic).
+
+BlockStored: request keys recomputed from ``token_ids`` at the index's block size, chained from
+the parent's request key (resolved through the endpoint's engine-key map; an unknown parent skips
+the event), namespaced by ``lora_name``; a store without tokens only adds a tier to blocks already
+held. BlockRemoved: by engine key and tier, duplicates of repeated stores suppressed.
+AllBlocksCleared: the endpoint is cleared. Hybrid-attention groups whose kind cannot serve a
+prefix match are skipped (counted).
+"""
+
+from __future__ import annotations
+
+from epp.kvcache.block_keys import BlockKeyer, realign_extras, token_bytes
+from epp.kvcache.index import KVBlockIndex
+from epp.kvevents import metrics
+from epp.kvevents.decode import AllBlocksCleared, BlockRemoved, BlockStored, DecodeError, EventBatch
+
+__all__ = ["EventApplier"]
+
+_INDEXABLE = frozenset({"full_attention", "mla_attention", "sink_full_attention"})
+_KINDS = _INDEXABLE | {
+    "sliding_window",
+    "sliding_window_mla",
+    "mamba",
+    "chunked_local_attention",
+    "encoder_only_attention",
+    "cross_attention",
+}
+
+
+def _kind_label(kind: str | None) -> str:
+    """A bounded ``cache_kind`` label value (an engine's unknown kind is ``unknown``)."""
+    return kind if kind in _KINDS else "unknown"
+
+
+_MAX_LORAS = 4096
+
+
+class EventApplier:
+    """Turns an endpoint's event batches into index updates (called on the ingestion thread)."""
+
+    def __init__(self, index: KVBlockIndex, keyer: BlockKeyer) -> None:
+        self.index = index
+        self.keyer = keyer
+        self.loras: set[str] = set()  # adapter names seen in events (request-side namespaces)
+        self._groups: dict[str, dict[int, str]] = {}  # pod -> group -> cache kind
+
+    def forget(self, pod: str) -> None:
+        self._groups.pop(pod, None)
+
+    def apply(self, pod: str, batch: EventBatch) -> int:
+        """Apply ``batch``; the number of blocks it announced. ``DecodeError`` for bad token ids
+        (events before it were applied)."""
+        blocks = 0
+        for ev in batch.events:
+            if isinstance(ev, BlockStored):
+                blocks += len(ev.block_hashes)
+                self._stored(pod, ev)
+            elif isinstance(ev, BlockRemoved):
+                blocks += len(ev.block_hashes)
+                self._removed(pod, ev)
+            elif isinstance(ev, AllBlocksCleared):
+                self.index.clear_pod(pod)
+        return blocks
+
+    def _stored(self, pod: str, ev: BlockStored) -> None:
+        if ev.group_idx is not None:
+            groups = self._groups.setdefault(pod, {})
+            if ev.spec_kind:
+                groups[ev.group_idx] = ev.spec_kind
+            kind = ev.spec_kind or groups.get(ev.group_idx, "")
+            reason = self._undigestible(ev, kind)
+            if reason:
+                metrics.STORES_SKIPPED.labels(_kind_label(kind), reason).inc()
+                return
+        index = self.index
+        tier = index.tier(ev.medium)
+        if not ev.token_ids:
+            index.store_tier(pod, ev.block_hashes, tier)
+            return
+        parent: int | None = None
+        if ev.parent is not None:
+            parent = index.request_key(pod, ev.parent)
+            if parent is None:
+                metrics.STORES_SKIPPED.labels(_kind_label(ev.spec_kind), "unknown_parent").inc()
+                return
+        namespace = ""
+        if ev.lora_name:
+            namespace = ev.lora_name
+            if namespace not in self.loras and len(self.loras) < _MAX_LORAS:
+                self.loras.add(namespace)
+        elif ev.lora_id is not None:
+            namespace = f"\x00lora-id:{ev.lora_id}"  # no name: keep it apart, requests cannot name it
+        try:
+            data = token_bytes(ev.token_ids)
+        except TypeError:
+            raise DecodeError("BlockStored: token_ids must be integers") from None
+        extras = None
+        if ev.extra_keys:
+            n = len(data) // (4 * self.keyer.block_size)
+            extras = realign_extras(ev.extra_keys, n) if n else None
+        keys = self.keyer.keys(data, namespace=namespace, parent=parent, extras=extras)
+        if keys:
+            index.store(pod, ev.block_hashes, keys, tier)
+
+    @staticmethod
+    def _undigestible(ev: BlockStored, kind: str) -> str:
+        if kind not in _INDEXABLE:
+            return "unsupported_cache_kind"
+        if not ev.token_ids:
+            return ""
+        if ev.block_size <= 0:
+            return "invalid_block_size"
+        n = len(ev.token_ids)
+        if n % ev.block_size or n // ev.block_size != len(ev.block_hashes):
+            return "non_dense_block_span"
+        return ""
+
+    def _removed(self, pod: str, ev: BlockRemoved) -> None:
+        if ev.group_idx is not None:
+            kind = self._groups.get(pod, {}).get(ev.group_idx)
+            if kind is None or kind not in _INDEXABLE:
+                metrics.REMOVALS_SKIPPED.labels(
+                    _kind_label(kind), "unknown_group" if kind is None else "unsupported_cache_kind"
+                ).inc()
+                return
+        forwarded, suppressed = self.index.remove(pod, ev.block_hashes, self.index.tier(ev.medium))
+        if forwarded:
+            metrics.DEDUP_FORWARDED.inc(forwarded)
+        if suppressed:
+            metrics.DEDUP_SUPPRESSED.inc(suppressed)

@@ -1,0 +1,380 @@
+"""KV events: decoding, and ingestion over real ZMQ sockets on 127.0.0.1 (epp.kvevents)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import msgspec
+import pytest
+
+from epp.kvcache import BlockKeyer, KVBlockIndex
+from epp.kvevents import DecodeError, EventApplier, KVEventsIngester, Target, decode_batch
+from epp.kvevents import metrics as m
+from epp.kvevents.decode import AllBlocksCleared, BlockRemoved, BlockStored
+from tests.unit.kv_publisher import Publisher, batch, free_port, removed, stored, wait
+
+BS = 4
+T1 = [1, 2, 3, 4, 5, 6, 7, 8]
+T2 = [9, 10, 11, 12]
+
+
+# --- decoding ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("encoding", ["array", "map"])
+def test_decode_both_encodings(encoding: str) -> None:
+    digest = bytes(24) + (0xDEADBEEF).to_bytes(8, "big")
+    payload = batch(
+        [
+            stored([1, digest], T1, parent=7, medium="CPU", lora="ad"),
+            removed([3], "GPU"),
+            ["AllBlocksCleared"],
+        ],
+        encoding=encoding,
+        rank=1,
+    )
+    b = decode_batch(payload)
+    assert b.data_parallel_rank == 1
+    s, r, c = b.events
+    assert isinstance(s, BlockStored) and isinstance(r, BlockRemoved) and isinstance(c, AllBlocksCleared)
+    assert s.block_hashes == [1, 0xDEADBEEF] and s.parent == 7 and s.token_ids == T1
+    assert (s.medium, s.lora_name, s.block_size) == ("CPU", "ad", BS)
+    assert r.block_hashes == [3] and r.medium == "GPU"
+
+
+def test_decode_negative_hash_is_uint64_and_unknown_tags_are_skipped() -> None:
+    b = decode_batch(msgspec.msgpack.encode([0.0, [["BlockRemoved", [-1]], ["Future", 1]]]))
+    assert b.events[0].block_hashes == [(1 << 64) - 1]  # type: ignore[union-attr]
+    assert b.unknown == 1
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        b"\xc1not msgpack",
+        msgspec.msgpack.encode("text"),
+        msgspec.msgpack.encode([0.0]),
+        msgspec.msgpack.encode([0.0, "events"]),
+        msgspec.msgpack.encode([0.0, [["BlockStored", "x", None, [1], 4]]]),
+        msgspec.msgpack.encode([0.0, [["BlockStored", [1], None, [1], "4"]]]),
+        msgspec.msgpack.encode([0.0, [["BlockRemoved", [1.5]]]]),
+        msgspec.msgpack.encode([0.0, [[42]]]),
+        msgspec.msgpack.encode([0.0, [{"block_hashes": [1]}]]),
+    ],
+)
+def test_decode_malformed_raises_decode_error(payload: bytes) -> None:
+    with pytest.raises(DecodeError):
+        decode_batch(payload)
+
+
+def test_sglang_positional_events() -> None:
+    b = decode_batch(
+        msgspec.msgpack.encode([0.0, [["BlockStored", [1], None, T2, 4, None, None, None, None, 3]]]),
+        "sglang",
+    )
+    assert b.events[0].group_idx is None  # type: ignore[union-attr]
+    with pytest.raises(DecodeError):
+        decode_batch(msgspec.msgpack.encode([0.0, [{"type": "BlockRemoved", "block_hashes": [1]}]]), "sglang")
+
+
+# --- ingestion over ZMQ ------------------------------------------------------------------------
+
+
+class Rig:
+    def __init__(self, *, replay: bool = False, central: str = "", port: int = 0) -> None:
+        self.keyer = BlockKeyer(BS)
+        self.index = KVBlockIndex()
+        self.applier = EventApplier(self.index, self.keyer)
+        self.port = port or free_port()
+        self.replay_port = free_port() if replay else 0
+        # the ingester adds the rank to both ports; rank 0 here
+        self.ing = KVEventsIngester(
+            self.applier, socket_port=self.port, replay_port=self.replay_port, central_endpoint=central
+        )
+        self.ing.start()
+
+    def keys(self, tokens: list[int], parent: int | None = None) -> list[int]:
+        return self.keyer.keys(tokens, parent=parent)
+
+    def holds(self, pod: str, tokens: list[int]) -> int:
+        m_ = self.index.match(self.keys(tokens), [pod])
+        return m_[pod].blocks if pod in m_ else 0
+
+
+@pytest.fixture
+def rig() -> Iterator[Rig]:
+    r = Rig()
+    yield r
+    r.ing.stop()
+
+
+@pytest.fixture
+def replay_rig() -> Iterator[Rig]:
+    r = Rig(replay=True)
+    yield r
+    r.ing.stop()
+
+
+POD = "default/e0"
+
+
+def _target(rank: int = 0) -> Target:
+    return Target(POD, "127.0.0.1", 8000, "e0", "pod0", rank)
+
+
+def test_events_are_indexed_and_subscription_follows_the_endpoint(rig: Rig) -> None:
+    pub = Publisher(rig.port)
+    try:
+        rig.ing.add_endpoint(_target())
+        pub.wait_subscribed()
+        pub.send(batch([stored([101, 102], T1)]))
+        wait(lambda: rig.holds(POD, T1) == 2, what="blocks indexed")
+        pub.send(batch([stored([103], T2, parent=102)]))
+        wait(lambda: rig.holds(POD, T1 + T2) == 3, what="child block via parent")
+        pub.send(batch([removed([102])]))
+        wait(lambda: rig.holds(POD, T1 + T2) == 1, what="removal")
+        rig.ing.remove_endpoint(POD)
+        wait(lambda: POD not in rig.ing.streams and len(rig.index) == 0, what="unsubscribed and cleared")
+    finally:
+        pub.close()
+
+
+def test_data_parallel_rank_offsets_the_port() -> None:
+    rank1 = free_port()
+    rig = Rig(port=rank1 - 1)
+    pub = Publisher(rank1)
+    try:
+        rig.ing.add_endpoint(_target(rank=1))
+        pub.wait_subscribed()
+        assert rig.ing.streams[POD].endpoint.endswith(f":{rig.port + 1}")
+        pub.send(batch([stored([101], T2)]))
+        wait(lambda: rig.holds(POD, T2) == 1)
+    finally:
+        pub.close()
+        rig.ing.stop()
+
+
+def test_restart_clears_the_endpoint(rig: Rig) -> None:
+    pub = Publisher(rig.port)
+    try:
+        rig.ing.add_endpoint(_target())
+        pub.wait_subscribed()
+        for _ in range(3):
+            pub.send(batch([stored([101, 102], T1)]))
+        wait(lambda: rig.ing.streams[POD].seq.last == 2)
+        pub.send(batch([stored([201], T2)]), seq=0)  # a new engine: numbering starts again
+        wait(lambda: rig.holds(POD, T2) == 1)
+        assert rig.holds(POD, T1) == 0
+    finally:
+        pub.close()
+
+
+def test_gap_without_replay_clears_the_endpoint_and_goes_on(rig: Rig) -> None:
+    pub = Publisher(rig.port)
+    errors = m.ZMQ_ERRORS.labels(POD, "gap")
+    before = errors.value
+    try:
+        rig.ing.add_endpoint(_target())
+        pub.wait_subscribed()
+        pub.send(batch([stored([101, 102], T1)]))
+        wait(lambda: rig.holds(POD, T1) == 2)
+        pub.send(batch([removed([102])]), publish=False)  # lost on the way
+        pub.send(batch([stored([201], T2)]))
+        wait(lambda: rig.holds(POD, T2) == 1)
+        assert rig.holds(POD, T1) == 0  # stale: cleared
+        assert errors.value == before + 1
+    finally:
+        pub.close()
+
+
+def test_gap_is_replayed(replay_rig: Rig) -> None:
+    rig = replay_rig
+    pub = Publisher(rig.port, replay_port=rig.replay_port)
+    try:
+        rig.ing.add_endpoint(_target())
+        pub.wait_subscribed()
+        wait(lambda: pub.replay_requests == [0], what="proactive replay")
+        wait(lambda: rig.ing.streams[POD].seq.replay is None)
+        pub.send(batch([stored([101, 102], T1)]))
+        wait(lambda: rig.holds(POD, T1) == 2)
+        pub.send(batch([stored([103], T2, parent=102)]), publish=False)  # lost live, kept in the buffer
+        pub.send(batch([stored([301], [7, 7, 7, 7])]))
+        wait(lambda: rig.holds(POD, [7, 7, 7, 7]) == 1)
+        assert pub.replay_requests == [0, 1]
+        assert rig.holds(POD, T1 + T2) == 3  # the replayed batch
+        assert rig.ing.streams[POD].seq.last == 2
+    finally:
+        pub.close()
+
+
+def test_restart_with_replay_rebuilds_from_zero(replay_rig: Rig) -> None:
+    rig = replay_rig
+    pub = Publisher(rig.port, replay_port=rig.replay_port)
+    try:
+        rig.ing.add_endpoint(_target())
+        pub.wait_subscribed()
+        wait(lambda: pub.replay_requests == [0] and rig.ing.streams[POD].seq.replay is None)
+        pub.send(batch([stored([101], T2)]))
+        pub.send(batch([stored([102], [5, 5, 5, 5])]))
+        wait(lambda: rig.ing.streams[POD].seq.last == 1)
+        pub.buffer.clear()  # the engine restarts: an empty buffer, numbering from 0
+        pub.send(batch([stored([201], [6, 6, 6, 6])]), seq=0, publish=False)
+        pub.send(batch([stored([202], T1[:4])]), seq=1, publish=False)
+        pub.send(batch([stored([203], [8, 8, 8, 8])]), seq=0)  # replaced 0 in the buffer below
+        pub.buffer = pub.buffer[:2]
+        wait(lambda: pub.replay_requests == [0, 0], what="replay from 0 after the restart")
+        wait(lambda: rig.holds(POD, [6, 6, 6, 6]) == 1 and rig.holds(POD, T1[:4]) == 1)
+        assert rig.holds(POD, T2) == 0
+    finally:
+        pub.close()
+
+
+def test_failed_replay_clears_the_endpoint(replay_rig: Rig) -> None:
+    rig = replay_rig
+    pub = Publisher(rig.port)  # no ROUTER: every replay times out
+    try:
+        rig.ing.add_endpoint(_target())
+        pub.wait_subscribed()
+        wait(lambda: rig.ing.streams[POD].seq.replay is None, timeout=20, what="proactive replay gives up")
+        pub.send(batch([stored([101, 102], T1)]))
+        wait(lambda: rig.holds(POD, T1) == 2)
+        pub.send(batch([removed([101])]), publish=False)
+        pub.send(batch([stored([201], T2)]))  # gap: replay is in its cool-down: cleared, live
+        wait(lambda: rig.holds(POD, T2) == 1)
+        assert rig.holds(POD, T1) == 0
+    finally:
+        pub.close()
+
+
+def test_malformed_message_clears_the_endpoint_and_ingestion_goes_on(rig: Rig) -> None:
+    pub = Publisher(rig.port)
+    errors = m.ZMQ_ERRORS.labels(POD, "decode")
+    before = errors.value
+    try:
+        rig.ing.add_endpoint(_target())
+        pub.wait_subscribed()
+        pub.send(batch([stored([101, 102], T1)]))
+        wait(lambda: rig.holds(POD, T1) == 2)
+        pub.send(b"\x93garbage")
+        pub.raw([b"kv@pod@m", b"short"])  # a bad frame too
+        pub.send(batch([stored([201], T2)]))
+        wait(lambda: rig.holds(POD, T2) == 1)
+        assert rig.holds(POD, T1) == 0
+        assert errors.value == before + 1
+        assert m.ZMQ_ERRORS.labels(POD, "frame").value >= 1
+        assert rig.ing.running
+    finally:
+        pub.close()
+
+
+def test_unreachable_socket_is_retried_and_counted(rig: Rig) -> None:
+    retries = m.RECONNECTIONS.labels(POD)
+    rig.ing.add_endpoint(_target())
+    wait(lambda: retries.value >= 1, what="a counted reconnection attempt")
+    assert rig.ing.running
+    pub = Publisher(rig.port)  # the engine comes up later
+    try:
+        pub.wait_subscribed(timeout=15)
+        pub.send(batch([stored([101], T2)]))
+        wait(lambda: rig.holds(POD, T2) == 1)
+    finally:
+        pub.close()
+
+
+def test_central_socket_names_the_endpoint_by_topic() -> None:
+    port = free_port()
+    rig = Rig(central=f"tcp://127.0.0.1:{port}")
+    try:
+        rig.ing.add_endpoint(Target("default/a", "10.0.0.1", 8000, "a", "pod-a"), subscribe=False)
+        rig.ing.add_endpoint(Target("default/b", "10.0.0.2", 8000, "b", "pod-b"), subscribe=False)
+        pub_a = Publisher(0, topic="kv@10.0.0.1:8000@m", connect=f"tcp://127.0.0.1:{port}")
+        pub_b = Publisher(0, topic="kv@pod-b@m", connect=f"tcp://127.0.0.1:{port}")
+        try:
+            pub_a.wait_subscribed()
+            pub_b.wait_subscribed()
+            pub_a.send(batch([stored([1], T2)]))
+            pub_b.send(batch([stored([2], T1)]))
+            wait(lambda: rig.holds("default/a", T2) == 1 and rig.holds("default/b", T1) == 2)
+            assert rig.holds("default/b", T2) == 0
+            assert not rig.ing.streams  # no per-endpoint sockets
+        finally:
+            pub_a.close()
+            pub_b.close()
+    finally:
+        rig.ing.stop()
+
+
+def test_stop_ends_the_thread(rig: Rig) -> None:
+    rig.ing.add_endpoint(_target())
+    wait(lambda: POD in rig.ing.streams)
+    thread = rig.ing._thread
+    rig.ing.stop()
+    assert thread is not None and not thread.is_alive()
+    time.sleep(0)
+
+
+def test_apply_skips_unknown_parents_and_sliding_window_groups() -> None:
+    index = KVBlockIndex()
+    applier = EventApplier(index, BlockKeyer(BS))
+    skipped = m.STORES_SKIPPED.labels("unknown", "unknown_parent")
+    before = skipped.value
+    applier.apply(POD, decode_batch(batch([stored([5], T2, parent=999)])))
+    assert len(index) == 0 and skipped.value == before + 1
+    swa = ["BlockStored", [6], None, T2, BS, None, None, None, None, 1, "sliding_window"]
+    applier.apply(POD, decode_batch(msgspec.msgpack.encode([0.0, [swa]])))
+    assert len(index) == 0
+    full = ["BlockStored", [7], None, T2, BS, None, None, None, None, 0, "full_attention"]
+    applier.apply(POD, decode_batch(msgspec.msgpack.encode([0.0, [full]])))
+    assert len(index) == 1
+    # a removal for the sliding-window group is skipped, for the full-attention group applied
+    applier.apply(POD, decode_batch(msgspec.msgpack.encode([0.0, [["BlockRemoved", [7], None, 1]]])))
+    assert len(index) == 1
+    applier.apply(POD, decode_batch(msgspec.msgpack.encode([0.0, [["BlockRemoved", [7], None, 0]]])))
+    assert len(index) == 0
+
+
+def test_cleared_event_empties_the_endpoint_and_bad_token_ids_raise() -> None:
+    index = KVBlockIndex()
+    applier = EventApplier(index, BlockKeyer(BS))
+    applier.apply(POD, decode_batch(batch([stored([1], T2)])))
+    applier.apply(POD, decode_batch(batch([["AllBlocksCleared"]])))
+    assert len(index) == 0
+    with pytest.raises(DecodeError):
+        applier.apply(
+            POD, decode_batch(msgspec.msgpack.encode([0.0, [["BlockStored", [1], None, ["a"] * 4, 4]]]))
+        )
+
+
+def test_ingester_can_start_again_after_a_stop(rig: Rig) -> None:
+    pub = Publisher(rig.port)
+    try:
+        rig.ing.add_endpoint(_target())
+        pub.wait_subscribed()
+        rig.ing.stop()
+        assert not rig.ing.streams
+        rig.ing.start()
+        pub.wait_subscribed()  # subscribed again
+        pub.send(batch([stored([101], T2)]))
+        wait(lambda: rig.holds(POD, T2) == 1)
+    finally:
+        pub.close()
+
+
+def test_central_socket_bind_is_retried_when_the_address_is_taken() -> None:
+    import zmq
+
+    port = free_port()
+    ctx = zmq.Context()
+    squatter = ctx.socket(zmq.PULL)
+    squatter.bind(f"tcp://127.0.0.1:{port}")
+    rig = Rig(central=f"tcp://127.0.0.1:{port}")
+    try:
+        wait(lambda: rig.ing.central_error != "", what="a failed bind")
+        assert rig.ing.running
+        squatter.close(0)
+        wait(lambda: rig.ing._central is not None, what="the bind retried")
+        assert rig.ing.central_error == ""
+    finally:
+        rig.ing.stop()
+        ctx.term()
