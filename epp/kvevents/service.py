@@ -60,6 +60,8 @@ class Target:
     name: str = ""
     pod_name: str = ""
     rank: int = 0
+    events_port: int = 0  # the endpoint's own PUB port (label); 0: the configured socket port + rank
+    replay_port: int = 0  # the endpoint's own replay port (label); 0: the configured one + rank
 
     @property
     def hostport(self) -> str:
@@ -282,7 +284,7 @@ class KVEventsIngester:
             if target.key in self.streams:
                 self._close_stream(target.key)
             return
-        endpoint = self._endpoint_of(target, self.socket_port)
+        endpoint = self._endpoint_of(target, self.socket_port, target.events_port)
         stream = self.streams.get(target.key)
         if stream is not None:
             if stream.endpoint == endpoint and old == target:
@@ -300,9 +302,10 @@ class KVEventsIngester:
         metrics.drop_subscriber(key)
 
     @staticmethod
-    def _endpoint_of(target: Target, port: int) -> str:
+    def _endpoint_of(target: Target, port: int, own_port: int = 0) -> str:
+        """``tcp://address:port``: the endpoint's own port when it announces one, else ``port + rank``."""
         host = f"[{target.address}]" if ":" in target.address else target.address
-        return f"tcp://{host}:{port + target.rank}"
+        return f"tcp://{host}:{own_port or port + target.rank}"
 
     def _open_stream(self, target: Target, endpoint: str) -> None:
         assert self._ctx is not None
@@ -316,7 +319,10 @@ class KVEventsIngester:
             sub.setsockopt(zmq.IPV6, 1)
         sub.setsockopt(zmq.SUBSCRIBE, self.topic_filter.encode())
         monitor = sub.get_monitor_socket(_MONITOR_EVENTS)
-        replay = self._endpoint_of(target, self.replay_port) if self.replay_port > 0 else ""
+        if target.replay_port:
+            replay = self._endpoint_of(target, 0, target.replay_port)
+        else:
+            replay = self._endpoint_of(target, self.replay_port) if self.replay_port > 0 else ""
         stream = _Stream(target, endpoint, sub, monitor, _Seq(target.key, replay))
         self.streams[target.key] = stream
         self._poller.register(sub, zmq.POLLIN)

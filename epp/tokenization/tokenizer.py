@@ -33,6 +33,9 @@ _CLEANUPS = ((" .", "."), (" ?", "?"), (" !", "!"), (" ,", ","), (" ' ", "'"), (
              (" 'm", "'m"), (" 's", "'s"), (" 've", "'ve"), (" 're", "'re"))  # fmt: skip
 
 
+_GIL_FREE_CHARS = 16 * 1024
+
+
 class TokenizerError(ValueError):
     """A tokenizer directory that cannot be loaded: the path and the reason."""
 
@@ -91,7 +94,13 @@ class Tokenizer:
         return self._cache
 
     def encode(self, text: str) -> list[int]:
-        """The ids of ``text``; added tokens written in it are recognized, none are added."""
+        """The ids of ``text``; added tokens written in it are recognized, none are added.
+
+        A long text goes through ``encode_batch``, which releases the GIL while it tokenizes (plain
+        ``encode`` holds it), so a worker thread tokenizing a long prompt does not stall the loop.
+        """
+        if len(text) >= _GIL_FREE_CHARS:
+            return list(self._hf.encode_batch([text], add_special_tokens=False)[0].ids)
         return list(self._hf.encode(text, add_special_tokens=False).ids)
 
     def decode(self, ids: Sequence[int], *, skip_special_tokens: bool = False) -> str:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import structlog
@@ -34,6 +35,7 @@ from epp.framework.attributes import (
     TokenizedPrompt,
 )
 from epp.framework.durations import parse_go_duration
+from epp.framework.endpoint import KV_EVENTS_PORT_LABEL, KV_EVENTS_REPLAY_PORT_LABEL
 from epp.framework.interfaces import EndpointEvent, EventType
 from epp.kvcache import HASH_ALGORITHMS, BlockKeyer, KVBlockIndex, PrefixKeyCache, block_extras
 from epp.kvevents import EventApplier, KVEventsIngester, Target
@@ -319,7 +321,16 @@ class PrecisePrefixCacheProducer(DataProducer, PreRequest):
 
     def _target(self, endpoint: Endpoint) -> Target:
         md = endpoint.metadata
-        return Target(md.key, md.address, md.port, md.name, md.pod_name, md.rank)
+        return Target(
+            md.key,
+            md.address,
+            md.port,
+            md.name,
+            md.pod_name,
+            md.rank,
+            events_port=_label_port(md.labels, KV_EVENTS_PORT_LABEL),
+            replay_port=_label_port(md.labels, KV_EVENTS_REPLAY_PORT_LABEL),
+        )
 
     def extract_metadata(self, endpoint: Endpoint) -> None:
         """The store added (or changed) an endpoint."""
@@ -373,3 +384,14 @@ class PrecisePrefixCacheProducer(DataProducer, PreRequest):
             lookups=self.index.lookups,
             hits=self.index.lookup_hits,
         )
+
+
+def _label_port(labels: Mapping[str, str], label: str) -> int:
+    """The port an endpoint announces in ``label`` (0: none, or not a valid port)."""
+    text = labels.get(label)
+    if text is None:
+        return 0
+    if text.isdigit() and 0 < int(text) < 65536:
+        return int(text)
+    log.warning("kv_events.bad_port_label", label=label, value=text)
+    return 0

@@ -221,6 +221,12 @@ class TokenProducer(DataProducer):
         if rendered is not None and rendered.token_ids:
             body.tokenized = TokenizedPrompt(rendered.token_ids, mm_hashes=rendered.mm_items)
 
+    async def start_serving(self) -> None:
+        """Nothing to start: connections and the worker thread are created on first use."""
+
+    async def stop_serving(self) -> None:
+        await self.close()
+
     async def close(self) -> None:
         """Release the render backend's connections and the local backend's thread."""
         if self._render is not None:
