@@ -150,6 +150,16 @@ ZMQ_ERRORS = promlite.Counter(
     _help("Total number of ZMQ subscriber errors"),
     (_POD, "operation"),
 )
+REPLAYS = promlite.Counter(
+    "llm_d_epp_kv_cache_events_replays_total",
+    _help("KV-event replays requested from an endpoint's replay socket, by outcome (epp)"),
+    (_POD, "outcome"),
+)
+ENDPOINT_CLEARS = promlite.Counter(
+    "llm_d_epp_kv_cache_events_endpoint_clears_total",
+    _help("Times an endpoint's index entries were dropped because its events could not be trusted (epp)"),
+    (_POD, "reason"),
+)
 POOL_QUEUE_DEPTH = promlite.Gauge(
     "llm_d_epp_kv_cache_events_pool_queue_depth",
     _help("Total number of messages queued across all worker shards"),
@@ -176,6 +186,8 @@ promlite.register(
     RECONNECTIONS,
     MESSAGES_RECEIVED,
     ZMQ_ERRORS,
+    REPLAYS,
+    ENDPOINT_CLEARS,
     POOL_QUEUE_DEPTH,
     POOL_CAPACITY,
     *(
@@ -198,5 +210,6 @@ def drop_subscriber(pod: str) -> None:
     """Forget the per-subscriber series of an endpoint that left."""
     RECONNECTIONS.remove(pod)
     MESSAGES_RECEIVED.remove(pod)
-    for values in [v for v, _ in ZMQ_ERRORS._items() if v[0] == pod]:
-        ZMQ_ERRORS.remove(*values)
+    for family in (ZMQ_ERRORS, REPLAYS, ENDPOINT_CLEARS):
+        for values in [v for v, _ in family._items() if v[0] == pod]:
+            family.remove(*values)

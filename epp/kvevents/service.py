@@ -470,6 +470,7 @@ class KVEventsIngester:
                 log.warning(
                     "KV-event sequence went back: engine restarted", endpoint=seq.pod, last=last, seq=n
                 )
+                metrics.ENDPOINT_CLEARS.labels(seq.pod, "restart").inc()
                 self._clear(seq.pod)
                 seq.last = None
                 if self._can_replay(seq):
@@ -483,6 +484,7 @@ class KVEventsIngester:
                     self._hold(seq, topic, n, payload)
                     return
                 metrics.ZMQ_ERRORS.labels(seq.pod, "gap").inc()
+                metrics.ENDPOINT_CLEARS.labels(seq.pod, "gap").inc()
                 self._log(seq.pod, "gap", "KV-event gap without replay: endpoint cleared", last=last, seq=n)
                 self._clear(seq.pod)
         elif n > 0 and self._can_replay(seq):
@@ -510,6 +512,7 @@ class KVEventsIngester:
     def _lost(self, seq: _Seq, operation: str, message: str, **kw: Any) -> None:
         """Events of the endpoint were lost: its entries can no longer be trusted."""
         metrics.ZMQ_ERRORS.labels(seq.pod, operation).inc()
+        metrics.ENDPOINT_CLEARS.labels(seq.pod, operation).inc()
         self._log(seq.pod, operation, message + ": endpoint cleared", **kw)
         self._clear(seq.pod)
 
@@ -595,10 +598,12 @@ class KVEventsIngester:
             )
             return
         self._close_replay(seq)
+        metrics.REPLAYS.labels(seq.pod, "complete").inc()
         log.info("KV-event replay complete", endpoint=seq.pod, start=replay.start, replayed=replay.received)
         self._flush_pending(seq)
 
     def _replay_failed(self, seq: _Seq, operation: str, message: str, **kw: Any) -> None:
+        metrics.REPLAYS.labels(seq.pod, "failed").inc()
         self._close_replay(seq)
         seq.replay_failed_at = time.monotonic()
         seq.last = None

@@ -1,0 +1,164 @@
+"""Precise prefix-cache routing end to end: real Envoy, ``epp serve`` and ``epp sim`` engines that
+publish vLLM KV events. Requests follow the blocks the engines report (blocks put there by requests
+that never went through the EPP), an engine's cache reset moves them away, and a lost KV-event
+batch is recovered by replay."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections.abc import Callable, Sequence
+
+from epp.dev.stack import free_port
+from epp.framework.endpoint import KV_EVENTS_PORT_LABEL, KV_EVENTS_REPLAY_PORT_LABEL
+from epp.tokenization import DEFAULT_TOKENIZER_DIR
+from tests.integration.harness import JSON_HEADERS, MODEL, SIM_ARGS, Envoy, Epp, Rig, Sim, request
+
+PRODUCER = "precise-prefix-cache-producer"
+REPLAYS = "llm_d_epp_kv_cache_events_replays_total"
+CONFIG = {
+    "plugins": [
+        {
+            "type": "token-producer",
+            "parameters": {"modelName": MODEL, "local": {"path": str(DEFAULT_TOKENIZER_DIR)}},
+        },
+        {
+            "type": PRODUCER,
+            "parameters": {
+                "tokenProcessorConfig": {"blockSizeTokens": 16},
+                "indexerConfig": {"kvBlockIndexConfig": {"enableMetrics": True}},
+            },
+        },
+        {"type": "prefix-cache-scorer", "parameters": {"prefixMatchInfoProducerName": PRODUCER}},
+        {"type": "max-score-picker"},
+    ],
+    "schedulingProfiles": [
+        {
+            "name": "default",
+            "plugins": [{"pluginRef": "prefix-cache-scorer"}, {"pluginRef": "max-score-picker"}],
+        }
+    ],
+}
+
+
+def _value(text: str, name: str, labels: str = "") -> float:
+    total = 0.0
+    for m in re.finditer(rf"^{re.escape(name)}(\{{[^}}]*\}})? (\S+)$", text, re.M):
+        if labels in (m.group(1) or ""):
+            total += float(m.group(2))
+    return total
+
+
+def _poll(what: str, fn: Callable[[], bool], timeout: float = 60.0) -> None:
+    end = time.monotonic() + timeout
+    while not fn():
+        if time.monotonic() > end:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.1)
+
+
+def _system(topic: str, sentences: int = 40) -> str:
+    """A long system prompt, distinct per topic from its first words on."""
+    return " ".join(
+        f"{topic} rule {i}: answer about {topic} with care and detail number {i}." for i in range(sentences)
+    )
+
+
+def _chat(system: str, question: str) -> bytes:
+    messages = [{"role": "system", "content": system}, {"role": "user", "content": question}]
+    return json.dumps({"model": MODEL, "messages": messages, "max_tokens": 1}).encode()
+
+
+class Fleet:
+    def __init__(self, rig: Rig, count: int = 3) -> None:
+        self.sims: list[Sim] = []
+        self.labels: dict[str, dict[str, str]] = {}
+        for i in range(count):
+            pub, replay = free_port(), free_port()
+            kv = {
+                "enable_kv_cache_events": True,
+                "publisher": "zmq",
+                "endpoint": f"tcp://*:{pub}",
+                "replay_endpoint": f"tcp://*:{replay}",
+            }
+            name = f"sim-{i}"
+            args = [
+                *SIM_ARGS,
+                "--host",
+                "127.0.0.1",
+                "--block-size",
+                "16",
+                "--kv-events-config",
+                json.dumps(kv),
+            ]
+            self.sims.append(rig.add_sim(name, args))
+            self.labels[name] = {KV_EVENTS_PORT_LABEL: str(pub), KV_EVENTS_REPLAY_PORT_LABEL: str(replay)}
+        for sim in self.sims:
+            rig.stack.wait_sim(sim.child, sim.url)
+        self.epp: Epp = rig.start_epp(self.sims, config=CONFIG, labels=self.labels)
+        self.envoy: Envoy = rig.start_envoy(self.epp)
+        # Each subscription asks for a replay from 0 when it connects: once all are complete, the
+        # EPP's index holds everything the engines published.
+        _poll(
+            "every KV-event subscription's first replay",
+            lambda: self.metric(REPLAYS, 'outcome="complete"') >= count,
+        )
+
+    def metric(self, name: str, labels: str = "") -> float:
+        return _value(self.epp.metrics(), name, labels)
+
+    def admissions(self) -> float:
+        return self.metric("llm_d_epp_kv_cache_index_admissions_total")
+
+    def seed(self, sim: Sim, body: bytes) -> None:
+        """Serve ``body`` on ``sim`` directly (the EPP never sees it) and wait until the EPP indexed
+        the blocks it reported."""
+        before = self.admissions()
+        resp = request(f"{sim.url}/v1/chat/completions", "POST", body, JSON_HEADERS)
+        assert resp.status == 200, resp
+        _poll(f"the blocks {sim.name} stored", lambda: self.admissions() > before)
+
+    def routed(self, bodies: Sequence[bytes]) -> list[str]:
+        """The sim each request went to through Envoy."""
+        names = []
+        for body in bodies:
+            resp = self.envoy.post("/v1/chat/completions", body, JSON_HEADERS)
+            assert resp.status == 200, resp
+            port = resp.port
+            names.append(next(s.name for s in self.sims if s.port == port))
+        return names
+
+
+def test_requests_follow_the_blocks_the_engines_report_even_after_a_cache_reset(rig: Rig) -> None:
+    fleet = Fleet(rig)
+    sim0, sim1, sim2 = fleet.sims
+    billing, weather = _system("billing"), _system("weather")
+    fleet.seed(sim2, _chat(billing, "seed"))
+    fleet.seed(sim0, _chat(weather, "seed"))
+    assert fleet.routed([_chat(billing, f"question {i}") for i in range(4)]) == ["sim-2"] * 4
+    assert fleet.routed([_chat(weather, f"question {i}") for i in range(4)]) == ["sim-0"] * 4
+
+    # sim-2 drops its whole cache: its AllBlocksCleared must take it out of the EPP's index. sim-1
+    # then holds only the first half of the billing prompt: a shorter match than sim-2 had.
+    evictions = fleet.metric("llm_d_epp_kv_cache_index_evictions_total")
+    assert request(f"{sim2.url}/reset_prefix_cache", "POST").status == 200
+    _poll("sim-2's cache reset", lambda: fleet.metric("llm_d_epp_kv_cache_index_evictions_total") > evictions)
+    fleet.seed(sim1, _chat(_system("billing", sentences=20), "seed"))
+    assert fleet.routed([_chat(billing, f"after reset {i}") for i in range(4)]) == ["sim-1"] * 4
+
+
+def test_a_lost_kv_event_batch_is_recovered_by_replay(rig: Rig) -> None:
+    fleet = Fleet(rig)
+    sim0 = fleet.sims[0]
+    replays = fleet.metric(REPLAYS, 'outcome="complete"')
+    # sim-0 skips the next batch on PUB (it stays in its replay buffer): its blocks for the legal
+    # prompt reach the EPP only through replay, once the next batch shows the gap.
+    assert request(f"{sim0.url}/sim/kv-events/drop?count=1", "POST").status == 200
+    legal = _system("legal")
+    resp = request(f"{sim0.url}/v1/chat/completions", "POST", _chat(legal, "seed"), JSON_HEADERS)
+    assert resp.status == 200
+    fleet.seed(sim0, _chat(_system("travel"), "seed"))  # the next batch: the gap, then replay
+    _poll("the replayed batch", lambda: fleet.metric(REPLAYS, 'outcome="complete"') > replays)
+    assert fleet.metric("llm_d_epp_kv_cache_events_endpoint_clears_total") == 0  # recovered, not dropped
+    assert fleet.routed([_chat(legal, f"question {i}") for i in range(4)]) == ["sim-0"] * 4
