@@ -8,8 +8,6 @@ import asyncio
 import base64
 import socket
 import struct
-import sys
-import types
 import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
@@ -591,86 +589,43 @@ async def test_director_routes_by_the_rendered_token_count(render_server: Render
 # --- the local backend --------------------------------------------------------------------------------
 
 
-class _StandInTokenizer:
-    """Records what the backend asks of a tokenizer (``epp.tokenization``'s API)."""
-
-    def __init__(self) -> None:
-        self.rendered: list[tuple[list[Any], Any, bool]] = []
-        self.encoded: list[str] = []
-
-    def render_chat(
-        self,
-        messages: list[Any],
-        *,
-        tools: Any = None,
-        add_generation_prompt: bool = True,
-        chat_template_kwargs: Any = None,
-    ) -> str:
-        self.rendered.append((messages, tools, add_generation_prompt))
-        return "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in messages)
-
-    def encode_cached(self, text: str) -> list[int]:
-        self.encoded.append(text)
-        return list(text.encode())
-
-    def prompt_ids(self, prompt: str) -> list[int]:
-        return [1, *prompt.encode()]
-
-
-@pytest.fixture
-def stand_in(monkeypatch: pytest.MonkeyPatch) -> _StandInTokenizer:
-    """A throwaway ``epp.tokenization`` for the wiring tests (the real one is exercised below)."""
-    tok = _StandInTokenizer()
-    module = types.ModuleType("epp.tokenization")
-    module.load_tokenizer = lambda path: tok  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "epp.tokenization", module)
-    return tok
-
-
-async def test_local_backend_renders_the_template_and_encodes_cached(stand_in: _StandInTokenizer) -> None:
-    p = _producer("local: {path: /tok}")
-    assert p.backend == "local" and p.produce_timeout == 5.0
-    msgs = [{"role": "user", "content": "hello"}]
-    tp = await _produce(p, chat(msgs))
-    assert tp is not None and tp.exact
-    assert stand_in.rendered == [(msgs, None, True)]
-    assert list(tp.token_ids) == list(stand_in.encoded[0].encode())
-    c = await _produce(p, completions("abc"))
-    assert c is not None and list(c.token_ids) == [1, *b"abc"]
-    await p.close()
-
-
-async def test_local_backend_large_prompts_run_off_the_event_loop(stand_in: _StandInTokenizer) -> None:
+async def test_local_backend_large_prompts_run_off_the_event_loop() -> None:
     import threading
 
+    from epp.tokenization import DEFAULT_TOKENIZER_DIR
+
+    p = _producer(f"local: {{path: '{DEFAULT_TOKENIZER_DIR}'}}")
+    assert p.backend == "local" and p.produce_timeout == 5.0
+    assert p._local is not None
     threads: list[str] = []
-    real = stand_in.encode_cached
 
-    def encode(text: str) -> list[int]:
-        threads.append(threading.current_thread().name)
-        return real(text)
+    class Recording:  # the real tokenizer, noting which thread encodes
+        def __init__(self, tok: Any) -> None:
+            self.tok = tok
 
-    stand_in.encode_cached = encode  # type: ignore[method-assign]
-    p = _producer("local: {path: /tok}")
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self.tok, name)
+
+        def encode_cached(self, text: str) -> list[int]:
+            threads.append(threading.current_thread().name)
+            return list(self.tok.encode_cached(text))
+
+    p._local.tok = Recording(p._local.tok)
     big = "x" * (64 * 1024)
-    msgs = [{"role": "user", "content": big}]
-    req = chat(msgs)
+    req = chat([{"role": "user", "content": big}])
     req.body.raw = orjson.dumps(req.body.payload)
     tp = await _produce(p, req)
     small = await _produce(p, chat([{"role": "user", "content": "tiny"}]))
     assert tp is not None and small is not None
     assert threads[0].startswith("token-producer") and threads[1] == threading.current_thread().name
-    assert p._local is not None and p._local._busy == 0
+    assert p._local._busy == 0
     await p.close()
 
 
-def _real_tokenization() -> Any:
-    return pytest.importorskip("epp.tokenization", reason="epp.tokenization (branch tok) not merged yet")
-
-
 async def test_local_backend_with_the_shipped_tokenizer_matches_chat_ids() -> None:
-    """Enabled once ``epp.tokenization`` is merged: ids equal the tokenizer's own ``chat_ids``."""
-    tokenization = _real_tokenization()
+    """The ids are the tokenizer's own ``chat_ids`` / ``prompt_ids`` (what ``epp sim`` computes)."""
+    from epp import tokenization
+
     path = str(tokenization.DEFAULT_TOKENIZER_DIR)
     tok = tokenization.load_tokenizer(path)
     p = _producer(f"local: {{path: '{path}'}}")

@@ -11,7 +11,6 @@ The deprecated ``udsTokenizerConfig`` sidecar is refused at load.
 from __future__ import annotations
 
 import asyncio
-import importlib
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -253,10 +252,8 @@ class _LocalBackend:
     __slots__ = ("_busy", "_pool", "tok")
 
     def __init__(self, path: str) -> None:
-        try:
-            tokenization = importlib.import_module("epp.tokenization")
-        except ImportError as e:  # pragma: no cover - the package ships with epp
-            raise ConfigError("local", f"the local tokenizer backend is unavailable: {e}") from e
+        from epp import tokenization  # imported with the backend: tokenizers and Jinja2 take ~0.2 s
+
         try:
             self.tok: Any = tokenization.load_tokenizer(path)
         except (OSError, ValueError) as e:
@@ -267,6 +264,7 @@ class _LocalBackend:
         self._busy = 0
 
     async def tokenize(self, body: RequestBody) -> TokenizedPrompt | None:
+        """The ids the model server computes for this body: the same functions as ``epp sim``."""
         api, payload = body.api, body.payload
         if api is ApiKind.CHAT_COMPLETIONS:
             chat = payload
@@ -274,11 +272,10 @@ class _LocalBackend:
             chat = messages_to_chat(payload)
         elif api is ApiKind.COMPLETIONS:
             prompt = payload.get("prompt")
-            if isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt):
-                prompt = "".join(prompt)
-            if not isinstance(prompt, str) or not prompt:
+            if not prompt or not isinstance(prompt, (str, list)):
                 return None
-            return await self._run(len(prompt), self._prompt_ids, prompt)
+            size = len(prompt) if isinstance(prompt, str) else len(body.raw)
+            return await self._run(size, self._completion_ids, payload)
         else:
             return None
         messages = chat.get("messages")
@@ -286,18 +283,23 @@ class _LocalBackend:
             return None
         return await self._run(len(body.raw) or len(body.prompt_text), self._chat_ids, chat)
 
-    def _prompt_ids(self, prompt: str) -> TokenizedPrompt | None:
-        return TokenizedPrompt(self.tok.prompt_ids(prompt))
+    def _completion_ids(self, payload: dict[str, Any]) -> TokenizedPrompt | None:
+        from epp import tokenization
+
+        try:
+            prompts = tokenization.completion_prompts(payload, self.tok)
+        except tokenization.PromptError:
+            return None
+        ids = prompts[0] if len(prompts) == 1 else [t for p in prompts for t in p]
+        return TokenizedPrompt(ids)
 
     def _chat_ids(self, chat: dict[str, Any]) -> TokenizedPrompt | None:
-        kwargs = chat.get("chat_template_kwargs")
-        text = self.tok.render_chat(
-            chat["messages"],
-            tools=chat.get("tools") or None,
-            add_generation_prompt=chat.get("add_generation_prompt", True) is not False,
-            chat_template_kwargs=kwargs if isinstance(kwargs, dict) else None,
-        )
-        return TokenizedPrompt(self.tok.encode_cached(text))
+        from epp import tokenization
+
+        try:
+            return TokenizedPrompt(tokenization.chat_prompt(chat, self.tok))
+        except tokenization.PromptError:
+            return None
 
     async def _run(self, size: int, fn: Any, arg: Any) -> TokenizedPrompt | None:
         """``fn(arg)``: inline when small and the thread is idle (the tokenizer's segment cache is
