@@ -205,9 +205,19 @@ async def _one(session: Any, url: str, item: Planned, t0: float, timeout: float)
     return rec
 
 
-async def run(url: str, items: list[Planned], *, timeout: float, connections: int) -> dict[str, Any]:
+def _pick(urls: list[str], seed: int) -> Any:
+    """A seeded choice of gateway per request (the same sequence for every config)."""
+    rng = random.Random(f"gateway-{seed}")
+    return lambda: urls[rng.randrange(len(urls))] if len(urls) > 1 else urls[0]
+
+
+async def run(
+    urls: list[str], items: list[Planned], *, timeout: float, connections: int, seed: int = 1
+) -> dict[str, Any]:
     """Send every planned request at its offset (open loop) and collect the records."""
     import aiohttp
+
+    pick = _pick(urls, seed)
 
     connector = aiohttp.TCPConnector(limit=connections, force_close=False)
     async with aiohttp.ClientSession(connector=connector) as session:
@@ -217,14 +227,14 @@ async def run(url: str, items: list[Planned], *, timeout: float, connections: in
             delay = t0 + item.at - time.perf_counter()
             if delay > 0:
                 await asyncio.sleep(delay)
-            tasks.append(asyncio.create_task(_one(session, url + PATH, item, t0, timeout)))
+            tasks.append(asyncio.create_task(_one(session, pick() + PATH, item, t0, timeout)))
         records = await asyncio.gather(*tasks)
         wall = time.perf_counter() - t0
     return {"wall_seconds": wall, "requests": [asdict(r) for r in records]}
 
 
 async def run_sessions(
-    url: str,
+    urls: list[str],
     sessions: list[Session],
     *,
     model: str,
@@ -238,6 +248,7 @@ async def run_sessions(
     import aiohttp
 
     rng = random.Random(f"think-{seed}")
+    pick = _pick(urls, seed)
     thinks = [[rng.expovariate(1 / think_time) if think_time > 0 else 0.0 for _ in s.turns] for s in sessions]
     connector = aiohttp.TCPConnector(limit=connections, force_close=False)
     records: list[Record] = []
@@ -249,7 +260,7 @@ async def run_sessions(
             for turn in range(len(s.turns)):
                 body = session_body(s, turn, model=model, max_tokens=max_tokens)
                 item = Planned(s.index * 1000 + turn, s.index, time.perf_counter() - t0, body)
-                records.append(await _one(client, url + PATH, item, t0, timeout))
+                records.append(await _one(client, pick() + PATH, item, t0, timeout))
                 await asyncio.sleep(thinks[s.index][turn])
 
         await asyncio.gather(*(one_session(s) for s in sessions))
@@ -260,7 +271,12 @@ async def run_sessions(
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     add = parser.add_argument
-    add("--url", required=True, help="base URL, e.g. http://127.0.0.1:8081 (the Envoy listener)")
+    add(
+        "--url",
+        required=True,
+        help="base URL, e.g. http://127.0.0.1:8081 (the Envoy listener); several comma-separated: "
+        "every request goes to one of them at random (seeded), as an L4 load balancer in front of replicas",
+    )
     add("--rate", type=float, default=6.0, help="Poisson arrival rate, requests/s; 0 sends all at once")
     add("--requests", type=int, default=240, help="number of requests (default 240)")
     add("--groups", type=int, default=8, help="groups sharing a system prompt (default 8)")
@@ -291,7 +307,7 @@ def main(argv: list[str] | None = None) -> int:
             seed=args.seed,
         )
         coro: Any = run_sessions(
-            args.url.rstrip("/"),
+            _urls(args.url),
             planned,
             model=args.model,
             max_tokens=args.max_tokens,
@@ -311,8 +327,13 @@ def main(argv: list[str] | None = None) -> int:
         seed=args.seed,
     )
     return _finish(
-        run(args.url.rstrip("/"), items, timeout=args.timeout, connections=args.connections), args.output
+        run(_urls(args.url), items, timeout=args.timeout, connections=args.connections, seed=args.seed),
+        args.output,
     )
+
+
+def _urls(text: str) -> list[str]:
+    return [u.strip().rstrip("/") for u in text.split(",") if u.strip()]
 
 
 def _finish(coro: Any, output: str) -> int:

@@ -27,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench._workdir import run_in_workdir
 from epp.dev import stack
+from epp.dev.envoy.bootstrap import envoy_bootstrap
 
 MODEL = "demo"
 LOADGEN = Path(__file__).with_name("_loadgen.py")
@@ -207,6 +208,7 @@ class Stack(stack.LocalStack):
         config: dict[str, Any] | None,
         *,
         kv_events: bool = False,
+        gateways: int = 1,
     ):
         opts = stack.StackOptions.on_free_ports(
             sims,
@@ -218,14 +220,54 @@ class Stack(stack.LocalStack):
             ready_timeout=READY_TIMEOUT,
         )
         super().__init__(opts, workdir)
+        self.gateways = gateways
+        self._extra_ports: list[int] = []
 
     @property
     def sim_ports(self) -> list[int]:
         return self.opts.sim_ports
 
+    @property
+    def urls(self) -> list[str]:
+        """Every gateway's listener: the stack's Envoy, then the extra ones."""
+        return [self.url, *(f"http://127.0.0.1:{port}" for port in self._extra_ports)]
+
     def start(self, abort: Callable[[], bool] | None = None) -> None:
+        """The stack, plus ``gateways - 1`` more Envoys, each with its own EPP (a sidecar
+        deployment's gateway replicas): same simulators, same config, nothing shared between EPPs."""
         self.workdir.mkdir(parents=True, exist_ok=True)
         super().start(abort)
+        for g in range(1, self.gateways):
+            self._start_gateway(g)
+
+    def _start_gateway(self, g: int) -> None:
+        o = self.opts
+        port, admin, grpc_port, health, metrics = stack.free_ports(5)
+        config = stack.epp_config(self.endpoints_file, o.config)
+        epp = self.start_epp(
+            f"epp-{g}",
+            grpc_port=grpc_port,
+            health_port=health,
+            metrics_port=metrics,
+            config=config,
+            extra=o.epp_args,
+        )
+        bootstrap = envoy_bootstrap(
+            listen_port=port,
+            admin_port=admin,
+            extproc_port=grpc_port,
+            body_mode=o.body_mode,
+            fallback_endpoints=[f"127.0.0.1:{p}" for p in o.sim_ports],
+        )
+        envoy = self.start_envoy(f"envoy-{g}", bootstrap, log_level=o.envoy_log_level)
+        self.wait_epp(epp, health)
+        self.wait_envoy(envoy, admin)
+        self.wait(
+            f"GET /v1/models through envoy-{g}",
+            stack.http_ok(f"http://127.0.0.1:{port}/v1/models"),
+            children=[epp, envoy],
+        )
+        self._extra_ports.append(port)
 
     def alive(self) -> None:
         dead = self.supervisor.exited()
@@ -269,6 +311,7 @@ def percentile(values: Sequence[float], q: float) -> float:
 
 
 def loadgen_argv(url: str, args: argparse.Namespace, output: Path) -> list[str]:
+    """The load generator's command line; ``url`` may list several gateways, comma-separated."""
     scenario: list[str] = []
     if args.scenario == "cache-pressure":
         scenario = [
@@ -331,13 +374,18 @@ def summarize(label: str, data: dict[str, Any], hits: float, queries: float) -> 
 
 
 def run_config(
-    label: str, config: dict[str, Any] | None, args: argparse.Namespace, sim_args: list[str], workdir: Path
+    label: str,
+    config: dict[str, Any] | None,
+    args: argparse.Namespace,
+    sim_args: list[str],
+    workdir: Path,
+    gateways: int = 1,
 ) -> Result:
     kv_events = args.scenario == "cache-pressure"
-    with Stack(workdir, args.sims, sim_args, config, kv_events=kv_events) as st:
+    with Stack(workdir, args.sims, sim_args, config, kv_events=kv_events, gateways=gateways) as st:
         h0, q0 = scrape_cache(st.sim_ports)
         output = workdir / "loadgen.json"
-        argv = loadgen_argv(st.url, args, output)
+        argv = loadgen_argv(",".join(st.urls), args, output)
         print(f"  {label}: {shlex.join(argv[1:])}", flush=True)
         t0 = time.monotonic()
         proc = subprocess.run(argv, check=False, timeout=args.requests / max(args.rate, 0.1) + 600)
@@ -430,6 +478,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         )
     if args.scenario == "cache-pressure":
         args.requests = args.sessions * args.turns
+    if args.gateways is None:
+        args.gateways = [1, 2] if args.scenario == "cache-pressure" else [1]
+    if min(args.gateways) < 1:
+        parser.error("--gateways must be at least 1")
     return args
 
 
@@ -472,10 +524,12 @@ def main(argv: list[str] | None = None) -> int:
     results: list[Result] = []
 
     def run() -> int:
-        for label in args.configs:
-            safe = re.sub(r"[^a-z0-9]+", "-", label.lower()).strip("-")
-            config = config_for(label, args.scenario)
-            results.append(run_config(label, config, args, sim_args, workdir / safe))
+        for gateways in args.gateways:
+            for label in args.configs:
+                name = label if gateways == 1 else f"{label} x{gateways}"
+                safe = re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
+                config = config_for(label, args.scenario)
+                results.append(run_config(name, config, args, sim_args, workdir / safe, gateways))
         return 0
 
     return run_in_workdir(
