@@ -454,6 +454,14 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     add(
         "--scenario", choices=("groups", "cache-pressure"), default="groups", help="workload (default groups)"
     )
+    add(
+        "--gateways",
+        type=int,
+        nargs="+",
+        default=None,
+        help="gateway replicas (Envoy + its own EPP each; requests spread at random over them) to run "
+        "every config with (default: 1; cache-pressure: 1 2)",
+    )
     add("--sessions", type=int, default=24, help="cache-pressure: conversations (default 24)")
     add("--turns", type=int, default=6, help="cache-pressure: turns per conversation (default 6)")
     add("--turn-chars", type=int, default=1600, help="cache-pressure: user message characters (default 1600)")

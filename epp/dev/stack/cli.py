@@ -65,6 +65,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="SECONDS",
         help=f"window of --sim-max-restarts (default {SIM_RESTART_WINDOW:g})",
     )
+    add(
+        "--kv-events",
+        type=int,
+        nargs="?",
+        const=5557,
+        default=0,
+        metavar="BASE_PORT",
+        help="the simulators publish vLLM KV events: simulator i on BASE_PORT + 2i, its replay socket on"
+        " BASE_PORT + 2i + 1 (default base 5557), announced to the EPP as endpoint labels (for"
+        " precise-prefix-cache-producer)",
+    )
     add("--keep-workdir", action="store_true", help="keep the temporary directory (logs) on exit")
     parser.epilog = (
         "Supervision: a simulator that exits on its own is started again on its port after a backoff "
@@ -122,6 +133,7 @@ def options_from_args(args: argparse.Namespace) -> StackOptions:
         envoy_log_level=args.envoy_log_level,
         sim_max_restarts=args.sim_max_restarts,
         sim_restart_window=args.sim_restart_window,
+        kv_events_base_port=args.kv_events,
     )
 
 
