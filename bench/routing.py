@@ -513,10 +513,19 @@ def main(argv: list[str] | None = None) -> int:
     sim_args += shlex.split(args.sim_args)
     workdir = Path(tempfile.mkdtemp(prefix="epp-bench-routing-"))
     print(f"command: {shlex.join([sys.executable, *sys.argv])}")
+    if args.scenario == "cache-pressure":
+        workload = (
+            f"{args.sessions} sessions x {args.turns} turns (~{args.prompt_tokens}-token system prompt, "
+            f"{args.turn_chars}-character questions), sessions starting at {args.rate:g}/s"
+        )
+    else:
+        workload = (
+            f"{args.groups} groups x ~{args.prompt_tokens}-token system prompt, "
+            f"{args.requests} requests at {args.rate:g} req/s"
+        )
     print(
-        f"{args.sims} sims, {args.groups} groups x ~{args.prompt_tokens}-token system prompt, "
-        f"{args.requests} requests at {args.rate:g} req/s (Poisson, seed {args.seed}), "
-        f"max_tokens {args.max_tokens}, work dir {workdir}"
+        f"{args.sims} sims, {workload} (Poisson, seed {args.seed}), max_tokens {args.max_tokens}, "
+        f"gateways {' and '.join(map(str, args.gateways))}, work dir {workdir}"
     )
     print(f"sim args: {shlex.join(sim_args)}")
     if not engine:
@@ -524,11 +533,20 @@ def main(argv: list[str] | None = None) -> int:
             f"note: this epp sim has no {PREFILL_FLAG} (no prefix-cache model): hit counters stay 0 and "
             "TTFT does not depend on caching; the run only checks the plumbing"
         )
-    print(
-        f"{ROUND_ROBIN_LABEL}: epp has no round-robin picker; random-picker alone (uniform random choice) "
-        "stands in for it. default: the EPP's default profile (prefix + queue + kv-cache scorers)",
-        flush=True,
-    )
+    if args.scenario == "cache-pressure":
+        print(
+            "random: random-picker only; approximate: the EPP's default profile (approximate prefix index + "
+            "queue + kv-cache scorers); precise: the same scorers with the prefix match from KV events; "
+            "xN: N gateway replicas, each Envoy with its own EPP, requests spread at random over them",
+            flush=True,
+        )
+    else:
+        print(
+            f"{ROUND_ROBIN_LABEL}: epp has no round-robin picker; random-picker alone (uniform random "
+            "choice) stands in for it. default: the EPP's default profile (prefix + queue + kv-cache "
+            "scorers)",
+            flush=True,
+        )
     results: list[Result] = []
 
     def run() -> int:
