@@ -31,6 +31,7 @@ from epp.dev.envoy.bootstrap import envoy_bootstrap
 
 MODEL = "demo"
 LOADGEN = Path(__file__).with_name("_loadgen.py")
+KV_INDEX_BENCH = Path(__file__).with_name("kv_index.py")
 READY_TIMEOUT = 60.0
 CHARS_PER_TOKEN = 4  # the EPP's token estimate (the simulator tokenizes for real: about as many)
 
@@ -558,12 +559,21 @@ def main(argv: list[str] | None = None) -> int:
                 results.append(run_config(name, config, args, sim_args, workdir / safe, gateways))
         return 0
 
+    def report() -> None:
+        print_table(results)
+        if args.scenario == "cache-pressure":
+            print(
+                "\nKV-event ingestion and index memory (bench/kv_index.py, 8 endpoints x 50k blocks):",
+                flush=True,
+            )
+            subprocess.run([sys.executable, str(KV_INDEX_BENCH)], check=False, timeout=600)
+
     return run_in_workdir(
         workdir,
         run,
         errors=(RuntimeError, TimeoutError, OSError, subprocess.SubprocessError),
         keep_logs=args.keep_logs,
-        report=lambda: print_table(results),
+        report=report,
     )
 
 
