@@ -58,6 +58,13 @@ class Resolution:
         return None
 
 
+def _check_mode(mode: str) -> str | None:
+    """The error of a ``mode`` that is neither dynamic nor static (empty: the default)."""
+    if mode not in ("", IMAGE_MODE_DYNAMIC, IMAGE_MODE_STATIC):
+        return f'mode: must be "{IMAGE_MODE_DYNAMIC}" or "{IMAGE_MODE_STATIC}", got {mode!r}'
+    return None
+
+
 @dataclass(slots=True, frozen=True)
 class ImageStatic:
     static_token: int = 0
@@ -76,9 +83,7 @@ class ImageEstimate:
     dynamic: DynamicFactor | None = None
 
     def validate(self) -> str | None:
-        if self.mode not in ("", IMAGE_MODE_DYNAMIC, IMAGE_MODE_STATIC):
-            return f'mode: must be "{IMAGE_MODE_DYNAMIC}" or "{IMAGE_MODE_STATIC}", got {self.mode!r}'
-        return None
+        return _check_mode(self.mode)
 
 
 @dataclass(slots=True, frozen=True)
@@ -93,9 +98,7 @@ class TokensPerFrame:
     dynamic: DynamicFactor | None = None
 
     def validate(self) -> str | None:
-        if self.mode not in ("", IMAGE_MODE_DYNAMIC, IMAGE_MODE_STATIC):
-            return f'mode: must be "{IMAGE_MODE_DYNAMIC}" or "{IMAGE_MODE_STATIC}", got {self.mode!r}'
-        return None
+        return _check_mode(self.mode)
 
 
 @dataclass(slots=True, frozen=True)
