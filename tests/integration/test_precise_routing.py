@@ -9,12 +9,17 @@ import json
 import re
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
 
 from epp.dev.stack import free_port
 from epp.framework.endpoint import KV_EVENTS_PORT_LABEL, KV_EVENTS_REPLAY_PORT_LABEL
 from epp.tokenization import DEFAULT_TOKENIZER_DIR
 from tests.integration.harness import JSON_HEADERS, MODEL, SIM_ARGS, Envoy, Epp, Rig, Sim, request
 
+REFERENCE_SAMPLE = Path(__file__).parents[1] / "data" / "llm_d_configs" / "precise-prefix.yaml"
 PRODUCER = "precise-prefix-cache-producer"
 REPLAYS = "llm_d_epp_kv_cache_events_replays_total"
 CONFIG = {
@@ -71,7 +76,11 @@ def _chat(system: str, question: str) -> bytes:
 
 
 class Fleet:
-    def __init__(self, rig: Rig, count: int = 3) -> None:
+    def __init__(
+        self, rig: Rig, count: int = 3, config: Callable[[list[Sim]], dict[str, Any]] | None = None
+    ) -> None:
+        """``count`` sims publishing KV events, the EPP with ``config(sims)`` (default ``CONFIG``)
+        and Envoy."""
         self.sims: list[Sim] = []
         self.labels: dict[str, dict[str, str]] = {}
         for i in range(count):
@@ -96,7 +105,8 @@ class Fleet:
             self.labels[name] = {KV_EVENTS_PORT_LABEL: str(pub), KV_EVENTS_REPLAY_PORT_LABEL: str(replay)}
         for sim in self.sims:
             rig.stack.wait_sim(sim.child, sim.url)
-        self.epp: Epp = rig.start_epp(self.sims, config=CONFIG, labels=self.labels)
+        document = config(self.sims) if config is not None else CONFIG
+        self.epp: Epp = rig.start_epp(self.sims, config=document, labels=self.labels)
         self.envoy: Envoy = rig.start_envoy(self.epp)
         # Each subscription asks for a replay from 0 when it connects: once all are complete, the
         # EPP's index holds everything the engines published.
@@ -162,3 +172,27 @@ def test_a_lost_kv_event_batch_is_recovered_by_replay(rig: Rig) -> None:
     _poll("the replayed batch", lambda: fleet.metric(REPLAYS, 'outcome="complete"') > replays)
     assert fleet.metric("llm_d_epp_kv_cache_events_endpoint_clears_total") == 0  # recovered, not dropped
     assert fleet.routed([_chat(legal, f"question {i}") for i in range(4)]) == ["sim-0"] * 4
+
+
+def _reference_sample(sims: list[Sim]) -> dict[str, Any]:
+    """The reference's precise-prefix sample as shipped, its deployment values (model name, render
+    URL) pointed at the simulators."""
+    config: dict[str, Any] = yaml.safe_load(REFERENCE_SAMPLE.read_text())
+    [tokenizer] = [p for p in config["plugins"] if p["type"] == "token-producer"]
+    tokenizer["parameters"]["modelName"] = MODEL
+    tokenizer["parameters"]["vllm"]["url"] = sims[0].url
+    return config
+
+
+def test_the_reference_precise_sample_runs_with_render_tokenization(rig: Rig) -> None:
+    """token-producer rendering through vLLM's render endpoint, endpoint-notification-source, the
+    reference's scorers and weights: requests still follow the reported blocks."""
+    fleet = Fleet(rig, config=_reference_sample)
+    sim0, _, sim2 = fleet.sims
+    support = _system("support")
+    fleet.seed(sim2, _chat(support, "seed"))
+    renders = fleet.metric("llm_d_epp_token_producer_render_cache_total", 'result="miss"')
+    assert fleet.routed([_chat(support, f"question {i}") for i in range(4)]) == ["sim-2"] * 4
+    # each request (a new question) was tokenized by the render endpoint, none failed
+    assert fleet.metric("llm_d_epp_token_producer_render_cache_total", 'result="miss"') == renders + 4
+    assert fleet.metric("llm_d_epp_token_producer_render_failures_total") == 0
