@@ -159,6 +159,8 @@ class Record:
     error: str = ""
     start: float = 0.0  # seconds after the run's start
     end: float = 0.0
+    prompt_tokens: int = 0  # from the usage chunk
+    cached_tokens: int = 0  # usage.prompt_tokens_details.cached_tokens: the engine's prefix-cache hit
 
 
 async def _one(session: Any, url: str, item: Planned, t0: float, timeout: float) -> Record:
@@ -192,7 +194,11 @@ async def _one(session: Any, url: str, item: Planned, t0: float, timeout: float)
                         continue
                     chunk = json.loads(data)
                     if chunk.get("usage"):
-                        usage_tokens = int(chunk["usage"].get("completion_tokens") or 0)
+                        usage = chunk["usage"]
+                        usage_tokens = int(usage.get("completion_tokens") or 0)
+                        rec.prompt_tokens = int(usage.get("prompt_tokens") or 0)
+                        details = usage.get("prompt_tokens_details") or {}
+                        rec.cached_tokens = int(details.get("cached_tokens") or 0)
                     if any((c.get("delta") or {}).get("content") for c in chunk.get("choices") or []):
                         chunks += 1
     except (TimeoutError, aiohttp.ClientError, ValueError) as e:

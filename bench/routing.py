@@ -11,12 +11,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import shlex
+import signal
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -296,6 +299,7 @@ class Result:
     cache_queries: float
     groups_spread: float  # mean number of distinct pods a group's requests went to
     first_error: str = ""
+    hit_rate_after: float | None = None  # hit rate of the requests sent after an EPP restart
 
     @property
     def hit_rate(self) -> float | None:
@@ -389,18 +393,58 @@ def run_config(
         argv = loadgen_argv(",".join(st.urls), args, output)
         print(f"  {label}: {shlex.join(argv[1:])}", flush=True)
         t0 = time.monotonic()
+        restart = _Restart(st, args.restart_epp_after) if args.restart_epp_after > 0 else None
         proc = subprocess.run(argv, check=False, timeout=args.requests / max(args.rate, 0.1) + 600)
         if proc.returncode != 0:
             raise RuntimeError(f"load generator exited with status {proc.returncode}")
+        if restart is not None:
+            restart.join()
         st.alive()
         h1, q1 = scrape_cache(st.sim_ports)
-        result = summarize(label, json.loads(output.read_text()), h1 - h0, q1 - q0)
+        data = json.loads(output.read_text())
+        result = summarize(label, data, h1 - h0, q1 - q0)
+        if restart is not None:
+            result.hit_rate_after = restart.hit_rate_after(data, t0)
         print(
             f"  {label}: {result.completed}/{result.requests} ok in {time.monotonic() - t0:.1f} s, "
             f"{result.errors} errors{f' (first: {result.first_error})' if result.first_error else ''}",
             flush=True,
         )
         return result
+
+
+class _Restart:
+    """Kills the first gateway's EPP (SIGKILL) ``after`` seconds into the load and starts it again on
+    the same ports, as a crash or a rolling update would; Envoy reconnects by itself."""
+
+    def __init__(self, st: Stack, after: float) -> None:
+        self.st = st
+        self.ready_at: float | None = None
+        self._thread = threading.Thread(target=self._run, args=(after,), daemon=True)
+        self._thread.start()
+
+    def _run(self, after: float) -> None:
+        time.sleep(after)
+        epp = self.st.epp
+        assert epp is not None
+        killed = time.monotonic()
+        os.killpg(epp.pid, signal.SIGKILL)
+        epp.respawn()
+        self.st.wait_epp(epp, self.st.opts.health_port)
+        self.ready_at = time.monotonic()
+        print(f"  EPP killed at {after:g} s, ready again {self.ready_at - killed:.1f} s later", flush=True)
+
+    def join(self) -> None:
+        self._thread.join()
+
+    def hit_rate_after(self, data: dict[str, Any], t0: float) -> float | None:
+        """Cached over prompt tokens (from the usage chunks) of the requests sent once it was ready."""
+        if self.ready_at is None:
+            return None
+        since = self.ready_at - t0
+        recs = [r for r in data["requests"] if not r["error"] and r["start"] >= since]
+        prompt = sum(r["prompt_tokens"] for r in recs)
+        return sum(r["cached_tokens"] for r in recs) / prompt if prompt else None
 
 
 def _fmt(value: float | None, spec: str) -> str:
@@ -419,6 +463,8 @@ def print_table(results: Sequence[Result]) -> None:
         ("  (hit / queried tokens)", lambda r: f"{r.cache_hits:.0f}/{r.cache_queries:.0f}"),
         ("pods per group (mean)", lambda r: _fmt(r.groups_spread, ".2f")),
     ]
+    if any(r.hit_rate_after is not None for r in results):
+        rows.append(("hit rate after EPP restart", lambda r: _fmt(r.hit_rate_after, ".3f")))
     width = max(16, *(len(r.label) + 2 for r in results))
     print(f"\n{'':<26}" + "".join(f"{r.label:>{width}}" for r in results))
     for name, cell in rows:
@@ -462,6 +508,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         default=None,
         help="gateway replicas (Envoy + its own EPP each; requests spread at random over them) to run "
         "every config with (default: 1; cache-pressure: 1 2)",
+    )
+    add(
+        "--restart-epp-after",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="kill -9 the (first) EPP this long into the load and start it again (default 0: never)",
     )
     add("--sessions", type=int, default=24, help="cache-pressure: conversations (default 24)")
     add("--turns", type=int, default=6, help="cache-pressure: turns per conversation (default 6)")
