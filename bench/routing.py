@@ -19,7 +19,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -393,12 +392,18 @@ def run_config(
         argv = loadgen_argv(",".join(st.urls), args, output)
         print(f"  {label}: {shlex.join(argv[1:])}", flush=True)
         t0 = time.monotonic()
-        restart = _Restart(st, args.restart_epp_after) if args.restart_epp_after > 0 else None
-        proc = subprocess.run(argv, check=False, timeout=args.requests / max(args.rate, 0.1) + 600)
+        restart = _Restart(st, t0 + args.restart_epp_after) if args.restart_epp_after > 0 else None
+        proc = subprocess.Popen(argv)
+        deadline = t0 + args.requests / max(args.rate, 0.1) + 600
+        while proc.poll() is None:
+            if restart is not None:
+                restart.step()
+            if time.monotonic() > deadline:
+                proc.kill()
+                raise RuntimeError("load generator timed out")
+            time.sleep(0.1)
         if proc.returncode != 0:
             raise RuntimeError(f"load generator exited with status {proc.returncode}")
-        if restart is not None:
-            restart.join()
         st.alive()
         h1, q1 = scrape_cache(st.sim_ports)
         data = json.loads(output.read_text())
@@ -414,17 +419,18 @@ def run_config(
 
 
 class _Restart:
-    """Kills the first gateway's EPP (SIGKILL) ``after`` seconds into the load and starts it again on
-    the same ports, as a crash or a rolling update would; Envoy reconnects by itself."""
+    """Kills the first gateway's EPP (SIGKILL) at ``at`` (monotonic) and starts it again on the same
+    ports, as a crash or a rolling update would; Envoy reconnects by itself. ``step`` runs on the
+    main thread (children get a parent-death signal when the thread that started them ends)."""
 
-    def __init__(self, st: Stack, after: float) -> None:
+    def __init__(self, st: Stack, at: float) -> None:
         self.st = st
+        self.at = at
         self.ready_at: float | None = None
-        self._thread = threading.Thread(target=self._run, args=(after,), daemon=True)
-        self._thread.start()
 
-    def _run(self, after: float) -> None:
-        time.sleep(after)
+    def step(self) -> None:
+        if self.ready_at is not None or time.monotonic() < self.at:
+            return
         epp = self.st.epp
         assert epp is not None
         killed = time.monotonic()
@@ -432,10 +438,7 @@ class _Restart:
         epp.respawn()
         self.st.wait_epp(epp, self.st.opts.health_port)
         self.ready_at = time.monotonic()
-        print(f"  EPP killed at {after:g} s, ready again {self.ready_at - killed:.1f} s later", flush=True)
-
-    def join(self) -> None:
-        self._thread.join()
+        print(f"  EPP killed, ready again {self.ready_at - killed:.1f} s later", flush=True)
 
     def hit_rate_after(self, data: dict[str, Any], t0: float) -> float | None:
         """Cached over prompt tokens (from the usage chunks) of the requests sent once it was ready."""
