@@ -188,7 +188,7 @@ def test_the_reference_precise_sample_runs_with_render_tokenization(rig: Rig) ->
     """token-producer rendering through vLLM's render endpoint, endpoint-notification-source, the
     reference's scorers and weights: requests still follow the reported blocks."""
     fleet = Fleet(rig, config=_reference_sample)
-    sim0, _, sim2 = fleet.sims
+    sim2 = fleet.sims[2]
     support = _system("support")
     fleet.seed(sim2, _chat(support, "seed"))
     renders = fleet.metric("llm_d_epp_token_producer_render_cache_total", 'result="miss"')
