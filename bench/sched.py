@@ -146,9 +146,36 @@ def build_pd() -> Setup:
     return Setup("pd", list(cfg.producers), cfg.scheduler, list(cfg.pre_request))
 
 
+PRECISE_CONFIG = """
+apiVersion: llm-d.ai/v1alpha1
+kind: EndpointPickerConfig
+plugins:
+- {type: token-producer, parameters: {modelName: demo, local: {path: "TOKENIZER"}}}
+- {type: precise-prefix-cache-producer, parameters: {speculativeIndexing: true, speculativeTTL: 1h}}
+- {type: prefix-cache-scorer, parameters: {prefixMatchInfoProducerName: precise-prefix-cache-producer}}
+- {type: queue-scorer}
+- {type: kv-cache-utilization-scorer}
+schedulingProfiles:
+- name: default
+  plugins: [{pluginRef: prefix-cache-scorer, weight: 3}, {pluginRef: queue-scorer, weight: 2},
+            {pluginRef: kv-cache-utilization-scorer, weight: 2}]
+"""
+
+
+def build_precise() -> Setup:
+    """The default scorers with precise prefix matching: the shipped tokenizer (``token-producer``
+    local backend) and the KV-block index, filled here by the warm-up's speculative entries (what
+    the engines' events would put there)."""
+    from epp.tokenization import DEFAULT_TOKENIZER_DIR
+
+    cfg = load_config(PRECISE_CONFIG.replace("TOKENIZER", str(DEFAULT_TOKENIZER_DIR)))
+    return Setup("precise", list(cfg.producers), cfg.scheduler, list(cfg.pre_request))
+
+
 BUILDERS: dict[str, tuple[Callable[[], Setup | None], str | None]] = {
     "default": (build_default, None),
     "pd": (build_pd, "disagg-profile-handler"),
+    "precise": (build_precise, "precise-prefix-cache-producer"),
 }
 
 
