@@ -39,34 +39,32 @@ def track_index(index: KVBlockIndex) -> None:
     _live[index] = True
 
 
-class _IndexCounter(promlite.Counter):
-    """An unlabelled counter summed over the live indexes' attribute ``attr`` at scrape time."""
+class _IndexSum:
+    """An unlabelled family summed over the live indexes at scrape time: attribute ``attr`` of each
+    index (``of_stats``: of its ``stats()``)."""
 
-    def __init__(self, name: str, documentation: str, attr: str) -> None:
-        super().__init__(name, documentation)
-        self._attr = attr
-
-    def _items(self) -> list[tuple[tuple[str, ...], Any]]:
-        if not _live:
-            return []
-        v = promlite.Value()
-        for index in list(_live.keys()):
-            v.value += getattr(index, self._attr)
-        return [((), v)]
-
-
-class _IndexGauge(promlite.Gauge):
-    def __init__(self, name: str, documentation: str, attr: str) -> None:
-        super().__init__(name, documentation)
-        self._attr = attr
+    _attr: str
+    _of_stats: bool
 
     def _items(self) -> list[tuple[tuple[str, ...], Any]]:
         if not _live:
             return []
         v = promlite.Value()
         for index in list(_live.keys()):
-            v.value += getattr(index.stats(), self._attr)
+            v.value += getattr(index.stats() if self._of_stats else index, self._attr)
         return [((), v)]
+
+
+class _IndexCounter(_IndexSum, promlite.Counter):
+    def __init__(self, name: str, documentation: str, attr: str) -> None:
+        super().__init__(name, documentation)
+        self._attr, self._of_stats = attr, False
+
+
+class _IndexGauge(_IndexSum, promlite.Gauge):
+    def __init__(self, name: str, documentation: str, attr: str) -> None:
+        super().__init__(name, documentation)
+        self._attr, self._of_stats = attr, True
 
 
 def _help(text: str) -> str:

@@ -14,8 +14,7 @@ from typing import Any
 
 import yaml
 
-from epp.dev.stack import free_port
-from epp.framework.endpoint import KV_EVENTS_PORT_LABEL, KV_EVENTS_REPLAY_PORT_LABEL
+from epp.dev.stack import free_port, kv_events_labels, kv_events_sim_args
 from epp.tokenization import DEFAULT_TOKENIZER_DIR
 from tests.integration.harness import JSON_HEADERS, MODEL, SIM_ARGS, Envoy, Epp, Rig, Sim, request
 
@@ -85,24 +84,10 @@ class Fleet:
         self.labels: dict[str, dict[str, str]] = {}
         for i in range(count):
             pub, replay = free_port(), free_port()
-            kv = {
-                "enable_kv_cache_events": True,
-                "publisher": "zmq",
-                "endpoint": f"tcp://*:{pub}",
-                "replay_endpoint": f"tcp://*:{replay}",
-            }
             name = f"sim-{i}"
-            args = [
-                *SIM_ARGS,
-                "--host",
-                "127.0.0.1",
-                "--block-size",
-                "16",
-                "--kv-events-config",
-                json.dumps(kv),
-            ]
+            args = [*SIM_ARGS, "--host", "127.0.0.1", "--block-size", "16", *kv_events_sim_args(pub, replay)]
             self.sims.append(rig.add_sim(name, args))
-            self.labels[name] = {KV_EVENTS_PORT_LABEL: str(pub), KV_EVENTS_REPLAY_PORT_LABEL: str(replay)}
+            self.labels[name] = kv_events_labels(pub, replay)
         for sim in self.sims:
             rig.stack.wait_sim(sim.child, sim.url)
         document = config(self.sims) if config is not None else CONFIG

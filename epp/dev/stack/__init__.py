@@ -8,7 +8,7 @@ re-exports the names the benchmarks and the integration tests use.
 
 from epp.dev.stack.commands import envoy_argv, python_argv, serve_argv, sim_argv
 from epp.dev.stack.files import endpoints_document, epp_config, write_atomic, write_endpoints
-from epp.dev.stack.local import LocalStack, Stack, StackOptions
+from epp.dev.stack.local import LocalStack, Stack, StackOptions, kv_events_labels, kv_events_sim_args
 from epp.dev.stack.probes import (
     READY_TIMEOUT,
     Interrupted,
@@ -42,6 +42,8 @@ __all__ = [
     "grpc_serving",
     "http_ok",
     "http_status",
+    "kv_events_labels",
+    "kv_events_sim_args",
     "port_in_use",
     "python_argv",
     "serve_argv",

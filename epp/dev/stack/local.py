@@ -32,6 +32,22 @@ from epp.dev.stack.supervisor import SIM_MAX_RESTARTS, SIM_RESTART_WINDOW, Child
 from epp.framework.endpoint import KV_EVENTS_PORT_LABEL, KV_EVENTS_REPLAY_PORT_LABEL
 
 
+def kv_events_sim_args(pub: int, replay: int) -> list[str]:
+    """``epp sim`` flags publishing KV events on port ``pub`` with the replay socket on ``replay``."""
+    kv = {
+        "enable_kv_cache_events": True,
+        "publisher": "zmq",
+        "endpoint": f"tcp://*:{pub}",
+        "replay_endpoint": f"tcp://*:{replay}",
+    }
+    return ["--kv-events-config", json.dumps(kv)]
+
+
+def kv_events_labels(pub: int, replay: int) -> dict[str, str]:
+    """The endpoint labels that tell the EPP those ports (several sims share one host)."""
+    return {KV_EVENTS_PORT_LABEL: str(pub), KV_EVENTS_REPLAY_PORT_LABEL: str(replay)}
+
+
 class Stack:
     """Simulators, EPPs and Envoys on 127.0.0.1 under one :class:`Supervisor`.
 
@@ -205,24 +221,13 @@ class StackOptions:
         """Sim ``sim``'s flags: ``sim_args`` plus its KV-events publisher when enabled."""
         if not self.kv_events_base_port:
             return list(self.sim_args)
-        pub, replay = self.kv_events_ports(sim)
-        kv = {
-            "enable_kv_cache_events": True,
-            "publisher": "zmq",
-            "endpoint": f"tcp://*:{pub}",
-            "replay_endpoint": f"tcp://*:{replay}",
-        }
-        return [*self.sim_args, "--kv-events-config", json.dumps(kv)]
+        return [*self.sim_args, *kv_events_sim_args(*self.kv_events_ports(sim))]
 
     def endpoint_labels(self) -> dict[str, dict[str, str]]:
         """Per endpoint name, the labels announcing its KV-events ports to the EPP."""
         if not self.kv_events_base_port:
             return {}
-        labels: dict[str, dict[str, str]] = {}
-        for i in range(self.sims):
-            pub, replay = self.kv_events_ports(i)
-            labels[f"sim-{i}"] = {KV_EVENTS_PORT_LABEL: str(pub), KV_EVENTS_REPLAY_PORT_LABEL: str(replay)}
-        return labels
+        return {f"sim-{i}": kv_events_labels(*self.kv_events_ports(i)) for i in range(self.sims)}
 
     def all_ports(self) -> list[int]:
         kv = (

@@ -249,11 +249,12 @@ class _LocalBackend:
     """A tokenizer read from a directory; chat prompts are rendered with its template and encoded
     with ``encode_cached``, which tokenizes only the segments not seen recently."""
 
-    __slots__ = ("_busy", "_pool", "tok")
+    __slots__ = ("_busy", "_lib", "_pool", "tok")
 
     def __init__(self, path: str) -> None:
         from epp import tokenization  # imported with the backend: tokenizers and Jinja2 take ~0.2 s
 
+        self._lib: Any = tokenization
         try:
             self.tok: Any = tokenization.load_tokenizer(path)
         except (OSError, ValueError) as e:
@@ -284,21 +285,17 @@ class _LocalBackend:
         return await self._run(len(body.raw) or len(body.prompt_text), self._chat_ids, chat)
 
     def _completion_ids(self, payload: dict[str, Any]) -> TokenizedPrompt | None:
-        from epp import tokenization
-
         try:
-            prompts = tokenization.completion_prompts(payload, self.tok)
-        except tokenization.PromptError:
+            prompts = self._lib.completion_prompts(payload, self.tok)
+        except self._lib.PromptError:
             return None
         ids = prompts[0] if len(prompts) == 1 else [t for p in prompts for t in p]
         return TokenizedPrompt(ids)
 
     def _chat_ids(self, chat: dict[str, Any]) -> TokenizedPrompt | None:
-        from epp import tokenization
-
         try:
-            return TokenizedPrompt(tokenization.chat_prompt(chat, self.tok))
-        except tokenization.PromptError:
+            return TokenizedPrompt(self._lib.chat_prompt(chat, self.tok))
+        except self._lib.PromptError:
             return None
 
     async def _run(self, size: int, fn: Any, arg: Any) -> TokenizedPrompt | None:
