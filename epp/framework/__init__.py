@@ -2,6 +2,7 @@
 
 from epp.framework.endpoint import Endpoint, EndpointMetadata, Metrics, MetricsState
 from epp.framework.errors import ConfigError, ErrorCode, InferenceError, SchedulingError
+from epp.framework.flow import BandView, FlowKey, FlowView, QueueItem
 from epp.framework.interfaces import (
     Admitter,
     DataProducer,
@@ -51,6 +52,7 @@ from epp.framework.results import (
 __all__ = [
     "Admitter",
     "ApiKind",
+    "BandView",
     "ConfigError",
     "CycleState",
     "DataProducer",
@@ -66,6 +68,8 @@ __all__ = [
     "Extractor",
     "FairnessPolicy",
     "Filter",
+    "FlowKey",
+    "FlowView",
     "Handle",
     "InferenceError",
     "LLMRequest",
@@ -81,6 +85,7 @@ __all__ = [
     "Profile",
     "ProfileHandler",
     "ProfileRunResult",
+    "QueueItem",
     "ReplicatedState",
     "RequestBody",
     "RequestDone",

@@ -14,6 +14,7 @@ from typing import Any, ClassVar, Protocol, runtime_checkable
 
 from epp.framework.endpoint import Endpoint, EndpointMetadata, Metrics
 from epp.framework.errors import InferenceError
+from epp.framework.flow import BandView, FlowView, QueueItem
 from epp.framework.request import LLMRequest, RequestBody
 from epp.framework.results import (
     CycleState,
@@ -260,16 +261,50 @@ class SaturationDetector(Plugin, abc.ABC):
     def saturation(self, endpoints: Sequence[Endpoint]) -> float: ...
 
 
-class OrderingPolicy(Plugin):
-    """Flow control: orders the requests queued within one flow (``orderingPolicyRef``)."""
+class OrderingPolicy(Plugin, abc.ABC):
+    """Flow control: orders the requests queued within one flow (``orderingPolicyRef``).
+
+    ``sort_key`` is called once per item when it is queued; the flow dispatches the smallest key
+    first (ties: arrival order). Keys of one band's items must be comparable with each other, since
+    a band's flows share its ordering policy and fairness policies compare their heads.
+    """
+
+    @abc.abstractmethod
+    def sort_key(self, item: QueueItem) -> tuple[float, ...]: ...
 
 
-class FairnessPolicy(Plugin):
-    """Flow control: chooses between the flows of one priority band (``fairnessPolicyRef``)."""
+class FairnessPolicy(Plugin, abc.ABC):
+    """Flow control: chooses between the flows of one priority band (``fairnessPolicyRef``).
+
+    One instance serves many bands: per-band state comes from ``new_state`` and is handed back as
+    ``band.policy_state``. ``pick`` is called only for a band with at least one non-empty flow and
+    returns the flow whose head dispatches next (None: nothing eligible now). ``dispatched`` is told
+    about each item that left a band this policy serves. A policy that also needs request completion
+    subclasses ``RequestDone`` or ``ResponseBodyProcessor`` as well.
+    """
+
+    def new_state(self) -> Any:
+        return None
+
+    @abc.abstractmethod
+    def pick(self, band: BandView) -> FlowView | None: ...
+
+    def dispatched(self, band: BandView, item: QueueItem) -> None:
+        return None
 
 
-class UsageLimitPolicy(Plugin):
-    """Flow control: per-band saturation ceilings (``flowControl.usageLimitPolicyPluginRef``)."""
+class UsageLimitPolicy(Plugin, abc.ABC):
+    """Flow control: per-band saturation ceilings (``flowControl.usageLimitPolicyPluginRef``).
+
+    Called exactly once per dispatch cycle with the pool saturation and the priorities of the bands
+    that have queued requests (highest first); writes the ceiling of ``priorities[i]`` into
+    ``ceilings[i]``, which comes pre-filled with 1.0 (no gating). A band is gated while saturation
+    is at or above its ceiling, and the cycle stops at the first gated band, so ceilings must not
+    increase along ``priorities``. 0.0 gates a band whatever the saturation.
+    """
+
+    @abc.abstractmethod
+    def compute_limit(self, saturation: float, priorities: Sequence[int], ceilings: list[float]) -> None: ...
 
 
 # --- request handling -------------------------------------------------------------------------

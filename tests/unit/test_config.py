@@ -267,6 +267,15 @@ class StubNeedsEarlier(Plugin):
 class StubPolicy(OrderingPolicy, FairnessPolicy, UsageLimitPolicy):
     type_name = "test-policy"
 
+    def sort_key(self, item: Any) -> tuple[float, ...]:
+        return (item.seq,)
+
+    def pick(self, band: Any) -> Any:
+        return next(band.flows(), None)
+
+    def compute_limit(self, saturation: float, priorities: Any, ceilings: list[float]) -> None:
+        return None
+
 
 TEST_PLUGINS: tuple[type[Plugin], ...] = (
     StubParser,

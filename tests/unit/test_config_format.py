@@ -79,13 +79,22 @@ class StubAlpha(Filter):
 class StubOrdering(OrderingPolicy):
     type_name = "test-ordering-policy"
 
+    def sort_key(self, item: Any) -> tuple[float, ...]:
+        return (item.seq,)
+
 
 class StubFairness(FairnessPolicy):
     type_name = "test-fairness-policy"
 
+    def pick(self, band: Any) -> Any:
+        return next(band.flows(), None)
+
 
 class StubUsageLimit(UsageLimitPolicy):
     type_name = "test-usage-limit-policy"
+
+    def compute_limit(self, saturation: float, priorities: Any, ceilings: list[float]) -> None:
+        return None
 
 
 class StubAny(Plugin):
