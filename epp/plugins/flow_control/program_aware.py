@@ -255,9 +255,9 @@ class ProgramAwareFairness(FairnessPolicy, ResponseBodyProcessor, RequestDone):
             self._next_sweep = now + self._sweep_every
             return
         self._next_sweep = now + self._sweep_every
-        self.evict_idle(now)
+        self._evict_idle(now)
 
-    def evict_idle(self, now: float) -> list[str]:
+    def _evict_idle(self, now: float) -> list[str]:
         """Forget programs with nothing in flight and no completion for ``evictionTtlSeconds``."""
         ttl = self._ttl
         gone = [
