@@ -35,6 +35,7 @@ from epp.plugins.flow_control.program_aware import (
     ATTAINED_SERVICE_TOKENS,
     AVG_WAIT_TIME_MS,
     JAINS_FAIRNESS_INDEX,
+    LOST_AFTER_SECONDS,
     ProgramAwareFairness,
     ProgramAwareFairnessParams,
 )
@@ -505,6 +506,22 @@ def test_las_evicts_idle_programs_but_not_busy_ones() -> None:
     assert set(policy.programs()) == {"busy", "fresh"}
     assert ("idle",) not in series(ATTAINED_SERVICE_TOKENS)
     assert policy.attained_service("idle") == 0.0
+
+
+def test_las_a_request_whose_end_never_comes_stops_protecting_its_program() -> None:
+    clock = Clock()
+    policy = las(clock, eviction_ttl_seconds=10, eviction_sweep_seconds=5)
+    band = FakeBand(policy)
+    band.add("lost", at=clock.now)
+    band.drain()  # dispatched, then failed before routing: no request_done
+    clock.now += 100
+    band.add("other", at=clock.now)
+    band.drain()
+    assert "lost" in policy.programs()  # in flight: kept although idle for longer than the TTL
+    clock.now += LOST_AFTER_SECONDS
+    band.add("other", at=clock.now)
+    band.drain()
+    assert "lost" not in policy.programs()
 
 
 def test_las_eviction_ttl_zero_keeps_every_program() -> None:

@@ -33,7 +33,10 @@ from epp.framework.params import ensure_valid
 STRATEGIES = ("las",)
 INPUT_TOKEN_WEIGHT = 1.0
 OUTPUT_TOKEN_WEIGHT = 2.0  # an output token costs about twice an input token
-_DISPATCHED = "program-aware-fairness/dispatched"  # request.state: the program charged in flight
+_DISPATCHED = "program-aware-fairness/dispatched"  # request.state: its in-flight token
+# A dispatched request whose end is never reported (it failed before it was routed) stops counting
+# in flight after this long, or after evictionTtlSeconds when that is longer.
+LOST_AFTER_SECONDS = 3600.0
 _ACCOUNTED = "program-aware-fairness/accounted"  # request.state: service already added
 
 JAINS_FAIRNESS_INDEX = promlite.Gauge(
@@ -129,8 +132,11 @@ class ProgramAwareFairness(FairnessPolicy, ResponseBodyProcessor, RequestDone):
         self._half_life = params.las_half_life_seconds
         self._ttl = params.eviction_ttl_seconds
         self._sweep_every = params.eviction_sweep_seconds
+        self._lost_after = max(self._ttl, LOST_AFTER_SECONDS)
         self._next_sweep = -math.inf
         self._programs: dict[str, _Program] = {}
+        self._open: dict[int, tuple[str, float]] = {}  # in-flight token -> (program, dispatched at)
+        self._next_token = 0
         # Sums over programs with a wait observation, for Jain's index without a full pass.
         self._wait_sum = 0.0
         self._wait_sum_sq = 0.0
@@ -169,7 +175,10 @@ class ProgramAwareFairness(FairnessPolicy, ResponseBodyProcessor, RequestDone):
         prog = self._program(program_id, now)
         prog.in_flight += 1
         prog.dispatched += 1
-        item.request.state[_DISPATCHED] = program_id
+        token = self._next_token
+        self._next_token = token + 1
+        self._open[token] = (program_id, now)
+        item.request.state[_DISPATCHED] = token
         wait_ms = max(0.0, (now - item.enqueued_at) * 1000.0)
         old = prog.avg_wait_ms
         if prog.wait_count:
@@ -205,11 +214,12 @@ class ProgramAwareFairness(FairnessPolicy, ResponseBodyProcessor, RequestDone):
         ATTAINED_SERVICE_TOKENS.labels(program_id).set(prog.service)
 
     def request_done(self, request: LLMRequest, result: SchedulingResult) -> None:
-        program_id = request.state.pop(_DISPATCHED, None)
-        if not isinstance(program_id, str):
+        token = request.state.pop(_DISPATCHED, None)
+        entry = self._open.pop(token, None) if isinstance(token, int) else None
+        if entry is None:
             return
         now = self.clock()
-        prog = self._programs.get(program_id)
+        prog = self._programs.get(entry[0])
         if prog is not None:
             prog.in_flight = max(0, prog.in_flight - 1)
             prog.last_completion = now
@@ -249,13 +259,23 @@ class ProgramAwareFairness(FairnessPolicy, ResponseBodyProcessor, RequestDone):
         return prog
 
     def _maybe_sweep(self, now: float) -> None:
-        if self._ttl <= 0.0 or now < self._next_sweep:
+        if now < self._next_sweep:
             return
-        if self._next_sweep == -math.inf:  # first call: the first sweep is one interval away
-            self._next_sweep = now + self._sweep_every
-            return
+        first = self._next_sweep == -math.inf  # the first sweep is one interval away
         self._next_sweep = now + self._sweep_every
-        self._evict_idle(now)
+        if not first:
+            self._sweep(now)
+
+    def _sweep(self, now: float) -> None:
+        """Stop counting lost requests in flight, then evict idle programs (``evictionTtlSeconds`` > 0)."""
+        lost_before = now - self._lost_after
+        lost = [token for token, (_, at) in self._open.items() if at < lost_before]
+        for token in lost:
+            prog = self._programs.get(self._open.pop(token)[0])
+            if prog is not None:
+                prog.in_flight = max(0, prog.in_flight - 1)
+        if self._ttl > 0.0:
+            self._evict_idle(now)
 
     def _evict_idle(self, now: float) -> list[str]:
         """Forget programs with nothing in flight and no completion for ``evictionTtlSeconds``."""
