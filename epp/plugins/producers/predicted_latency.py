@@ -9,6 +9,7 @@ No sidecar.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import structlog
@@ -48,7 +49,7 @@ PREFILL_ROLE = "prefill"
 DEFAULT_SAMPLING_MEAN = 1000.0
 TTFT_DIM = 9
 TPOT_DIM = 5
-RIDGE = 1.0
+RIDGE = 0.1
 ERROR_WINDOW = 200
 _CLIENT_OUTPUT_CAPS = ("max_tokens", "max_completion_tokens", "max_output_tokens")
 
@@ -227,7 +228,12 @@ class PredictedLatencyProducer(DataProducer, PreRequest, ResponseBodyProcessor, 
     consumes = frozenset({PREFIX_CACHE_MATCH_INFO_KEY, INFLIGHT_LOAD_KEY})
 
     def __init__(
-        self, name: str, params: PredictedLatencyParams | None = None, handle: Handle | None = None
+        self,
+        name: str,
+        params: PredictedLatencyParams | None = None,
+        handle: Handle | None = None,
+        *,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         params = params if params is not None else PredictedLatencyParams()
         super().__init__(name, params, handle)
@@ -254,6 +260,7 @@ class PredictedLatencyProducer(DataProducer, PreRequest, ResponseBodyProcessor, 
                 "TPOT predictions were removed",
             )
         self._ttl = ttl
+        self._clock = clock
         self._streaming = params.streaming_mode
         self._buffer = params.slo_buffer_factor
         self._role_label = params.endpoint_role_label
@@ -379,7 +386,7 @@ class PredictedLatencyProducer(DataProducer, PreRequest, ResponseBodyProcessor, 
         prefill = result.profile_results.get(PREFILL_PROFILE)
         if prefill is not None and prefill.target_endpoints:
             pending.prefill = prefill.target_endpoints[0]
-        pending.t_dispatch = time.monotonic()
+        pending.t_dispatch = self._clock()
         self._running.setdefault(target.metadata.key, {})[request.request_id] = pending.slo_tpot
 
     def response_body(
@@ -388,7 +395,7 @@ class PredictedLatencyProducer(DataProducer, PreRequest, ResponseBodyProcessor, 
         pending: _Pending | None = request.state.get(self._state_key)
         if pending is None or pending.finished or pending.target is None:
             return
-        now = time.monotonic()
+        now = self._clock()
         if now - pending.t_dispatch > self._ttl or response.status >= 300:
             self._finish(request, pending)  # too old to learn from (contextTTL), or not a success
             return
