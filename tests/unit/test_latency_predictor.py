@@ -253,6 +253,12 @@ def test_tpot_slo_is_capped_by_the_tightest_running_request_and_buffered() -> No
     assert fast.tpot_headroom == pytest.approx(3.0 * 2.0 - fast.tpot)  # min(100, 3) x buffer
     assert slow.tpot_headroom == pytest.approx(100.0 * 2.0 - slow.tpot)
     assert fast.dispatched_request_count == 1 and slow.dispatched_request_count == 0
+    p.request_done(tight, _result(eps[0]))  # the tight request ends: no more cap
+    fast = _produce(p, _request("after", slo_tpot=100.0, slo_ttft=1e6), eps)[LATENCY_PREDICTION_INFO_KEY][
+        eps[0]
+    ]
+    assert fast.tpot_headroom == pytest.approx(100.0 * 2.0 - fast.tpot)
+    assert fast.dispatched_request_count == 0
 
 
 def test_pool_model_predicts_for_a_new_endpoint_until_its_own_warms_up() -> None:

@@ -207,6 +207,35 @@ class _Pending:
     finished: bool = False
 
 
+class _Running:
+    """The TPOT SLOs of the requests running on one endpoint, with their minimum cached."""
+
+    __slots__ = ("_min", "slos")
+
+    def __init__(self) -> None:
+        self.slos: dict[str, float] = {}
+        self._min: float | None = None
+
+    def add(self, request_id: str, slo: float) -> None:
+        self.slos[request_id] = slo
+        if self._min is not None and slo < self._min:
+            self._min = slo
+
+    def remove(self, request_id: str) -> None:
+        slo = self.slos.pop(request_id, None)
+        if slo is not None and slo == self._min:
+            self._min = None  # recomputed on the next read
+
+    def min_slo(self) -> float:
+        """The smallest TPOT SLO (0 when a request without one runs, or none runs)."""
+        if self._min is None:
+            self._min = min(self.slos.values(), default=0.0)
+        return self._min
+
+    def __len__(self) -> int:
+        return len(self.slos)
+
+
 class _Models:
     """The TTFT and TPOT regressions of one endpoint (or of the pool)."""
 
@@ -270,7 +299,7 @@ class PredictedLatencyProducer(DataProducer, PreRequest, ResponseBodyProcessor, 
         self._state_key = f"{TYPE_NAME}/{name}"
         self.pool = _Models(self._forgetting, self._warmup)
         self.endpoint_models: dict[str, _Models] = {}
-        self._running: dict[str, dict[str, float]] = {}  # endpoint key -> request id -> TPOT SLO
+        self._running: dict[str, _Running] = {}  # by endpoint key
         self.ttft_errors = ErrorWindow(ERROR_WINDOW)
         self.tpot_errors = ErrorWindow(ERROR_WINDOW)
         labels = (name, TYPE_NAME)
@@ -338,23 +367,22 @@ class PredictedLatencyProducer(DataProducer, PreRequest, ResponseBodyProcessor, 
         slo_ttft, slo_tpot, buffer = pending.slo_ttft, pending.slo_tpot, self._buffer
         for e, c in pending.candidates.items():
             ttft = c.ttft
-            if ttft is None or (streaming and c.tpot is None):
+            tpot_applies = streaming and not self._is_prefill(e)
+            if ttft is None or (tpot_applies and c.tpot is None):
                 continue  # no prediction for this endpoint yet
             own = models.get(e.metadata.key)
             source = (
                 "endpoint"
-                if own is not None and own.ttft.warm and (not streaming or own.tpot.warm)
+                if own is not None and own.ttft.warm and (not tpot_applies or own.tpot.warm)
                 else "pool"
             )
             running = self._running.get(e.metadata.key)
-            dispatched = len(running) if running else 0
             tpot = c.tpot if c.tpot is not None else 0.0
-            if streaming and not self._is_prefill(e):
+            if tpot_applies:
                 buffered = slo_tpot * buffer
-                if running:
-                    floor = min(running.values())
-                    if floor > 0:
-                        buffered = min(buffered, floor * buffer)
+                floor = running.min_slo() if running is not None else 0.0
+                if floor > 0:
+                    buffered = min(buffered, floor * buffer)
                 tpot_valid, tpot_headroom = tpot < buffered, buffered - tpot
             else:  # TPOT does not apply: neutral
                 tpot_valid, tpot_headroom = True, 0.0
@@ -365,7 +393,7 @@ class PredictedLatencyProducer(DataProducer, PreRequest, ResponseBodyProcessor, 
                 tpot_headroom=tpot_headroom,
                 ttft=ttft,
                 tpot=tpot,
-                dispatched_request_count=dispatched,
+                dispatched_request_count=len(running) if running is not None else 0,
                 source=source,
             )
         return out
@@ -387,7 +415,10 @@ class PredictedLatencyProducer(DataProducer, PreRequest, ResponseBodyProcessor, 
         if prefill is not None and prefill.target_endpoints:
             pending.prefill = prefill.target_endpoints[0]
         pending.t_dispatch = self._clock()
-        self._running.setdefault(target.metadata.key, {})[request.request_id] = pending.slo_tpot
+        running = self._running.get(target.metadata.key)
+        if running is None:
+            running = self._running[target.metadata.key] = _Running()
+        running.add(request.request_id, pending.slo_tpot)
 
     def response_body(
         self, request: LLMRequest, response: ResponseInfo, endpoint: Endpoint | None, chunk: bytes
@@ -488,7 +519,7 @@ class PredictedLatencyProducer(DataProducer, PreRequest, ResponseBodyProcessor, 
         key = target.metadata.key
         running = self._running.get(key)
         if running is not None:
-            running.pop(request.request_id, None)
+            running.remove(request.request_id)
             if not running:
                 del self._running[key]
         if pending.ttft_ms:
