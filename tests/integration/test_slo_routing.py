@@ -45,7 +45,7 @@ CONFIG = {
         }
     ],
 }
-MAPE_BOUND = 0.5  # generous: measured 0.07-0.15; timings on a shared machine are noisy
+MAPE_BOUND = 0.6  # generous: measured 0.07-0.30 (warm-up guesses included); shared-machine timings are noisy
 
 
 def _mape(metrics: str) -> dict[str, float]:

@@ -27,6 +27,7 @@ from epp.framework.attributes import (
 )
 from epp.plugins.producers._latency_model import ErrorWindow, OnlineRidge
 from epp.plugins.producers.predicted_latency import (
+    RIDGE,
     TTFT_DIM,
     PredictedLatencyParams,
     PredictedLatencyProducer,
@@ -66,7 +67,7 @@ def test_online_ridge_converges_to_a_known_linear_model() -> None:
     # request), 8 ms per waiting request, 20 ms at full KV, 2 ms per 1000 in-flight tokens
     theta = [40.0, 60.0, 5.0, 6.0, 8.0, 20.0, 2.0, 0.0, 0.0]
     sigma = 10.0
-    model = OnlineRidge(TTFT_DIM, forgetting=0.995, ridge=1.0, warmup=20)
+    model = OnlineRidge(TTFT_DIM, forgetting=0.995, ridge=RIDGE, warmup=20)
     for _ in range(3000):
         x, _, y = _synthetic(rng, theta, sigma)
         model.update(x, y)
@@ -82,7 +83,7 @@ def test_online_ridge_converges_to_a_known_linear_model() -> None:
 
 def test_online_ridge_forgets_an_old_regime() -> None:
     rng = random.Random(3)
-    model = OnlineRidge(TTFT_DIM, forgetting=0.98, ridge=1.0, warmup=5)
+    model = OnlineRidge(TTFT_DIM, forgetting=0.98, ridge=RIDGE, warmup=5)
     for theta in ([100.0, 10.0, 0, 0, 0, 0, 0, 0, 0], [300.0, 10.0, 0, 0, 0, 0, 0, 0, 0]):
         for _ in range(600):
             x, _, y = _synthetic(rng, theta, 1.0)
