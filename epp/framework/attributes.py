@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 PREFIX_CACHE_MATCH_INFO_KEY = "PrefixCacheMatchInfoKey"
 INFLIGHT_LOAD_KEY = "InFlightLoadKey"
+LATENCY_PREDICTION_INFO_KEY = "LatencyPredictionInfoKey"
 TOKENIZED_PROMPT_KEY = "TokenizedPrompt"
 """Request data (``LLMRequest.body.tokenized``) written by a ``token-producer``: the prompt's token ids."""
 AGENT_IDENTITY_KEY = "agent-identity"
@@ -53,9 +54,36 @@ class InFlightLoad:
     requests: int
 
 
+@dataclass(slots=True, frozen=True)
+class LatencyPredictionInfo:
+    """An endpoint's predicted latency for one request, against the request's SLOs (milliseconds).
+
+    ``ttft_headroom = SLO - ttft`` (negative: the prediction misses the SLO; with no SLO the SLO is
+    0, so headroom is ``-ttft``); likewise for TPOT against the buffered TPOT SLO. ``tpot_valid`` is
+    True and ``tpot_headroom`` 0 when TPOT does not apply (non-streaming mode, prefill endpoints).
+    ``dispatched_request_count``: requests the producer has routed there and not seen finish.
+    ``source``: which model predicted, ``"endpoint"`` (its own) or ``"pool"`` (the pool-wide one,
+    while the endpoint's own model warms up).
+    """
+
+    ttft_valid: bool
+    tpot_valid: bool
+    ttft_headroom: float
+    tpot_headroom: float
+    ttft: float
+    tpot: float
+    dispatched_request_count: int
+    source: str = "endpoint"
+
+    @property
+    def valid(self) -> bool:
+        return self.ttft_valid and self.tpot_valid
+
+
 # data key -> the producer type created when some plugin consumes the key and none produces it
 DEFAULT_PRODUCERS: dict[str, str] = {
     PREFIX_CACHE_MATCH_INFO_KEY: "approx-prefix-cache-producer",
     INFLIGHT_LOAD_KEY: "inflight-load-producer",
     TOKENIZED_PROMPT_KEY: "token-producer",
+    LATENCY_PREDICTION_INFO_KEY: "predicted-latency-producer",
 }

@@ -16,6 +16,7 @@ from epp.plugins.filters import label_selector as label_selector
 from epp.plugins.filters import prefill_filter as prefill_filter
 from epp.plugins.filters import prefix_cache_affinity as prefix_cache_affinity
 from epp.plugins.filters import session_affinity_filter as session_affinity_filter
+from epp.plugins.filters import slo_headroom_tier as slo_headroom_tier
 from epp.plugins.filters import topology_affinity_filter as topology_affinity_filter
 from epp.plugins.filters import utilization_filter as utilization_filter
 from epp.plugins.flow_control import edf as edf
@@ -40,6 +41,7 @@ from epp.plugins.producers import approx_prefix_cache as approx_prefix_cache
 from epp.plugins.producers import burst_prefix_cache as burst_prefix_cache
 from epp.plugins.producers import inflight_load as inflight_load
 from epp.plugins.producers import precise_prefix_cache as precise_prefix_cache
+from epp.plugins.producers import predicted_latency as predicted_latency
 from epp.plugins.producers import session_id as session_id
 from epp.plugins.producers import token_producer as token_producer
 from epp.plugins.profile_handlers import data_parallel as data_parallel
@@ -50,6 +52,7 @@ from epp.plugins.profile_handlers import pd_legacy as pd_legacy
 from epp.plugins.profile_handlers import single
 from epp.plugins.request_control import agent_identity as agent_identity
 from epp.plugins.request_control import disaggregatedset_rollout_screener as disaggregatedset_rollout_screener
+from epp.plugins.request_control import latency_slo_admitter as latency_slo_admitter
 from epp.plugins.request_control import probabilistic_admitter as probabilistic_admitter
 from epp.plugins.request_control import request_attribute_reporter as request_attribute_reporter
 from epp.plugins.saturation import concurrency_detector as concurrency_detector
@@ -59,6 +62,7 @@ from epp.plugins.scorers import context_length_aware as context_length_aware
 from epp.plugins.scorers import endpoint_attribute_scorer as endpoint_attribute_scorer
 from epp.plugins.scorers import header_label_affinity as header_label_affinity
 from epp.plugins.scorers import kv_cache_utilization, queue
+from epp.plugins.scorers import latency as latency
 from epp.plugins.scorers import load_aware as load_aware
 from epp.plugins.scorers import lora_affinity as lora_affinity
 from epp.plugins.scorers import no_hit_lru as no_hit_lru

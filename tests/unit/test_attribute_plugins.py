@@ -13,8 +13,10 @@ from epp.datalayer.store import EndpointStore
 from epp.framework import ConfigError, CycleState, Endpoint, MetadataExtractor, Stability
 from epp.framework.attributes import (
     INFLIGHT_LOAD_KEY,
+    LATENCY_PREDICTION_INFO_KEY,
     PREFIX_CACHE_MATCH_INFO_KEY,
     InFlightLoad,
+    LatencyPredictionInfo,
     PrefixCacheMatchInfo,
 )
 from epp.framework.params import decode_params
@@ -355,7 +357,6 @@ def test_prefix_cache_affinity_exploration_skips_the_gate() -> None:
         ({"maxTTFTPenaltyMs": -1}, "maxTTFTPenaltyMs"),
         ({"peakPrefillThroughput": 0}, "peakPrefillThroughput"),
         ({"ttftSource": "guess"}, "ttftSource"),
-        ({"ttftSource": "latencyPredictor"}, "ttftSource"),
         ({"maxTtftPenaltyMs": 1}, "maxTtftPenaltyMs"),
     ],
 )
@@ -364,7 +365,22 @@ def test_prefix_cache_affinity_bad_parameters(raw: dict[str, Any], field: str) -
     assert err.field == f"{WHERE}.{field}"
 
 
-def test_prefix_cache_affinity_predictor_without_gate_loads() -> None:
+def test_prefix_cache_affinity_gate_on_predicted_ttft() -> None:
+    pool = [endpoint("hot"), endpoint("cold")]
+    f = build(PrefixCacheAffinityFilter, {"ttftSource": "latencyPredictor", "maxTTFTPenaltyMs": 1000})
+    assert f.consumes == frozenset({PREFIX_CACHE_MATCH_INFO_KEY, LATENCY_PREDICTION_INFO_KEY})
+
+    def predicted(*ttfts: float) -> CycleState:
+        cycle = prefix_cycle(pool, [9, 0], [10**9, 0])  # in-flight tokens are not read
+        cycle[LATENCY_PREDICTION_INFO_KEY] = {
+            e: LatencyPredictionInfo(True, True, 0.0, 0.0, t, 0.0, 0)
+            for e, t in zip(pool, ttfts, strict=True)
+        }
+        return cycle
+
+    assert names(f.filter(predicted(2500.0, 100.0), request(), pool)) == ["hot", "cold"]  # 2400 > 1000
+    assert names(f.filter(predicted(900.0, 100.0), request(), pool)) == ["hot"]
+    assert names(f.filter(prefix_cycle(pool, [9, 0]), request(), pool)) == ["hot"]  # no predictions
     build(PrefixCacheAffinityFilter, {"ttftSource": "latencyPredictor", "maxTTFTPenaltyMs": 0})
 
 

@@ -13,8 +13,10 @@ from dataclasses import dataclass, field
 from epp.framework import CycleState, Endpoint, Filter, Handle, LLMRequest, register
 from epp.framework.attributes import (
     INFLIGHT_LOAD_KEY,
+    LATENCY_PREDICTION_INFO_KEY,
     PREFIX_CACHE_MATCH_INFO_KEY,
     InFlightLoad,
+    LatencyPredictionInfo,
     PrefixCacheMatchInfo,
 )
 from epp.plugins.scorers._data_keys import check_producer
@@ -23,7 +25,6 @@ __all__ = ["PrefixCacheAffinityFilter", "PrefixCacheAffinityParams"]
 
 PREFILL_THROUGHPUT = "prefillThroughput"
 LATENCY_PREDICTOR = "latencyPredictor"
-LATENCY_PREDICTION_INFO_KEY = "LatencyPredictionInfoDataKey"
 
 
 @dataclass(slots=True, frozen=True)
@@ -57,11 +58,6 @@ class PrefixCacheAffinityParams:
             and self.peak_prefill_throughput == 0
         ):
             return "peakPrefillThroughput: must be > 0 when ttftSource is prefillThroughput"
-        if self.ttft_source == LATENCY_PREDICTOR and self.max_ttft_penalty_ms > 0:
-            return (
-                "ttftSource: latencyPredictor needs predicted-latency-producer, which epp does not "
-                "implement; use prefillThroughput or set maxTTFTPenaltyMs to 0"
-            )
         return None
 
 
@@ -88,10 +84,11 @@ class PrefixCacheAffinityFilter(Filter):
             params.latency_prediction_info_producer_name,
             LATENCY_PREDICTION_INFO_KEY,
         )
-        self._gate = params.max_ttft_penalty_ms > 0 and params.ttft_source == PREFILL_THROUGHPUT
+        self._gate = params.max_ttft_penalty_ms > 0
+        self._predicted = params.ttft_source == LATENCY_PREDICTOR
         keys = {PREFIX_CACHE_MATCH_INFO_KEY}
         if self._gate:
-            keys.add(INFLIGHT_LOAD_KEY)
+            keys.add(LATENCY_PREDICTION_INFO_KEY if self._predicted else INFLIGHT_LOAD_KEY)
         object.__setattr__(self, "consumes", frozenset(keys))
         self.rng = random.Random()
 
@@ -118,17 +115,23 @@ class PrefixCacheAffinityFilter(Filter):
         if not sticky:
             return list(endpoints)
         if self._gate and others:
-            loads = cycle.get(INFLIGHT_LOAD_KEY)
-            loads = loads if isinstance(loads, dict) else {}
-            if self._best_ttft(sticky, loads) - self._best_ttft(others, loads) > p.max_ttft_penalty_ms:
+            data = cycle.get(LATENCY_PREDICTION_INFO_KEY if self._predicted else INFLIGHT_LOAD_KEY)
+            data = data if isinstance(data, dict) else {}
+            # inf - inf is nan: without predictions on either side the gate stays shut
+            if self._best_ttft(sticky, data) - self._best_ttft(others, data) > p.max_ttft_penalty_ms:
                 return list(endpoints)
         return sticky
 
-    def _best_ttft(self, endpoints: list[Endpoint], loads: dict[Endpoint, object]) -> float:
-        """The lowest estimated TTFT (ms): in-flight tokens / peak prefill throughput."""
+    def _best_ttft(self, endpoints: list[Endpoint], data: dict[Endpoint, object]) -> float:
+        """The lowest TTFT (ms): predicted (an endpoint without a prediction counts as infinite), or
+        in-flight tokens / peak prefill throughput (no load data = 0 tokens)."""
         best = math.inf
         for e in endpoints:
-            load = loads.get(e)
-            tokens = load.tokens if isinstance(load, InFlightLoad) else 0
-            best = min(best, tokens / self.params.peak_prefill_throughput * 1000.0)
+            value = data.get(e)
+            if self._predicted:
+                ttft = value.ttft if isinstance(value, LatencyPredictionInfo) else math.inf
+            else:
+                tokens = value.tokens if isinstance(value, InFlightLoad) else 0
+                ttft = tokens / self.params.peak_prefill_throughput * 1000.0
+            best = min(best, ttft)
         return best
