@@ -4,7 +4,7 @@
 policies it applies are plugins (``epp.framework`` contracts), the queues are its own.
 """
 
-from epp.flowcontrol.controller import FlowController, Permit
+from epp.flowcontrol.controller import FlowController, Permit, Victim
 from epp.flowcontrol.settings import BandSettings, FlowControlSettings, settings_from_spec
 
-__all__ = ["BandSettings", "FlowControlSettings", "FlowController", "Permit", "settings_from_spec"]
+__all__ = ["BandSettings", "FlowControlSettings", "FlowController", "Permit", "Victim", "settings_from_spec"]

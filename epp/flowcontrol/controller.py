@@ -13,6 +13,7 @@ import asyncio
 import itertools
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import structlog
 
@@ -40,6 +41,7 @@ EVICTED_OTHER = "EvictedOther"
 
 MAX_MESSAGE_TIMEOUT = 3600.0  # the generated Envoy bootstraps' max_message_timeout, in seconds
 DEFAULT_TICK = 0.005  # seconds between dispatch cycles while requests wait
+REVOCATION_TIMEOUT = 5.0  # a revoked stream that has not ended by then no longer holds eviction back
 _MAX_CYCLES_PER_PUMP = 512  # then yield to the event loop and go on
 
 
@@ -124,6 +126,16 @@ def _stages(pool: Sequence[Endpoint]) -> tuple[list[Endpoint], list[Endpoint]] |
     return prefill, decode
 
 
+@dataclass(slots=True, eq=False)
+class Victim:
+    """An in-flight sheddable request that eviction may revoke (``revoke`` ends its stream with 429)."""
+
+    priority: int
+    revoke: Callable[[], None]
+    seq: int
+    revoked_at: float = 0.0
+
+
 class FlowController:
     """Per-replica flow control over one pool (``pool()`` returns its current endpoints)."""
 
@@ -155,6 +167,12 @@ class FlowController:
         self._sat_effective = m.POOL_SATURATION.labels(pool_name, "effective")
         self._ceilings: list[float] = []
         self.saturation = 0.0  # as of the last dispatch cycle
+        # eviction: in-flight sheddable requests by priority, in dispatch order; revocations pending
+        self._victims: dict[int, dict[int, Victim]] = {}
+        self._revoking: dict[int, Victim] = {}
+        self._next_reclaim = 0.0
+        self._reclaim_target = m.RECLAIM_TARGET.labels(pool_name)
+        self._pending_reclaim = m.PENDING_RECLAIM.labels(pool_name)
 
     # --- bands ---------------------------------------------------------------------------------
 
@@ -413,6 +431,8 @@ class FlowController:
                         ceilings[i] = 1.0
             for i, band in enumerate(active):
                 if sat >= ceilings[i]:
+                    if self._victims:
+                        self._reclaim(band, sat - ceilings[i], now)
                     return False  # head-of-line gating: lower bands wait too
                 try:
                     flow = band.fairness.pick(band)
@@ -438,6 +458,61 @@ class FlowController:
         future = item.future
         if future is not None and not future.done():
             future.set_result(None)
+
+    # --- eviction ------------------------------------------------------------------------------
+
+    def track(self, priority: int, revoke: Callable[[], None]) -> Victim | None:
+        """A routed request: with ``enableEviction``, a sheddable one (priority < 0) may be revoked
+        later; ``untrack`` it when its stream ends."""
+        if not self.settings.eviction or priority >= 0:
+            return None
+        victim = Victim(priority, revoke, next(self._seq))
+        self._victims.setdefault(priority, {})[victim.seq] = victim
+        return victim
+
+    def untrack(self, victim: Victim) -> None:
+        """The victim's stream ended (served, failed, or revoked: a revocation is confirmed here)."""
+        group = self._victims.get(victim.priority)
+        if group is not None and group.pop(victim.seq, None) is not None and not group:
+            del self._victims[victim.priority]
+        if self._revoking.pop(victim.seq, None) is not None:
+            now = time.monotonic()
+            m.REVOCATIONS.labels("confirmed", self.pool_name).inc()
+            m.REVOCATION_CONFIRMATION.labels(self.pool_name).observe(now - victim.revoked_at)
+            self._next_reclaim = now + self.detector.reclaim_grace
+            self._pending_reclaim.set(len(self._revoking))
+            self.kick()
+
+    def _reclaim(self, band: Band, deficit: float, now: float) -> None:
+        """``band`` is gated: revoke the newest in-flight request of the lowest priority below it.
+
+        One revocation at a time: the next waits until the last one's stream ended and the
+        detector's ``reclaim_grace`` passed (or ``REVOCATION_TIMEOUT``), so that the freed capacity
+        shows in the saturation before more is taken.
+        """
+        self._reclaim_target.set(deficit)
+        for seq, victim in list(self._revoking.items()):
+            if now - victim.revoked_at > REVOCATION_TIMEOUT:
+                del self._revoking[seq]
+                m.REVOCATIONS.labels("timed_out", self.pool_name).inc()
+        if self._revoking or now < self._next_reclaim:
+            return
+        lowest = min(self._victims)
+        if lowest >= band.priority:
+            return  # nothing in flight ranks below the waiting demand
+        group = self._victims[lowest]
+        seq = next(reversed(group))  # newest dispatch first
+        victim = group.pop(seq)
+        if not group:
+            del self._victims[lowest]
+        victim.revoked_at = now
+        self._revoking[victim.seq] = victim
+        self._pending_reclaim.set(len(self._revoking))
+        m.REVOCATIONS_ISSUED.labels(str(band.priority), self.pool_name).inc()
+        try:
+            victim.revoke()
+        except Exception as e:
+            log.error("revoking an in-flight request failed", error=repr(e))
 
     # --- shutdown ------------------------------------------------------------------------------
 

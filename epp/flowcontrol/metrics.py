@@ -102,6 +102,16 @@ REVOCATIONS = promlite.Counter(
     _a("Total number of in-flight eviction revocations by terminal outcome (confirmed, timed_out)."),
     ["outcome", "inference_pool"],
 )
+RECLAIM_TARGET = promlite.Gauge(
+    f"{_P}reclaim_target",
+    _a("Last computed reclamation deficit, in saturation-gauge units."),
+    ["inference_pool"],
+)
+PENDING_RECLAIM = promlite.Gauge(
+    f"{_P}pending_reclaim",
+    _a("Revocations issued whose streams have not ended yet."),
+    ["inference_pool"],
+)
 REVOCATION_CONFIRMATION = promlite.Histogram(
     f"{_P}revocation_confirmation_seconds",
     _a("Time from revocation issue to confirmed stream termination."),
@@ -143,6 +153,8 @@ promlite.register(
     REQUESTS_TOTAL,
     REVOCATIONS_ISSUED,
     REVOCATIONS,
+    RECLAIM_TARGET,
+    PENDING_RECLAIM,
     REVOCATION_CONFIRMATION,
     *DEPRECATED,
 )

@@ -50,6 +50,7 @@ class DroppedReason(enum.StrEnum):
     TTL_EXPIRED = "rejected-ttl-expired"  # 429: waited out its queue TTL
     CONTEXT_CANCELLED = "rejected-context-cancelled"  # 503: the client went away while queued
     SHUTTING_DOWN = "rejected-shutting-down"  # 503
+    EVICTED = "evicted"  # 429: dispatched, then revoked by flow control's eviction
 
 
 def dropped(code: ErrorCode, message: str, reason: DroppedReason) -> InferenceError:

@@ -260,6 +260,10 @@ class SaturationDetector(Plugin, abc.ABC):
     @abc.abstractmethod
     def saturation(self, endpoints: Sequence[Endpoint]) -> float: ...
 
+    reclaim_grace: ClassVar[float] = 0.25
+    """Seconds after a revoked request's stream ended before flow control's eviction revokes
+    another: how long the freed capacity takes to show in this detector's saturation."""
+
     def dispatch_saturation(self, endpoints: Sequence[Endpoint], pending: int) -> float:
         """Saturation as flow control's dispatch gate sees it: also counting ``pending`` requests
         that were released from the queue but are not on an endpoint yet (still being scheduled).

@@ -21,7 +21,7 @@ from epp import metrics
 from epp.datalayer.objectives import ObjectiveStore
 from epp.datalayer.rewrites import RewriteStore
 from epp.datalayer.store import EndpointStore
-from epp.flowcontrol import FlowController, Permit
+from epp.flowcontrol import FlowController, Permit, Victim
 from epp.framework import (
     Admitter,
     CycleState,
@@ -154,6 +154,7 @@ class Routing:
     cycle: CycleState | None = None
     set_headers: dict[str, str] = field(default_factory=dict)  # headers added or changed by the EPP
     permit: Permit | None = None  # flow control's hold until the request is on its endpoints
+    victim: Victim | None = None  # flow control may revoke this in-flight request (eviction)
 
 
 @dataclass(slots=True)
@@ -444,19 +445,26 @@ class Director:
 
     # --- end of request ----------------------------------------------------------------------
 
-    def track_in_flight(self, routing: Routing) -> None:
-        """The reply was sent: count the request as in flight on its endpoints."""
+    def track_in_flight(self, routing: Routing, revoke: Callable[[], None] | None = None) -> None:
+        """The reply was sent: count the request as in flight on its endpoints. ``revoke`` ends the
+        request's stream with 429 (flow control's eviction of in-flight sheddable requests)."""
         for e in routing.endpoints:
             e.inflight += 1
         if routing.permit is not None:  # flow control's pending count moves to the endpoints'
             routing.permit.release()
+            request = routing.request
+            if revoke is not None and request is not None and self.flow_control is not None:
+                routing.victim = self.flow_control.track(request.priority, revoke)
 
     def release_in_flight(self, routing: Routing) -> None:
         """The ext_proc stream ended (however): release in-flight state and run done hooks."""
         for e in routing.endpoints:
             e.inflight -= 1
-        if self.flow_control is not None:
-            self.flow_control.kick()
+        fc = self.flow_control
+        if fc is not None:
+            if routing.victim is not None:
+                fc.untrack(routing.victim)
+            fc.kick()
         if routing.request is not None and routing.result is not None:
             for plugin in self.hooks.request_done:
                 try:

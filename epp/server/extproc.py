@@ -28,6 +28,7 @@ from epp.framework import (
     ResponseHeaderProcessor,
     ResponseInfo,
 )
+from epp.framework.errors import DroppedReason, dropped
 from epp.framework.wire import (
     DEBUG_RESPONSE_HEADER,
     DESTINATION_HEADER,
@@ -145,7 +146,12 @@ _REJECTED_PROTOCOL = metrics.EXTPROC_STREAMS_REJECTED.labels("protocol_error")
 _REQUEST_PROCESSING = metrics.REQUEST_PROCESSING.labels()
 _RESPONSE_PROCESSING = metrics.RESPONSE_PROCESSING.labels()
 _STREAM_DURATION = metrics.EXTPROC_STREAM_DURATION.labels()
-_NO_KEY = ("", "", "", "")  # request metric labels of a stream rejected before its request was parsed
+_NO_KEY = ("", "", "", "")
+_EVICTED = dropped(
+    ErrorCode.RESOURCE_EXHAUSTED,
+    "request evicted by flow control: capacity reclaimed for higher-priority requests",
+    DroppedReason.EVICTED,
+)  # request metric labels of a stream rejected before its request was parsed
 
 # Replies that never change, built once.
 _RESPONSE_HEADERS_DEBUG = replies.response_headers_reply({DEBUG_RESPONSE_HEADER: "true"})
@@ -204,6 +210,7 @@ class _Stream:
         "resp_streaming",
         "response",
         "reverse",
+        "revoked",
         "routing",
         "span",
         "t_first",
@@ -256,6 +263,7 @@ class _Stream:
         # BUFFERED mode while flow control holds the request: the write extending Envoy's timer
         self.writer: Any = None
         self.override: asyncio.Future[Any] | None = None
+        self.revoked = False  # flow control evicted this in-flight request
 
     # --- request path ------------------------------------------------------------------------
 
@@ -336,6 +344,12 @@ class _Stream:
         if self.reserved:
             limits.release(self.reserved)
             self.reserved = 0
+
+    def revoke(self) -> None:
+        """Flow control evicts this in-flight request: cut the handler, which answers 429."""
+        if self.phase is not DONE and self.task is not None and not self.revoked:
+            self.revoked = True
+            self.task.cancel()
 
     def expire(self) -> None:
         """The idle timeout elapsed (called by the sweeper): cut the handler's task."""
@@ -434,7 +448,7 @@ class _Stream:
         if self.routing is not None:
             raise RuntimeError("ext_proc stream routed twice")
         self.routing = routing
-        self.director.track_in_flight(routing)
+        self.director.track_in_flight(routing, self.revoke)
         r = routing.request
         if r is not None:
             key = self.mkey = metrics.request_key(r.incoming_model, r.target_model, r.fairness_id, r.priority)
@@ -786,6 +800,13 @@ class ExternalProcessor(ep_grpc.ExternalProcessorServicer):
             code = "FailedPrecondition"
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(e))
         except asyncio.CancelledError:
+            if stream.revoked and stream.task is not None:
+                stream.task.uncancel()
+                code = "Evicted"
+                stream.error = _EVICTED
+                await stream.flush_override()
+                await write(replies.immediate_error(_EVICTED))
+                return
             if stream.phase is not EXPIRED or stream.task is None:
                 code = "Canceled"
                 raise  # the client cancelled the stream

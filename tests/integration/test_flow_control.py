@@ -9,6 +9,8 @@
 * stale metrics: with a 30 s scrape interval requests still flow on the in-flight credit, while
   ``stalenessPolicy: saturated`` halts dispatch as the reference does;
 * shutdown: a queued request gets 503 ``rejected-shutting-down``;
+* eviction: a critical request waiting on a full pool revokes an in-flight sheddable one (429
+  ``evicted``), in Kubernetes mode where InferenceObjectives give priorities;
 * the reference's flow-control sample configurations serve traffic.
 """
 
@@ -18,13 +20,15 @@ import concurrent.futures
 import re
 import socket
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
+from epp.dev import stack
+from tests.fakekube import FakeKube, objects
 from tests.integration.harness import BODY_MODES, Envoy, Epp, Response, Rig, Sim, chat_body, marker
 
 pytestmark = pytest.mark.integration
@@ -223,3 +227,57 @@ def test_reference_flow_control_samples_serve_traffic(rig: Rig, sample: str) -> 
     statuses = [post(envoy, marker(), tenant=f"t{i % 2}").status for i in range(4)]
     assert statuses == [200] * 4
     assert metric(epp, "llm_d_epp_flow_control_requests_total", outcome="Dispatched") == 4
+
+
+# --- eviction (Kubernetes mode: InferenceObjectives give priorities) ----------------------------
+
+NS = "inference"
+OBJECTIVE = "x-gateway-inference-objective"
+
+
+@pytest.fixture
+def kube() -> Iterator[FakeKube]:
+    with FakeKube(bookmark_interval=0.5) as k:
+        yield k
+
+
+@pytest.mark.parametrize("body_mode", BODY_MODES)
+def test_eviction_revokes_an_in_flight_sheddable_request_for_a_critical_one(
+    rig: Rig, kube: FakeKube, tmp_path: Path, body_mode: str
+) -> None:
+    port = stack.free_port()
+    extra = ["--inter-token-latency", "200", "--max-tokens", "40"]  # 8 s each
+    (sim,) = rig.start_sims(1, prefix="pod", hosts=["127.0.0.31"], port=port, extra=extra)
+    kube.create(objects.inference_pool(NS, (port,)))
+    kube.create(objects.pod(NS, sim.name, sim.host, ready=True))
+    kube.create(objects.objective(NS, "batch", -1))
+    config = flow_config(enableEviction=True)
+    kubeconfig = kube.write_kubeconfig(tmp_path / "kubeconfig")
+    epp = rig.start_epp(
+        [],
+        file_discovery=False,
+        config=config,
+        extra=["--pool-namespace", NS, "--kubeconfig", str(kubeconfig), "--pool-name", "pool"],
+    )
+    envoy = rig.start_envoy(epp, body_mode=body_mode)
+    batch = {OBJECTIVE: "batch"}
+    # the objective is known once a batch request is counted at priority -1
+    rig.stack.wait(
+        "the sheddable objective to reach the EPP",
+        lambda: (
+            envoy.post("/v1/chat/completions", chat_body(marker()), batch).status == 200
+            and metric(epp, "llm_d_epp_flow_control_requests_total", priority="-1") > 0
+        ),
+        children=[envoy.child, epp.child],
+    )
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        sheddable = pool.submit(envoy.post, "/v1/chat/completions", chat_body(marker()), batch)
+        wait_for("the sheddable request in flight", lambda: len(sim.journal()) >= 2)
+        critical = pool.submit(post, envoy, marker())
+        evicted = sheddable.result(timeout=30)
+        served = critical.result(timeout=30)
+    assert evicted.status == 429, evicted
+    assert evicted.headers.get(DROPPED) == "evicted"
+    assert served.status == 200, served
+    assert metric(epp, "llm_d_epp_flow_control_revocations_issued_total", priority="0") == 1
+    assert metric(epp, "llm_d_epp_flow_control_revocations_total", outcome="confirmed") == 1

@@ -91,6 +91,7 @@ class ConcurrencyDetector(SaturationDetector, Filter):
     Params = ConcurrencyDetectorParams
     params: ConcurrencyDetectorParams
     consumes = frozenset({INFLIGHT_LOAD_KEY})  # the loader creates the producer if none is declared
+    reclaim_grace = 0.01  # its own in-flight counts: a finished stream shows at once
 
     def __init__(
         self, name: str, params: ConcurrencyDetectorParams | None = None, handle: Handle | None = None
