@@ -356,7 +356,7 @@ class RunResult:
     peaks: list[dict[str, int]] = field(default_factory=list)
     mape: list[str] = field(default_factory=list)
     flow_control: list[str] = field(default_factory=list)
-    critical_dropped_with_sheddable: int = 0
+    critical_dropped_with_sheddable: Counter[str] = field(default_factory=Counter)
     wall: float = 0.0
     failure: str = ""
 
@@ -384,17 +384,16 @@ def rejection(rec: dict[str, Any]) -> str:
     return str(rec["error"])
 
 
-def critical_dropped_with_sheddable(requests: Sequence[dict[str, Any]]) -> int:
-    """Priority >= 0 requests that did not complete, ended while a sheddable request was in the system
-    (sent and not yet answered: queued in the EPP, waiting or running on an engine)."""
+def critical_dropped_with_sheddable(requests: Sequence[dict[str, Any]]) -> Counter[str]:
+    """Priority >= 0 requests that did not complete and ended while a sheddable request was in the
+    system (sent and not yet answered: queued in the EPP, waiting or running on an engine), by how
+    they ended (see :func:`rejection`)."""
     shed = sorted((r["start"], r["end"]) for r in requests if TENANT[r["cls"]].priority < 0)
-    count = 0
+    out: Counter[str] = Counter()
     for r in requests:
-        if TENANT[r["cls"]].priority < 0 or not r["error"]:
-            continue
-        if _in_any(r["end"], shed):
-            count += 1
-    return count
+        if TENANT[r["cls"]].priority >= 0 and r["error"] and _in_any(r["end"], shed):
+            out[rejection(r)] += 1
+    return out
 
 
 def _in_any(t: float, intervals: Sequence[tuple[float, float]]) -> bool:
@@ -514,6 +513,13 @@ def _ms(value: float | None) -> str:
     return "-" if value is None else f"{value:.0f}"
 
 
+def _counted(c: Counter[str]) -> str:
+    """``total (kind: n, ...)``, or ``0``."""
+    if not c.total():
+        return "0"
+    return f"{c.total()} (" + ", ".join(f"{k}: {v}" for k, v in sorted(c.items())) + ")"
+
+
 def print_run(r: RunResult) -> None:
     print(
         f"\nrun {r.spec.name}: {r.spec.what}; EPP config {r.config_label}; metrics every {r.metrics_interval}"
@@ -537,7 +543,7 @@ def print_run(r: RunResult) -> None:
     if len(r.tenants) > 1:
         print(
             "  priority >= 0 requests dropped while sheddable ones were in the system: "
-            f"{r.critical_dropped_with_sheddable}"
+            f"{_counted(r.critical_dropped_with_sheddable)}"
         )
     print(f"  llm_d_epp_latency_predictor_mape: {'; '.join(r.mape) if r.mape else 'n/a'}")
     if r.flow_control:
@@ -581,10 +587,11 @@ def checks(results: dict[str, RunResult], args: argparse.Namespace) -> list[Chec
     else:
         out.append(Check("steady TTFT p90 with FC <= 1.5x alone", f"needs runs alone and fc{ref}", "n/a"))
     name = "priority >= 0 dropped while sheddable existed = 0"
-    ref = f" (no-fc {nofc.critical_dropped_with_sheddable})" if nofc else ""
+    ref = f" (no-fc {_counted(nofc.critical_dropped_with_sheddable)})" if nofc else ""
     if fc is not None:
-        n = fc.critical_dropped_with_sheddable
-        out.append(Check(name, f"{n}{ref}", "PASS" if n == 0 else "FAIL"))
+        dropped = fc.critical_dropped_with_sheddable
+        verdict = "PASS" if not dropped.total() else "FAIL"
+        out.append(Check(name, f"{_counted(dropped)}{ref}", verdict))
     else:
         out.append(Check(name, f"needs run fc{ref}", "n/a"))
     name = "peak waiting <= 2 per server (FC)"
