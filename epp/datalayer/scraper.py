@@ -196,6 +196,7 @@ class MetricsScraper:
             poller.close()
 
     async def _scrape(self, endpoint: Endpoint, poller: Poller, state: _ScrapeState) -> None:
+        mark = endpoint.inflight  # the snapshot shows what was in flight by now, not what follows
         try:
             async with asyncio.timeout(self.timeout):
                 body = await poller.poll()
@@ -231,7 +232,11 @@ class MetricsScraper:
             return
         updated = metrics.update_time if metrics.update_time > 0.0 else time.monotonic()
         endpoint.metrics = dataclasses.replace(
-            metrics, update_time=updated, fresh_until=updated + self.staleness, failure=""
+            metrics,
+            update_time=updated,
+            fresh_until=updated + self.staleness,
+            failure="",
+            inflight_at_scrape=mark,
         )
         if state.failure:
             state.failure = ""

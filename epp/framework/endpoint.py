@@ -67,6 +67,9 @@ class Metrics:
     ``fresh_until`` is the ``time.monotonic()`` until which the values are trusted (0.0 = never);
     after it, or before the first scrape, the metrics are unknown, not idle. ``failure`` is the
     reason of the last scrape attempt when it failed (``""`` after a success).
+    ``inflight_at_scrape`` is ``Endpoint.inflight`` when the scrape began: the requests this EPP
+    sent since (or saw finish since) are the difference to the current count, which the snapshot
+    cannot show yet (flow control's in-flight credit).
     """
 
     waiting_queue_size: int = 0
@@ -81,6 +84,7 @@ class Metrics:
     update_time: float = 0.0
     fresh_until: float = 0.0
     failure: str = ""
+    inflight_at_scrape: int = 0
 
     def known(self, now: float) -> bool:
         """True while the snapshot is fresh (``now`` is ``time.monotonic()``)."""

@@ -260,6 +260,12 @@ class SaturationDetector(Plugin, abc.ABC):
     @abc.abstractmethod
     def saturation(self, endpoints: Sequence[Endpoint]) -> float: ...
 
+    def dispatch_saturation(self, endpoints: Sequence[Endpoint], pending: int) -> float:
+        """Saturation as flow control's dispatch gate sees it: also counting ``pending`` requests
+        that were released from the queue but are not on an endpoint yet (still being scheduled).
+        The default ignores them; the built-in detectors count them."""
+        return self.saturation(endpoints)
+
 
 class OrderingPolicy(Plugin, abc.ABC):
     """Flow control: orders the requests queued within one flow (``orderingPolicyRef``).

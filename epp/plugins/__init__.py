@@ -18,6 +18,15 @@ from epp.plugins.filters import prefix_cache_affinity as prefix_cache_affinity
 from epp.plugins.filters import session_affinity_filter as session_affinity_filter
 from epp.plugins.filters import topology_affinity_filter as topology_affinity_filter
 from epp.plugins.filters import utilization_filter as utilization_filter
+from epp.plugins.flow_control import edf as edf
+from epp.plugins.flow_control import fcfs as fcfs
+from epp.plugins.flow_control import global_strict as global_strict
+from epp.plugins.flow_control import priority_holdback as priority_holdback
+from epp.plugins.flow_control import program_aware as program_aware
+from epp.plugins.flow_control import round_robin as round_robin
+from epp.plugins.flow_control import slo_deadline as slo_deadline
+from epp.plugins.flow_control import soft_reflective_ceiling as soft_reflective_ceiling
+from epp.plugins.flow_control import static_usage_limit as static_usage_limit
 from epp.plugins.parsers import anthropic as anthropic
 from epp.plugins.parsers import openai as openai
 from epp.plugins.parsers import passthrough as passthrough

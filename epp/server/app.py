@@ -18,6 +18,7 @@ from epp.datalayer.pool_gauges import PoolGauges
 from epp.datalayer.runtime import DataLayer
 from epp.datalayer.served_models import ServedModels
 from epp.datalayer.store import EndpointStore
+from epp.flowcontrol import FlowController, settings_from_spec
 from epp.framework import Endpoint, EndpointStateHolder, MetadataExtractor, ReplicatedState, ServingHooks
 from epp.promlite import start_http_server
 from epp.scheduling import Scheduler
@@ -138,6 +139,7 @@ class EppServer:
         if opts.grpc_stream_metrics:
             metrics.enable_grpc_stream_metrics()
         tracing.instrument(scheduler.profiles)  # no-op unless --tracing
+        self.flow_control = _flow_controller(cfg, self.store, opts.pool_name)
         self.director = Director(
             self.store,
             cfg.parsers,
@@ -155,6 +157,7 @@ class EppServer:
             objectives=kube.objectives if kube is not None else None,
             rewrites=kube.rewrites if kube is not None else None,
             client_model_rewrite=opts.allow_model_rewrite_header,
+            flow_control=self.flow_control,
         )
         self.stream_options = StreamOptions(
             max_body_bytes=opts.max_request_body_bytes,
@@ -329,6 +332,8 @@ class EppServer:
         finally:
             # Also after a failed start-up (a port in use, bad TLS files): release the Lease, close
             # the API client and stop every task, so the process exits cleanly with its error.
+            if self.flow_control is not None:  # queued requests: 503 rejected-shutting-down
+                self.flow_control.close()
             if server is not None:
                 await server.stop(opts.grace_period)
             await self.processor.close()
@@ -351,3 +356,16 @@ class EppServer:
             await health_server.stop(0)
             if replication_server is not None:
                 await replication_server.stop(0)
+
+
+def _flow_controller(cfg: LoadedConfig, store: EndpointStore, pool_name: str) -> FlowController | None:
+    """The flow controller when the ``flowControl`` gate is on (it needs a saturation detector)."""
+    spec = cfg.document.flow_control
+    if not cfg.flow_control_enabled or spec is None:
+        return None
+    detector = cfg.saturation_detector
+    if detector is None:
+        log.warning("flowControl gate on but no saturation detector in this build: flow control is off")
+        return None
+    settings = settings_from_spec(spec, cfg.plugins)
+    return FlowController(settings, detector, store.endpoints, pool_name=pool_name)

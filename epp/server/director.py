@@ -21,6 +21,7 @@ from epp import metrics
 from epp.datalayer.objectives import ObjectiveStore
 from epp.datalayer.rewrites import RewriteStore
 from epp.datalayer.store import EndpointStore
+from epp.flowcontrol import FlowController, Permit
 from epp.framework import (
     Admitter,
     CycleState,
@@ -152,6 +153,7 @@ class Routing:
     result: SchedulingResult | None = None
     cycle: CycleState | None = None
     set_headers: dict[str, str] = field(default_factory=dict)  # headers added or changed by the EPP
+    permit: Permit | None = None  # flow control's hold until the request is on its endpoints
 
 
 @dataclass(slots=True)
@@ -178,10 +180,13 @@ class Director:
         rewrites: RewriteStore | None = None,
         rng: random.Random | None = None,
         client_model_rewrite: bool = True,
+        flow_control: FlowController | None = None,
     ) -> None:
         """``parsers``: the request handler's parser table (one ``Parser`` serves every path).
         ``client_model_rewrite``: honour a client's model-rewrite header (``epp serve
-        --allow-model-rewrite-header``); when false the header is ignored (and still not forwarded)."""
+        --allow-model-rewrite-header``); when false the header is ignored (and still not forwarded).
+        ``flow_control``: with the ``flowControl`` gate on, requests wait there (by priority and
+        fairness) before scheduling, instead of the legacy shedding of sheddable requests."""
         self.store = store
         self.parsers = parsers if isinstance(parsers, ParserRouter) else ParserRouter.only(parsers)
         self.scheduler = scheduler
@@ -192,6 +197,7 @@ class Director:
         self.rewrites = rewrites
         self._rng = rng or random.Random()
         self.client_model_rewrite = client_model_rewrite
+        self.flow_control = flow_control
 
     # --- candidates ------------------------------------------------------------------------
 
@@ -223,9 +229,10 @@ class Director:
         raw: bytes,
         metadata: dict[str, dict[str, Any]],
         on_request: Callable[[LLMRequest], None] | None = None,
+        on_queued: Callable[[], None] | None = None,
     ) -> Routing:
         """``on_request`` sees the request once it is built (the caller's metric labels), even if
-        routing then fails."""
+        routing then fails; ``on_queued`` is called when flow control makes the request wait."""
         path = request_path(headers)
         parser = self.parsers.resolve(path)
         if parser is None:
@@ -285,10 +292,27 @@ class Director:
                 if isinstance(agent, str) and agent:
                     request.fairness_id = agent
 
-        candidates = self.candidates(metadata)
-        if priority < 0 and self._saturated(candidates):
-            # The reference's legacy admission sets no drop reason (only its flow control does).
-            raise InferenceError(ErrorCode.RESOURCE_EXHAUSTED, SHED_MESSAGE)
+        fc = self.flow_control
+        if fc is None:
+            candidates = self.candidates(metadata)
+            if priority < 0 and self._saturated(candidates):
+                # The reference's legacy admission sets no drop reason (only its flow control does).
+                raise InferenceError(ErrorCode.RESOURCE_EXHAUSTED, SHED_MESSAGE)
+            return await self._schedule(request, raw, candidates, incoming, target)
+        permit = await fc.admit(request, time.monotonic(), on_queued)
+        try:
+            routing = await self._schedule(request, raw, self.candidates(metadata), incoming, target)
+        except BaseException:
+            permit.release()
+            raise
+        routing.permit = permit
+        return routing
+
+    async def _schedule(
+        self, request: LLMRequest, raw: bytes, candidates: list[Endpoint], incoming: str, target: str
+    ) -> Routing:
+        """Candidates to routing: screeners, producers, admitters, the scheduler, PreRequest."""
+        hooks = self.hooks
         if not candidates:
             raise no_endpoints(NO_CANDIDATES_MESSAGE)
 
@@ -424,11 +448,15 @@ class Director:
         """The reply was sent: count the request as in flight on its endpoints."""
         for e in routing.endpoints:
             e.inflight += 1
+        if routing.permit is not None:  # flow control's pending count moves to the endpoints'
+            routing.permit.release()
 
     def release_in_flight(self, routing: Routing) -> None:
         """The ext_proc stream ended (however): release in-flight state and run done hooks."""
         for e in routing.endpoints:
             e.inflight -= 1
+        if self.flow_control is not None:
+            self.flow_control.kick()
         if routing.request is not None and routing.result is not None:
             for plugin in self.hooks.request_done:
                 try:

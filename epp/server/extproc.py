@@ -189,6 +189,7 @@ class _Stream:
         "mkey",
         "model_pairs",
         "opts",
+        "override",
         "phase",
         "req_mode",
         "request",
@@ -211,6 +212,7 @@ class _Stream:
         "t_resp",
         "task",
         "usage",
+        "writer",
     )
 
     def __init__(
@@ -251,6 +253,9 @@ class _Stream:
         self.t_first = 0.0  # monotonic time of the first / latest response-body chunk
         self.t_last = 0.0
         self.usage: UsageReader | None = None
+        # BUFFERED mode while flow control holds the request: the write extending Envoy's timer
+        self.writer: Any = None
+        self.override: asyncio.Future[Any] | None = None
 
     # --- request path ------------------------------------------------------------------------
 
@@ -344,7 +349,9 @@ class _Stream:
         raw = chunks[0] if len(chunks) == 1 else b"".join(chunks)
         self.chunks = []
         if self.span is None:
-            routing = await self.director.route(dict(self.headers), raw, self.metadata, self._note_request)
+            routing = await self.director.route(
+                dict(self.headers), raw, self.metadata, self._note_request, self._on_queued
+            )
         else:
             routing = await self._route_traced(raw)
         if self.req_mode == BUFFERED:
@@ -356,12 +363,16 @@ class _Stream:
     async def _route_traced(self, raw: bytes) -> Routing:
         tracer = tracing.TRACER
         if tracer is None:  # turned off meanwhile (shutdown)
-            return await self.director.route(dict(self.headers), raw, self.metadata, self._note_request)
+            return await self.director.route(
+                dict(self.headers), raw, self.metadata, self._note_request, self._on_queued
+            )
         span, token = tracing.start_orchestration(tracer, self.span)
         routing: Routing | None = None
         error: BaseException | None = None
         try:
-            routing = await self.director.route(dict(self.headers), raw, self.metadata, self._note_request)
+            routing = await self.director.route(
+                dict(self.headers), raw, self.metadata, self._note_request, self._on_queued
+            )
             return routing
         except BaseException as e:
             error = e
@@ -408,6 +419,15 @@ class _Stream:
 
     def _note_request(self, request: LLMRequest) -> None:
         self.request = request
+
+    def _on_queued(self) -> None:
+        """Flow control holds the request: in BUFFERED mode Envoy's per-message timer runs meanwhile,
+        so extend it to the queue's budget (FULL_DUPLEX_STREAMED has no such timer)."""
+        if self.req_mode != BUFFERED or self.writer is None or self.override is not None:
+            return
+        fc = self.director.flow_control
+        budget = fc.wait_budget if fc is not None else 0.0
+        self.override = asyncio.ensure_future(self.writer(replies.message_timeout_override(budget)))
 
     def _begin(self, routing: Routing) -> None:
         """Count the request as in flight (endpoints, running-requests gauge): once per stream."""
@@ -638,12 +658,24 @@ class _Stream:
 
     # --- end ---------------------------------------------------------------------------------
 
+    async def flush_override(self) -> None:
+        """Wait for the timer-extending write (if any) so that replies never interleave with it."""
+        pending = self.override
+        if pending is not None:
+            self.override = None
+            try:
+                await pending
+            except Exception:  # the stream broke: the next write reports it
+                pass
+
     def finish(self) -> None:
         """The stream ended, however: release everything it holds, exactly once."""
         phase = self.phase
         if phase is DONE:
             return
         self.phase = DONE
+        if self.override is not None and not self.override.done():
+            self.override.cancel()
         if phase in _HOLDING:
             self._end_request_phase(DONE)
             self.chunks = []
@@ -706,6 +738,7 @@ class ExternalProcessor(ep_grpc.ExternalProcessorServicer):
         t_open = time.monotonic()
         code = "OK"
         read, write = context.read, context.write
+        stream.writer = write
         try:
             while True:
                 req = await read()
@@ -741,8 +774,11 @@ class ExternalProcessor(ep_grpc.ExternalProcessorServicer):
                         error=str(err),
                         request_id=stream.headers.get(REQUEST_ID_HEADER),
                     )
+                    await stream.flush_override()
                     await write(replies.immediate_error(err))
                     return
+                if stream.override is not None:
+                    await stream.flush_override()
                 for resp in out:
                     await write(resp)
         except _ProtocolError as e:

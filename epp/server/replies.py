@@ -150,6 +150,18 @@ def response_body_reply(body: bytes | None = None) -> ep.ProcessingResponse:
     return ep.ProcessingResponse(response_body=ep.BodyResponse(response=common))
 
 
+def message_timeout_override(seconds: float) -> ep.ProcessingResponse:
+    """Extends Envoy's timer for the pending message (once per message; BUFFERED/STREAMED modes).
+
+    Honoured only when the filter sets ``max_message_timeout`` at or above ``seconds``.
+    """
+    resp = ep.ProcessingResponse()
+    whole = int(seconds)
+    resp.override_message_timeout.seconds = whole
+    resp.override_message_timeout.nanos = int((seconds - whole) * 1e9)
+    return resp
+
+
 def request_trailers_reply() -> ep.ProcessingResponse:
     return ep.ProcessingResponse(request_trailers=ep.TrailersResponse())
 

@@ -57,6 +57,7 @@ class MetricFields(TypedDict, total=False):
     served_models: tuple[str, ...]
     update_time: float
     failure: str
+    inflight_at_scrape: int
 
 
 class MetadataFields(TypedDict, total=False):

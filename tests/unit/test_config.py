@@ -426,7 +426,7 @@ def test_default_configuration(text: str | None) -> None:
         "kvCacheUtilThreshold": 0.8,
         "metricsStalenessThreshold": "200ms",
         "headroom": 0.0,
-        "stalenessPolicy": "saturated",
+        "stalenessPolicy": "credit",
     }
     assert cfg.feature_gates == frozenset({"haPopulateNonLeaderDatastore"})  # on by default
     assert cfg.discovery is None
@@ -653,7 +653,7 @@ def test_reference_samples_load(name: str) -> None:
             "kvCacheUtilThreshold": 1.0,
             "metricsStalenessThreshold": "200ms",
             "headroom": 0.0,
-            "stalenessPolicy": "saturated",
+            "stalenessPolicy": "credit",
         }
     if name in ("pd", "epd"):
         assert "disagg-profile-handler" in [p.name for p in cfg.pre_request]
@@ -702,7 +702,7 @@ def test_effective_yaml_of_the_default_round_trips_and_fills_defaults() -> None:
             "kvCacheUtilThreshold": 0.8,
             "metricsStalenessThreshold": "200ms",
             "headroom": 0.0,
-            "stalenessPolicy": "saturated",
+            "stalenessPolicy": "credit",
         },
     }
     assert load_config(effective, environ=NO_ENV).effective_yaml() == effective

@@ -162,8 +162,14 @@ def test_every_flow_control_field_is_accepted_and_recorded_in_the_effective_conf
             "maxBytes": "1000000000",
             "maxRequests": "100",
             "fairnessPolicyRef": "fair",
+            "orderingPolicyRef": "fcfs-ordering-policy",  # the built-in default, created
         },
-        "defaultNegativePriorityBand": {"maxBytes": "1000000000", "maxRequests": "50"},
+        "defaultNegativePriorityBand": {
+            "maxBytes": "1000000000",
+            "maxRequests": "50",
+            "fairnessPolicyRef": "global-strict-fairness-policy",
+            "orderingPolicyRef": "fcfs-ordering-policy",
+        },
         "priorityBands": [
             {
                 "priority": 10,
@@ -172,7 +178,13 @@ def test_every_flow_control_field_is_accepted_and_recorded_in_the_effective_conf
                 "fairnessPolicyRef": "fair",
                 "orderingPolicyRef": "ord",
             },
-            {"priority": 0, "maxBytes": "1M", "maxRequests": "5000"},
+            {
+                "priority": 0,
+                "maxBytes": "1M",
+                "maxRequests": "5000",
+                "fairnessPolicyRef": "global-strict-fairness-policy",
+                "orderingPolicyRef": "fcfs-ordering-policy",
+            },
         ],
         "usageLimitPolicyPluginRef": "holdback",
         "saturationDetector": {"pluginRef": "gate"},
@@ -192,7 +204,13 @@ def test_flow_control_defaults_are_filled_with_the_gate_on() -> None:
         "maxRequests": "0",
         "defaultRequestTTL": "60s",
         "noEndpointRequestTTL": "60s",
-        "defaultPriorityBand": {"maxBytes": "1000000000", "maxRequests": "5000"},
+        "defaultPriorityBand": {
+            "maxBytes": "1000000000",
+            "maxRequests": "5000",
+            "fairnessPolicyRef": "global-strict-fairness-policy",
+            "orderingPolicyRef": "fcfs-ordering-policy",
+        },
+        "usageLimitPolicyPluginRef": "static-usage-limit-policy",
         "saturationDetector": {"pluginRef": "utilization-detector"},
         "enableEviction": False,
     }

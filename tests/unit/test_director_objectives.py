@@ -372,13 +372,31 @@ async def test_sheddable_request_is_429_when_saturated(
 async def test_sheddable_request_is_429_when_metrics_are_stale(
     store: EndpointStore, objectives: ObjectiveStore, run: Any
 ) -> None:
-    # The endpoints were never scraped: missing metrics count as saturated.
+    # The endpoints were never scraped: with stalenessPolicy saturated (the reference's only
+    # behaviour) missing metrics count as saturated.
+    strict = UtilizationDetectorParams(staleness_policy="saturated")
     director = factories.director(
-        store, saturation_detector=UtilizationDetector("utilization-detector"), objectives=objectives
+        store, saturation_detector=UtilizationDetector("utilization-detector", strict), objectives=objectives
     )
     (reply,) = await run(
         director, [headers_msg({"x-gateway-inference-objective": "batch"}), body_msg(CHAT, True)], 1
     )
+    assert immediate(reply) == (429, SHED)
+
+
+async def test_sheddable_request_on_never_scraped_endpoints_follows_the_in_flight_credit(
+    store: EndpointStore, objectives: ObjectiveStore, run: Any
+) -> None:
+    # The default stalenessPolicy (credit): what this EPP has in flight stands in for the metrics.
+    director = factories.director(
+        store, saturation_detector=UtilizationDetector("utilization-detector"), objectives=objectives
+    )
+    msgs = [headers_msg({"x-gateway-inference-objective": "batch"}), body_msg(CHAT, True)]
+    routed = await run(director, msgs, 2)
+    assert routed[0].WhichOneof("response") == "request_headers"  # nothing in flight: admitted
+    for e in store.endpoints():
+        e.inflight = 5  # queue threshold 5 on every endpoint: saturated
+    (reply,) = await run(director, msgs, 1)
     assert immediate(reply) == (429, SHED)
 
 

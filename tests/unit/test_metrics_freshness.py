@@ -373,5 +373,5 @@ def test_staleness_policy_ignore_leaves_stale_endpoints_out() -> None:
 
 
 def test_staleness_policy_is_validated() -> None:
-    with pytest.raises(ConfigError, match='stalenessPolicy must be "saturated" or "ignore"'):
+    with pytest.raises(ConfigError, match='stalenessPolicy must be "credit", "saturated" or "ignore"'):
         _detector("optimistic")

@@ -86,6 +86,9 @@ CURRENT = [
     "llm_d_epp_disagg_decision_total",
     "llm_d_epp_pd_decision_total",
     "llm_d_epp_flow_control_stale_endpoints",
+    "llm_d_epp_program_aware_jains_fairness_index",
+    "llm_d_epp_program_aware_avg_wait_time_milliseconds",
+    "llm_d_epp_program_aware_attained_service_tokens",
     "llm_d_epp_extproc_streams_inflight",
 ]
 # (deprecated name, current name, {deprecated label: current label} for renamed labels)

@@ -146,7 +146,12 @@ def test_high_headroom_is_accepted_with_a_warning() -> None:
 # --- saturation (reference cases: queue 5, KV 0.9, staleness 100ms) --------------------------------
 
 
-REF = {"queue_depth_threshold": 5, "kv_cache_util_threshold": 0.9, "metrics_staleness_threshold": "100ms"}
+REF = {
+    "queue_depth_threshold": 5,
+    "kv_cache_util_threshold": 0.9,
+    "metrics_staleness_threshold": "100ms",
+    "staleness_policy": "saturated",
+}
 
 
 @pytest.mark.parametrize(
@@ -171,10 +176,55 @@ def test_saturation(endpoints: list[tuple[int, int, float, float | None]], expec
 
 
 def test_default_thresholds() -> None:
-    d = UtilizationDetector("d")
+    d = UtilizationDetector("d", UtilizationDetectorParams(staleness_policy="saturated"))
     assert d.saturation([ep(1, 4, 0.4)]) == pytest.approx(0.8)  # max(4/5, 0.4/0.8)
     assert d.saturation([ep(1, 0, 0.0, age=0.1)]) == 0.0  # 100 ms is fresh under 200 ms
     assert d.saturation([ep(1, 0, 0.0, age=0.25)]) == 1.0
+
+
+# --- in-flight credit (the default stalenessPolicy) ---------------------------------------------
+
+
+def credited(queue: int, kv: float, at_scrape: int, inflight: int, age: float | None = 0.0) -> Endpoint:
+    """An endpoint scraped with ``at_scrape`` requests of this EPP in flight, now ``inflight``."""
+    e = ep(1, queue, kv, age)
+    e.metrics = Metrics(
+        waiting_queue_size=queue,
+        kv_cache_usage_percent=kv,
+        update_time=e.metrics.update_time,
+        inflight_at_scrape=at_scrape,
+    )
+    e.inflight = inflight
+    return e
+
+
+def test_credit_counts_requests_sent_since_the_scrape_as_queued() -> None:
+    d = UtilizationDetector("d")  # queue threshold 5, KV 0.8, 200 ms, credit
+    assert d.params.staleness_policy == "credit"
+    assert d.saturation([credited(1, 0.0, at_scrape=2, inflight=2)]) == pytest.approx(0.2)
+    assert d.saturation([credited(1, 0.0, at_scrape=2, inflight=6)]) == pytest.approx(1.0)  # 1 + 4 sent
+    # two finished since the scrape: two of the queued ones run now
+    assert d.saturation([credited(3, 0.0, at_scrape=4, inflight=2)]) == pytest.approx(0.2)
+    assert d.saturation([credited(1, 0.0, at_scrape=4, inflight=0)]) == 0.0  # never below empty
+    assert d.saturation([credited(0, 0.6, at_scrape=0, inflight=1)]) == pytest.approx(0.75)  # KV wins
+
+
+def test_credit_keeps_stale_endpoints_dispatchable() -> None:
+    d = UtilizationDetector("d")
+    stale = credited(0, 0.1, at_scrape=3, inflight=4, age=15.0)  # 15 s old: last snapshot + 1 sent
+    assert d.saturation([stale]) == pytest.approx(0.2)
+    never = credited(0, 0.0, at_scrape=0, inflight=3, age=None)  # never scraped: all of it queued
+    assert d.saturation([never]) == pytest.approx(0.6)
+    assert d.saturation([credited(0, 0.0, at_scrape=0, inflight=0, age=None)]) == 0.0
+    strict = UtilizationDetector("s", UtilizationDetectorParams(staleness_policy="saturated"))
+    assert strict.saturation([stale]) == 1.0
+
+
+def test_pending_requests_count_as_queued_across_the_pool() -> None:
+    d = UtilizationDetector("d")
+    pool = [credited(0, 0.0, 0, 0), credited(0, 0.0, 0, 0)]
+    assert d.dispatch_saturation(pool, 0) == 0.0
+    assert d.dispatch_saturation(pool, 5) == pytest.approx(0.5)  # 5 queued over 2 x threshold 5
 
 
 # --- filter (queue 5, KV 0.8, staleness 100ms, headroom 0.2: limits 6 and 0.96) -----------------

@@ -42,6 +42,9 @@ BUFFERED_BODY_LIMIT = 64 * 1024 * 1024
 LONG_TIMEOUT = "86400s"
 # Bounds on a frozen or unreachable EPP (see ext_proc_filter and ext_proc_cluster).
 MESSAGE_TIMEOUT = "5s"
+# The most a queued request's reply may be delayed: flow control extends the message timer of a
+# BUFFERED request it holds (override_message_timeout), up to this bound.
+MAX_MESSAGE_TIMEOUT = "3600s"
 EXTPROC_CONNECT_TIMEOUT = "2s"
 EXTPROC_KEEPALIVE = {"interval": "1s", "timeout": "2s"}
 CIRCUIT_BREAKER_LIMIT = 40000
@@ -266,6 +269,7 @@ def ext_proc_filter(
             # Per message awaiting a reply (BUFFERED; no timeout applies to FULL_DUPLEX_STREAMED
             # bodies): a frozen EPP fails the request within this bound. The EPP answers in ms.
             "message_timeout": MESSAGE_TIMEOUT,
+            "max_message_timeout": MAX_MESSAGE_TIMEOUT,
             "processing_mode": processing_mode(body_mode, response_body_mode),
             # BUFFERED: the EPP asks for the response body of a model-rewritten request in its
             # response-headers reply (ignored by Envoy 1.40 in FULL_DUPLEX_STREAMED mode).

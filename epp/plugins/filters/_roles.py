@@ -8,16 +8,16 @@ from __future__ import annotations
 from typing import ClassVar
 
 from epp.framework import CycleState, Endpoint, Filter, LLMRequest
-
-ROLE_LABEL = "llm-d.ai/role"
-
-ROLE_DECODE = "decode"
-ROLE_PREFILL = "prefill"
-ROLE_ENCODE = "encode"
-ROLE_PREFILL_DECODE = "prefill-decode"
-ROLE_ENCODE_PREFILL = "encode-prefill"
-ROLE_ENCODE_PREFILL_DECODE = "encode-prefill-decode"
-ROLE_BOTH = "both"  # deprecated synonym of prefill-decode
+from epp.framework.roles import (  # noqa: F401  (re-exported for the role filters)
+    ROLE_BOTH,
+    ROLE_DECODE,
+    ROLE_ENCODE,
+    ROLE_ENCODE_PREFILL,
+    ROLE_ENCODE_PREFILL_DECODE,
+    ROLE_LABEL,
+    ROLE_PREFILL,
+    ROLE_PREFILL_DECODE,
+)
 
 
 class RoleFilter(Filter):

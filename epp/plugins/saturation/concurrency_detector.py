@@ -130,6 +130,10 @@ class ConcurrencyDetector(SaturationDetector, Filter):
         return from_producer
 
     def saturation(self, endpoints: Sequence[Endpoint]) -> float:
+        return self.dispatch_saturation(endpoints, 0)
+
+    def dispatch_saturation(self, endpoints: Sequence[Endpoint], pending: int) -> float:
+        """Pending requests (released by flow control, not routed yet) count as in flight."""
         if not endpoints:
             return 1.0
         get = self._load_fn()
@@ -146,8 +150,8 @@ class ConcurrencyDetector(SaturationDetector, Filter):
         if self._mode == "tokens":
             return tokens / (max_tok * n)
         if self._mode == "hybrid":
-            return hybrid / n
-        return requests / (max_req * n)
+            return (hybrid + pending / max_req) / n
+        return (requests + pending) / (max_req * n)
 
     def filter(self, cycle: CycleState, request: LLMRequest, endpoints: list[Endpoint]) -> list[Endpoint]:
         get = self._load_fn()

@@ -1,4 +1,9 @@
-"""``utilization-detector``: pool saturation from queue depth and KV-cache use (legacy admission)."""
+"""``utilization-detector``: pool saturation from queue depth and KV-cache use, with in-flight credit.
+
+Per endpoint: the scraped waiting queue plus the EPP's in-flight change since that scrape, against
+``queueDepthThreshold``, or KV-cache use against ``kvCacheUtilThreshold``, whichever is higher;
+the pool's saturation is the mean. ``stalenessPolicy`` decides what stale metrics count as.
+"""
 
 from __future__ import annotations
 
@@ -26,7 +31,7 @@ log = structlog.get_logger("epp.plugins.utilization_detector")
 DEFAULT_QUEUE_DEPTH_THRESHOLD = 5
 DEFAULT_KV_CACHE_UTIL_THRESHOLD = 0.8
 DEFAULT_METRICS_STALENESS_THRESHOLD = "200ms"
-STALENESS_POLICIES = ("saturated", "ignore")
+STALENESS_POLICIES = ("credit", "saturated", "ignore")
 
 STALE_ENDPOINTS = promlite.Gauge(
     "llm_d_epp_flow_control_stale_endpoints",
@@ -43,7 +48,7 @@ class UtilizationDetectorParams:
     kv_cache_util_threshold: float = DEFAULT_KV_CACHE_UTIL_THRESHOLD
     metrics_staleness_threshold: str = DEFAULT_METRICS_STALENESS_THRESHOLD
     headroom: float = 0.0
-    staleness_policy: str = "saturated"
+    staleness_policy: str = "credit"
 
     @property
     def staleness_seconds(self) -> float:
@@ -89,7 +94,8 @@ class UtilizationDetectorParams:
             problems.append(
                 (
                     "stalenessPolicy",
-                    f'stalenessPolicy must be "saturated" or "ignore", got {self.staleness_policy!r}',
+                    'stalenessPolicy must be "credit", "saturated" or "ignore", '
+                    f"got {self.staleness_policy!r}",
                 )
             )
         if not problems:
@@ -116,6 +122,7 @@ class UtilizationDetector(SaturationDetector, Filter):
         self._queue_limit = self._queue * (1.0 + params.headroom)
         self._kv_limit = self._kv * (1.0 + params.headroom)
         self._ignore_stale = params.staleness_policy == "ignore"
+        self._credit_stale = params.staleness_policy == "credit"
         self._stale_gauge = STALE_ENDPOINTS.labels(name)
         if params.headroom > 1.0:
             log.warning(
@@ -126,10 +133,22 @@ class UtilizationDetector(SaturationDetector, Filter):
             )
 
     def saturation(self, endpoints: Sequence[Endpoint]) -> float:
+        return self.dispatch_saturation(endpoints, 0)
+
+    def dispatch_saturation(self, endpoints: Sequence[Endpoint], pending: int) -> float:
+        """The mean endpoint saturation; ``pending`` requests count as queued, spread evenly.
+
+        An endpoint's queue is the scraped one plus its in-flight credit: what this EPP sent there
+        since the scrape began, less what it saw finish (a finished request let a queued one run).
+        Stale metrics: with ``credit`` the last snapshot plus the credit since it (never scraped:
+        everything in flight counts as queued); ``saturated`` counts the endpoint as 1.0;
+        ``ignore`` leaves it out.
+        """
         if not endpoints:
             return 1.0
         now = time.monotonic()
         staleness, q_t, kv_t = self._staleness, self._queue, self._kv
+        credit_stale = self._credit_stale
         total = 0.0
         stale = 0
         for e in endpoints:
@@ -137,15 +156,25 @@ class UtilizationDetector(SaturationDetector, Filter):
             updated = m.update_time
             if updated <= 0.0 or now - updated > staleness:
                 stale += 1
-                continue
-            q = m.waiting_queue_size / q_t
+                if not credit_stale:
+                    continue
+                if updated <= 0.0:
+                    total += e.inflight / q_t
+                    continue
+            waiting = m.waiting_queue_size + e.inflight - m.inflight_at_scrape
+            q = waiting / q_t if waiting > 0 else 0.0
             kv = m.kv_cache_usage_percent / kv_t
             total += q if q > kv else kv
         self._stale_gauge.set(stale)
+        n = len(endpoints)
+        if pending:
+            total += pending / q_t
         if self._ignore_stale:
-            fresh = len(endpoints) - stale
+            fresh = n - stale
             return total / fresh if fresh else 0.0
-        return (total + stale) / len(endpoints)
+        if credit_stale:
+            return total / n
+        return (total + stale) / n
 
     def filter(self, cycle: CycleState, request: LLMRequest, endpoints: list[Endpoint]) -> list[Endpoint]:
         now = time.monotonic()

@@ -1,0 +1,71 @@
+"""One priority band: its flows, caps, policies and occupancy (a ``BandView`` for fairness policies)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from epp.flowcontrol.queue import FlowQueue, Queued
+from epp.flowcontrol.settings import BandSettings
+from epp.framework.flow import FlowKey
+from epp.framework.interfaces import FairnessPolicy, OrderingPolicy
+
+
+class Band:
+    """The flows of one priority. Only non-empty flows are kept, in the order they became so."""
+
+    __slots__ = ("_flows", "bytes", "fairness", "length", "ordering", "policy_state", "priority", "settings")
+
+    def __init__(
+        self, priority: int, settings: BandSettings, fairness: FairnessPolicy, ordering: OrderingPolicy
+    ) -> None:
+        self.priority = priority
+        self.settings = settings
+        self.fairness = fairness
+        self.ordering = ordering
+        self.policy_state: Any = fairness.new_state()
+        self._flows: dict[str, FlowQueue] = {}
+        self.length = 0
+        self.bytes = 0
+
+    def flows(self) -> Iterator[FlowQueue]:
+        return iter(list(self._flows.values()))
+
+    def flow(self, flow_id: str) -> FlowQueue | None:
+        return self._flows.get(flow_id)
+
+    def fits(self, byte_size: int) -> bool:
+        s = self.settings
+        if s.max_requests and self.length + 1 > s.max_requests:
+            return False
+        return not (s.max_bytes and self.bytes + byte_size > s.max_bytes)
+
+    def push(self, item: Queued) -> None:
+        key = item.key
+        flow = self._flows.get(key.id)
+        if flow is None:
+            flow = self._flows[key.id] = FlowQueue(FlowKey(key.id, key.priority))
+        flow.push(item)
+        self.length += 1
+        self.bytes += item.byte_size
+
+    def pop(self, flow: FlowQueue) -> Queued:
+        item = flow.pop()
+        self._left(flow, item)
+        return item
+
+    def remove(self, item: Queued) -> None:
+        flow = self._flows.get(item.key.id)
+        if flow is None or item.gone:
+            return
+        flow.remove(item)
+        self._left(flow, item)
+
+    def _left(self, flow: FlowQueue, item: Queued) -> None:
+        self.length -= 1
+        self.bytes -= item.byte_size
+        if not len(flow):
+            del self._flows[flow.key.id]
+
+    def items(self) -> list[Queued]:
+        return [item for flow in self._flows.values() for item in flow.items()]

@@ -1,0 +1,464 @@
+"""The flow controller: queues requests by priority band and flow, and releases them as the pool frees up.
+
+``admit`` queues a request and returns once it is dispatched (or raises its rejection). A dispatch
+cycle compares the pool's saturation (the detector's, counting the requests released but not routed
+yet) with each band's ceiling (the usage-limit policy's), highest priority first, stops at the first
+gated band, and otherwise dispatches the head of the flow the band's fairness policy picks. Cycles
+run when a request arrives, when one finishes (``kick``) and on a short tick while anything waits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from collections.abc import Callable, Sequence
+
+import structlog
+
+from epp.flowcontrol import metrics as m
+from epp.flowcontrol.band import Band
+from epp.flowcontrol.queue import FlowQueue, Queued
+from epp.flowcontrol.settings import FlowControlSettings
+from epp.framework.endpoint import Endpoint
+from epp.framework.errors import DroppedReason, ErrorCode, InferenceError, dropped
+from epp.framework.flow import FlowKey
+from epp.framework.interfaces import SaturationDetector
+from epp.framework.request import LLMRequest
+from epp.framework.roles import INTERLEAVED_ROLES, PREFILL_ROLES, ROLE_DECODE, ROLE_LABEL
+
+log = structlog.get_logger("epp.flowcontrol")
+
+DISPATCHED = "Dispatched"
+REJECTED_CAPACITY = "RejectedCapacity"
+REJECTED_NO_ENDPOINTS = "RejectedNoEndpoints"
+REJECTED_OTHER = "RejectedOther"
+EVICTED_TTL = "EvictedTTL"
+EVICTED_NO_ENDPOINTS = "EvictedNoEndpoints"
+EVICTED_CONTEXT_CANCELLED = "EvictedContextCancelled"
+EVICTED_OTHER = "EvictedOther"
+
+MAX_MESSAGE_TIMEOUT = 3600.0  # the generated Envoy bootstraps' max_message_timeout, in seconds
+DEFAULT_TICK = 0.005  # seconds between dispatch cycles while requests wait
+_MAX_CYCLES_PER_PUMP = 512  # then yield to the event loop and go on
+
+
+class Permit:
+    """A dispatched request's hold on the pool until it is routed: flow control counts it as pending.
+
+    ``release`` (idempotent) when the routing reply is sent (the endpoint's in-flight count takes
+    over) or when routing fails.
+    """
+
+    __slots__ = ("_controller",)
+
+    def __init__(self, controller: FlowController | None) -> None:
+        self._controller = controller
+
+    def release(self) -> None:
+        c = self._controller
+        if c is not None:
+            self._controller = None
+            c._pending -= 1
+            c.kick()
+
+
+def _rejection(outcome: str, empty_pool: bool) -> InferenceError:
+    """The HTTP error of a flow-control outcome, worded and tagged as the reference's."""
+    if outcome == REJECTED_CAPACITY:
+        return dropped(
+            ErrorCode.RESOURCE_EXHAUSTED,
+            "request rejected pre-queue: queue at capacity",
+            DroppedReason.SATURATED,
+        )
+    if outcome == REJECTED_NO_ENDPOINTS:
+        return dropped(
+            ErrorCode.SERVICE_UNAVAILABLE,
+            "no endpoints available: request rejected pre-queue: no endpoints available",
+            DroppedReason.NO_ENDPOINTS,
+        )
+    if outcome == EVICTED_NO_ENDPOINTS or (outcome == EVICTED_TTL and empty_pool):
+        return dropped(
+            ErrorCode.SERVICE_UNAVAILABLE,
+            "request timed out in queue and no endpoints are available: "
+            "request evicted from queue: request TTL expired: no endpoints available",
+            DroppedReason.NO_ENDPOINTS,
+        )
+    if outcome == EVICTED_TTL:
+        return dropped(
+            ErrorCode.RESOURCE_EXHAUSTED,
+            "request timed out in queue: request evicted from queue: request TTL expired",
+            DroppedReason.TTL_EXPIRED,
+        )
+    if outcome == EVICTED_CONTEXT_CANCELLED:
+        return dropped(
+            ErrorCode.SERVICE_UNAVAILABLE,
+            "client disconnected: request evicted from queue: request context cancelled",
+            DroppedReason.CONTEXT_CANCELLED,
+        )
+    return dropped(
+        ErrorCode.SERVICE_UNAVAILABLE,
+        "flow controller shutting down: flow controller is not running",
+        DroppedReason.SHUTTING_DOWN,
+    )
+
+
+def _stages(pool: Sequence[Endpoint]) -> tuple[list[Endpoint], list[Endpoint]] | None:
+    """(prefill, decode) endpoints by role label, interleaved ones in both; None without prefill pods.
+
+    Unlabelled endpoints are decode; encode-only and unknown roles take no prefill or decode work.
+    """
+    prefill: list[Endpoint] = []
+    decode: list[Endpoint] = []
+    for e in pool:
+        role = e.metadata.labels.get(ROLE_LABEL)
+        if role is None or role == ROLE_DECODE or role == "":
+            decode.append(e)
+        elif role in PREFILL_ROLES:
+            prefill.append(e)
+        elif role in INTERLEAVED_ROLES:
+            prefill.append(e)
+            decode.append(e)
+    if not prefill:
+        return None
+    return prefill, decode
+
+
+class FlowController:
+    """Per-replica flow control over one pool (``pool()`` returns its current endpoints)."""
+
+    def __init__(
+        self,
+        settings: FlowControlSettings,
+        detector: SaturationDetector,
+        pool: Callable[[], Sequence[Endpoint]],
+        *,
+        pool_name: str = "",
+        tick: float = DEFAULT_TICK,
+    ) -> None:
+        self.settings = settings
+        self.detector = detector
+        self._pool = pool
+        self.pool_name = pool_name
+        self.tick = tick
+        self._bands: dict[int, Band] = {}
+        self._order: list[Band] = []  # every band, highest priority first
+        self._seq = itertools.count()
+        self._pending = 0  # dispatched, not routed yet
+        self.queued = 0
+        self.queued_bytes = 0
+        self._closed = False
+        self._empty = False  # the pool had no endpoints at the last look
+        self._regime_since = 0.0  # when the pool last became empty or non-empty
+        self._tick_handle: asyncio.TimerHandle | None = None
+        self._kick_handle: asyncio.Handle | None = None
+        self._sat_effective = m.POOL_SATURATION.labels(pool_name, "effective")
+        self._ceilings: list[float] = []
+        self.saturation = 0.0  # as of the last dispatch cycle
+
+    # --- bands ---------------------------------------------------------------------------------
+
+    def _band(self, priority: int) -> Band:
+        band = self._bands.get(priority)
+        if band is None:
+            s = self.settings.band(priority)
+            band = self._bands[priority] = Band(priority, s, s.fairness, s.ordering)
+            self._order = sorted(self._bands.values(), key=lambda b: -b.priority)
+        return band
+
+    def _fits(self, band: Band, size: int) -> bool:
+        s = self.settings
+        if s.max_requests and self.queued + 1 > s.max_requests:
+            return False
+        if s.max_bytes and self.queued_bytes + size > s.max_bytes:
+            return False
+        return band.fits(size)
+
+    # --- the request's side --------------------------------------------------------------------
+
+    async def admit(
+        self, request: LLMRequest, received_at: float, on_queued: Callable[[], None] | None = None
+    ) -> Permit:
+        """Queue ``request`` and wait until it is dispatched; raises its rejection otherwise.
+
+        ``on_queued`` is called when the request has to wait (it was not dispatched at once).
+        Cancelling the caller (the client went away) takes the request out of the queue at once.
+        """
+        now = time.monotonic()
+        priority = request.priority
+        prio = str(priority)
+        if self._closed:
+            self._count(REJECTED_OTHER, prio)
+            raise _rejection(REJECTED_OTHER, False)
+        empty = not self._look(now)
+        band = self._band(priority)
+        size = request.request_size_bytes
+        if not self._fits(band, size):
+            outcome = REJECTED_NO_ENDPOINTS if empty else REJECTED_CAPACITY
+            self._count(outcome, prio)
+            m.ENQUEUE_DURATION.labels(request.fairness_id, prio, outcome).observe(time.monotonic() - now)
+            raise _rejection(outcome, empty)
+        key = FlowKey(request.fairness_id, priority)
+        item = Queued(
+            request=request,
+            key=key,
+            byte_size=size,
+            seq=next(self._seq),
+            enqueued_at=now,
+            received_at=received_at,
+            ttl=self.settings.request_ttl,
+        )
+        item.sort_key = band.ordering.sort_key(item)
+        self._push(band, item)
+        self._pump()
+        if not item.gone:
+            loop = asyncio.get_running_loop()
+            item.future = loop.create_future()
+            self._arm(item, loop)
+            self._ensure_tick(loop)
+            m.ENQUEUE_DURATION.labels(request.fairness_id, prio, "NotYetFinalized").observe(
+                time.monotonic() - now
+            )
+            if on_queued is not None:
+                on_queued()
+            try:
+                await item.future
+            except asyncio.CancelledError:
+                if not item.gone:
+                    self._drop(band, item, EVICTED_CONTEXT_CANCELLED)
+                elif item.outcome == DISPATCHED:  # dispatched as the client left
+                    self._pending -= 1
+                    self.kick()
+                raise
+        else:
+            m.ENQUEUE_DURATION.labels(request.fairness_id, prio, DISPATCHED).observe(time.monotonic() - now)
+        return Permit(self)
+
+    def kick(self) -> None:
+        """Capacity may have freed (a request finished or was routed): run dispatch cycles soon."""
+        if self.queued and self._kick_handle is None and not self._closed:
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:
+                return
+            self._kick_handle = loop.call_soon(self._on_kick)
+
+    def _on_kick(self) -> None:
+        self._kick_handle = None
+        self._pump()
+
+    # --- queue bookkeeping ---------------------------------------------------------------------
+
+    def _push(self, band: Band, item: Queued) -> None:
+        band.push(item)
+        self.queued += 1
+        self.queued_bytes += item.byte_size
+        self._gauges(band, item, 1)
+
+    def _gauges(self, band: Band, item: Queued, sign: int) -> None:
+        r = item.request
+        labels = (item.key.id, str(band.priority), self.pool_name, r.incoming_model, r.target_model)
+        m.QUEUE_SIZE.at(labels).inc(sign)
+        m.QUEUE_BYTES.at(labels).inc(sign * item.byte_size)
+        s = band.settings
+        prio = str(band.priority)
+        if s.max_requests:
+            m.CAPACITY_REQUESTS.labels(prio, self.pool_name).set(band.length / s.max_requests)
+        if s.max_bytes:
+            m.CAPACITY_BYTES.labels(prio, self.pool_name).set(band.bytes / s.max_bytes)
+        g = self.settings
+        if g.max_requests:
+            m.GLOBAL_CAPACITY_REQUESTS.labels(self.pool_name).set(self.queued / g.max_requests)
+        if g.max_bytes:
+            m.GLOBAL_CAPACITY_BYTES.labels(self.pool_name).set(self.queued_bytes / g.max_bytes)
+
+    def _left(self, band: Band, item: Queued, outcome: str) -> None:
+        """``item`` left ``band``'s queue with ``outcome``: counters, timer, metrics."""
+        self.queued -= 1
+        self.queued_bytes -= item.byte_size
+        self._gauges(band, item, -1)
+        if item.timer is not None:
+            item.timer.cancel()
+            item.timer = None
+        item.outcome = outcome
+        prio = str(band.priority)
+        self._count(outcome, prio)
+        r = item.request
+        m.QUEUE_DURATION.labels(
+            item.key.id, prio, outcome, self.pool_name, r.incoming_model, r.target_model
+        ).observe(time.monotonic() - item.enqueued_at)
+
+    def _drop(self, band: Band, item: Queued, outcome: str) -> None:
+        """Take a queued item out with a rejection (its waiter gets the error, unless it left)."""
+        band.remove(item)
+        self._left(band, item, outcome)
+        future = item.future
+        if future is not None and not future.done():
+            future.set_exception(_rejection(outcome, self._empty))
+
+    def _count(self, outcome: str, prio: str) -> None:
+        m.REQUESTS_TOTAL.labels(outcome, prio, self.pool_name).inc()
+
+    # --- the pool's regime and TTLs ------------------------------------------------------------
+
+    def _look(self, now: float) -> Sequence[Endpoint]:
+        """The pool's endpoints now; a change of regime (empty or not) restarts every queued TTL budget."""
+        pool = self._pool()
+        empty = not pool
+        if empty != self._empty:
+            self._empty = empty
+            self._regime_since = now
+            if self.queued:
+                loop = asyncio.get_running_loop()
+                for band in self._order:
+                    for item in band.items():
+                        self._arm(item, loop)
+        return pool
+
+    def _due(self, item: Queued) -> float:
+        """When ``item`` expires under the current regime (infinity: never)."""
+        ttl = self.settings.no_endpoint_ttl if self._empty else item.ttl
+        if ttl <= 0:
+            return float("inf")
+        start = item.enqueued_at if item.enqueued_at > self._regime_since else self._regime_since
+        return start + ttl
+
+    def _arm(self, item: Queued, loop: asyncio.AbstractEventLoop) -> None:
+        if item.timer is not None:
+            item.timer.cancel()
+            item.timer = None
+        due = self._due(item)
+        if due != float("inf"):
+            # time.monotonic() and the loop's clock are the same clock on every supported platform
+            item.timer = loop.call_at(loop.time() + (due - time.monotonic()), self._expire, item)
+
+    def _expire(self, item: Queued) -> None:
+        item.timer = None
+        if item.gone:
+            return
+        now = time.monotonic()
+        self._look(now)
+        if item.gone or item.timer is not None:  # re-armed by a regime change
+            return
+        if now + 1e-4 < self._due(item):
+            self._arm(item, asyncio.get_running_loop())
+            return
+        band = self._bands[item.key.priority]
+        self._drop(band, item, EVICTED_NO_ENDPOINTS if self._empty else EVICTED_TTL)
+
+    # --- dispatch ------------------------------------------------------------------------------
+
+    def _ensure_tick(self, loop: asyncio.AbstractEventLoop) -> None:
+        if self._tick_handle is None and self.queued and not self._closed:
+            self._tick_handle = loop.call_later(self.tick, self._on_tick)
+
+    def _on_tick(self) -> None:
+        self._tick_handle = None
+        self._pump()
+        if self.queued:
+            self._ensure_tick(asyncio.get_running_loop())
+
+    def _pump(self) -> None:
+        """Dispatch cycles until one dispatches nothing (bounded, then continued on the next turn)."""
+        for _ in range(_MAX_CYCLES_PER_PUMP):
+            if not self.queued or not self._cycle():
+                return
+        self.kick()
+
+    def _saturation(self, pool: Sequence[Endpoint]) -> float:
+        """max(prefill, decode) saturation when the pool has prefill pods, else the pool's."""
+        detector, pending = self.detector, self._pending
+        stages = _stages(pool)
+        try:
+            if stages is None:
+                return detector.dispatch_saturation(pool, pending)
+            prefill, decode = stages
+            m.POOL_SATURATION.labels(self.pool_name, "prefill").set(
+                sat_p := detector.dispatch_saturation(prefill, pending)
+            )
+            sat_d = detector.dispatch_saturation(decode, pending) if decode else 0.0
+            m.POOL_SATURATION.labels(self.pool_name, "decode").set(sat_d)
+            return sat_p if sat_p > sat_d else sat_d
+        except Exception as e:  # a broken detector must not stall the queue forever
+            log.error("saturation detector failed; dispatching as unsaturated", error=repr(e))
+            return 0.0
+
+    def _cycle(self) -> bool:
+        """One dispatch cycle; True when it dispatched a request."""
+        t0 = time.perf_counter()
+        try:
+            now = time.monotonic()
+            pool = self._look(now)
+            if not pool:
+                return False  # no endpoints: requests wait (noEndpointRequestTTL)
+            sat = self.saturation = self._saturation(pool)
+            self._sat_effective.set(sat)
+            active = [b for b in self._order if b.length]
+            if not active:
+                return False
+            ceilings = self._ceilings
+            n = len(active)
+            if len(ceilings) != n:
+                ceilings = self._ceilings = [1.0] * n
+            else:
+                for i in range(n):
+                    ceilings[i] = 1.0
+            policy = self.settings.usage_limit
+            if policy is not None:
+                try:
+                    policy.compute_limit(sat, [b.priority for b in active], ceilings)
+                except Exception as e:
+                    log.error("usage limit policy failed; no band ceilings this cycle", error=repr(e))
+                    for i in range(n):
+                        ceilings[i] = 1.0
+            for i, band in enumerate(active):
+                if sat >= ceilings[i]:
+                    return False  # head-of-line gating: lower bands wait too
+                try:
+                    flow = band.fairness.pick(band)
+                except Exception as e:
+                    log.error("fairness policy failed", band=band.priority, error=repr(e))
+                    flow = next(band.flows(), None)
+                if not isinstance(flow, FlowQueue) or not len(flow):
+                    continue
+                self._dispatch(band, flow)
+                return True
+            return False
+        finally:
+            m.CYCLE_DURATION.observe(time.perf_counter() - t0)
+
+    def _dispatch(self, band: Band, flow: FlowQueue) -> None:
+        item = band.pop(flow)
+        self._left(band, item, DISPATCHED)
+        self._pending += 1
+        try:
+            band.fairness.dispatched(band, item)
+        except Exception as e:
+            log.error("fairness policy failed on dispatch", band=band.priority, error=repr(e))
+        future = item.future
+        if future is not None and not future.done():
+            future.set_result(None)
+
+    # --- shutdown ------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Reject every queued request (503 ``rejected-shutting-down``) and all that come later."""
+        self._closed = True
+        for handle in (self._tick_handle, self._kick_handle):
+            if handle is not None:
+                handle.cancel()
+        self._tick_handle = self._kick_handle = None
+        for band in self._order:
+            for item in band.items():
+                self._drop(band, item, EVICTED_OTHER)
+
+    @property
+    def pending(self) -> int:
+        return self._pending
+
+    @property
+    def wait_budget(self) -> float:
+        """The longest a request may wait here plus scheduling time, in seconds (Envoy's timer)."""
+        s = self.settings
+        longest = max(s.request_ttl, s.no_endpoint_ttl)
+        return MAX_MESSAGE_TIMEOUT if longest <= 0 else min(MAX_MESSAGE_TIMEOUT, longest + 10.0)
