@@ -406,16 +406,39 @@ def _in_any(t: float, intervals: Sequence[tuple[float, float]]) -> bool:
     return False
 
 
-def metric_lines(text: str, match: Callable[[str], bool], limit: int = 40) -> list[str]:
-    """Samples (no comments, no histogram buckets) whose metric name passes ``match``."""
-    out = []
+def metric_lines(text: str, match: Callable[[str], bool], limit: int = 60) -> list[str]:
+    """Samples whose metric name passes ``match``, without comments and histogram buckets; a
+    histogram's ``_count`` and ``_sum`` of one label set become one ``<name>{...} n=<count>
+    mean=<sum/count>`` line. Label sets the EPP adds to every series (pool, model) are left out."""
+    samples: dict[tuple[str, str], str] = {}
     for line in text.splitlines():
         if not line or line.startswith("#"):
             continue
-        name = line.split("{", 1)[0].split(" ", 1)[0]
+        head, _, value = line.rpartition(" ")
+        name, _, labels = head.partition("{")
         if match(name) and not name.endswith("_bucket"):
-            out.append(line)
+            samples[(name, _short_labels(labels.rstrip("}")))] = value
+    out = []
+    for (name, labels), value in samples.items():
+        if name.endswith("_sum") and (name[:-4] + "_count", labels) in samples:
+            continue
+        if name.endswith("_count") and (name[:-6] + "_sum", labels) in samples:
+            count = float(value)
+            total = float(samples[(name[:-6] + "_sum", labels)])
+            mean = f" mean={total / count:.3g}" if count else ""
+            out.append(f"{name[:-6]}{{{labels}}} n={count:g}{mean}".replace("{}", ""))
+        else:
+            out.append(f"{name}{{{labels}}} {value}" if labels else f"{name} {value}")
     return out[:limit]
+
+
+_CONSTANT_LABELS = ("inference_pool", "model_name", "target_model_name")
+
+
+def _short_labels(labels: str) -> str:
+    """``labels`` without the ones that are the same on every series of this benchmark."""
+    parts = [p for p in labels.split(",") if p and p.split("=", 1)[0] not in _CONSTANT_LABELS]
+    return ",".join(parts)
 
 
 def summarize(result: RunResult, data: dict[str, Any], rates: dict[str, float]) -> None:
