@@ -500,7 +500,10 @@ def run_one(
             result.peaks = st.sim_stats()
             text = st.epp_metrics()
             result.mape = metric_lines(text, lambda n: n.startswith("llm_d_epp_latency_predictor_mape"))
-            result.flow_control = metric_lines(text, lambda n: "flow_control" in n)
+            # llm_d_epp_* only: the deprecated inference_extension_* twins carry the same values
+            result.flow_control = metric_lines(
+                text, lambda n: n.startswith("llm_d_epp_") and "flow_control" in n
+            )
             summarize(result, data, rates)
     except (RuntimeError, TimeoutError, OSError) as e:
         result.failure = _failure(e, workdir / spec.name)
