@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 PYTHON := $(BIN)/python
 
-.PHONY: install run test test-unit test-integration lint bench-cpu bench-sched bench-routing bench-kube bench-kv-index bench-soak bench-tokenize clean
+.PHONY: install run test test-unit test-integration lint bench-cpu bench-sched bench-routing bench-kube bench-kv-index bench-soak bench-tokenize bench-overload clean
 
 install: $(VENV)/.installed
 
@@ -56,6 +56,10 @@ bench-kv-index: install
 # SOAK_ARGS=--short for a smoke run; SOAK_ARGS="--duration 3600" for a long one.
 bench-soak: install
 	$(PYTHON) bench/soak.py $(SOAK_ARGS)
+
+# OVERLOAD_ARGS="--runs alone no-fc", "--fc-config my-flow-control.yaml", "--duration 60 --sims 3".
+bench-overload: install
+	$(PYTHON) bench/overload.py $(OVERLOAD_ARGS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache

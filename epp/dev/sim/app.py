@@ -9,7 +9,7 @@ from collections.abc import Awaitable, Callable
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
-from epp.dev.sim import generate, inference, kv_admin, tokenize
+from epp.dev.sim import generate, inference, kv_admin, stats, tokenize
 from epp.dev.sim.context import (
     CONFIG_KEY,
     CREATED_KEY,
@@ -39,7 +39,8 @@ def build_app(config: SimConfig) -> web.Application:
     ``/v1/chat/completions/render``, the token-in ``POST /inference/v1/generate`` (vLLM) and
     ``/generate`` (SGLang), ``/health``, ``/metrics`` (vLLM names), ``POST /reset_prefix_cache``,
     ``GET``/``DELETE /debug/requests`` (the last requests received) and the simulator-only
-    ``GET /sim/kv-events`` and ``POST /sim/kv-events/drop`` / ``corrupt?count=N``. Any other ``POST``
+    ``GET /sim/kv-events``, ``POST /sim/kv-events/drop`` / ``corrupt?count=N``, ``GET /sim/stats``
+    (current and peak queue and batch) and ``POST /sim/stats/reset``. Any other ``POST``
     is journaled and answered 404. Every response carries ``x-inference-pod``, ``-namespace`` and
     ``-port``; errors use the OpenAI shape
     ``{"error": {"message", "type", "param", "code"}}``.
@@ -74,6 +75,8 @@ def build_app(config: SimConfig) -> web.Application:
     app.router.add_get("/sim/kv-events", kv_admin.kv_events_state)
     app.router.add_post("/sim/kv-events/drop", kv_admin.drop_kv_events)
     app.router.add_post("/sim/kv-events/corrupt", kv_admin.corrupt_kv_events)
+    app.router.add_get("/sim/stats", stats.stats)
+    app.router.add_post("/sim/stats/reset", stats.reset_stats)
     app.router.add_post("/{path:.*}", unserved)
     return app
 

@@ -279,6 +279,14 @@ class EngineSnapshot:
     timestamp: float
 
 
+@dataclass(slots=True, frozen=True)
+class EnginePeaks:
+    """Simulator-only: the highest queue length and batch size seen (no vLLM metric has them)."""
+
+    waiting: int
+    running: int
+
+
 class Engine:
     """At most ``max_num_seqs`` requests run at once; the others wait in FIFO order.
 
@@ -289,7 +297,8 @@ class Engine:
     the queue waits); a request whose LoRA adapter cannot be loaded yet is skipped, as vLLM does.
     The time to first token is fixed when a request is scheduled, from its uncached prompt tokens
     and the batch size. ``snapshot`` reads the real current state, so ``/metrics`` reports exactly
-    what the engine is doing.
+    what the engine is doing; ``peaks`` keeps the longest queue and largest batch between two
+    ``reset_peaks`` (exact, where a scrape of the gauges could miss a short burst).
     """
 
     def __init__(self, config: SimConfig, tokenizer: Tokenizer | None = None) -> None:
@@ -318,6 +327,8 @@ class Engine:
         self._running: dict[Sequence, None] = {}  # insertion-ordered set
         self._waiting: deque[Sequence] = deque()
         self._counters = EngineCounters()
+        self._peak_waiting = 0
+        self._peak_running = 0
 
     def submit(self, spec: RequestSpec) -> Sequence:
         """Admit a request: it runs at once if it can be scheduled, else it queues.
@@ -347,6 +358,7 @@ class Engine:
             seq.state = SeqState.FINISHED
             seq.granted.cancel()
             raise QueueFullError(f"waiting queue is full ({self.config.max_waiting} requests)")
+        self._peak_waiting = max(self._peak_waiting, len(self._waiting))
         return seq
 
     async def tokens(self, seq: Sequence) -> AsyncGenerator[Token, None]:
@@ -407,6 +419,16 @@ class Engine:
             timestamp=time.time(),
         )
 
+    def peaks(self) -> EnginePeaks:
+        """The longest waiting queue and the largest batch since start (or the last ``reset_peaks``)."""
+        return EnginePeaks(waiting=self._peak_waiting, running=self._peak_running)
+
+    def reset_peaks(self) -> EnginePeaks:
+        """Start the peaks again from the current queue and batch; returns the peaks before."""
+        before = self.peaks()
+        self._peak_waiting, self._peak_running = len(self._waiting), len(self._running)
+        return before
+
     @property
     def waiting(self) -> tuple[Sequence, ...]:
         return tuple(self._waiting)
@@ -445,6 +467,7 @@ class Engine:
         seq.state = SeqState.RUNNING
         seq.allocation = allocation
         self._running[seq] = None
+        self._peak_running = max(self._peak_running, len(self._running))
         seq.cached_tokens = allocation.hit_tokens
         seq.uncached_tokens = 0 if seq.spec.remote_prefill else seq.spec.prompt_tokens - seq.cached_tokens
         seq.lora_load_ms = self.config.lora_load_time if lora_loaded else 0.0
