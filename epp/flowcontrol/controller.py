@@ -105,6 +105,13 @@ def _rejection(outcome: str, empty_pool: bool) -> InferenceError:
     )
 
 
+_GIVE_WAY = dropped(
+    ErrorCode.RESOURCE_EXHAUSTED,
+    "sheddable request rejected: higher-priority requests are waiting for the pool (flow control eviction)",
+    DroppedReason.SATURATED,
+)
+
+
 def _stages(pool: Sequence[Endpoint]) -> tuple[list[Endpoint], list[Endpoint]] | None:
     """(prefill, decode) endpoints by role label, interleaved ones in both; None without prefill pods.
 
@@ -211,6 +218,9 @@ class FlowController:
         empty = not self._look(now)
         band = self._band(priority)
         size = request.request_size_bytes
+        if self.settings.eviction and priority < 0 and self._backlog_above(priority):
+            self._count(REJECTED_CAPACITY, prio)
+            raise _GIVE_WAY
         if not self._fits(band, size):
             outcome = REJECTED_NO_ENDPOINTS if empty else REJECTED_CAPACITY
             self._count(outcome, prio)
@@ -306,13 +316,13 @@ class FlowController:
             item.key.id, prio, outcome, self.pool_name, r.incoming_model, r.target_model
         ).observe(time.monotonic() - item.enqueued_at)
 
-    def _drop(self, band: Band, item: Queued, outcome: str) -> None:
+    def _drop(self, band: Band, item: Queued, outcome: str, error: InferenceError | None = None) -> None:
         """Take a queued item out with a rejection (its waiter gets the error, unless it left)."""
         band.remove(item)
         self._left(band, item, outcome)
         future = item.future
         if future is not None and not future.done():
-            future.set_exception(_rejection(outcome, self._empty))
+            future.set_exception(error or _rejection(outcome, self._empty))
 
     def _count(self, outcome: str, prio: str) -> None:
         m.REQUESTS_TOTAL.labels(outcome, prio, self.pool_name).inc()
@@ -431,8 +441,10 @@ class FlowController:
                         ceilings[i] = 1.0
             for i, band in enumerate(active):
                 if sat >= ceilings[i]:
-                    if self._victims:
-                        self._reclaim(band, sat - ceilings[i], now)
+                    if self.settings.eviction:
+                        self._give_way(active[i + 1 :], band)
+                        if self._victims:
+                            self._reclaim(band, sat - ceilings[i], now)
                     return False  # head-of-line gating: lower bands wait too
                 try:
                     flow = band.fairness.pick(band)
@@ -482,6 +494,18 @@ class FlowController:
             self._next_reclaim = now + self.detector.reclaim_grace
             self._pending_reclaim.set(len(self._revoking))
             self.kick()
+
+    def _backlog_above(self, priority: int) -> bool:
+        return any(b.length for b in self._order if b.priority > priority)
+
+    def _give_way(self, lower: Sequence[Band], blocked: Band) -> None:
+        """Queued sheddable requests below the gated ``blocked`` band leave the queue (429): they
+        could only dispatch once that demand is served, so they would wait out their TTL."""
+        for band in lower:
+            if band.priority >= 0 or band.priority >= blocked.priority:
+                continue
+            for item in band.items():
+                self._drop(band, item, EVICTED_OTHER, _GIVE_WAY)
 
     def _reclaim(self, band: Band, deficit: float, now: float) -> None:
         """``band`` is gated: revoke the newest in-flight request of the lowest priority below it.

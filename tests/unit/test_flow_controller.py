@@ -312,3 +312,57 @@ async def test_failing_policies_and_detectors_do_not_stall_the_queue() -> None:
     rig.detector.value = 0.0
     await asyncio.wait_for(task, 1)
     assert rig.order == ["r"]
+
+
+async def test_eviction_revokes_the_newest_lowest_priority_in_flight_request_one_at_a_time() -> None:
+    settings = FlowControlSettings(default_band=band(), eviction=True)
+    rig = Rig(settings, Detector(value=1.0))
+    rig.detector.reclaim_grace = 0.0  # type: ignore[misc]
+    revoked: list[str] = []
+    assert rig.fc.track(0, lambda: revoked.append("critical")) is None  # only sheddable ones
+    old = rig.fc.track(-1, lambda: revoked.append("old-1"))
+    new = rig.fc.track(-1, lambda: revoked.append("new-1"))
+    lowest = rig.fc.track(-5, lambda: revoked.append("new-5"))
+    assert old is not None and new is not None and lowest is not None
+    waiting = rig.start(request("critical", priority=0))
+    await asyncio.sleep(0.03)
+    assert revoked == ["new-5"]  # lowest priority first; the next waits for its stream to end
+    rig.fc.untrack(lowest)
+    await asyncio.sleep(0.03)
+    assert revoked == ["new-5", "new-1"]  # then the newest dispatch
+    before = fcm.REVOCATIONS.labels("confirmed", "pool").value
+    rig.fc.untrack(new)
+    assert fcm.REVOCATIONS.labels("confirmed", "pool").value == before + 1
+    rig.detector.value = 0.0  # the freed capacity shows
+    await asyncio.wait_for(waiting, 1)
+    assert rig.order == ["critical"] and revoked == ["new-5", "new-1"]
+    rig.fc.untrack(old)
+
+
+async def test_eviction_off_revokes_nothing() -> None:
+    rig = Rig(detector=Detector(value=1.0))
+    assert rig.fc.track(-1, lambda: None) is None
+    task = rig.start(request("critical"))
+    await asyncio.sleep(0.02)
+    rig.fc.close()
+    await task
+
+
+async def test_with_eviction_sheddable_requests_give_way_to_blocked_demand() -> None:
+    settings = FlowControlSettings(default_band=band(), eviction=True)
+    rig = Rig(settings, Detector(value=1.0))
+    queued_sheddable = rig.start(request("batch", priority=-1))
+    await settle()
+    assert rig.fc.queued == 1  # alone it waits (nothing above it is blocked)
+    critical = rig.start(request("critical", priority=0))
+    await asyncio.sleep(0.02)
+    await queued_sheddable
+    assert rig.errors["batch"].code.http_status == 429
+    assert reason(rig.errors["batch"]) == "rejected-saturated"
+    with pytest.raises(InferenceError) as info:  # and new ones are turned away at once
+        await rig.fc.admit(request("late", priority=-1), 0.0)
+    assert reason(info.value) == "rejected-saturated"
+    assert rig.fc.queued == 1
+    rig.detector.value = 0.0
+    await asyncio.wait_for(critical, 1)
+    assert rig.order == ["critical"]
