@@ -47,12 +47,14 @@ class Record:
 
 
 def body(cls: str, index: int, rng: random.Random, *, model: str, max_tokens: int) -> bytes:
-    """A short chat request, unique from its first characters (no prefix-cache affinity)."""
+    """A short chat request, unique from its first characters (no prefix-cache affinity), asking
+    for 1 .. 2 x ``max_tokens`` - 1 tokens (mean ``max_tokens``): answers of one length would keep
+    the engines' batches in lockstep, every slot freeing at once."""
     text = f"{cls} request {index} ({rng.getrandbits(48):012x}): {sentence(rng)} Answer briefly."
     doc = {
         "model": model,
         "messages": [{"role": "user", "content": text}],
-        "max_tokens": max_tokens,
+        "max_tokens": rng.randint(1, max(1, 2 * max_tokens - 1)),
         "stream": True,
         "stream_options": {"include_usage": True},
     }

@@ -68,23 +68,43 @@ TENANTS = (
 )
 TENANT = {t.name: t for t in TENANTS}
 
-# The flow-control run: fair queuing between the tenants in band 0, a band below for sheddable
-# requests, dispatch gated by the utilization detector (an engine with 2 waiting requests is full).
-FC_CONFIG: dict[str, Any] = {
-    "featureGates": ["flowControl"],
-    "plugins": [
-        {"name": "round-robin", "type": "round-robin-fairness-policy"},
-        {"name": "detector", "type": "utilization-detector", "parameters": {"queueDepthThreshold": 2}},
-    ],
-    "flowControl": {
-        "defaultRequestTTL": "10s",
-        "priorityBands": [
-            {"priority": 0, "fairnessPolicyRef": "round-robin"},
-            {"priority": SHEDDABLE_PRIORITY},
+
+# The flow-control runs: fair queuing between the tenants in band 0, a band below for sheddable
+# requests that give way to blocked band-0 demand (enableEviction), placement by the EPP's own
+# in-flight counts. ``fc`` gates dispatch on the engines' batch size (concurrency-detector,
+# maxConcurrency = --max-num-seqs: nothing waits in an engine); ``fc-stale`` on scraped metrics
+# (utilization-detector, queueDepthThreshold 1) that are stale between 15 s scrapes, where the
+# in-flight credit stands in for them.
+def fc_config(max_num_seqs: int, *, scraped: bool) -> dict[str, Any]:
+    gate: dict[str, Any] = (
+        {"name": "gate", "type": "utilization-detector", "parameters": {"queueDepthThreshold": 1}}
+        if scraped
+        else {"name": "gate", "type": "concurrency-detector", "parameters": {"maxConcurrency": max_num_seqs}}
+    )
+    return {
+        "featureGates": ["flowControl"],
+        "plugins": [
+            {"name": "round-robin", "type": "round-robin-fairness-policy"},
+            gate,
+            {"type": "active-request-scorer"},
+            {"type": "max-score-picker"},
         ],
-        "saturationDetector": {"pluginRef": "detector"},
-    },
-}
+        "schedulingProfiles": [
+            {
+                "name": "default",
+                "plugins": [{"pluginRef": "active-request-scorer"}, {"pluginRef": "max-score-picker"}],
+            }
+        ],
+        "flowControl": {
+            "defaultRequestTTL": "10s",
+            "enableEviction": True,
+            "priorityBands": [
+                {"priority": 0, "fairnessPolicyRef": "round-robin"},
+                {"priority": SHEDDABLE_PRIORITY},
+            ],
+            "saturationDetector": {"pluginRef": "gate"},
+        },
+    }
 
 
 @dataclass(frozen=True)
@@ -357,6 +377,7 @@ class RunResult:
     mape: list[str] = field(default_factory=list)
     flow_control: list[str] = field(default_factory=list)
     critical_dropped_with_sheddable: Counter[str] = field(default_factory=Counter)
+    critical_dropped_any_sheddable: Counter[str] = field(default_factory=Counter)
     wall: float = 0.0
     failure: str = ""
 
@@ -384,11 +405,22 @@ def rejection(rec: dict[str, Any]) -> str:
     return str(rec["error"])
 
 
-def critical_dropped_with_sheddable(requests: Sequence[dict[str, Any]]) -> Counter[str]:
+def critical_dropped_with_sheddable(
+    requests: Sequence[dict[str, Any]], *, served_only: bool = True
+) -> Counter[str]:
     """Priority >= 0 requests that did not complete and ended while a sheddable request was in the
-    system (sent and not yet answered: queued in the EPP, waiting or running on an engine), by how
-    they ended (see :func:`rejection`)."""
-    shed = sorted((r["start"], r["end"]) for r in requests if TENANT[r["cls"]].priority < 0)
+    system, by how they ended (see :func:`rejection`). ``served_only``: the sheddable request was
+    on a model server (it was answered by one, or evicted from one), not just turned away by the
+    EPP; otherwise any sheddable request sent and not yet answered counts."""
+
+    def on_server(r: dict[str, Any]) -> bool:
+        return bool(r["pod"]) or r["dropped_reason"] == "evicted" or r["error"] == "stream"
+
+    shed = sorted(
+        (r["start"], r["end"])
+        for r in requests
+        if TENANT[r["cls"]].priority < 0 and (not served_only or on_server(r))
+    )
     out: Counter[str] = Counter()
     for r in requests:
         if TENANT[r["cls"]].priority >= 0 and r["error"] and _in_any(r["end"], shed):
@@ -455,6 +487,7 @@ def summarize(result: RunResult, data: dict[str, Any], rates: dict[str, float]) 
                     t.ttft_ms.append(r["ttft"] * 1000)
         result.tenants.append(t)
     result.critical_dropped_with_sheddable = critical_dropped_with_sheddable(requests)
+    result.critical_dropped_any_sheddable = critical_dropped_with_sheddable(requests, served_only=False)
     result.wall = float(data["wall_seconds"])
 
 
@@ -467,7 +500,8 @@ def run_one(
     """One run on a fresh stack; ``capacity`` is empty until calibrated (then done on this stack,
     when its config has no flow control)."""
     if spec.flow_control:
-        config = load_config(args.fc_config) if args.fc_config else FC_CONFIG
+        builtin = fc_config(args.max_num_seqs, scraped=spec.stale)
+        config = load_config(args.fc_config) if args.fc_config else builtin
         label = args.fc_config or "the built-in flow-control config"
     else:
         config = load_config(args.baseline_config)
@@ -568,8 +602,9 @@ def print_run(r: RunResult) -> None:
     print(f"  peak waiting: {peaks}; peak running: {running}")
     if len(r.tenants) > 1:
         print(
-            "  priority >= 0 requests dropped while sheddable ones were in the system: "
-            f"{_counted(r.critical_dropped_with_sheddable)}"
+            "  priority >= 0 requests dropped while a sheddable one was on a model server: "
+            f"{_counted(r.critical_dropped_with_sheddable)}; while one was anywhere (also being "
+            f"turned away by the EPP): {_counted(r.critical_dropped_any_sheddable)}"
         )
     print(f"  llm_d_epp_latency_predictor_mape: {'; '.join(r.mape) if r.mape else 'n/a'}")
     if r.flow_control:
@@ -612,7 +647,7 @@ def checks(results: dict[str, RunResult], args: argparse.Namespace) -> list[Chec
         )
     else:
         out.append(Check("steady TTFT p90 with FC <= 1.5x alone", f"needs runs alone and fc{ref}", "n/a"))
-    name = "priority >= 0 dropped while sheddable existed = 0"
+    name = "priority >= 0 dropped while sheddable was served = 0"
     ref = f" (no-fc {_counted(nofc.critical_dropped_with_sheddable)})" if nofc else ""
     if fc is not None:
         dropped = fc.critical_dropped_with_sheddable
@@ -658,7 +693,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     add("--max-num-seqs", type=int, default=4, help="sim batch size (default 4)")
     add("--ttft-ms", type=float, default=200.0, help="sim --time-to-first-token (default 200)")
     add("--itl-ms", type=float, default=40.0, help="sim --inter-token-latency (default 40)")
-    add("--output-tokens", type=int, default=16, help="max_tokens of every request (default 16)")
+    add(
+        "--output-tokens",
+        type=int,
+        default=16,
+        help="mean max_tokens of the requests, drawn from 1 .. 2 x this - 1 (default 16)",
+    )
     add("--sim-args", default="", help="extra flags for every simulator, one shell-quoted string")
     add("--capacity", type=float, default=None, help="fleet capacity in requests/s (default: calibrate)")
     add("--calibration-seconds", type=float, default=8.0, help="closed-loop calibration length (default 8)")
@@ -715,7 +755,12 @@ def main(argv: list[str] | None = None) -> int:
         flush=True,
     )
     if args.fc_config is None:
-        print("built-in flow-control config:\n" + yaml.safe_dump(FC_CONFIG, sort_keys=False).rstrip())
+        for scraped in (False, True):
+            doc = fc_config(args.max_num_seqs, scraped=scraped)
+            print(
+                f"built-in config of {'fc-stale' if scraped else 'fc'}:\n"
+                + yaml.safe_dump(doc, sort_keys=False).rstrip()
+            )
     results: dict[str, RunResult] = {}
     capacity: list[float] = [args.capacity] if args.capacity else []
 
