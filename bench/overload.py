@@ -690,7 +690,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     add("--runs", nargs="+", choices=list(RUNS), default=list(RUNS), help="runs, in order (default: all)")
     add("--duration", type=float, default=20.0, help="seconds of arrivals per run (default 20)")
     add("--sims", type=int, default=2, help="simulators (default 2)")
-    add("--max-num-seqs", type=int, default=4, help="sim batch size (default 4)")
+    add("--max-num-seqs", type=int, default=8, help="sim batch size (default 8)")
     add("--ttft-ms", type=float, default=200.0, help="sim --time-to-first-token (default 200)")
     add("--itl-ms", type=float, default=40.0, help="sim --inter-token-latency (default 40)")
     add(

@@ -14,7 +14,18 @@ from epp.framework.interfaces import FairnessPolicy, OrderingPolicy
 class Band:
     """The flows of one priority. Only non-empty flows are kept, in the order they became so."""
 
-    __slots__ = ("_flows", "bytes", "fairness", "length", "ordering", "policy_state", "priority", "settings")
+    __slots__ = (
+        "_flows",
+        "_inflight",
+        "bytes",
+        "fairness",
+        "inflight_total",
+        "length",
+        "ordering",
+        "policy_state",
+        "priority",
+        "settings",
+    )
 
     def __init__(
         self, priority: int, settings: BandSettings, fairness: FairnessPolicy, ordering: OrderingPolicy
@@ -27,6 +38,8 @@ class Band:
         self._flows: dict[str, FlowQueue] = {}
         self.length = 0
         self.bytes = 0
+        self._inflight: dict[str, int] = {}  # dispatched and not finished, by flow id
+        self.inflight_total = 0
 
     def flows(self) -> Iterator[FlowQueue]:
         return iter(list(self._flows.values()))
@@ -66,6 +79,29 @@ class Band:
         self.bytes -= item.byte_size
         if not len(flow):
             del self._flows[flow.key.id]
+
+    def started(self, flow_id: str) -> None:
+        self._inflight[flow_id] = self._inflight.get(flow_id, 0) + 1
+        self.inflight_total += 1
+
+    def finished(self, flow_id: str) -> None:
+        n = self._inflight.get(flow_id, 0)
+        if n <= 1:
+            self._inflight.pop(flow_id, None)
+        else:
+            self._inflight[flow_id] = n - 1
+        if n:
+            self.inflight_total -= 1
+
+    def inflight_of(self, flow_id: str) -> int:
+        return self._inflight.get(flow_id, 0)
+
+    def active_flows(self) -> int:
+        """Flows with requests queued or in flight."""
+        flows, inflight = self._flows, self._inflight
+        if not inflight:
+            return len(flows)
+        return len(flows) + sum(1 for f in inflight if f not in flows)
 
     def items(self) -> list[Queued]:
         return [item for flow in self._flows.values() for item in flow.items()]

@@ -46,23 +46,34 @@ _MAX_CYCLES_PER_PUMP = 512  # then yield to the event loop and go on
 
 
 class Permit:
-    """A dispatched request's hold on the pool until it is routed: flow control counts it as pending.
-
-    ``release`` (idempotent) when the routing reply is sent (the endpoint's in-flight count takes
-    over) or when routing fails.
+    """A dispatched request's hold on the pool: *pending* until it is routed (``release``: the
+    endpoint's in-flight count takes over), and in its flow's in-flight share until it ends
+    (``done``). Both are idempotent; a request whose routing fails calls both.
     """
 
-    __slots__ = ("_controller",)
+    __slots__ = ("_band", "_controller", "_flow", "_routed")
 
-    def __init__(self, controller: FlowController | None) -> None:
-        self._controller = controller
+    def __init__(self, controller: FlowController, band: Band, flow: str) -> None:
+        self._controller: FlowController | None = controller
+        self._band: Band | None = band
+        self._flow = flow
+        self._routed = False
 
     def release(self) -> None:
         c = self._controller
-        if c is not None:
-            self._controller = None
+        if c is not None and not self._routed:
+            self._routed = True
             c._pending -= 1
             c.kick()
+
+    def done(self) -> None:
+        self.release()
+        band = self._band
+        if band is not None:
+            self._band = None
+            band.finished(self._flow)
+            if self._controller is not None:
+                self._controller.kick()
 
 
 def _rejection(outcome: str, empty_pool: bool) -> InferenceError:
@@ -255,12 +266,11 @@ class FlowController:
                 if not item.gone:
                     self._drop(band, item, EVICTED_CONTEXT_CANCELLED)
                 elif item.outcome == DISPATCHED:  # dispatched as the client left
-                    self._pending -= 1
-                    self.kick()
+                    Permit(self, band, key.id).done()
                 raise
         else:
             m.ENQUEUE_DURATION.labels(request.fairness_id, prio, DISPATCHED).observe(time.monotonic() - now)
-        return Permit(self)
+        return Permit(self, band, key.id)
 
     def kick(self) -> None:
         """Capacity may have freed (a request finished or was routed): run dispatch cycles soon."""
@@ -453,14 +463,43 @@ class FlowController:
                     flow = next(band.flows(), None)
                 if not isinstance(flow, FlowQueue) or not len(flow):
                     continue
+                if self._holds_back(band, flow, pool, sat, ceilings[i]):
+                    flow = self._under_share(band)
+                    if flow is None:
+                        return False  # the last request's room is kept for the band's other flows
                 self._dispatch(band, flow)
                 return True
             return False
         finally:
             m.CYCLE_DURATION.observe(time.perf_counter() - t0)
 
+    def _holds_back(
+        self, band: Band, flow: FlowQueue, pool: Sequence[Endpoint], sat: float, ceiling: float
+    ) -> bool:
+        """Fair-share headroom: while another flow of the band has requests queued or in flight,
+        a flow holding more than its share of the band's in-flight requests does not take the last
+        request's worth of room under the ceiling, so a light flow's next request finds room at
+        once instead of waiting for a release."""
+        active = band.active_flows()
+        if active < 2 or band.inflight_of(flow.key.id) * active <= band.inflight_total:
+            return False
+        try:
+            step = self.detector.dispatch_saturation(pool, self._pending + 1) - sat
+        except Exception:
+            return False
+        return step > 0.0 and sat + step >= ceiling - 1e-9
+
+    def _under_share(self, band: Band) -> FlowQueue | None:
+        """A queued flow of ``band`` at or under its share of the band's in-flight requests."""
+        active, total = band.active_flows(), band.inflight_total
+        for flow in band.flows():
+            if band.inflight_of(flow.key.id) * active <= total:
+                return flow
+        return None
+
     def _dispatch(self, band: Band, flow: FlowQueue) -> None:
         item = band.pop(flow)
+        band.started(flow.key.id)
         self._left(band, item, DISPATCHED)
         self._pending += 1
         try:

@@ -304,7 +304,7 @@ class Director:
         try:
             routing = await self._schedule(request, raw, self.candidates(metadata), incoming, target)
         except BaseException:
-            permit.release()
+            permit.done()
             raise
         routing.permit = permit
         return routing
@@ -464,6 +464,8 @@ class Director:
         if fc is not None:
             if routing.victim is not None:
                 fc.untrack(routing.victim)
+            if routing.permit is not None:
+                routing.permit.done()  # also kicks the dispatch loop
             fc.kick()
         if routing.request is not None and routing.result is not None:
             for plugin in self.hooks.request_done:

@@ -366,3 +366,45 @@ async def test_with_eviction_sheddable_requests_give_way_to_blocked_demand() -> 
     rig.detector.value = 0.0
     await asyncio.wait_for(critical, 1)
     assert rig.order == ["critical"]
+
+
+class Slots(Detector):
+    """``capacity`` requests in flight saturate the pool (the test moves ``inflight``)."""
+
+    def __init__(self, capacity: int) -> None:
+        super().__init__()
+        self.capacity = capacity
+        self.inflight = 0
+
+    def dispatch_saturation(self, endpoints: Sequence[Endpoint], pending: int) -> float:
+        return (self.inflight + pending) / self.capacity
+
+
+async def test_a_flow_over_its_share_leaves_the_last_slot_to_the_bands_other_flows() -> None:
+    from epp.plugins.flow_control.round_robin import RoundRobinFairnessPolicy
+
+    rr = RoundRobinFairnessPolicy("rr", None)
+    slots = Slots(capacity=4)
+    rig = Rig(FlowControlSettings(default_band=band(fairness=rr)), slots)
+
+    async def take(name: str, flow: str) -> Any:
+        permit = await rig.fc.admit(request(name, flow=flow), 0.0)
+        permit.release()
+        slots.inflight += 1
+        return permit
+
+    light = await take("light-1", "light")
+    heavy = [await take(f"heavy-{i}", "heavy") for i in range(2)]
+    queued = asyncio.ensure_future(take("heavy-2", "heavy"))  # room for one more: kept
+    await asyncio.sleep(0.02)
+    assert not queued.done() and rig.fc.queued == 1 and slots.inflight == 3
+    second_light = await asyncio.wait_for(take("light-2", "light"), 1)  # finds the room at once
+    assert slots.inflight == 4
+    # the light flow goes idle: the heavy one may use everything
+    for p in (light, second_light):
+        p.done()
+        slots.inflight -= 1
+    await asyncio.wait_for(queued, 1)
+    assert slots.inflight == 3 and rig.fc.queued == 0
+    for p in heavy:
+        p.done()
