@@ -463,9 +463,11 @@ class FlowController:
                     flow = next(band.flows(), None)
                 if not isinstance(flow, FlowQueue) or not len(flow):
                     continue
-                if self._holds_back(band, flow, pool, sat, ceilings[i]):
-                    flow = self._under_share(band)
-                    if flow is None:
+                if band.fairness.share_in_flight and self._over_share(band, flow):
+                    under = self._under_share(band)
+                    if under is not None:
+                        flow = under  # max-min: a flow under its share goes first
+                    elif self._last_room(pool, sat, ceilings[i]):
                         return False  # the last request's room is kept for the band's other flows
                 self._dispatch(band, flow)
                 return True
@@ -473,16 +475,14 @@ class FlowController:
         finally:
             m.CYCLE_DURATION.observe(time.perf_counter() - t0)
 
-    def _holds_back(
-        self, band: Band, flow: FlowQueue, pool: Sequence[Endpoint], sat: float, ceiling: float
-    ) -> bool:
-        """Fair-share headroom: while another flow of the band has requests queued or in flight,
-        a flow holding more than its share of the band's in-flight requests does not take the last
-        request's worth of room under the ceiling, so a light flow's next request finds room at
-        once instead of waiting for a release."""
+    def _over_share(self, band: Band, flow: FlowQueue) -> bool:
+        """Whether ``flow`` holds more than its share of the band's in-flight requests while
+        another flow of the band has requests queued or in flight."""
         active = band.active_flows()
-        if active < 2 or band.inflight_of(flow.key.id) * active <= band.inflight_total:
-            return False
+        return active > 1 and band.inflight_of(flow.key.id) * active > band.inflight_total
+
+    def _last_room(self, pool: Sequence[Endpoint], sat: float, ceiling: float) -> bool:
+        """Whether one more request would reach ``ceiling`` (its saturation step, from the detector)."""
         try:
             step = self.detector.dispatch_saturation(pool, self._pending + 1) - sat
         except Exception:

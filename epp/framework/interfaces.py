@@ -293,6 +293,12 @@ class FairnessPolicy(Plugin, abc.ABC):
     subclasses ``RequestDone`` or ``ResponseBodyProcessor`` as well.
     """
 
+    share_in_flight: ClassVar[bool] = False
+    """True: flow control balances the band's *in-flight* requests too: when ``pick`` returns a
+    flow holding more than its share of them, a queued flow at or under its share goes instead,
+    and with none, the last request's room under the ceiling is kept for the band's other active
+    flows. False: ``pick`` alone decides (e.g. strict FCFS across flows)."""
+
     def new_state(self) -> Any:
         return None
 

@@ -408,3 +408,37 @@ async def test_a_flow_over_its_share_leaves_the_last_slot_to_the_bands_other_flo
     assert slots.inflight == 3 and rig.fc.queued == 0
     for p in heavy:
         p.done()
+
+
+async def test_a_flow_under_its_share_goes_before_one_over_it_only_for_share_aware_policies() -> None:
+    from epp.plugins.flow_control.global_strict import GlobalStrictFairnessPolicy
+    from epp.plugins.flow_control.round_robin import RoundRobinFairnessPolicy
+
+    for policy, first in (
+        (RoundRobinFairnessPolicy("rr", None), "light-1"),  # balanced: the light flow goes first
+        (GlobalStrictFairnessPolicy("strict", None), "heavy-9"),  # FCFS across flows: arrival order
+    ):
+        slots = Slots(capacity=4)
+        rig = Rig(FlowControlSettings(default_band=band(fairness=policy)), slots)
+        held = []
+        for name, flow in (
+            ("heavy-0", "heavy"),
+            ("heavy-1", "heavy"),
+            ("heavy-2", "heavy"),
+            ("light-0", "light"),
+        ):
+            permit = await asyncio.wait_for(rig.fc.admit(request(name, flow=flow), 0.0), 1)
+            permit.release()  # routed: in flight from here
+            slots.inflight += 1
+            held.append(permit)
+        # full: heavy 3, light 1
+        tasks = [rig.start(request("heavy-9", flow="heavy"))]
+        await settle()
+        tasks.append(rig.start(request("light-1", flow="light")))
+        await settle()
+        held.pop(0).done()  # one heavy request ends: one slot frees
+        slots.inflight -= 1
+        await asyncio.sleep(0.02)
+        assert rig.order[:1] == [first], (policy.type_name, rig.order)
+        rig.fc.close()
+        await asyncio.gather(*tasks)

@@ -1,7 +1,8 @@
 """``round-robin-fairness-policy``: the flows of a band take turns, one dispatch each.
 
 Flows are visited in the order of their fairness ids; a per-band cursor remembers the last flow
-picked, so flows that come and go do not reset the rotation.
+picked, so flows that come and go do not reset the rotation. It asks flow control to balance the
+band's in-flight requests as well (``share_in_flight``).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ class RoundRobinFairnessPolicy(FairnessPolicy):
     """Picks the non-empty flow whose id follows the last pick's, wrapping around."""
 
     type_name = "round-robin-fairness-policy"
+    share_in_flight = True  # turns, plus the controller's in-flight share balancing
 
     def new_state(self) -> _Cursor:
         return _Cursor()
