@@ -237,6 +237,7 @@ class MetricsScraper:
             fresh_until=updated + self.staleness,
             failure="",
             inflight_at_scrape=mark,
+            peak_running=max(endpoint.metrics.peak_running, metrics.running_requests_size),
         )
         if state.failure:
             state.failure = ""

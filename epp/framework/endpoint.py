@@ -69,7 +69,8 @@ class Metrics:
     reason of the last scrape attempt when it failed (``""`` after a success).
     ``inflight_at_scrape`` is ``Endpoint.inflight`` when the scrape began: the requests this EPP
     sent since (or saw finish since) are the difference to the current count, which the snapshot
-    cannot show yet (flow control's in-flight credit).
+    cannot show yet (flow control's in-flight credit). ``peak_running`` is the most requests any
+    scrape has shown running there: a lower bound of the engine's batch size.
     """
 
     waiting_queue_size: int = 0
@@ -85,6 +86,7 @@ class Metrics:
     fresh_until: float = 0.0
     failure: str = ""
     inflight_at_scrape: int = 0
+    peak_running: int = 0
 
     def known(self, now: float) -> bool:
         """True while the snapshot is fresh (``now`` is ``time.monotonic()``)."""

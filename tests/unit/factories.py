@@ -58,6 +58,7 @@ class MetricFields(TypedDict, total=False):
     update_time: float
     failure: str
     inflight_at_scrape: int
+    peak_running: int
 
 
 class MetadataFields(TypedDict, total=False):

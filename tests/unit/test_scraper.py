@@ -173,6 +173,9 @@ async def test_metrics_land_in_store_endpoints_and_follow_changes(server: Metric
             lambda: endpoint.metrics.waiting_queue_size == 9 and second.metrics.waiting_queue_size == 9
         )
         assert endpoint.metrics.kv_cache_usage_percent == 0.05
+        # the most ever seen running stays (7), the current value follows (1)
+        assert (endpoint.metrics.running_requests_size, endpoint.metrics.peak_running) == (1, 7)
+        assert second.metrics.peak_running == 1
         assert scraper.scraped_endpoints == {endpoint, second}
         # Keep-alive: one connection per endpoint, reused for every scrape.
         await until(lambda: server.requests >= 10)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import pytest
@@ -314,3 +315,12 @@ def test_referenced_in_a_profile_it_is_also_a_filter() -> None:
     )
     assert [f.name for f in cfg.scheduler.profiles["default"].filters] == ["utilization-detector"]
     assert cfg.saturation_detector is cfg.plugins["utilization-detector"]
+
+
+def test_requests_sent_since_the_scrape_fill_the_slots_it_showed_free_first() -> None:
+    d = UtilizationDetector("d")  # queue threshold 5
+    e = credited(0, 0.0, at_scrape=2, inflight=6)  # 4 sent since a scrape that showed 2 running
+    e.metrics = dataclasses.replace(e.metrics, running_requests_size=2, peak_running=5)
+    assert d.saturation([e]) == pytest.approx(1 / 5)  # 3 slots were free: 1 of the 4 queues
+    e.metrics = dataclasses.replace(e.metrics, peak_running=2)  # never seen running more
+    assert d.saturation([e]) == pytest.approx(4 / 5)

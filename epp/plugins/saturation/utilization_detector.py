@@ -139,7 +139,8 @@ class UtilizationDetector(SaturationDetector, Filter):
         """The mean endpoint saturation; ``pending`` requests count as queued, spread evenly.
 
         An endpoint's queue is the scraped one plus its in-flight credit: what this EPP sent there
-        since the scrape began, less what it saw finish (a finished request let a queued one run).
+        since the scrape began, less what it saw finish (a finished request let a queued one run),
+        less the slots the scrape showed free (the most it was ever seen running, minus running).
         Stale metrics: with ``credit`` the last snapshot plus the credit since it (never scraped:
         everything in flight counts as queued); ``saturated`` counts the endpoint as 1.0;
         ``ignore`` leaves it out.
@@ -161,7 +162,11 @@ class UtilizationDetector(SaturationDetector, Filter):
                 if updated <= 0.0:
                     total += e.inflight / q_t
                     continue
+            # sent since the scrape (or finished since): they fill the free slots first
             waiting = m.waiting_queue_size + e.inflight - m.inflight_at_scrape
+            free = m.peak_running - m.running_requests_size
+            if free > 0:
+                waiting -= free
             q = waiting / q_t if waiting > 0 else 0.0
             kv = m.kv_cache_usage_percent / kv_t
             total += q if q > kv else kv
