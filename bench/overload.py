@@ -88,6 +88,8 @@ def fc_config(max_num_seqs: int, *, scraped: bool) -> dict[str, Any]:
             gate,
             {"type": "active-request-scorer"},
             {"type": "max-score-picker"},
+            # learns TTFT/TPOT from the responses: its error is printed (no scorer uses it here)
+            {"type": "predicted-latency-producer", "parameters": {"streamingMode": True}},
         ],
         "schedulingProfiles": [
             {
