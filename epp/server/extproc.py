@@ -190,6 +190,7 @@ class _Stream:
         "model_pairs",
         "opts",
         "override",
+        "pending",
         "phase",
         "req_mode",
         "request",
@@ -229,6 +230,7 @@ class _Stream:
         self.headers: dict[str, str] = {}
         self.metadata: dict[str, dict[str, Any]] = {}
         self.chunks: list[bytes] = []
+        self.pending = 0  # STREAMED: body chunks received and not answered yet (one reply each)
         self.body_size = 0  # request-body bytes received
         self.reserved = 0  # of which held in the global budget while waiting for the rest
         self.routing: Routing | None = None  # set exactly when in-flight accounting began
@@ -280,10 +282,14 @@ class _Stream:
             self._end_request_phase(ROUTED if msg.end_of_stream else TRAILERS)
             routing = self.director.route_random(self.metadata)
             return [self._routing_reply(routing, content_length=False, on_headers=True)]
-        if self.req_mode in (STREAMED, BUFFERED_PARTIAL):
+        if self.req_mode == BUFFERED_PARTIAL or (
+            self.req_mode == STREAMED
+            and not req.protocol_config.send_body_without_waiting_for_header_response
+        ):
             raise InferenceError(
                 ErrorCode.INTERNAL,
-                "unsupported ext_proc request_body_mode: use FULL_DUPLEX_STREAMED or BUFFERED",
+                "unsupported ext_proc request_body_mode: use FULL_DUPLEX_STREAMED, BUFFERED or STREAMED with "
+                "send_body_without_waiting_for_header_response",
             )
         self.phase = BODY
         if self.req_mode == BUFFERED:
@@ -304,6 +310,8 @@ class _Stream:
                 )
             self.body_size = size
             self.chunks.append(chunk)
+        if self.req_mode == STREAMED:
+            self.pending += 1  # every body message is answered, after the routing headers reply
         if eos:
             return await self._route_body(trailers=False)
         if self.req_mode == BUFFERED:  # the whole body; the request trailers follow
@@ -356,6 +364,11 @@ class _Stream:
             routing = await self._route_traced(raw)
         if self.req_mode == BUFFERED:
             return [self._routing_reply(routing, content_length=routing.body_changed)]
+        if self.req_mode == STREAMED:  # the delayed headers reply, then one reply per body chunk
+            out = [self._routing_reply(routing, content_length=routing.body_changed)]
+            out.extend(replies.chunk_replies(self.pending, routing.body if routing.body_changed else None))
+            self.pending = 0
+            return out
         out = [self._routing_reply(routing, content_length=True)]
         out.extend(replies.streamed_body_replies(routing.body, end_of_stream=not trailers))
         return out
@@ -421,9 +434,9 @@ class _Stream:
         self.request = request
 
     def _on_queued(self) -> None:
-        """Flow control holds the request: in BUFFERED mode Envoy's per-message timer runs meanwhile,
-        so extend it to the queue's budget (FULL_DUPLEX_STREAMED has no such timer)."""
-        if self.req_mode != BUFFERED or self.writer is None or self.override is not None:
+        """Flow control holds the request: in BUFFERED and STREAMED mode Envoy's per-message timer runs
+        meanwhile, so extend it to the queue's budget (FULL_DUPLEX_STREAMED has no such timer)."""
+        if self.req_mode == FULL_DUPLEX_STREAMED or self.writer is None or self.override is not None:
             return
         fc = self.director.flow_control
         budget = fc.wait_budget if fc is not None else 0.0

@@ -107,6 +107,25 @@ def request_body_reply(
     return resp
 
 
+_EMPTY_REQUEST_BODY = ep.ProcessingResponse(request_body=ep.BodyResponse())
+
+
+def chunk_replies(count: int, body: bytes | None = None) -> list[ep.ProcessingResponse]:
+    """STREAMED request body: one reply per chunk received; nothing echoed back.
+
+    ``body`` (a rewritten request) replaces the first chunk and clears the others.
+    """
+    if body is None:
+        return [_EMPTY_REQUEST_BODY] * count
+    out = [ep.ProcessingResponse(request_body=ep.BodyResponse(response=ep.CommonResponse()))]
+    out[0].request_body.response.body_mutation.body = body
+    for _ in range(count - 1):
+        cleared = ep.ProcessingResponse(request_body=ep.BodyResponse(response=ep.CommonResponse()))
+        cleared.request_body.response.body_mutation.clear_body = True
+        out.append(cleared)
+    return out
+
+
 def streamed_body_replies(
     body: bytes, end_of_stream: bool, response: bool = False
 ) -> list[ep.ProcessingResponse]:

@@ -49,6 +49,8 @@ def _routes(b: dict[str, Any]) -> list[dict[str, Any]]:
 VARIANTS: dict[str, dict[str, Any]] = {
     "default": {},
     "buffered": {"body_mode": "BUFFERED"},
+    "full-duplex": {"body_mode": "FULL_DUPLEX_STREAMED", "response_header_mode": "SEND"},
+    "streamed": {"body_mode": "STREAMED"},
     "fail-open": {"fail_open": True, "fallback_endpoints": ["127.0.0.1:8000", "127.0.0.1:8001"]},
     "fail-open-buffered": {
         "fail_open": True,
@@ -76,21 +78,21 @@ VARIANTS: dict[str, dict[str, Any]] = {
 # ------------------------------------------------------------------------------------ structure
 
 
-def test_default_is_the_reference_sidecar_layout() -> None:
+def test_default_is_the_lean_sidecar_layout() -> None:
     b = ec.envoy_bootstrap()
     listener = b["static_resources"]["listeners"][0]
     assert listener["address"]["socket_address"] == {"address": "127.0.0.1", "port_value": 8081}
     assert b["admin"]["address"]["socket_address"] == {"address": "127.0.0.1", "port_value": 19000}
     assert _filter_names(b) == ["envoy.filters.http.ext_proc", ec.REWRITE_FILTER, "envoy.filters.http.router"]
     ext = _filters(b)["envoy.filters.http.ext_proc"]
-    assert ext["processing_mode"] == {
+    assert ext["processing_mode"] == {  # the whole body in one message, no response phase
         "request_header_mode": "SEND",
-        "response_header_mode": "SEND",
-        "request_body_mode": "FULL_DUPLEX_STREAMED",
+        "response_header_mode": "SKIP",
+        "request_body_mode": "BUFFERED",
         "response_body_mode": "NONE",
-        "request_trailer_mode": "SEND",
         "response_trailer_mode": "SEND",
     }
+    assert "send_body_without_waiting_for_header_response" not in ext
     assert ext["message_timeout"] == "5s"
     assert ext["allow_mode_override"] is True
     assert ext["grpc_service"]["timeout"] == "10s"
@@ -105,7 +107,31 @@ def test_default_is_the_reference_sidecar_layout() -> None:
     assert {r["route"]["cluster"] for r in routes} == {"original_destination_cluster"}
 
 
-@pytest.mark.parametrize("body_mode", ["FULL_DUPLEX_STREAMED", "BUFFERED"])
+def test_the_reference_layout_is_full_duplex_with_response_headers() -> None:
+    b = ec.envoy_bootstrap(body_mode="FULL_DUPLEX_STREAMED", response_header_mode="SEND")
+    ext = _filters(b)["envoy.filters.http.ext_proc"]
+    assert ext["processing_mode"] == {
+        "request_header_mode": "SEND",
+        "response_header_mode": "SEND",
+        "request_body_mode": "FULL_DUPLEX_STREAMED",
+        "response_body_mode": "NONE",
+        "request_trailer_mode": "SEND",
+        "response_trailer_mode": "SEND",
+    }
+    assert [r["name"] for r in _routes(b)] == ["epp-rewritten", "epp-picked"]
+
+
+def test_streamed_bodies_are_sent_without_waiting_for_the_headers_reply() -> None:
+    b = ec.envoy_bootstrap(body_mode="STREAMED")
+    ext = _filters(b)["envoy.filters.http.ext_proc"]
+    assert ext["send_body_without_waiting_for_header_response"] is True
+    assert ext["processing_mode"]["request_body_mode"] == "STREAMED"
+    # Envoy holds the unanswered chunks until the routing reply: the whole body must fit.
+    assert _hcm(b)["route_config"]["virtual_hosts"][0]["request_body_buffer_limit"] == ec.BUFFERED_BODY_LIMIT
+    assert ec.REWRITE_FILTER in _filters(b)  # a mode override is ignored with this option
+
+
+@pytest.mark.parametrize("body_mode", ["FULL_DUPLEX_STREAMED", "BUFFERED", "STREAMED"])
 @pytest.mark.parametrize("fail_open", [False, True])
 def test_every_bootstrap_keeps_the_stream_open_to_the_response_end(body_mode: str, fail_open: bool) -> None:
     b = ec.envoy_bootstrap(body_mode=body_mode, fail_open=fail_open, fallback_endpoints=["127.0.0.1:1"])
@@ -114,8 +140,9 @@ def test_every_bootstrap_keeps_the_stream_open_to_the_response_end(body_mode: st
     assert mode["response_body_mode"] == "NONE"
 
 
-def test_the_rewrite_filter_is_off_except_on_the_rewritten_route() -> None:
-    b = ec.envoy_bootstrap()
+@pytest.mark.parametrize("body_mode", ["FULL_DUPLEX_STREAMED", "BUFFERED"])
+def test_the_rewrite_filter_is_off_except_on_the_rewritten_route(body_mode: str) -> None:
+    b = ec.envoy_bootstrap(body_mode=body_mode)  # BUFFERED: no response headers to ask in
     rewrite = _filters(b)[ec.REWRITE_FILTER]
     assert set(rewrite["processing_mode"].values()) == {"SKIP", "NONE"}
     assert rewrite["metadata_options"] == {"forwarding_namespaces": {"untyped": ["envoy.lb"]}}
@@ -132,7 +159,7 @@ def test_the_rewrite_filter_is_off_except_on_the_rewritten_route() -> None:
 
 
 def test_buffered_asks_for_rewritten_bodies_by_mode_override_instead() -> None:
-    b = ec.envoy_bootstrap(body_mode="BUFFERED")
+    b = ec.envoy_bootstrap(body_mode="BUFFERED", response_header_mode="SEND")
     assert ec.REWRITE_FILTER not in _filters(b)
     assert [r["name"] for r in _routes(b)] == ["epp-picked"]
     assert _filters(b)["envoy.filters.http.ext_proc"]["allow_mode_override"] is True
