@@ -15,12 +15,14 @@ from prometheus_client import REGISTRY
 
 from epp.config.loader import load_config
 from epp.framework import (
+    ApiKind,
     ConfigError,
     CycleState,
     Endpoint,
     LLMRequest,
     Metrics,
     ProfileRunResult,
+    RequestBody,
     SchedulingResult,
 )
 from epp.framework.attributes import PREFIX_CACHE_MATCH_INFO_KEY, PrefixCacheMatchInfo
@@ -491,3 +493,23 @@ def test_no_hit_lru_checks_its_producer_name_too() -> None:
     with pytest.raises(ConfigError) as info:
         NoHitLRUScorer("lru", params, StubHandle())
     assert info.value.field == "prefixMatchInfoProducerName"
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    contents=st.lists(st.text(max_size=300), max_size=8),
+    system=st.one_of(st.none(), st.text(max_size=60)),
+    limit=st.integers(min_value=0, max_value=3000),
+)
+def test_prompt_prefix_is_the_start_of_the_whole_prompt(
+    contents: list[str], system: str | None, limit: int
+) -> None:
+    """A long conversation's JSON is serialised only as far as hashing reads: same bytes."""
+    messages = [{"role": "user", "content": c} for c in contents]
+    for api, payload in (
+        (ApiKind.CHAT_COMPLETIONS, {"messages": messages}),
+        (ApiKind.MESSAGES, {"system": system, "tools": None, "messages": messages}),
+    ):
+        whole = RequestBody(api=api, payload=payload, raw=b"").prompt_bytes
+        assert whole == RequestBody(api=api, payload=payload, raw=b"").prompt_text.encode()
+        assert RequestBody(api=api, payload=payload, raw=b"").prompt_prefix(limit) == whole[:limit]

@@ -16,6 +16,7 @@ from epp.framework import (
     Handle,
     LLMRequest,
     PreRequest,
+    RequestBody,
     SchedulingResult,
     register,
 )
@@ -30,6 +31,7 @@ __all__ = [
     "ApproxPrefixCacheProducer",
     "block_hashes",
     "hash_seed",
+    "prompt_start",
 ]
 
 DEFAULT_BLOCK_SIZE_TOKENS = 16
@@ -86,6 +88,14 @@ class ApproxPrefixCacheParams:
 def hash_seed(target_model: str, cache_salt: str = "") -> int:
     """``xxhash64(target_model ‖ cache_salt)``: the ``h_{-1}`` of every prompt's chain."""
     return _xxh64((target_model + cache_salt).encode())
+
+
+def prompt_start(body: RequestBody, block_chars: int, max_blocks: int | None) -> bytes:
+    """What ``block_hashes`` reads of the prompt: only its first ``max_blocks`` blocks, when capped
+    (a long conversation's JSON is not serialised past them)."""
+    if max_blocks is None or block_chars <= 0:
+        return body.prompt_bytes
+    return body.prompt_prefix(max_blocks * block_chars)
 
 
 def block_hashes(data: bytes, seed: int, block_chars: int, max_blocks: int | None) -> list[int]:
@@ -210,12 +220,9 @@ class ApproxPrefixCacheProducer(DataProducer, PreRequest):
             if len(self._seeds) >= 4096:
                 self._seeds.clear()
             seed = self._seeds[seed_key] = hash_seed(*seed_key)
-        return block_hashes(
-            body.prompt_text.encode(),
-            seed,
-            block_size_tokens * CHARS_PER_TOKEN,
-            self._max_blocks(block_size_tokens),
-        )
+        block_chars = block_size_tokens * CHARS_PER_TOKEN
+        max_blocks = self._max_blocks(block_size_tokens)
+        return block_hashes(prompt_start(body, block_chars, max_blocks), seed, block_chars, max_blocks)
 
     def _max_blocks(self, block_size_tokens: int) -> int | None:
         p = self.params
