@@ -24,6 +24,9 @@ from epp.dev.envoy.command import envoy_binary
 from epp.dev.envoy.exchange import ResponseModes, modes_for_document
 from epp.dev.stack import Child, Supervisor
 
+# The exchanges every routing test runs in: BUFFERED is the generated default (the lean exchange: no
+# response phase unless the EPP's plugins need one); FULL_DUPLEX_STREAMED the gateways' (reference)
+# layout, with the response headers.
 BODY_MODES = ("BUFFERED", "FULL_DUPLEX_STREAMED")
 SUBSET_HEADER = "x-test-endpoint-subset"
 MODEL = "demo"
@@ -301,7 +304,8 @@ class Rig:
         port, admin_port = stack.free_port(), stack.free_port()
         # Fail-open health-checks the EPP (see envoy_config.envoy_bootstrap); ports here are not 9002/9003.
         bootstrap.setdefault("extproc_health_port", epp.health_port if fail_open else 0)
-        if "response_body_mode" in bootstrap:  # a test's own response phases: the EPP sees the headers
+        if "response_body_mode" in bootstrap or body_mode == "FULL_DUPLEX_STREAMED":
+            # A test's own response phases, or the gateways' (reference) layout: response headers on.
             bootstrap.setdefault("response_header_mode", "SEND")
         bootstrap.setdefault("response_header_mode", epp.response_modes.header)
         bootstrap.setdefault("response_body_mode", epp.response_modes.body)
