@@ -191,6 +191,15 @@ def _add_serve(sub: Any) -> None:
     )
     add_bool(
         p,
+        "--skip-unused-response-phases",
+        False,
+        "BUFFERED request bodies: when no loaded plugin reads the response and the request is not "
+        "model-rewritten, the request-headers reply turns the response headers and body off for that "
+        "request (ext_proc mode_override; the filter needs allow_mode_override); response metrics "
+        "(TTFT, sizes, usage) then go too (default false)",
+    )
+    add_bool(
+        p,
         "--emit-endpoint-scores",
         False,
         "put the picked endpoints' scheduler scores in the routing reply's envoy.lb metadata under "
@@ -523,6 +532,7 @@ def _serve(args: argparse.Namespace) -> int:
         drain_delay=args.drain_delay,
         metrics_endpoint_auth=bool(args.metrics_endpoint_auth),
         emit_endpoint_scores=args.emit_endpoint_scores,
+        skip_unused_response_phases=args.skip_unused_response_phases,
         grpc_stream_metrics=args.enable_grpc_stream_metrics,
         grpc_max_recv_msg_size=_msg_size_bytes(args.grpc_max_recv_msg_size),
         grpc_max_send_msg_size=_msg_size_bytes(args.grpc_max_send_msg_size),

@@ -31,6 +31,7 @@ from epp.framework import (
 from epp.framework.wire import (
     DEBUG_RESPONSE_HEADER,
     DESTINATION_HEADER,
+    MODEL_REWRITE_HEADERS,
     REQUEST_ID_HEADER,
 )
 from epp.log_limit import LOGS
@@ -64,6 +65,7 @@ class StreamOptions:
         "request_idle_timeout",
         "response_body",
         "response_header",
+        "skip_unused_response_phases",
     )
 
     def __init__(
@@ -77,6 +79,7 @@ class StreamOptions:
         max_buffered_body_bytes: int = 256 << 20,
         emit_endpoint_scores: bool = False,
         grpc_stream_metrics: bool = False,
+        skip_unused_response_phases: bool = False,
     ) -> None:
         self.max_body_bytes = max_body_bytes
         self.debug_response_header = debug_response_header
@@ -86,6 +89,10 @@ class StreamOptions:
         self.max_buffered_body_bytes = max_buffered_body_bytes  # 0: no budget
         self.emit_endpoint_scores = emit_endpoint_scores  # envoy.lb x-gateway-destination-endpoint-scores
         self.grpc_stream_metrics = grpc_stream_metrics  # stream duration and completion-code metrics
+        # BUFFERED: turn the response phases off per request (mode_override) when nothing reads them
+        self.skip_unused_response_phases = (
+            skip_unused_response_phases and not response_header and not response_body
+        )
 
 
 class Phase(enum.Enum):
@@ -151,6 +158,7 @@ _NO_KEY = ("", "", "", "")  # request metric labels of a stream rejected before 
 _RESPONSE_HEADERS_DEBUG = replies.response_headers_reply({DEBUG_RESPONSE_HEADER: "true"})
 _RESPONSE_HEADERS_PLAIN = replies.response_headers_reply({})
 _CONTINUE_REQUEST_HEADERS = replies.request_headers_reply()
+_CONTINUE_WITHOUT_RESPONSE = replies.request_headers_reply(mode_override=replies.NO_RESPONSE_PHASES)
 
 
 def _struct_value(v: Any) -> Any:
@@ -293,8 +301,18 @@ class _Stream:
             )
         self.phase = BODY
         if self.req_mode == BUFFERED:
+            if self.opts.skip_unused_response_phases and not self._may_rewrite(headers):
+                self.resp_mode = NONE
+                return [_CONTINUE_WITHOUT_RESPONSE]
             return [_CONTINUE_REQUEST_HEADERS]
         return []
+
+    def _may_rewrite(self, headers: dict[str, str]) -> bool:
+        """Whether this request's model may be rewritten (its response body is then needed)."""
+        director = self.director
+        return director.rewrites is not None or (
+            director.client_model_rewrite and any(h in headers for h in MODEL_REWRITE_HEADERS)
+        )
 
     async def on_request_body(self, req: ep.ProcessingRequest) -> list[ep.ProcessingResponse]:
         if self.phase is not BODY:

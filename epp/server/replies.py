@@ -45,12 +45,29 @@ def routing_common(
 
 
 def request_headers_reply(
-    common: ep.CommonResponse | None = None, destination: str | None = None
+    common: ep.CommonResponse | None = None,
+    destination: str | None = None,
+    mode_override: pm.ProcessingMode | None = None,
 ) -> ep.ProcessingResponse:
     resp = ep.ProcessingResponse(request_headers=ep.HeadersResponse(response=common or ep.CommonResponse()))
     if destination is not None:
         resp.dynamic_metadata.CopyFrom(destination_metadata(destination))
+    if mode_override is not None:
+        resp.mode_override.CopyFrom(mode_override)
     return resp
+
+
+# Sent in the request-headers reply of a BUFFERED request whose response nothing reads: the rest of
+# the exchange is the body message and its reply; the trailers mode keeps the stream open to the
+# response end (in-flight accounting).
+NO_RESPONSE_PHASES = pm.ProcessingMode(
+    request_header_mode=pm.ProcessingMode.SEND,
+    response_header_mode=pm.ProcessingMode.SKIP,
+    request_body_mode=pm.ProcessingMode.BUFFERED,
+    response_body_mode=pm.ProcessingMode.NONE,
+    request_trailer_mode=pm.ProcessingMode.SKIP,
+    response_trailer_mode=pm.ProcessingMode.SEND,
+)
 
 
 def add_rewrite_metadata(resp: ep.ProcessingResponse, incoming: str, target: str) -> None:

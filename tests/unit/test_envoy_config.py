@@ -10,8 +10,11 @@ import pytest
 import yaml
 
 from epp.dev.envoy import bootstrap as ec
+from epp.dev.envoy import cli as envoy_cli
+from epp.dev.envoy import exchange
 from epp.dev.envoy.command import envoy_binary
 from epp.dev.envoy.reference import reference_files
+from epp.dev.stack.local import LocalStack, StackOptions
 from epp.server import replies
 
 REPO = Path(__file__).resolve().parents[2]
@@ -395,3 +398,53 @@ def test_epp_run_keeps_the_stream_open_to_the_response_end(
         "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
     ]["explicit_http_config"]["http2_protocol_options"]
     assert "connection_keepalive" in h2
+
+
+# ------------------------------------------------------------------ response phases from the config
+
+
+def _config(*plugin_types: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "llm-d.ai/v1alpha1",
+        "kind": "EndpointPickerConfig",
+        "plugins": [{"type": t} for t in (*plugin_types, "max-score-picker")],
+    }
+
+
+@pytest.mark.parametrize(
+    ("plugins", "header", "body"),
+    [
+        ((), "SKIP", "NONE"),  # the default scheduling reads no response
+        (("session-affinity-scorer",), "SEND", "NONE"),  # sets a response header
+        (("predicted-latency-producer",), "SEND", "STREAMED"),  # learns from response bodies
+    ],
+)
+def test_response_phases_follow_the_loaded_plugins(
+    plugins: tuple[str, ...], header: str, body: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert exchange.modes_for_document(_config(*plugins)) == exchange.ResponseModes(header, body)
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(_config(*plugins)))
+    assert envoy_cli.main(["--config-file", str(path)]) == 0
+    mode = yaml.safe_load(capsys.readouterr().out)
+    ext = _filters(mode)["envoy.filters.http.ext_proc"]["processing_mode"]
+    assert (ext["response_header_mode"], ext["response_body_mode"]) == (header, body)
+    assert ext["response_trailer_mode"] == "SEND"
+
+
+def test_explicit_response_modes_override_the_config(capsys: pytest.CaptureFixture[str]) -> None:
+    assert envoy_cli.main(["--response-header-mode", "SEND", "--body-mode", "FULL_DUPLEX_STREAMED"]) == 0
+    ext = _filters(yaml.safe_load(capsys.readouterr().out))["envoy.filters.http.ext_proc"]
+    assert ext["processing_mode"]["response_header_mode"] == "SEND"
+    assert ext["processing_mode"]["request_body_mode"] == "FULL_DUPLEX_STREAMED"
+
+
+def test_epp_run_turns_on_response_bodies_for_a_body_plugin(tmp_path: Path) -> None:
+    (tmp_path / "endpoints.yaml").write_text("[]")
+    config = {"plugins": [{"type": "predicted-latency-producer"}]}
+    b = LocalStack(StackOptions(config=config), tmp_path).bootstrap()
+    mode = _filters(b)["envoy.filters.http.ext_proc"]["processing_mode"]
+    assert mode["response_body_mode"] == "STREAMED"
+    assert mode["request_body_mode"] == "BUFFERED"
+    plain = _filters(LocalStack(StackOptions(), tmp_path).bootstrap())["envoy.filters.http.ext_proc"]
+    assert plain["processing_mode"]["response_header_mode"] == "SKIP"

@@ -480,3 +480,33 @@ async def test_streamed_mode_rewrite_replaces_the_first_chunk_and_clears_the_oth
     assert first.body == b'{"model": "demo-lora", "prompt": "hi", "seed": 18446744073709551617}'
     assert rest.clear_body
     assert set_headers(common)["content-length"] == str(len(first.body))
+
+
+async def test_skip_unused_response_phases_turns_them_off_in_the_buffered_headers_reply(
+    store: EndpointStore,
+) -> None:
+    h = await start(store, opts=StreamOptions(skip_unused_response_phases=True))
+    try:
+        out = await h.exchange([headers_msg({}, mode=BUFFERED), body_msg(CHAT, True)], expect=2)
+        override = out[0].mode_override
+        assert override.response_header_mode == override.SKIP
+        assert override.response_body_mode == override.NONE
+        assert override.response_trailer_mode == override.SEND  # the stream lasts to the response end
+        assert override.request_body_mode == BUFFERED
+        # A model-rewritten request keeps its response phases (the response names the asked model).
+        rewritten = headers_msg({"x-gateway-model-name-rewrite": "demo-lora"}, mode=BUFFERED)
+        out = await h.exchange([rewritten, body_msg(CHAT, True)], expect=2)
+        assert not out[0].HasField("mode_override")
+    finally:
+        await h.channel.close()
+        await h.server.stop(0)
+
+
+async def test_response_phases_stay_when_a_plugin_reads_the_response(store: EndpointStore) -> None:
+    class Reader:
+        def response_header(self, *args: object) -> None:
+            pass
+
+    opts = StreamOptions(response_header=(Reader(),), skip_unused_response_phases=True)  # type: ignore[arg-type]
+    assert not opts.skip_unused_response_phases
+    assert not StreamOptions().skip_unused_response_phases  # opt-in
