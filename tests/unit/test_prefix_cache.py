@@ -513,3 +513,31 @@ def test_prompt_prefix_is_the_start_of_the_whole_prompt(
         whole = RequestBody(api=api, payload=payload, raw=b"").prompt_bytes
         assert whole == RequestBody(api=api, payload=payload, raw=b"").prompt_text.encode()
         assert RequestBody(api=api, payload=payload, raw=b"").prompt_prefix(limit) == whole[:limit]
+
+
+def test_a_long_prompt_chain_is_reused_and_equals_a_fresh_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Turns of one conversation share their start: the cached chain is the chain of that start."""
+    import epp.plugins.producers.approx_prefix_cache as module
+
+    monkeypatch.setattr(module, "CHAIN_CACHE_SIZE", 2)
+    prod = producer(**SMALL)  # 16-character blocks, at most 256 of them: 4096 characters read
+    turn = "You are an agent. " * 300  # 5400 characters: the chain covers the first 4096
+    calls = 0
+    real = module.block_hashes
+
+    def counting(*args: Any) -> list[int]:
+        nonlocal calls
+        calls += 1
+        return real(*args)
+
+    monkeypatch.setattr(module, "block_hashes", counting)
+    first = prod.hashes(completion(turn), 4)
+    again = prod.hashes(completion(turn + " and the next turn"), 4)
+    assert first == again == expected_chain(turn.encode()[:4096], "m", "", 16)
+    assert calls == 1  # the second turn's start was looked up
+    other = prod.hashes(completion("Another conversation. " * 300), 4)
+    assert other != first and calls == 2
+    prod.hashes(completion("A third one. " * 400), 4)  # evicts the least recently used (the first)
+    assert prod.hashes(completion(turn), 4) == first and calls == 4
+    again[0] = 0  # a caller's list is its own
+    assert prod.hashes(completion(turn), 4) == first
