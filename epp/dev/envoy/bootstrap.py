@@ -1,7 +1,7 @@
 """Envoy bootstrap generator for running Envoy in front of the EPP.
 
 ``envoy_bootstrap()`` returns a complete static Envoy v3 bootstrap as a ``dict`` (fail-closed or
-fail-open, either body mode, optional mutual TLS to the EPP); ``render()`` turns it into YAML. The
+fail-open, any request body mode, the response phases asked for, optional mutual TLS to the EPP); ``render()`` turns it into YAML. The
 layout and the Envoy behaviour it relies on are described in deploy/README.md.
 """
 
