@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import re
@@ -720,62 +721,95 @@ class Workload:
     requests: int
 
 
-def bench_target(
-    kind: str,
-    exchange: str,
+class _Measured:
+    """One running target of a workload, measured run by run (see ``bench_workload``)."""
+
+    def __init__(self, target: Target, label: str, loadgen: LoadGenerator, backends: Backends) -> None:
+        self.target = target
+        self.label = label
+        self.loadgen = loadgen
+        self.backends = backends
+        self.idle = 0.0
+        self.results: list[RunResult] = []
+
+    def prepare(self, args: argparse.Namespace, workload: Workload) -> None:
+        target = self.target
+        assert target.server is not None
+        requests = workload.requests
+        print(f"  {self.label} load: {shlex.join(self.loadgen.argv(target.url, requests))}", flush=True)
+        if args.warmup > 0:
+            self.loadgen.run(
+                target.url, max(args.warmup * requests // max(args.requests, 1), 50), target.alive
+            )
+        self.idle = idle_cpu_rate(target.server.pid, args.idle_seconds)
+        print(f"  {self.label} idle CPU (background work): {self.idle * 100:.1f} % of a core", flush=True)
+
+    def run(self, requests: int) -> None:
+        target, backends = self.target, self.backends
+        assert target.server is not None and target.envoy is not None
+        server, envoy = target.server.pid, target.envoy.pid
+        c0 = target.exchange_counters()
+        t0 = time.monotonic()
+        s0, e0, b0 = cpu_seconds(server), cpu_seconds(envoy), total_cpu_seconds(backends.pids)
+        steal0, ticks0 = machine_ticks()
+        res = self.loadgen.run(target.url, requests, target.alive)
+        s1, e1, b1 = cpu_seconds(server), cpu_seconds(envoy), total_cpu_seconds(backends.pids)
+        steal1, ticks1 = machine_ticks()
+        wall = time.monotonic() - t0
+        c1 = target.exchange_counters()
+        target.alive()
+        n = max(res.completed, 1)
+        per = [(after - before) / n for before, after in zip(c0, c1, strict=True)]
+        result = RunResult(
+            res.rps,
+            (s1 - s0) / n * 1e6,
+            max(s1 - s0 - self.idle * wall, 0.0) / n * 1e6,
+            (e1 - e0) / n * 1e6,
+            (b1 - b0) / n * 1e6,
+            res.completed,
+            res.errors,
+            (steal1 - steal0) / max(ticks1 - ticks0, 1) * 100,
+            *per,
+        )
+        self.results.append(result)
+        print(
+            f"  {self.label} run {len(self.results)}: {result.rps:7.0f} req/s   {target.kind} "
+            f"{result.cpu_us:5.0f} µs/req ({result.net_us:.0f} above idle)   front Envoy "
+            f"{result.envoy_us:4.0f}   backends {result.backend_us:4.0f} µs/req   messages "
+            f"{result.msgs_in:.1f}+{result.msgs_out:.1f}, bytes {result.bytes_in:.0f} / "
+            f"{result.bytes_out:.0f} per request  ({res.completed} ok, {res.errors} errors, "
+            f"{res.seconds:.1f} s, steal {result.steal:.0f} %)",
+            flush=True,
+        )
+
+
+def bench_workload(
+    targets: Sequence[tuple[str, str]],
     args: argparse.Namespace,
     backends: Backends,
     workload: Workload,
     workdir: Path,
-) -> list[RunResult]:
-    label = f"{workload.name:<7} {exchange:<25} {kind:<4}"
-    results: list[RunResult] = []
-    target_dir = workdir / workload.name / exchange / kind
-    loadgen = LoadGenerator(args.tool, workload.body_file, args.concurrency, target_dir)
-    body = workload.body
-    with Target(kind, exchange, backends, target_dir, body, args.front_concurrency, args.response) as target:
-        assert target.server is not None and target.envoy is not None
-        server, envoy = target.server.pid, target.envoy.pid
-        requests = workload.requests
-        print(f"  {label} load: {shlex.join(loadgen.argv(target.url, requests))}", flush=True)
-        if args.warmup > 0:
-            loadgen.run(target.url, max(args.warmup * requests // max(args.requests, 1), 50), target.alive)
-        idle = idle_cpu_rate(server, args.idle_seconds)
-        print(f"  {label} idle CPU (background work): {idle * 100:.1f} % of a core", flush=True)
-        for run in range(1, args.runs + 1):
-            c0 = target.exchange_counters()
-            t0 = time.monotonic()
-            s0, e0, b0 = cpu_seconds(server), cpu_seconds(envoy), total_cpu_seconds(backends.pids)
-            steal0, ticks0 = machine_ticks()
-            res = loadgen.run(target.url, requests, target.alive)
-            s1, e1, b1 = cpu_seconds(server), cpu_seconds(envoy), total_cpu_seconds(backends.pids)
-            steal1, ticks1 = machine_ticks()
-            wall = time.monotonic() - t0
-            c1 = target.exchange_counters()
-            target.alive()
-            n = max(res.completed, 1)
-            per = [(after - before) / n for before, after in zip(c0, c1, strict=True)]
-            result = RunResult(
-                res.rps,
-                (s1 - s0) / n * 1e6,
-                max(s1 - s0 - idle * wall, 0.0) / n * 1e6,
-                (e1 - e0) / n * 1e6,
-                (b1 - b0) / n * 1e6,
-                res.completed,
-                res.errors,
-                (steal1 - steal0) / max(ticks1 - ticks0, 1) * 100,
-                *per,
+) -> dict[tuple[str, str], list[RunResult]]:
+    """Every (exchange, kind) target of one workload runs side by side; the runs go round-robin
+    over them, so that each round compares them under the same machine load."""
+    with contextlib.ExitStack() as stack_:
+        measured: dict[tuple[str, str], _Measured] = {}
+        for exchange, kind in targets:
+            target_dir = workdir / workload.name / exchange / kind
+            loadgen = LoadGenerator(args.tool, workload.body_file, args.concurrency, target_dir)
+            target = stack_.enter_context(
+                Target(
+                    kind, exchange, backends, target_dir, workload.body, args.front_concurrency, args.response
+                )
             )
-            results.append(result)
-            print(
-                f"  {label} run {run}: {result.rps:7.0f} req/s   {kind} {result.cpu_us:5.0f} µs/req "
-                f"({result.net_us:.0f} above idle)   front Envoy {result.envoy_us:4.0f}   "
-                f"backends {result.backend_us:4.0f} µs/req   messages {result.msgs_in:.1f}+"
-                f"{result.msgs_out:.1f}, bytes {result.bytes_in:.0f} / {result.bytes_out:.0f} per request  "
-                f"({res.completed} ok, {res.errors} errors, {res.seconds:.1f} s, steal {result.steal:.0f} %)",
-                flush=True,
-            )
-    return results
+            label = f"{workload.name:<7} {exchange:<25} {kind:<4}"
+            measured[(exchange, kind)] = _Measured(target, label, loadgen, backends)
+        for m in measured.values():
+            m.prepare(args, workload)
+        for _ in range(args.runs):
+            for m in measured.values():
+                m.run(workload.requests)
+        return {key: m.results for key, m in measured.items()}
 
 
 Row = tuple[str, str, Summary, Summary | None]  # workload, exchange, EPP, stub
@@ -823,7 +857,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         help="requests per run, agentic bodies (default 600)",
     )
     add("-c", "--concurrency", type=int, default=32, help="concurrent connections (default 32)")
-    add("-r", "--runs", type=int, default=3, help="runs per mode and target; the median is reported (3)")
+    add(
+        "-r",
+        "--runs",
+        type=int,
+        default=3,
+        help="rounds; each runs every target once, all targets up side by side; the median is reported (3)",
+    )
     add("--warmup", type=int, default=500, help="requests before measuring, chat (default 500; scaled)")
     add(
         "--idle-seconds",
@@ -917,12 +957,18 @@ def main(argv: list[str] | None = None) -> int:
         with Backends(args.backend, args.backends, workdir / "backends") as backends:
             print(f"backends: {backends.describe()}", flush=True)
             for workload in workloads:
+                pairs = [(exchange, kind) for exchange in args.exchanges for kind in targets]
+                results = bench_workload(pairs, args, backends, workload, workdir)
                 for exchange in args.exchanges:
-                    summaries = {
-                        kind: Summary.of(bench_target(kind, exchange, args, backends, workload, workdir))
-                        for kind in targets
-                    }
-                    rows.append((workload.name, exchange, summaries["epp"], summaries.get("stub")))
+                    stub = results.get((exchange, "stub"))
+                    rows.append(
+                        (
+                            workload.name,
+                            exchange,
+                            Summary.of(results[(exchange, "epp")]),
+                            Summary.of(stub) if stub else None,
+                        )
+                    )
         return 0
 
     return run_in_workdir(
