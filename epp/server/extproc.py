@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import itertools
 import time
 import uuid
+from collections.abc import Iterable
 from typing import Any
 
 import grpc
@@ -314,11 +316,14 @@ class _Stream:
             director.client_model_rewrite and any(h in headers for h in MODEL_REWRITE_HEADERS)
         )
 
-    async def on_request_body(self, req: ep.ProcessingRequest) -> list[ep.ProcessingResponse]:
+    async def on_request_body(self, req: ep.ProcessingRequest) -> Iterable[ep.ProcessingResponse]:
+        msg = req.request_body
+        return await self.on_request_chunk(msg.body, msg.end_of_stream)
+
+    async def on_request_chunk(self, chunk: bytes, eos: bool) -> Iterable[ep.ProcessingResponse]:
+        """A request body message (its bytes; the caller keeps no copy of the message meanwhile)."""
         if self.phase is not BODY:
             raise _ProtocolError("request_body", self.phase)
-        msg = req.request_body
-        chunk, eos = msg.body, msg.end_of_stream
         if chunk:
             size = self.body_size + len(chunk)
             if size > self.opts.max_body_bytes:
@@ -342,7 +347,7 @@ class _Stream:
         self.last_seen = time.monotonic()
         return []
 
-    async def on_request_trailers(self) -> list[ep.ProcessingResponse]:
+    async def on_request_trailers(self) -> Iterable[ep.ProcessingResponse]:
         # The reference ignores request trailers and hangs: here they end the body.
         phase = self.phase
         if phase is TRAILERS:  # routed on the body (BUFFERED) or the headers (mode NONE)
@@ -351,8 +356,7 @@ class _Stream:
         if phase is not BODY:
             raise _ProtocolError("request_trailers", phase)
         out = await self._route_body(trailers=True)
-        out.append(replies.request_trailers_reply())
-        return out
+        return itertools.chain(out, (replies.request_trailers_reply(),))
 
     def _end_request_phase(self, phase: Phase) -> None:
         """The request was read (routing follows): the idle timeout and the budget let go of it."""
@@ -369,11 +373,13 @@ class _Stream:
             self.phase = EXPIRED
             self.task.cancel()
 
-    async def _route_body(self, trailers: bool, then: Phase = ROUTED) -> list[ep.ProcessingResponse]:
-        chunks = self.chunks
+    async def _route_body(self, trailers: bool, then: Phase = ROUTED) -> Iterable[ep.ProcessingResponse]:
+        """Route the complete body; one copy of it is held (the chunks are let go once joined) and
+        the FULL_DUPLEX_STREAMED echo is built piece by piece as the replies are written."""
         self._end_request_phase(then)
+        chunks, self.chunks = self.chunks, []
         raw = chunks[0] if len(chunks) == 1 else b"".join(chunks)
-        self.chunks = []
+        del chunks
         if self.span is None:
             routing = await self.director.route(
                 dict(self.headers), raw, self.metadata, self._note_request, self._on_queued
@@ -387,9 +393,10 @@ class _Stream:
             out.extend(replies.chunk_replies(self.pending, routing.body if routing.body_changed else None))
             self.pending = 0
             return out
-        out = [self._routing_reply(routing, content_length=True)]
-        out.extend(replies.streamed_body_replies(routing.body, end_of_stream=not trailers))
-        return out
+        head = self._routing_reply(routing, content_length=True)
+        return itertools.chain(
+            (head,), replies.streamed_body_pieces(routing.body, end_of_stream=not trailers)
+        )
 
     async def _route_traced(self, raw: bytes) -> Routing:
         tracer = tracing.TRACER
@@ -779,8 +786,12 @@ class ExternalProcessor(ep_grpc.ExternalProcessorServicer):
                     _merge_metadata(stream.metadata, req)
                 which = req.WhichOneof("request")
                 try:
-                    if which == "request_body":
-                        out = await stream.on_request_body(req)
+                    if which == "request_body":  # the message is let go while the body is routed
+                        body = req.request_body
+                        chunk, eos = body.body, body.end_of_stream
+                        del req, body
+                        out = await stream.on_request_chunk(chunk, eos)
+                        del chunk
                     elif which == "request_headers":
                         out = stream.on_request_headers(req)
                     elif which == "response_headers":

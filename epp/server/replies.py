@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 
 import orjson
 from envoy.config.core.v3.base_pb2 import HeaderValue, HeaderValueOption
@@ -141,6 +141,19 @@ def chunk_replies(count: int, body: bytes | None = None) -> list[ep.ProcessingRe
         cleared.request_body.response.body_mutation.clear_body = True
         out.append(cleared)
     return out
+
+
+def streamed_body_pieces(body: bytes, end_of_stream: bool) -> Iterator[ep.ProcessingResponse]:
+    """The request body re-sent in FULL_DUPLEX_STREAMED pieces, each built only when it is written
+    (the replies never hold a second copy of a long body at once)."""
+    n = len(body)
+    last = max(n - 1, 0) // BODY_PIECE_LIMIT * BODY_PIECE_LIMIT
+    for i in range(0, max(n, 1), BODY_PIECE_LIMIT):
+        resp = ep.ProcessingResponse(request_body=ep.BodyResponse(response=ep.CommonResponse()))
+        piece = resp.request_body.response.body_mutation.streamed_response
+        piece.body = body[i : i + BODY_PIECE_LIMIT]
+        piece.end_of_stream = end_of_stream and i == last
+        yield resp
 
 
 def streamed_body_replies(

@@ -1,8 +1,9 @@
 """Envoy bootstrap generator for running Envoy in front of the EPP.
 
 ``envoy_bootstrap()`` returns a complete static Envoy v3 bootstrap as a ``dict`` (fail-closed or
-fail-open, any request body mode, the response phases asked for, optional mutual TLS to the EPP); ``render()`` turns it into YAML. The
-layout and the Envoy behaviour it relies on are described in deploy/README.md.
+fail-open, any request body mode, the response phases asked for, optional mutual TLS to the EPP);
+``render()`` turns it into YAML. The layout and the Envoy behaviour it relies on are described in
+deploy/README.md.
 """
 
 from __future__ import annotations
