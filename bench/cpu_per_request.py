@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import re
@@ -89,6 +90,65 @@ def chat_body(size: int = 1024) -> bytes:
         : max(filler, 0)
     ]
     return json.dumps(base).encode()
+
+
+def agentic_body(size: int = 800_000) -> bytes:
+    """A long multi-turn agentic conversation of about ``size`` bytes: a system prompt, tool
+    definitions, then turns of assistant tool calls and tool results (file contents), streamed."""
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": name,
+                "description": f"{name} a file of the repository",
+                "parameters": {
+                    "type": "object",
+                    "properties": {"path": {"type": "string"}, "content": {"type": "string"}},
+                    "required": ["path"],
+                },
+            },
+        }
+        for name in ("read_file", "write_file", "list_directory", "run_tests")
+    ]
+    messages: list[dict[str, Any]] = [
+        {"role": "system", "content": "You are a coding agent working in a large repository. " * 40},
+        {"role": "user", "content": "Find why the request router drops long prompts, and fix it."},
+    ]
+    base = {"model": MODEL, "max_tokens": 1, "stream": False, "tools": tools, "messages": messages}
+    line = "    def handle(self, request: Request) -> Response:  # routes the request to its endpoint\n"
+    turn = 0
+    while len(json.dumps(base)) < size:
+        turn += 1
+        call_id = f"call_{turn:04d}"
+        path = f"src/router/module_{turn}.py"
+        messages.append(
+            {
+                "role": "assistant",
+                "content": f"Reading {path} next.",
+                "tool_calls": [
+                    {
+                        "id": call_id,
+                        "type": "function",
+                        "function": {"name": "read_file", "arguments": json.dumps({"path": path})},
+                    }
+                ],
+            }
+        )
+        room = size - len(json.dumps(base)) - 200
+        messages.append({"role": "tool", "tool_call_id": call_id, "content": (line * 200)[: max(room, 0)]})
+    return json.dumps(base).encode()
+
+
+# --exchanges: (request body mode, response header mode) of the front Envoy's ext_proc filter. The
+# response trailers mode is SEND and the response body mode NONE in all of them (docs/deploy.md).
+EXCHANGES: dict[str, tuple[str, str]] = {
+    "FULL_DUPLEX_STREAMED": ("FULL_DUPLEX_STREAMED", "SEND"),
+    "FULL_DUPLEX_STREAMED-lean": ("FULL_DUPLEX_STREAMED", "SKIP"),
+    "BUFFERED": ("BUFFERED", "SEND"),
+    "BUFFERED-lean": ("BUFFERED", "SKIP"),
+    "STREAMED-lean": ("STREAMED", "SKIP"),
+}
+BASELINE = "FULL_DUPLEX_STREAMED"
 
 
 def cpu_count() -> int:
@@ -517,7 +577,7 @@ class Target(_Supervised):
     def __init__(
         self,
         kind: str,
-        mode: str,
+        exchange: str,
         backends: Backends,
         workdir: Path,
         body: bytes,
@@ -525,7 +585,7 @@ class Target(_Supervised):
         response: str = "shipped",
     ) -> None:
         self.kind = kind
-        self.mode = mode
+        self.mode, self.response_header_mode = EXCHANGES[exchange]
         self.backends = backends
         self.workdir = workdir
         self.body = body
@@ -546,6 +606,25 @@ class Target(_Supervised):
 
     def alive(self) -> None:
         check_alive(self.children)
+
+    def exchange_counters(self) -> tuple[int, int, int, int]:
+        """Envoy's (messages to the EPP, messages from it, bytes to it, bytes from it) so far."""
+        url = f"http://127.0.0.1:{self.admin_port}/stats?filter=ext_proc"
+        with urllib.request.urlopen(url, timeout=5.0) as resp:
+            text = resp.read().decode()
+        stats: dict[str, int] = {}
+        for line in text.splitlines():
+            name, _, value = line.partition(": ")
+            if value.strip().isdigit():
+                stats[name] = int(value)
+        prefix = "http.inference.ext_proc."
+        cluster = "cluster.ext_proc."
+        return (
+            stats.get(prefix + "stream_msgs_sent", 0),
+            stats.get(prefix + "stream_msgs_received", 0),
+            stats.get(cluster + "upstream_cx_tx_bytes_total", 0),
+            stats.get(cluster + "upstream_cx_rx_bytes_total", 0),
+        )
 
     def start(self) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -578,6 +657,7 @@ class Target(_Supervised):
             admin_port=self.admin_port,
             extproc_port=self.grpc_port,
             body_mode=self.mode,
+            response_header_mode=self.response_header_mode,
         )
         response_exchange(bootstrap, self.response)
         self.envoy = self.stack.start_envoy("envoy", bootstrap, concurrency=self.front_concurrency)
@@ -601,6 +681,10 @@ class RunResult:
     completed: int
     errors: int
     steal: float  # % of the machine's CPU time the hypervisor took during the run
+    msgs_in: float  # ext_proc messages Envoy sent to the target, per request
+    msgs_out: float  # and received from it
+    bytes_in: float  # bytes on the ext_proc connection to the target, per request
+    bytes_out: float  # and from it (echoed bodies show here)
 
 
 @dataclass
@@ -609,87 +693,155 @@ class Summary:
     cpu_us: float
     net_us: float
     errors: int
+    msgs_in: float
+    msgs_out: float
+    bytes_in: float
+    bytes_out: float
 
     @classmethod
     def of(cls, results: Sequence[RunResult]) -> Summary:
+        med = statistics.median
         return cls(
-            statistics.median(r.rps for r in results),
-            statistics.median(r.cpu_us for r in results),
-            statistics.median(r.net_us for r in results),
+            med(r.rps for r in results),
+            med(r.cpu_us for r in results),
+            med(r.net_us for r in results),
             sum(r.errors for r in results),
+            med(r.msgs_in for r in results),
+            med(r.msgs_out for r in results),
+            med(r.bytes_in for r in results),
+            med(r.bytes_out for r in results),
         )
 
 
-def bench_target(
-    kind: str,
-    mode: str,
-    args: argparse.Namespace,
-    backends: Backends,
-    loadgen: LoadGenerator,
-    workdir: Path,
-    body: bytes,
-) -> list[RunResult]:
-    label = f"{mode:<21} {kind:<4}"
-    results: list[RunResult] = []
-    target_dir = workdir / mode / kind
-    with Target(kind, mode, backends, target_dir, body, args.front_concurrency, args.response) as target:
+@dataclass(frozen=True)
+class Workload:
+    name: str  # chat / agentic
+    body: bytes
+    body_file: Path
+    requests: int
+
+
+class _Measured:
+    """One running target of a workload, measured run by run (see ``bench_workload``)."""
+
+    def __init__(self, target: Target, label: str, loadgen: LoadGenerator, backends: Backends) -> None:
+        self.target = target
+        self.label = label
+        self.loadgen = loadgen
+        self.backends = backends
+        self.idle = 0.0
+        self.results: list[RunResult] = []
+
+    def prepare(self, args: argparse.Namespace, workload: Workload) -> None:
+        target = self.target
+        assert target.server is not None
+        requests = workload.requests
+        print(f"  {self.label} load: {shlex.join(self.loadgen.argv(target.url, requests))}", flush=True)
+        if args.warmup > 0:
+            self.loadgen.run(
+                target.url, max(args.warmup * requests // max(args.requests, 1), 50), target.alive
+            )
+        self.idle = idle_cpu_rate(target.server.pid, args.idle_seconds)
+        print(f"  {self.label} idle CPU (background work): {self.idle * 100:.1f} % of a core", flush=True)
+
+    def run(self, requests: int) -> None:
+        target, backends = self.target, self.backends
         assert target.server is not None and target.envoy is not None
         server, envoy = target.server.pid, target.envoy.pid
-        print(f"  {label} load: {shlex.join(loadgen.argv(target.url, args.requests))}", flush=True)
-        if args.warmup > 0:
-            loadgen.run(target.url, args.warmup, target.alive)
-        idle = idle_cpu_rate(server, args.idle_seconds)
-        print(f"  {label} idle CPU (background work): {idle * 100:.1f} % of a core", flush=True)
-        for run in range(1, args.runs + 1):
-            t0 = time.monotonic()
-            s0, e0, b0 = cpu_seconds(server), cpu_seconds(envoy), total_cpu_seconds(backends.pids)
-            steal0, ticks0 = machine_ticks()
-            res = loadgen.run(target.url, args.requests, target.alive)
-            s1, e1, b1 = cpu_seconds(server), cpu_seconds(envoy), total_cpu_seconds(backends.pids)
-            steal1, ticks1 = machine_ticks()
-            wall = time.monotonic() - t0
-            target.alive()
-            n = max(res.completed, 1)
-            result = RunResult(
-                res.rps,
-                (s1 - s0) / n * 1e6,
-                max(s1 - s0 - idle * wall, 0.0) / n * 1e6,
-                (e1 - e0) / n * 1e6,
-                (b1 - b0) / n * 1e6,
-                res.completed,
-                res.errors,
-                (steal1 - steal0) / max(ticks1 - ticks0, 1) * 100,
-            )
-            results.append(result)
-            print(
-                f"  {label} run {run}: {result.rps:7.0f} req/s   {kind} {result.cpu_us:5.0f} µs/req "
-                f"({result.net_us:.0f} above idle)   front Envoy {result.envoy_us:4.0f}   "
-                f"backends {result.backend_us:4.0f} µs/req   "
-                f"({res.completed} ok, {res.errors} errors, {res.seconds:.1f} s, steal {result.steal:.0f} %)",
-                flush=True,
-            )
-    return results
+        c0 = target.exchange_counters()
+        t0 = time.monotonic()
+        s0, e0, b0 = cpu_seconds(server), cpu_seconds(envoy), total_cpu_seconds(backends.pids)
+        steal0, ticks0 = machine_ticks()
+        res = self.loadgen.run(target.url, requests, target.alive)
+        s1, e1, b1 = cpu_seconds(server), cpu_seconds(envoy), total_cpu_seconds(backends.pids)
+        steal1, ticks1 = machine_ticks()
+        wall = time.monotonic() - t0
+        c1 = target.exchange_counters()
+        target.alive()
+        n = max(res.completed, 1)
+        per = [(after - before) / n for before, after in zip(c0, c1, strict=True)]
+        result = RunResult(
+            res.rps,
+            (s1 - s0) / n * 1e6,
+            max(s1 - s0 - self.idle * wall, 0.0) / n * 1e6,
+            (e1 - e0) / n * 1e6,
+            (b1 - b0) / n * 1e6,
+            res.completed,
+            res.errors,
+            (steal1 - steal0) / max(ticks1 - ticks0, 1) * 100,
+            *per,
+        )
+        self.results.append(result)
+        print(
+            f"  {self.label} run {len(self.results)}: {result.rps:7.0f} req/s   {target.kind} "
+            f"{result.cpu_us:5.0f} µs/req ({result.net_us:.0f} above idle)   front Envoy "
+            f"{result.envoy_us:4.0f}   backends {result.backend_us:4.0f} µs/req   messages "
+            f"{result.msgs_in:.1f}+{result.msgs_out:.1f}, bytes {result.bytes_in:.0f} / "
+            f"{result.bytes_out:.0f} per request  ({res.completed} ok, {res.errors} errors, "
+            f"{res.seconds:.1f} s, steal {result.steal:.0f} %)",
+            flush=True,
+        )
 
 
-def print_table(
-    rows: Sequence[tuple[str, Summary, Summary | None]], runs: int, backend: str, nproc: int
-) -> None:
+def bench_workload(
+    targets: Sequence[tuple[str, str]],
+    args: argparse.Namespace,
+    backends: Backends,
+    workload: Workload,
+    workdir: Path,
+) -> dict[tuple[str, str], list[RunResult]]:
+    """Every (exchange, kind) target of one workload runs side by side; the runs go round-robin
+    over them, so that each round compares them under the same machine load."""
+    with contextlib.ExitStack() as stack_:
+        measured: dict[tuple[str, str], _Measured] = {}
+        for exchange, kind in targets:
+            target_dir = workdir / workload.name / exchange / kind
+            loadgen = LoadGenerator(args.tool, workload.body_file, args.concurrency, target_dir)
+            target = stack_.enter_context(
+                Target(
+                    kind, exchange, backends, target_dir, workload.body, args.front_concurrency, args.response
+                )
+            )
+            label = f"{workload.name:<7} {exchange:<25} {kind:<4}"
+            measured[(exchange, kind)] = _Measured(target, label, loadgen, backends)
+        for m in measured.values():
+            m.prepare(args, workload)
+        for _ in range(args.runs):
+            for m in measured.values():
+                m.run(workload.requests)
+        return {key: m.results for key, m in measured.items()}
+
+
+Row = tuple[str, str, Summary, Summary | None]  # workload, exchange, EPP, stub
+
+
+def _size(n: float) -> str:
+    return f"{n / 1000:.0f} KB" if n >= 10_000 else f"{n:.0f} B"
+
+
+def print_table(rows: Sequence[Row], runs: int, backend: str, nproc: int) -> None:
     print(
-        f"\nmedian of {runs} runs, {backend} backends, nproc {nproc} (CPU: utime+stime per completed request)"
+        f"\nmedian of {runs} runs, {backend} backends, nproc {nproc} (CPU: utime+stime per completed "
+        "request; messages: to the EPP + from it, counted by Envoy; bytes: on the ext_proc connection)"
     )
     header = (
-        f"{'body mode':<22}{'EPP req/s':>10}{'EPP µs/req':>12}{'above idle':>12}"
-        f"{'stub req/s':>12}{'stub µs/req':>13}{'EPP - stub':>12}"
+        f"{'body':<8}{'exchange':<27}{'msgs/req':>10}{'bytes to EPP':>13}{'bytes back':>12}"
+        f"{'EPP µs/req':>11}{'x FD':>6}{'stub µs/req':>12}{'EPP/stub':>9}{'EPP req/s':>10}{'stub req/s':>11}"
     )
     print(header)
-    for mode, epp, stub in rows:
-        line = f"{mode:<22}{epp.rps:>10.0f}{epp.cpu_us:>12.0f}{epp.net_us:>12.0f}"
+    baseline = {w: epp.cpu_us for w, x, epp, _ in rows if x == BASELINE}
+    for workload, exchange, epp, stub in rows:
+        ratio = epp.cpu_us / baseline[workload] if baseline.get(workload) else float("nan")
+        line = (
+            f"{workload:<8}{exchange:<27}{f'{epp.msgs_in:.0f}+{epp.msgs_out:.0f}':>10}"
+            f"{_size(epp.bytes_in):>13}{_size(epp.bytes_out):>12}{epp.cpu_us:>11.0f}{ratio:>6.2f}"
+        )
         if stub is None:
-            line += f"{'-':>12}{'-':>13}{'-':>12}"
+            line += f"{'-':>12}{'-':>9}{epp.rps:>10.0f}{'-':>11}"
         else:
-            line += f"{stub.rps:>12.0f}{stub.cpu_us:>13.0f}{epp.cpu_us - stub.cpu_us:>12.0f}"
+            line += f"{stub.cpu_us:>12.0f}{epp.cpu_us / stub.cpu_us:>9.2f}{epp.rps:>10.0f}{stub.rps:>11.0f}"
         print(line)
-    errors = sum(epp.errors + (stub.errors if stub else 0) for _, epp, stub in rows)
+    errors = sum(epp.errors + (stub.errors if stub else 0) for _, _, epp, stub in rows)
     if errors:
         print(f"warning: {errors} failed requests during the measured runs (see the per-run lines)")
 
@@ -697,15 +849,27 @@ def print_table(
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     add = parser.add_argument
-    add("-n", "--requests", type=int, default=20000, help="requests per run (default 20000)")
+    add("-n", "--requests", type=int, default=4000, help="requests per run, chat bodies (default 4000)")
+    add(
+        "--agentic-requests",
+        type=int,
+        default=600,
+        help="requests per run, agentic bodies (default 600)",
+    )
     add("-c", "--concurrency", type=int, default=32, help="concurrent connections (default 32)")
-    add("-r", "--runs", type=int, default=3, help="runs per mode and target; the median is reported (3)")
-    add("--warmup", type=int, default=1000, help="requests before measuring (default 1000)")
+    add(
+        "-r",
+        "--runs",
+        type=int,
+        default=3,
+        help="rounds; each runs every target once, all targets up side by side; the median is reported (3)",
+    )
+    add("--warmup", type=int, default=500, help="requests before measuring, chat (default 500; scaled)")
     add(
         "--idle-seconds",
         type=float,
-        default=3.0,
-        help="idle CPU of the target measured before its runs (default 3 s)",
+        default=2.0,
+        help="idle CPU of the target measured before its runs (default 2 s)",
     )
     add(
         "--backend",
@@ -726,18 +890,29 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         default=0,
         help="front Envoy --concurrency (default: Envoy's own, one worker per CPU)",
     )
-    add("--body-bytes", type=int, default=1024, help="request body size (default 1024)")
+    add("--body-bytes", type=int, default=1024, help="chat request body size (default 1024)")
+    add("--agentic-bytes", type=int, default=800_000, help="agentic request body size (default 800000)")
+    add(
+        "--bodies",
+        nargs="+",
+        default=["chat", "agentic"],
+        choices=["chat", "agentic"],
+        help="workloads (default both)",
+    )
     add(
         "--response",
         choices=RESPONSE_EXCHANGES,
         default="shipped",
-        help="response side of the ext_proc exchange (default: the shipped bootstrap's)",
+        help="response side of the ext_proc exchange (default: the generated bootstrap's)",
     )
     add(
+        "--exchanges",
         "--modes",
+        dest="exchanges",
         nargs="+",
-        default=["BUFFERED", "FULL_DUPLEX_STREAMED"],
-        choices=["BUFFERED", "FULL_DUPLEX_STREAMED"],
+        default=list(EXCHANGES),
+        choices=list(EXCHANGES),
+        help="ext_proc exchanges (request body mode, response headers; default all)",
     )
     add(
         "--tool",
@@ -747,8 +922,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     )
     add("--keep-logs", action="store_true", help="keep the work directory (logs, configs) on success")
     args = parser.parse_args(argv)
-    if args.backends < 1 or args.requests < 1 or args.runs < 1:
-        parser.error("--backends, --requests and --runs must be at least 1")
+    if args.backends < 1 or args.requests < 1 or args.runs < 1 or args.agentic_requests < 1:
+        parser.error("--backends, --requests, --agentic-requests and --runs must be at least 1")
     if args.tool == "auto":
         args.tool = "wrk" if shutil.which("wrk") else "python"
     return args
@@ -760,30 +935,40 @@ def main(argv: list[str] | None = None) -> int:
         return loadgen_main(argv[1:])
     args = parse_args(argv)
     workdir = Path(tempfile.mkdtemp(prefix="epp-bench-"))
-    body = chat_body(args.body_bytes)
-    body_file = workdir / "body.json"
-    body_file.write_bytes(body)
-    loadgen = LoadGenerator(args.tool, body_file, args.concurrency, workdir)
+    workloads = []
+    for name in args.bodies:
+        body = chat_body(args.body_bytes) if name == "chat" else agentic_body(args.agentic_bytes)
+        body_file = workdir / f"{name}.json"
+        body_file.write_bytes(body)
+        requests = args.requests if name == "chat" else args.agentic_requests
+        workloads.append(Workload(name, body, body_file, requests))
     nproc = cpu_count()
     targets = ["epp", "stub"] if args.with_stub else ["epp"]
     print(f"command: {shlex.join([sys.executable, *sys.argv])}")
+    sizes = ", ".join(f"{w.name} {len(w.body)} bytes x {w.requests} requests" for w in workloads)
     print(
-        f"nproc: {nproc}; {args.requests} requests x {args.runs} runs per mode and target "
-        f"({', '.join(targets)}), {args.concurrency} connections, {len(body)}-byte chat bodies, "
-        f"load generator: {args.tool}, work dir: {workdir}",
+        f"nproc: {nproc}; {args.runs} runs per workload, exchange and target ({', '.join(targets)}), "
+        f"{args.concurrency} connections, {sizes}, load generator: {args.tool}, work dir: {workdir}",
         flush=True,
     )
-    rows: list[tuple[str, Summary, Summary | None]] = []
+    rows: list[Row] = []
 
     def run() -> int:
         with Backends(args.backend, args.backends, workdir / "backends") as backends:
             print(f"backends: {backends.describe()}", flush=True)
-            for mode in args.modes:
-                summaries = {
-                    kind: Summary.of(bench_target(kind, mode, args, backends, loadgen, workdir, body))
-                    for kind in targets
-                }
-                rows.append((mode, summaries["epp"], summaries.get("stub")))
+            for workload in workloads:
+                pairs = [(exchange, kind) for exchange in args.exchanges for kind in targets]
+                results = bench_workload(pairs, args, backends, workload, workdir)
+                for exchange in args.exchanges:
+                    stub = results.get((exchange, "stub"))
+                    rows.append(
+                        (
+                            workload.name,
+                            exchange,
+                            Summary.of(results[(exchange, "epp")]),
+                            Summary.of(stub) if stub else None,
+                        )
+                    )
         return 0
 
     return run_in_workdir(

@@ -22,6 +22,7 @@ from google.protobuf.struct_pb2 import Struct
 from epp.framework.wire import DESTINATION_HEADER, LB_NAMESPACE
 
 # ProcessingMode.BodySendMode values
+STREAMED: int = pm.ProcessingMode.STREAMED
 BUFFERED: int = pm.ProcessingMode.BUFFERED
 FULL_DUPLEX_STREAMED: int = pm.ProcessingMode.FULL_DUPLEX_STREAMED
 
@@ -53,6 +54,7 @@ class StubProcessor(ep_grpc.ExternalProcessorServicer):
             request_body=ep.BodyResponse(response=common), dynamic_metadata=metadata
         )
         self.continue_request_headers = ep.ProcessingResponse(request_headers=ep.HeadersResponse())
+        self.continue_request_body = ep.ProcessingResponse(request_body=ep.BodyResponse())
         self.continue_response_headers = ep.ProcessingResponse(response_headers=ep.HeadersResponse())
         self.continue_response_body = ep.ProcessingResponse(response_body=ep.BodyResponse())
         self.request_trailers = ep.ProcessingResponse(request_trailers=ep.TrailersResponse())
@@ -62,6 +64,7 @@ class StubProcessor(ep_grpc.ExternalProcessorServicer):
         read, write = context.read, context.write
         req_mode = resp_mode = FULL_DUPLEX_STREAMED
         chunks: list[bytes] = []
+        pending = 0  # STREAMED: body chunks not answered yet
         routed = False
         while True:
             req = await read()
@@ -86,6 +89,15 @@ class StubProcessor(ep_grpc.ExternalProcessorServicer):
                     else:
                         await write(ep.ProcessingResponse(request_body=ep.BodyResponse()))
                     continue
+                if req_mode == STREAMED:  # routed in the delayed headers reply, then one reply per chunk
+                    pending += 1
+                    if body.end_of_stream:
+                        routed = True
+                        await write(self.route_headers)
+                        for _ in range(pending):
+                            await write(self.continue_request_body)
+                        pending = 0
+                    continue
                 chunks.append(body.body)
                 if body.end_of_stream:
                     routed = True
@@ -93,6 +105,12 @@ class StubProcessor(ep_grpc.ExternalProcessorServicer):
                     await write(_streamed_request_body(chunks, end_of_stream=True))
                     chunks = []
             elif which == "request_trailers":
+                if not routed and req_mode == STREAMED:
+                    routed = True
+                    await write(self.route_headers)
+                    for _ in range(pending):
+                        await write(self.continue_request_body)
+                    pending = 0
                 if not routed and req_mode == FULL_DUPLEX_STREAMED:
                     routed = True
                     await write(self.route_headers)

@@ -191,6 +191,15 @@ def _add_serve(sub: Any) -> None:
     )
     add_bool(
         p,
+        "--skip-unused-response-phases",
+        False,
+        "BUFFERED request bodies: when no loaded plugin reads the response and the request is not "
+        "model-rewritten, the request-headers reply turns the response headers and body off for that "
+        "request (ext_proc mode_override; the filter needs allow_mode_override); response metrics "
+        "(TTFT, sizes, usage) then go too (default false)",
+    )
+    add_bool(
+        p,
         "--emit-endpoint-scores",
         False,
         "put the picked endpoints' scheduler scores in the routing reply's envoy.lb metadata under "
@@ -523,6 +532,7 @@ def _serve(args: argparse.Namespace) -> int:
         drain_delay=args.drain_delay,
         metrics_endpoint_auth=bool(args.metrics_endpoint_auth),
         emit_endpoint_scores=args.emit_endpoint_scores,
+        skip_unused_response_phases=args.skip_unused_response_phases,
         grpc_stream_metrics=args.enable_grpc_stream_metrics,
         grpc_max_recv_msg_size=_msg_size_bytes(args.grpc_max_recv_msg_size),
         grpc_max_send_msg_size=_msg_size_bytes(args.grpc_max_send_msg_size),
@@ -723,6 +733,25 @@ def _add_run(sub: Any) -> None:
     p.set_defaults(func=stack_cli.main)
 
 
+def _add_envoy_config(sub: Any) -> None:
+    p = sub.add_parser(
+        "envoy-config",
+        help="print an Envoy bootstrap for the EPP (response phases derived from --config-file)",
+        description="The generator of python -m epp.dev.envoy; `epp envoy-config --help` lists its flags.",
+        add_help=False,
+    )
+    p.add_argument("args", nargs=argparse.REMAINDER)
+    p.set_defaults(func=_envoy_config)
+
+
+def _envoy_config(args: argparse.Namespace) -> int:
+    from epp import logs
+    from epp.dev.envoy.cli import main as envoy_main
+
+    logs.configure("warning", "console")  # standard output carries only the bootstrap
+    return envoy_main(args.args, prog="epp envoy-config")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="epp", description=__doc__.split("\n\n")[0] if __doc__ else None)
     parser.add_argument("--version", action="version", version=f"epp {__version__}")
@@ -733,6 +762,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_check(sub)
     _add_plugins(sub)
     _add_certs(sub)
+    _add_envoy_config(sub)
     return parser
 
 
@@ -744,7 +774,10 @@ def _go_bool_flags(argv: Sequence[str]) -> list[str]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(_go_bool_flags(sys.argv[1:] if argv is None else argv))
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["envoy-config"]:  # its own parser (flags and --help of python -m epp.dev.envoy)
+        return _envoy_config(argparse.Namespace(args=argv[1:]))
+    args = build_parser().parse_args(_go_bool_flags(argv))
     return int(args.func(args) or 0)
 
 

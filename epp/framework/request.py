@@ -48,6 +48,7 @@ class RequestBody:
     rewritable: bool = True
     tokenized: TokenizedPrompt | None = None  # set by a token-producer (TOKENIZED_PROMPT_KEY)
     _prompt: str | None = None
+    _prompt_bytes: bytes | None = None
 
     @property
     def prompt_text(self) -> str:
@@ -60,9 +61,31 @@ class RequestBody:
             ids = self.token_ids
             if ids is not None:
                 self._prompt = ",".join(map(str, ids))
+            elif self._prompt_bytes is not None:
+                self._prompt = self._prompt_bytes.decode()
             else:
                 self._prompt = _prompt_text(self.api, self.payload)
         return self._prompt
+
+    @property
+    def prompt_bytes(self) -> bytes:
+        """``prompt_text`` UTF-8 encoded (what prefix hashing reads), computed once: a JSON prompt
+        (messages, tools) is serialised straight to bytes, without a text copy of a long prompt."""
+        if self._prompt_bytes is None:
+            if self._prompt is None and self.token_ids is None:
+                self._prompt_bytes = _prompt_json(self.api, self.payload)
+            if self._prompt_bytes is None:
+                self._prompt_bytes = self.prompt_text.encode()
+        return self._prompt_bytes
+
+    def prompt_prefix(self, limit: int) -> bytes:
+        """The first ``limit`` bytes of ``prompt_bytes`` (all when shorter), serialising no more of a
+        long JSON prompt than that: prefix hashing of a long agentic conversation reads its start."""
+        if self._prompt_bytes is None and self._prompt is None and self.token_ids is None:
+            prefix = _prompt_prefix(self.api, self.payload, limit)
+            if prefix is not None:
+                return prefix[:limit]
+        return self.prompt_bytes[:limit]
 
     @property
     def cache_salt(self) -> str:
@@ -84,6 +107,45 @@ def request_path(headers: Mapping[str, str]) -> str:
         or DEFAULT_REQUEST_PATH
     )
     return path.partition("?")[0]
+
+
+def _json_prefix(items: list[Any], limit: int) -> bytes:
+    """The first bytes (at least ``limit``, else all) of ``orjson.dumps(items)``: the items are
+    serialised one at a time (compact output is ``[a,b,...]``), stopping once there are enough."""
+    parts = [b"["]
+    size = 1
+    for i, item in enumerate(items):
+        if size >= limit:
+            return b"".join(parts)
+        piece = orjson.dumps(item) if i == 0 else b"," + orjson.dumps(item)
+        parts.append(piece)
+        size += len(piece)
+    parts.append(b"]")
+    return b"".join(parts)
+
+
+def _prompt_prefix(api: ApiKind, payload: dict[str, Any], limit: int) -> bytes | None:
+    """At least ``limit`` bytes (else all) of the JSON prompt's start, or None (not a JSON prompt)."""
+    if api is ApiKind.CHAT_COMPLETIONS:
+        messages = payload.get("messages", [])
+        return _json_prefix(messages, limit) if isinstance(messages, list) else None
+    if api is ApiKind.MESSAGES:
+        items = [payload.get("system"), payload.get("tools"), payload.get("messages")]
+        messages = items[2]
+        if not isinstance(messages, list):
+            return None
+        head = orjson.dumps(items[:2])[:-1] + b","  # "[system,tools," of "[system,tools,messages]"
+        return head + _json_prefix(messages, max(limit - len(head), 0)) + b"]"
+    return None
+
+
+def _prompt_json(api: ApiKind, payload: dict[str, Any]) -> bytes | None:
+    """The prompt of the APIs whose prompt text is JSON, as bytes; None for the others."""
+    if api is ApiKind.CHAT_COMPLETIONS:
+        return orjson.dumps(payload.get("messages", []))
+    if api is ApiKind.MESSAGES:
+        return orjson.dumps([payload.get("system"), payload.get("tools"), payload.get("messages")])
+    return None
 
 
 def _prompt_text(api: ApiKind, payload: dict[str, Any]) -> str:

@@ -67,6 +67,7 @@ class ServeOptions:
     drain_delay: float = 1.0
     metrics_endpoint_auth: bool = False  # TokenReview + SubjectAccessReview per scrape (Kubernetes mode)
     emit_endpoint_scores: bool = False
+    skip_unused_response_phases: bool = False
     grpc_stream_metrics: bool = False
     grpc_max_recv_msg_size: int = 0  # 0: max_request_body_bytes + 1 MiB
     grpc_max_send_msg_size: int = 0
@@ -167,6 +168,7 @@ class EppServer:
             request_idle_timeout=opts.request_idle_timeout,
             max_buffered_body_bytes=opts.max_buffered_request_body_bytes,
             emit_endpoint_scores=opts.emit_endpoint_scores,
+            skip_unused_response_phases=opts.skip_unused_response_phases,
             grpc_stream_metrics=opts.grpc_stream_metrics,
         )
         self.processor = ExternalProcessor(self.director, self.stream_options)

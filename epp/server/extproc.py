@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import itertools
 import time
 import uuid
+from collections.abc import Iterable
 from typing import Any
 
 import grpc
@@ -32,6 +34,7 @@ from epp.framework.errors import DroppedReason, dropped
 from epp.framework.wire import (
     DEBUG_RESPONSE_HEADER,
     DESTINATION_HEADER,
+    MODEL_REWRITE_HEADERS,
     REQUEST_ID_HEADER,
 )
 from epp.log_limit import LOGS
@@ -65,6 +68,7 @@ class StreamOptions:
         "request_idle_timeout",
         "response_body",
         "response_header",
+        "skip_unused_response_phases",
     )
 
     def __init__(
@@ -78,6 +82,7 @@ class StreamOptions:
         max_buffered_body_bytes: int = 256 << 20,
         emit_endpoint_scores: bool = False,
         grpc_stream_metrics: bool = False,
+        skip_unused_response_phases: bool = False,
     ) -> None:
         self.max_body_bytes = max_body_bytes
         self.debug_response_header = debug_response_header
@@ -87,6 +92,10 @@ class StreamOptions:
         self.max_buffered_body_bytes = max_buffered_body_bytes  # 0: no budget
         self.emit_endpoint_scores = emit_endpoint_scores  # envoy.lb x-gateway-destination-endpoint-scores
         self.grpc_stream_metrics = grpc_stream_metrics  # stream duration and completion-code metrics
+        # BUFFERED: turn the response phases off per request (mode_override) when nothing reads them
+        self.skip_unused_response_phases = (
+            skip_unused_response_phases and not response_header and not response_body
+        )
 
 
 class Phase(enum.Enum):
@@ -157,6 +166,7 @@ _EVICTED = dropped(
 _RESPONSE_HEADERS_DEBUG = replies.response_headers_reply({DEBUG_RESPONSE_HEADER: "true"})
 _RESPONSE_HEADERS_PLAIN = replies.response_headers_reply({})
 _CONTINUE_REQUEST_HEADERS = replies.request_headers_reply()
+_CONTINUE_WITHOUT_RESPONSE = replies.request_headers_reply(mode_override=replies.NO_RESPONSE_PHASES)
 
 
 def _struct_value(v: Any) -> Any:
@@ -196,6 +206,7 @@ class _Stream:
         "model_pairs",
         "opts",
         "override",
+        "pending",
         "phase",
         "req_mode",
         "request",
@@ -236,6 +247,7 @@ class _Stream:
         self.headers: dict[str, str] = {}
         self.metadata: dict[str, dict[str, Any]] = {}
         self.chunks: list[bytes] = []
+        self.pending = 0  # STREAMED: body chunks received and not answered yet (one reply each)
         self.body_size = 0  # request-body bytes received
         self.reserved = 0  # of which held in the global budget while waiting for the rest
         self.routing: Routing | None = None  # set exactly when in-flight accounting began
@@ -288,21 +300,38 @@ class _Stream:
             self._end_request_phase(ROUTED if msg.end_of_stream else TRAILERS)
             routing = self.director.route_random(self.metadata)
             return [self._routing_reply(routing, content_length=False, on_headers=True)]
-        if self.req_mode in (STREAMED, BUFFERED_PARTIAL):
+        if self.req_mode == BUFFERED_PARTIAL or (
+            self.req_mode == STREAMED
+            and not req.protocol_config.send_body_without_waiting_for_header_response
+        ):
             raise InferenceError(
                 ErrorCode.INTERNAL,
-                "unsupported ext_proc request_body_mode: use FULL_DUPLEX_STREAMED or BUFFERED",
+                "unsupported ext_proc request_body_mode: use FULL_DUPLEX_STREAMED, BUFFERED or STREAMED with "
+                "send_body_without_waiting_for_header_response",
             )
         self.phase = BODY
         if self.req_mode == BUFFERED:
+            if self.opts.skip_unused_response_phases and not self._may_rewrite(headers):
+                self.resp_mode = NONE
+                return [_CONTINUE_WITHOUT_RESPONSE]
             return [_CONTINUE_REQUEST_HEADERS]
         return []
 
-    async def on_request_body(self, req: ep.ProcessingRequest) -> list[ep.ProcessingResponse]:
+    def _may_rewrite(self, headers: dict[str, str]) -> bool:
+        """Whether this request's model may be rewritten (its response body is then needed)."""
+        director = self.director
+        return director.rewrites is not None or (
+            director.client_model_rewrite and any(h in headers for h in MODEL_REWRITE_HEADERS)
+        )
+
+    async def on_request_body(self, req: ep.ProcessingRequest) -> Iterable[ep.ProcessingResponse]:
+        msg = req.request_body
+        return await self.on_request_chunk(msg.body, msg.end_of_stream)
+
+    async def on_request_chunk(self, chunk: bytes, eos: bool) -> Iterable[ep.ProcessingResponse]:
+        """A request body message (its bytes; the caller keeps no copy of the message meanwhile)."""
         if self.phase is not BODY:
             raise _ProtocolError("request_body", self.phase)
-        msg = req.request_body
-        chunk, eos = msg.body, msg.end_of_stream
         if chunk:
             size = self.body_size + len(chunk)
             if size > self.opts.max_body_bytes:
@@ -312,6 +341,8 @@ class _Stream:
                 )
             self.body_size = size
             self.chunks.append(chunk)
+        if self.req_mode == STREAMED:
+            self.pending += 1  # every body message is answered, after the routing headers reply
         if eos:
             return await self._route_body(trailers=False)
         if self.req_mode == BUFFERED:  # the whole body; the request trailers follow
@@ -324,7 +355,7 @@ class _Stream:
         self.last_seen = time.monotonic()
         return []
 
-    async def on_request_trailers(self) -> list[ep.ProcessingResponse]:
+    async def on_request_trailers(self) -> Iterable[ep.ProcessingResponse]:
         # The reference ignores request trailers and hangs: here they end the body.
         phase = self.phase
         if phase is TRAILERS:  # routed on the body (BUFFERED) or the headers (mode NONE)
@@ -333,8 +364,7 @@ class _Stream:
         if phase is not BODY:
             raise _ProtocolError("request_trailers", phase)
         out = await self._route_body(trailers=True)
-        out.append(replies.request_trailers_reply())
-        return out
+        return itertools.chain(out, (replies.request_trailers_reply(),))
 
     def _end_request_phase(self, phase: Phase) -> None:
         """The request was read (routing follows): the idle timeout and the budget let go of it."""
@@ -357,11 +387,13 @@ class _Stream:
             self.phase = EXPIRED
             self.task.cancel()
 
-    async def _route_body(self, trailers: bool, then: Phase = ROUTED) -> list[ep.ProcessingResponse]:
-        chunks = self.chunks
+    async def _route_body(self, trailers: bool, then: Phase = ROUTED) -> Iterable[ep.ProcessingResponse]:
+        """Route the complete body; one copy of it is held (the chunks are let go once joined) and
+        the FULL_DUPLEX_STREAMED echo is built piece by piece as the replies are written."""
         self._end_request_phase(then)
+        chunks, self.chunks = self.chunks, []
         raw = chunks[0] if len(chunks) == 1 else b"".join(chunks)
-        self.chunks = []
+        del chunks
         if self.span is None:
             routing = await self.director.route(
                 dict(self.headers), raw, self.metadata, self._note_request, self._on_queued
@@ -370,9 +402,15 @@ class _Stream:
             routing = await self._route_traced(raw)
         if self.req_mode == BUFFERED:
             return [self._routing_reply(routing, content_length=routing.body_changed)]
-        out = [self._routing_reply(routing, content_length=True)]
-        out.extend(replies.streamed_body_replies(routing.body, end_of_stream=not trailers))
-        return out
+        if self.req_mode == STREAMED:  # the delayed headers reply, then one reply per body chunk
+            out = [self._routing_reply(routing, content_length=routing.body_changed)]
+            out.extend(replies.chunk_replies(self.pending, routing.body if routing.body_changed else None))
+            self.pending = 0
+            return out
+        head = self._routing_reply(routing, content_length=True)
+        return itertools.chain(
+            (head,), replies.streamed_body_pieces(routing.body, end_of_stream=not trailers)
+        )
 
     async def _route_traced(self, raw: bytes) -> Routing:
         tracer = tracing.TRACER
@@ -435,9 +473,9 @@ class _Stream:
         self.request = request
 
     def _on_queued(self) -> None:
-        """Flow control holds the request: in BUFFERED mode Envoy's per-message timer runs meanwhile,
-        so extend it to the queue's budget (FULL_DUPLEX_STREAMED has no such timer)."""
-        if self.req_mode != BUFFERED or self.writer is None or self.override is not None:
+        """Flow control holds the request: in BUFFERED and STREAMED mode Envoy's per-message timer runs
+        meanwhile, so extend it to the queue's budget (FULL_DUPLEX_STREAMED has no such timer)."""
+        if self.req_mode == FULL_DUPLEX_STREAMED or self.writer is None or self.override is not None:
             return
         fc = self.director.flow_control
         budget = fc.wait_budget if fc is not None else 0.0
@@ -762,8 +800,12 @@ class ExternalProcessor(ep_grpc.ExternalProcessorServicer):
                     _merge_metadata(stream.metadata, req)
                 which = req.WhichOneof("request")
                 try:
-                    if which == "request_body":
-                        out = await stream.on_request_body(req)
+                    if which == "request_body":  # the message is let go while the body is routed
+                        body = req.request_body
+                        chunk, eos = body.body, body.end_of_stream
+                        del req, body
+                        out = await stream.on_request_chunk(chunk, eos)
+                        del chunk
                     elif which == "request_headers":
                         out = stream.on_request_headers(req)
                     elif which == "response_headers":

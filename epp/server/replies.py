@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 
 import orjson
 from envoy.config.core.v3.base_pb2 import HeaderValue, HeaderValueOption
@@ -45,12 +45,29 @@ def routing_common(
 
 
 def request_headers_reply(
-    common: ep.CommonResponse | None = None, destination: str | None = None
+    common: ep.CommonResponse | None = None,
+    destination: str | None = None,
+    mode_override: pm.ProcessingMode | None = None,
 ) -> ep.ProcessingResponse:
     resp = ep.ProcessingResponse(request_headers=ep.HeadersResponse(response=common or ep.CommonResponse()))
     if destination is not None:
         resp.dynamic_metadata.CopyFrom(destination_metadata(destination))
+    if mode_override is not None:
+        resp.mode_override.CopyFrom(mode_override)
     return resp
+
+
+# Sent in the request-headers reply of a BUFFERED request whose response nothing reads: the rest of
+# the exchange is the body message and its reply; the trailers mode keeps the stream open to the
+# response end (in-flight accounting).
+NO_RESPONSE_PHASES = pm.ProcessingMode(
+    request_header_mode=pm.ProcessingMode.SEND,
+    response_header_mode=pm.ProcessingMode.SKIP,
+    request_body_mode=pm.ProcessingMode.BUFFERED,
+    response_body_mode=pm.ProcessingMode.NONE,
+    request_trailer_mode=pm.ProcessingMode.SKIP,
+    response_trailer_mode=pm.ProcessingMode.SEND,
+)
 
 
 def add_rewrite_metadata(resp: ep.ProcessingResponse, incoming: str, target: str) -> None:
@@ -105,6 +122,38 @@ def request_body_reply(
     if destination is not None:
         resp.dynamic_metadata.CopyFrom(destination_metadata(destination))
     return resp
+
+
+_EMPTY_REQUEST_BODY = ep.ProcessingResponse(request_body=ep.BodyResponse())
+
+
+def chunk_replies(count: int, body: bytes | None = None) -> list[ep.ProcessingResponse]:
+    """STREAMED request body: one reply per chunk received; nothing echoed back.
+
+    ``body`` (a rewritten request) replaces the first chunk and clears the others.
+    """
+    if body is None:
+        return [_EMPTY_REQUEST_BODY] * count
+    out = [ep.ProcessingResponse(request_body=ep.BodyResponse(response=ep.CommonResponse()))]
+    out[0].request_body.response.body_mutation.body = body
+    for _ in range(count - 1):
+        cleared = ep.ProcessingResponse(request_body=ep.BodyResponse(response=ep.CommonResponse()))
+        cleared.request_body.response.body_mutation.clear_body = True
+        out.append(cleared)
+    return out
+
+
+def streamed_body_pieces(body: bytes, end_of_stream: bool) -> Iterator[ep.ProcessingResponse]:
+    """The request body re-sent in FULL_DUPLEX_STREAMED pieces, each built only when it is written
+    (the replies never hold a second copy of a long body at once)."""
+    n = len(body)
+    last = max(n - 1, 0) // BODY_PIECE_LIMIT * BODY_PIECE_LIMIT
+    for i in range(0, max(n, 1), BODY_PIECE_LIMIT):
+        resp = ep.ProcessingResponse(request_body=ep.BodyResponse(response=ep.CommonResponse()))
+        piece = resp.request_body.response.body_mutation.streamed_response
+        piece.body = body[i : i + BODY_PIECE_LIMIT]
+        piece.end_of_stream = end_of_stream and i == last
+        yield resp
 
 
 def streamed_body_replies(

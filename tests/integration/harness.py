@@ -12,7 +12,7 @@ import http.client
 import json
 import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -21,8 +21,12 @@ import pytest
 from epp.dev import stack
 from epp.dev.envoy import bootstrap as envoy_config
 from epp.dev.envoy.command import envoy_binary
+from epp.dev.envoy.exchange import ResponseModes, modes_for_document
 from epp.dev.stack import Child, Supervisor
 
+# The exchanges every routing test runs in: BUFFERED is the generated default (the lean exchange: no
+# response phase unless the EPP's plugins need one); FULL_DUPLEX_STREAMED the gateways' (reference)
+# layout, with the response headers.
 BODY_MODES = ("BUFFERED", "FULL_DUPLEX_STREAMED")
 SUBSET_HEADER = "x-test-endpoint-subset"
 MODEL = "demo"
@@ -142,6 +146,8 @@ class Epp:
     health_port: int
     metrics_port: int
     endpoints_file: Path
+    # The Envoy response phases its config's plugins need (as epp run and epp envoy-config derive them)
+    response_modes: ResponseModes = field(default_factory=ResponseModes)
 
     def set_endpoints(self, sims: Sequence[Sim]) -> None:
         """Rewrite the discovery file atomically (write a temporary file, rename it over)."""
@@ -277,7 +283,8 @@ class Rig:
             config=document,
             extra=["--log-level", "warning", *extra],
         )
-        epp = Epp(child, grpc_port, health_port, metrics_port, endpoints_file)
+        modes = modes_for_document(document) if config is not None else ResponseModes()
+        epp = Epp(child, grpc_port, health_port, metrics_port, endpoints_file, modes)
         service = "readiness" if wait_ready else "liveness"
         self.stack.wait_epp(child, health_port, service=service, what=f"{name} readiness (gRPC health)")
         return epp
@@ -286,7 +293,7 @@ class Rig:
         self,
         epp: Epp,
         *,
-        body_mode: str = "FULL_DUPLEX_STREAMED",
+        body_mode: str = envoy_config.DEFAULT_BODY_MODE,
         fail_open: bool = False,
         fallback: Sequence[Sim] = (),
         name: str | None = None,
@@ -297,6 +304,11 @@ class Rig:
         port, admin_port = stack.free_port(), stack.free_port()
         # Fail-open health-checks the EPP (see envoy_config.envoy_bootstrap); ports here are not 9002/9003.
         bootstrap.setdefault("extproc_health_port", epp.health_port if fail_open else 0)
+        if "response_body_mode" in bootstrap or body_mode == "FULL_DUPLEX_STREAMED":
+            # A test's own response phases, or the gateways' (reference) layout: response headers on.
+            bootstrap.setdefault("response_header_mode", "SEND")
+        bootstrap.setdefault("response_header_mode", epp.response_modes.header)
+        bootstrap.setdefault("response_body_mode", epp.response_modes.body)
         config = envoy_config.envoy_bootstrap(
             listen_port=port,
             admin_port=admin_port,

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from tests.integration.harness import Rig, chat_body, marker
+from tests.integration.harness import BODY_MODES, Rig, chat_body, marker
 
 pytestmark = pytest.mark.integration
 
@@ -33,7 +33,8 @@ ROLE = "llm-d.ai/role"
 PREFILL_HEADER = "x-prefiller-host-port"
 
 
-def test_prefill_decode_then_decode_only_then_no_decode(rig: Rig) -> None:
+@pytest.mark.parametrize("mode", BODY_MODES)
+def test_prefill_decode_then_decode_only_then_no_decode(rig: Rig, mode: str) -> None:
     prefill, decode_a, decode_b = rig.start_sims(3)
     labels = {
         prefill.name: {ROLE: "prefill"},
@@ -41,7 +42,7 @@ def test_prefill_decode_then_decode_only_then_no_decode(rig: Rig) -> None:
         decode_b.name: {ROLE: "decode"},
     }
     epp = rig.start_epp([prefill, decode_a, decode_b], config=PD_CONFIG, labels=labels)
-    envoy = rig.start_envoy(epp)
+    envoy = rig.start_envoy(epp, body_mode=mode)
     decoders = {decode_a.port: decode_a, decode_b.port: decode_b}
 
     # 1. P/D: the decode endpoint serves, told which prefill endpoint to use.

@@ -26,8 +26,9 @@ def _wait_until_epp_marked_unhealthy(envoy: Envoy) -> None:
         time.sleep(0.05)
 
 
+# STREAMED (send_body_without_waiting_for_header_response) is supported too, though not a default.
 @pytest.mark.parametrize("how", ["stop", "crash"])
-@pytest.mark.parametrize("mode", BODY_MODES)
+@pytest.mark.parametrize("mode", [*BODY_MODES, "STREAMED"])
 def test_epp_down(rig: Rig, mode: str, how: str) -> None:
     sims = rig.start_sims(2)
     (rogue,) = rig.start_sims(1, prefix="rogue")

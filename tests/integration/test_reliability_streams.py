@@ -187,11 +187,14 @@ def streams(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Streams]:
                 "--request-idle-timeout=0",
             ],
         )
+        # The idle timeout and the body budget watch partial bodies: only a streamed body mode
+        # (the reference's FULL_DUPLEX_STREAMED) shows one to the EPP; BUFFERED holds it in Envoy.
+        full_duplex = "FULL_DUPLEX_STREAMED"
         yield Streams(
             idle,
-            rig.start_envoy(idle, name="envoy-idle"),
+            rig.start_envoy(idle, name="envoy-idle", body_mode=full_duplex),
             budget,
-            rig.start_envoy(budget, name="envoy-budget"),
+            rig.start_envoy(budget, name="envoy-budget", body_mode=full_duplex),
         )
     finally:
         rig.close()

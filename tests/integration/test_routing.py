@@ -7,10 +7,13 @@ import json
 
 import pytest
 
+from epp.dev import stack
 from tests.integration.harness import (
     BODY_MODES,
     MODEL,
     Envoy,
+    Epp,
+    Rig,
     Shared,
     chat_body,
     completion_body,
@@ -112,3 +115,38 @@ def test_5mb_body_is_forwarded_intact(shared: Shared, mode: str) -> None:
         # ceil(len / 62000) body replies plus the header and response-header replies.
         replies = envoy.stat("http.inference.ext_proc.stream_msgs_received") - replies_before
         assert replies >= -(-len(body) // 62000) + 1
+
+
+def _inflight(epp: Epp) -> float:
+    """The sum of the EPP's per-endpoint in-flight request counts."""
+    total = 0.0
+    for line in epp.metrics().splitlines():
+        if line.startswith("llm_d_epp_endpoint_inflight_requests{"):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def test_skip_unused_response_phases_leaves_two_messages_a_request(rig: Rig) -> None:
+    """A gateway's BUFFERED layout with response phases: the EPP turns them off per request."""
+    sims = rig.start_sims(2)
+    sent: dict[str, int] = {}
+    for name, extra in (("phases", []), ("skip", ["--skip-unused-response-phases"])):
+        epp = rig.start_epp(sims, name=f"epp-{name}", extra=extra)
+        envoy = rig.start_envoy(
+            epp,
+            body_mode="BUFFERED",
+            response_header_mode="SEND",
+            response_body_mode="STREAMED",
+            name=f"envoy-{name}",
+        )
+        stat = "http.inference.ext_proc.stream_msgs_sent"
+        before = envoy.stat(stat)
+        for _ in range(4):
+            resp = envoy.post("/v1/chat/completions", chat_body(marker(), stream=True))
+            assert resp.status == 200, resp
+            assert resp.body.decode().rstrip().endswith("data: [DONE]")
+        sent[name] = envoy.stat(stat) - before
+        # The stream still lasts to the response end: the in-flight counts come back to 0.
+        stack.wait_until(f"{name}: nothing in flight", lambda e=epp: _inflight(e) == 0, timeout=10)
+    assert sent["skip"] == 2 * 4  # request headers and body only
+    assert sent["phases"] > 3 * 4  # plus response headers and every response chunk

@@ -43,6 +43,7 @@ from epp import __version__
 from epp.dev.envoy import bootstrap as ec
 from epp.dev.envoy.cli import main as envoy_config_main
 from epp.dev.envoy.command import envoy_binary
+from epp.dev.envoy.exchange import ResponseModes, modes_for_document
 from tests.unit import _kustomize as kz
 
 REPO = Path(__file__).resolve().parents[2]
@@ -88,8 +89,18 @@ STANDALONE_ENVOY_HEADER = (
 )
 
 
+def standalone_response_modes() -> ResponseModes:
+    """The sidecar's response phases, derived from the EPP config of the standalone ConfigMap."""
+    configmap = yaml.safe_load((REPO / "deploy/kubernetes/standalone/configmap.yaml").read_text())
+    return modes_for_document(yaml.safe_load(configmap["data"]["config.yaml"]))
+
+
 def standalone_envoy_text() -> str:
-    return STANDALONE_ENVOY_HEADER + ec.render(ec.envoy_bootstrap(**STANDALONE_ENVOY))
+    modes = standalone_response_modes()
+    bootstrap = ec.envoy_bootstrap(
+        **STANDALONE_ENVOY, response_header_mode=modes.header, response_body_mode=modes.body
+    )
+    return STANDALONE_ENVOY_HEADER + ec.render(bootstrap)
 
 
 def standalone_sds_texts() -> dict[str, str]:

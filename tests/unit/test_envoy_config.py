@@ -10,8 +10,11 @@ import pytest
 import yaml
 
 from epp.dev.envoy import bootstrap as ec
+from epp.dev.envoy import cli as envoy_cli
+from epp.dev.envoy import exchange
 from epp.dev.envoy.command import envoy_binary
 from epp.dev.envoy.reference import reference_files
+from epp.dev.stack.local import LocalStack, StackOptions
 from epp.server import replies
 
 REPO = Path(__file__).resolve().parents[2]
@@ -49,6 +52,8 @@ def _routes(b: dict[str, Any]) -> list[dict[str, Any]]:
 VARIANTS: dict[str, dict[str, Any]] = {
     "default": {},
     "buffered": {"body_mode": "BUFFERED"},
+    "full-duplex": {"body_mode": "FULL_DUPLEX_STREAMED", "response_header_mode": "SEND"},
+    "streamed": {"body_mode": "STREAMED"},
     "fail-open": {"fail_open": True, "fallback_endpoints": ["127.0.0.1:8000", "127.0.0.1:8001"]},
     "fail-open-buffered": {
         "fail_open": True,
@@ -76,21 +81,21 @@ VARIANTS: dict[str, dict[str, Any]] = {
 # ------------------------------------------------------------------------------------ structure
 
 
-def test_default_is_the_reference_sidecar_layout() -> None:
+def test_default_is_the_lean_sidecar_layout() -> None:
     b = ec.envoy_bootstrap()
     listener = b["static_resources"]["listeners"][0]
     assert listener["address"]["socket_address"] == {"address": "127.0.0.1", "port_value": 8081}
     assert b["admin"]["address"]["socket_address"] == {"address": "127.0.0.1", "port_value": 19000}
     assert _filter_names(b) == ["envoy.filters.http.ext_proc", ec.REWRITE_FILTER, "envoy.filters.http.router"]
     ext = _filters(b)["envoy.filters.http.ext_proc"]
-    assert ext["processing_mode"] == {
+    assert ext["processing_mode"] == {  # the whole body in one message, no response phase
         "request_header_mode": "SEND",
-        "response_header_mode": "SEND",
-        "request_body_mode": "FULL_DUPLEX_STREAMED",
+        "response_header_mode": "SKIP",
+        "request_body_mode": "BUFFERED",
         "response_body_mode": "NONE",
-        "request_trailer_mode": "SEND",
         "response_trailer_mode": "SEND",
     }
+    assert "send_body_without_waiting_for_header_response" not in ext
     assert ext["message_timeout"] == "5s"
     assert ext["allow_mode_override"] is True
     assert ext["grpc_service"]["timeout"] == "10s"
@@ -105,7 +110,31 @@ def test_default_is_the_reference_sidecar_layout() -> None:
     assert {r["route"]["cluster"] for r in routes} == {"original_destination_cluster"}
 
 
-@pytest.mark.parametrize("body_mode", ["FULL_DUPLEX_STREAMED", "BUFFERED"])
+def test_the_reference_layout_is_full_duplex_with_response_headers() -> None:
+    b = ec.envoy_bootstrap(body_mode="FULL_DUPLEX_STREAMED", response_header_mode="SEND")
+    ext = _filters(b)["envoy.filters.http.ext_proc"]
+    assert ext["processing_mode"] == {
+        "request_header_mode": "SEND",
+        "response_header_mode": "SEND",
+        "request_body_mode": "FULL_DUPLEX_STREAMED",
+        "response_body_mode": "NONE",
+        "request_trailer_mode": "SEND",
+        "response_trailer_mode": "SEND",
+    }
+    assert [r["name"] for r in _routes(b)] == ["epp-rewritten", "epp-picked"]
+
+
+def test_streamed_bodies_are_sent_without_waiting_for_the_headers_reply() -> None:
+    b = ec.envoy_bootstrap(body_mode="STREAMED")
+    ext = _filters(b)["envoy.filters.http.ext_proc"]
+    assert ext["send_body_without_waiting_for_header_response"] is True
+    assert ext["processing_mode"]["request_body_mode"] == "STREAMED"
+    # Envoy holds the unanswered chunks until the routing reply: the whole body must fit.
+    assert _hcm(b)["route_config"]["virtual_hosts"][0]["request_body_buffer_limit"] == ec.BUFFERED_BODY_LIMIT
+    assert ec.REWRITE_FILTER in _filters(b)  # a mode override is ignored with this option
+
+
+@pytest.mark.parametrize("body_mode", ["FULL_DUPLEX_STREAMED", "BUFFERED", "STREAMED"])
 @pytest.mark.parametrize("fail_open", [False, True])
 def test_every_bootstrap_keeps_the_stream_open_to_the_response_end(body_mode: str, fail_open: bool) -> None:
     b = ec.envoy_bootstrap(body_mode=body_mode, fail_open=fail_open, fallback_endpoints=["127.0.0.1:1"])
@@ -114,8 +143,9 @@ def test_every_bootstrap_keeps_the_stream_open_to_the_response_end(body_mode: st
     assert mode["response_body_mode"] == "NONE"
 
 
-def test_the_rewrite_filter_is_off_except_on_the_rewritten_route() -> None:
-    b = ec.envoy_bootstrap()
+@pytest.mark.parametrize("body_mode", ["FULL_DUPLEX_STREAMED", "BUFFERED"])
+def test_the_rewrite_filter_is_off_except_on_the_rewritten_route(body_mode: str) -> None:
+    b = ec.envoy_bootstrap(body_mode=body_mode)  # BUFFERED: no response headers to ask in
     rewrite = _filters(b)[ec.REWRITE_FILTER]
     assert set(rewrite["processing_mode"].values()) == {"SKIP", "NONE"}
     assert rewrite["metadata_options"] == {"forwarding_namespaces": {"untyped": ["envoy.lb"]}}
@@ -132,7 +162,7 @@ def test_the_rewrite_filter_is_off_except_on_the_rewritten_route() -> None:
 
 
 def test_buffered_asks_for_rewritten_bodies_by_mode_override_instead() -> None:
-    b = ec.envoy_bootstrap(body_mode="BUFFERED")
+    b = ec.envoy_bootstrap(body_mode="BUFFERED", response_header_mode="SEND")
     assert ec.REWRITE_FILTER not in _filters(b)
     assert [r["name"] for r in _routes(b)] == ["epp-picked"]
     assert _filters(b)["envoy.filters.http.ext_proc"]["allow_mode_override"] is True
@@ -368,3 +398,53 @@ def test_epp_run_keeps_the_stream_open_to_the_response_end(
         "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
     ]["explicit_http_config"]["http2_protocol_options"]
     assert "connection_keepalive" in h2
+
+
+# ------------------------------------------------------------------ response phases from the config
+
+
+def _config(*plugin_types: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "llm-d.ai/v1alpha1",
+        "kind": "EndpointPickerConfig",
+        "plugins": [{"type": t} for t in (*plugin_types, "max-score-picker")],
+    }
+
+
+@pytest.mark.parametrize(
+    ("plugins", "header", "body"),
+    [
+        ((), "SKIP", "NONE"),  # the default scheduling reads no response
+        (("session-affinity-scorer",), "SEND", "NONE"),  # sets a response header
+        (("predicted-latency-producer",), "SEND", "STREAMED"),  # learns from response bodies
+    ],
+)
+def test_response_phases_follow_the_loaded_plugins(
+    plugins: tuple[str, ...], header: str, body: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert exchange.modes_for_document(_config(*plugins)) == exchange.ResponseModes(header, body)
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(_config(*plugins)))
+    assert envoy_cli.main(["--config-file", str(path)]) == 0
+    mode = yaml.safe_load(capsys.readouterr().out)
+    ext = _filters(mode)["envoy.filters.http.ext_proc"]["processing_mode"]
+    assert (ext["response_header_mode"], ext["response_body_mode"]) == (header, body)
+    assert ext["response_trailer_mode"] == "SEND"
+
+
+def test_explicit_response_modes_override_the_config(capsys: pytest.CaptureFixture[str]) -> None:
+    assert envoy_cli.main(["--response-header-mode", "SEND", "--body-mode", "FULL_DUPLEX_STREAMED"]) == 0
+    ext = _filters(yaml.safe_load(capsys.readouterr().out))["envoy.filters.http.ext_proc"]
+    assert ext["processing_mode"]["response_header_mode"] == "SEND"
+    assert ext["processing_mode"]["request_body_mode"] == "FULL_DUPLEX_STREAMED"
+
+
+def test_epp_run_turns_on_response_bodies_for_a_body_plugin(tmp_path: Path) -> None:
+    (tmp_path / "endpoints.yaml").write_text("[]")
+    config = {"plugins": [{"type": "predicted-latency-producer"}]}
+    b = LocalStack(StackOptions(config=config), tmp_path).bootstrap()
+    mode = _filters(b)["envoy.filters.http.ext_proc"]["processing_mode"]
+    assert mode["response_body_mode"] == "STREAMED"
+    assert mode["request_body_mode"] == "BUFFERED"
+    plain = _filters(LocalStack(StackOptions(), tmp_path).bootstrap())["envoy.filters.http.ext_proc"]
+    assert plain["processing_mode"]["response_header_mode"] == "SKIP"

@@ -12,7 +12,7 @@ import pytest
 from epp.datalayer.store import EndpointStore
 from epp.framework import CycleState, Endpoint, Filter, LLMRequest, PreRequest, SchedulingResult
 from epp.server.director import DirectorHooks
-from epp.server.extproc import BUFFERED, NONE, StreamOptions
+from epp.server.extproc import BUFFERED, NONE, STREAMED, StreamOptions
 from tests.unit import factories
 from tests.unit.extproc_harness import (
     Harness,
@@ -432,3 +432,81 @@ async def test_budget_counts_only_bodies_waiting_for_more(store: EndpointStore) 
     finally:
         await h.channel.close()
         await h.server.stop(0)
+
+
+def _streamed_headers() -> object:
+    msg = headers_msg({}, mode=STREAMED)
+    msg.protocol_config.send_body_without_waiting_for_header_response = True  # type: ignore[attr-defined]
+    return msg
+
+
+async def test_streamed_mode_routes_in_the_delayed_headers_reply_then_answers_each_chunk(
+    harness: Harness, store: EndpointStore
+) -> None:
+    first, second = CHAT[:20], CHAT[20:]
+    msgs = [_streamed_headers(), body_msg(first, False), body_msg(second, True)]
+    out = await harness.exchange(msgs, expect=3)  # type: ignore[arg-type]
+    assert [r.WhichOneof("response") for r in out] == ["request_headers", "request_body", "request_body"]
+    common = out[0].request_headers.response
+    assert common.clear_route_cache
+    hdrs = set_headers(common)
+    assert hdrs["x-gateway-destination-endpoint"] in addresses(store)
+    assert "content-length" not in hdrs  # the body goes on unchanged
+    for reply in out[1:]:  # nothing echoed back
+        assert not reply.request_body.response.HasField("body_mutation")
+
+
+async def test_streamed_mode_request_trailers_end_the_body(harness: Harness) -> None:
+    msgs = [_streamed_headers(), body_msg(CHAT, False), trailers_msg()]
+    out = await harness.exchange(msgs, expect=3)  # type: ignore[arg-type]
+    assert [r.WhichOneof("response") for r in out] == ["request_headers", "request_body", "request_trailers"]
+
+
+async def test_streamed_mode_needs_the_body_before_the_headers_reply(harness: Harness) -> None:
+    (reply,) = await harness.exchange([headers_msg({}, mode=STREAMED), body_msg(CHAT, True)], expect=1)
+    assert reply.WhichOneof("response") == "immediate_response"
+    assert b"send_body_without_waiting_for_header_response" in reply.immediate_response.body
+
+
+async def test_streamed_mode_rewrite_replaces_the_first_chunk_and_clears_the_others(harness: Harness) -> None:
+    body = b'{"model": "demo", "prompt": "hi", "seed": 18446744073709551617}'
+    head = headers_msg(
+        {":path": "/v1/completions", "x-gateway-model-name-rewrite": "demo-lora"}, mode=STREAMED
+    )
+    head.protocol_config.send_body_without_waiting_for_header_response = True
+    out = await harness.exchange([head, body_msg(body[:10], False), body_msg(body[10:], True)], expect=3)
+    common = out[0].request_headers.response
+    first, rest = out[1].request_body.response.body_mutation, out[2].request_body.response.body_mutation
+    assert first.body == b'{"model": "demo-lora", "prompt": "hi", "seed": 18446744073709551617}'
+    assert rest.clear_body
+    assert set_headers(common)["content-length"] == str(len(first.body))
+
+
+async def test_skip_unused_response_phases_turns_them_off_in_the_buffered_headers_reply(
+    store: EndpointStore,
+) -> None:
+    h = await start(store, opts=StreamOptions(skip_unused_response_phases=True))
+    try:
+        out = await h.exchange([headers_msg({}, mode=BUFFERED), body_msg(CHAT, True)], expect=2)
+        override = out[0].mode_override
+        assert override.response_header_mode == override.SKIP
+        assert override.response_body_mode == override.NONE
+        assert override.response_trailer_mode == override.SEND  # the stream lasts to the response end
+        assert override.request_body_mode == BUFFERED
+        # A model-rewritten request keeps its response phases (the response names the asked model).
+        rewritten = headers_msg({"x-gateway-model-name-rewrite": "demo-lora"}, mode=BUFFERED)
+        out = await h.exchange([rewritten, body_msg(CHAT, True)], expect=2)
+        assert not out[0].HasField("mode_override")
+    finally:
+        await h.channel.close()
+        await h.server.stop(0)
+
+
+async def test_response_phases_stay_when_a_plugin_reads_the_response(store: EndpointStore) -> None:
+    class Reader:
+        def response_header(self, *args: object) -> None:
+            pass
+
+    opts = StreamOptions(response_header=(Reader(),), skip_unused_response_phases=True)  # type: ignore[arg-type]
+    assert not opts.skip_unused_response_phases
+    assert not StreamOptions().skip_unused_response_phases  # opt-in

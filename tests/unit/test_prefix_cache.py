@@ -15,12 +15,14 @@ from prometheus_client import REGISTRY
 
 from epp.config.loader import load_config
 from epp.framework import (
+    ApiKind,
     ConfigError,
     CycleState,
     Endpoint,
     LLMRequest,
     Metrics,
     ProfileRunResult,
+    RequestBody,
     SchedulingResult,
 )
 from epp.framework.attributes import PREFIX_CACHE_MATCH_INFO_KEY, PrefixCacheMatchInfo
@@ -491,3 +493,51 @@ def test_no_hit_lru_checks_its_producer_name_too() -> None:
     with pytest.raises(ConfigError) as info:
         NoHitLRUScorer("lru", params, StubHandle())
     assert info.value.field == "prefixMatchInfoProducerName"
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    contents=st.lists(st.text(max_size=300), max_size=8),
+    system=st.one_of(st.none(), st.text(max_size=60)),
+    limit=st.integers(min_value=0, max_value=3000),
+)
+def test_prompt_prefix_is_the_start_of_the_whole_prompt(
+    contents: list[str], system: str | None, limit: int
+) -> None:
+    """A long conversation's JSON is serialised only as far as hashing reads: same bytes."""
+    messages = [{"role": "user", "content": c} for c in contents]
+    for api, payload in (
+        (ApiKind.CHAT_COMPLETIONS, {"messages": messages}),
+        (ApiKind.MESSAGES, {"system": system, "tools": None, "messages": messages}),
+    ):
+        whole = RequestBody(api=api, payload=payload, raw=b"").prompt_bytes
+        assert whole == RequestBody(api=api, payload=payload, raw=b"").prompt_text.encode()
+        assert RequestBody(api=api, payload=payload, raw=b"").prompt_prefix(limit) == whole[:limit]
+
+
+def test_a_long_prompt_chain_is_reused_and_equals_a_fresh_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Turns of one conversation share their start: the cached chain is the chain of that start."""
+    import epp.plugins.producers.approx_prefix_cache as module
+
+    monkeypatch.setattr(module, "CHAIN_CACHE_SIZE", 2)
+    prod = producer(**SMALL)  # 16-character blocks, at most 256 of them: 4096 characters read
+    turn = "You are an agent. " * 300  # 5400 characters: the chain covers the first 4096
+    calls = 0
+    real = module.block_hashes
+
+    def counting(*args: Any) -> list[int]:
+        nonlocal calls
+        calls += 1
+        return real(*args)
+
+    monkeypatch.setattr(module, "block_hashes", counting)
+    first = prod.hashes(completion(turn), 4)
+    again = prod.hashes(completion(turn + " and the next turn"), 4)
+    assert first == again == expected_chain(turn.encode()[:4096], "m", "", 16)
+    assert calls == 1  # the second turn's start was looked up
+    other = prod.hashes(completion("Another conversation. " * 300), 4)
+    assert other != first and calls == 2
+    prod.hashes(completion("A third one. " * 400), 4)  # evicts the least recently used (the first)
+    assert prod.hashes(completion(turn), 4) == first and calls == 4
+    again[0] = 0  # a caller's list is its own
+    assert prod.hashes(completion(turn), 4) == first

@@ -1,8 +1,9 @@
 """Envoy bootstrap generator for running Envoy in front of the EPP.
 
 ``envoy_bootstrap()`` returns a complete static Envoy v3 bootstrap as a ``dict`` (fail-closed or
-fail-open, either body mode, optional mutual TLS to the EPP); ``render()`` turns it into YAML. The
-layout and the Envoy behaviour it relies on are described in deploy/README.md.
+fail-open, any request body mode, the response phases asked for, optional mutual TLS to the EPP);
+``render()`` turns it into YAML. The layout and the Envoy behaviour it relies on are described in
+deploy/README.md.
 """
 
 from __future__ import annotations
@@ -27,6 +28,12 @@ REWRITE_FILTER = "epp-response-rewrite"
 REWRITE_STAT_PREFIX = "rewrite"
 ORIGINAL_DST_CLUSTER = "original_destination_cluster"
 FALLBACK_CLUSTER = "fallback_cluster"
+
+# The generated default (docs/deploy.md, "The Envoy exchange"): the whole body in one message, no
+# echo; with no response phase the exchange is 2 messages each way. FULL_DUPLEX_STREAMED is what
+# gateways configure (the reference layout).
+DEFAULT_BODY_MODE = "BUFFERED"
+HEADER_MODES: tuple[str, ...] = ("SEND", "SKIP")
 
 BodyMode = Literal["NONE", "STREAMED", "BUFFERED", "BUFFERED_PARTIAL", "FULL_DUPLEX_STREAMED"]
 BODY_MODES: tuple[str, ...] = ("NONE", "STREAMED", "BUFFERED", "BUFFERED_PARTIAL", "FULL_DUPLEX_STREAMED")
@@ -82,8 +89,9 @@ def envoy_bootstrap(
     admin_port: int = 19000,
     extproc_host: str = "127.0.0.1",
     extproc_port: int = 9002,
-    body_mode: str = "FULL_DUPLEX_STREAMED",
+    body_mode: str = DEFAULT_BODY_MODE,
     response_body_mode: str = "NONE",
+    response_header_mode: str = "SKIP",
     fail_open: bool = False,
     fallback_endpoints: Sequence[str] = (),
     subset_hint_header: str | None = None,
@@ -110,6 +118,7 @@ def envoy_bootstrap(
     """
     _check_mode("body_mode", body_mode)
     _check_mode("response_body_mode", response_body_mode)
+    _check_header_mode("response_header_mode", response_header_mode)
     if fail_open and not fallback_endpoints:
         raise ValueError("fail_open=True needs at least one fallback endpoint")
     if extproc_health_port is None:
@@ -123,6 +132,7 @@ def envoy_bootstrap(
     filters = http_filters(
         body_mode=body_mode,
         response_body_mode=response_body_mode,
+        response_header_mode=response_header_mode,
         fail_open=fail_open,
         subset_hint_header=subset_hint_header,
         authority=f"{extproc_host}:{extproc_port}",
@@ -131,8 +141,8 @@ def envoy_bootstrap(
         filters,
         route_config(
             fail_open=fail_open,
-            buffered=body_mode in ("BUFFERED", "BUFFERED_PARTIAL"),
-            rewrite_route=needs_rewrite_filter(body_mode, response_body_mode),
+            buffered=body_mode in ("BUFFERED", "BUFFERED_PARTIAL", "STREAMED"),
+            rewrite_route=needs_rewrite_filter(body_mode, response_body_mode, response_header_mode),
         ),
         stripped_headers=stripped_headers,
         access_log=access_log,
@@ -163,6 +173,7 @@ def http_filters(
     *,
     body_mode: str,
     response_body_mode: str,
+    response_header_mode: str = "SEND",
     fail_open: bool,
     subset_hint_header: str | None,
     authority: str,
@@ -175,11 +186,12 @@ def http_filters(
         ext_proc_filter(
             body_mode=body_mode,
             response_body_mode=response_body_mode,
+            response_header_mode=response_header_mode,
             fail_open=fail_open,
             authority=authority,
         )
     )
-    if needs_rewrite_filter(body_mode, response_body_mode):
+    if needs_rewrite_filter(body_mode, response_body_mode, response_header_mode):
         filters.append(rewrite_response_filter(fail_open=fail_open, authority=authority))
     filters.append(
         {
@@ -231,7 +243,9 @@ def subset_hint_filter(header: str) -> dict[str, Any]:
     }
 
 
-def processing_mode(body_mode: str, response_body_mode: str) -> dict[str, str]:
+def processing_mode(
+    body_mode: str, response_body_mode: str, response_header_mode: str = "SEND"
+) -> dict[str, str]:
     """ext_proc processing mode; full-duplex bodies require the matching trailer mode SEND.
 
     ``response_trailer_mode: SEND`` is always on: it keeps the ext_proc stream open until the HTTP
@@ -242,7 +256,7 @@ def processing_mode(body_mode: str, response_body_mode: str) -> dict[str, str]:
     """
     mode = {
         "request_header_mode": "SEND",
-        "response_header_mode": "SEND",
+        "response_header_mode": response_header_mode,
         "request_body_mode": body_mode,
         "response_body_mode": response_body_mode,
     }
@@ -257,10 +271,19 @@ def _ext_proc_service(authority: str) -> dict[str, Any]:
 
 
 def ext_proc_filter(
-    *, body_mode: str, response_body_mode: str, fail_open: bool, authority: str
+    *,
+    body_mode: str,
+    response_body_mode: str,
+    response_header_mode: str = "SEND",
+    fail_open: bool,
+    authority: str,
 ) -> dict[str, Any]:
-    """The ext_proc filter calling the EPP: the reference settings plus the metadata options."""
-    return {
+    """The ext_proc filter calling the EPP: the reference settings plus the metadata options.
+
+    ``STREAMED`` request bodies are sent without waiting for the headers reply: the EPP answers the
+    headers (the routing) once the body is complete, then each chunk with an empty reply.
+    """
+    config: dict[str, Any] = {
         "name": "envoy.filters.http.ext_proc",
         "typed_config": {
             "@type": f"{_TYPE}.filters.http.ext_proc.v3.ExternalProcessor",
@@ -270,7 +293,7 @@ def ext_proc_filter(
             # bodies): a frozen EPP fails the request within this bound. The EPP answers in ms.
             "message_timeout": MESSAGE_TIMEOUT,
             "max_message_timeout": MAX_MESSAGE_TIMEOUT,
-            "processing_mode": processing_mode(body_mode, response_body_mode),
+            "processing_mode": processing_mode(body_mode, response_body_mode, response_header_mode),
             # BUFFERED: the EPP asks for the response body of a model-rewritten request in its
             # response-headers reply (ignored by Envoy 1.40 in FULL_DUPLEX_STREAMED mode).
             "allow_mode_override": True,
@@ -281,12 +304,18 @@ def ext_proc_filter(
             },
         },
     }
+    if body_mode == "STREAMED":
+        config["typed_config"]["send_body_without_waiting_for_header_response"] = True
+    return config
 
 
-def needs_rewrite_filter(body_mode: str, response_body_mode: str) -> bool:
+def needs_rewrite_filter(body_mode: str, response_body_mode: str, response_header_mode: str = "SEND") -> bool:
     """Whether model-rewritten responses need the second filter: no response body reaches the
-    main one and it cannot ask for it per request (mode override ignored in full duplex)."""
-    return body_mode == "FULL_DUPLEX_STREAMED" and response_body_mode == "NONE"
+    main one and it cannot ask for it per request (Envoy ignores a mode override in full duplex and
+    with STREAMED bodies sent without waiting; without response headers there is nothing to ask in)."""
+    if response_body_mode != "NONE":
+        return False
+    return body_mode in ("FULL_DUPLEX_STREAMED", "STREAMED") or response_header_mode == "SKIP"
 
 
 _NOTHING = {
@@ -660,6 +689,11 @@ def _load_assignment(name: str, hosts: Sequence[tuple[str, int]]) -> dict[str, A
 
 def _socket_address(host: str, port: int) -> dict[str, Any]:
     return {"socket_address": {"address": host, "port_value": int(port)}}
+
+
+def _check_header_mode(field: str, mode: str) -> None:
+    if mode not in HEADER_MODES:
+        raise ValueError(f"{field} must be SEND or SKIP, got {mode!r}")
 
 
 def _check_mode(field: str, mode: str) -> None:

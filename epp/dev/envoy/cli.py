@@ -7,23 +7,53 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from epp.dev.envoy.bootstrap import BODY_MODES, SDS_HEADER, EppTls, envoy_bootstrap, render, sds_files
+from epp.dev.envoy.bootstrap import (
+    BODY_MODES,
+    DEFAULT_BODY_MODE,
+    HEADER_MODES,
+    SDS_HEADER,
+    EppTls,
+    envoy_bootstrap,
+    render,
+    sds_files,
+)
+from epp.dev.envoy.exchange import modes_for_file
 from epp.dev.envoy.reference import reference_files
 
 _DESCRIPTION = "Envoy bootstrap generator for running Envoy in front of the EPP."
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, prog: str = "python -m epp.dev.envoy") -> int:
     """CLI: print a bootstrap, or regenerate the checked-in reference files with ``--write DIR``."""
-    parser = argparse.ArgumentParser(prog="python -m epp.dev.envoy", description=_DESCRIPTION)
+    parser = argparse.ArgumentParser(prog=prog, description=_DESCRIPTION)
     parser.add_argument("--write", metavar="DIR", help="write the reference bootstraps into DIR")
     parser.add_argument("--listen-host", default="127.0.0.1", help="listener address (0.0.0.0 in a pod)")
     parser.add_argument("--listen-port", type=int, default=8081)
     parser.add_argument("--admin-port", type=int, default=19000)
     parser.add_argument("--extproc-host", default="127.0.0.1")
     parser.add_argument("--extproc-port", type=int, default=9002)
-    parser.add_argument("--body-mode", choices=BODY_MODES, default="FULL_DUPLEX_STREAMED")
-    parser.add_argument("--response-body-mode", choices=BODY_MODES, default="NONE")
+    parser.add_argument(
+        "--body-mode",
+        choices=BODY_MODES,
+        default=DEFAULT_BODY_MODE,
+        help=f"request body mode (default {DEFAULT_BODY_MODE}; FULL_DUPLEX_STREAMED is the reference layout)",
+    )
+    parser.add_argument(
+        "--config-file",
+        metavar="FILE",
+        help="the EPP's EndpointPickerConfig: the response phases follow its plugins (default: the "
+        "default config's, i.e. none)",
+    )
+    parser.add_argument(
+        "--response-header-mode",
+        choices=HEADER_MODES,
+        help="override: response headers to the EPP (default: SEND only if a loaded plugin reads them)",
+    )
+    parser.add_argument(
+        "--response-body-mode",
+        choices=BODY_MODES,
+        help="override: response body mode (default: STREAMED only if a loaded plugin reads bodies)",
+    )
     parser.add_argument("--fail-open", action="store_true")
     parser.add_argument("--access-log", action="store_true", help="log every request to stdout")
     parser.add_argument("--fallback-endpoint", action="append", default=[], metavar="IP:PORT")
@@ -60,6 +90,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             (out / name).write_text(text)
             print(f"wrote {out / name}")
         return 0
+    modes = modes_for_file(args.config_file)
     tls: bool | EppTls = args.tls
     if args.tls_cert_dir:
         tls = EppTls(args.tls_cert_dir, args.tls_sds_dir, server_name=args.tls_server_name)
@@ -80,7 +111,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 extproc_host=args.extproc_host,
                 extproc_port=args.extproc_port,
                 body_mode=args.body_mode,
-                response_body_mode=args.response_body_mode,
+                response_body_mode=args.response_body_mode or modes.body,
+                response_header_mode=args.response_header_mode or modes.header,
                 fail_open=args.fail_open,
                 fallback_endpoints=args.fallback_endpoint,
                 subset_hint_header=args.subset_hint_header,

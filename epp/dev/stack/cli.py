@@ -20,6 +20,7 @@ from typing import Any
 
 import yaml
 
+from epp.dev.envoy.bootstrap import DEFAULT_BODY_MODE
 from epp.dev.stack.local import LocalStack, StackOptions
 from epp.dev.stack.probes import Interrupted
 from epp.dev.stack.supervisor import SIM_MAX_RESTARTS, SIM_RESTART_WINDOW, Child, ChildExited
@@ -39,9 +40,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--metrics-port", type=int, default=9090, help="EPP metrics port (default 9090)")
     add(
         "--body-mode",
-        choices=("FULL_DUPLEX_STREAMED", "BUFFERED"),
-        default="FULL_DUPLEX_STREAMED",
-        help="ext_proc request body mode (default FULL_DUPLEX_STREAMED)",
+        choices=("BUFFERED", "FULL_DUPLEX_STREAMED", "STREAMED"),
+        default=DEFAULT_BODY_MODE,
+        help=f"ext_proc request body mode (default {DEFAULT_BODY_MODE}, the leanest exchange; "
+        "FULL_DUPLEX_STREAMED is what gateways configure); the response phases follow the "
+        "--config-file plugins",
     )
     add("--fail-open", action="store_true", help="Envoy forwards to the simulators when the EPP is down")
     add(

@@ -16,7 +16,8 @@ from typing import Any
 
 import yaml
 
-from epp.dev.envoy.bootstrap import envoy_bootstrap, render
+from epp.dev.envoy.bootstrap import DEFAULT_BODY_MODE, envoy_bootstrap, render
+from epp.dev.envoy.exchange import modes_for_document
 from epp.dev.stack.commands import envoy_argv, serve_argv, sim_argv
 from epp.dev.stack.files import epp_config, write_endpoints
 from epp.dev.stack.probes import (
@@ -174,7 +175,7 @@ class StackOptions:
     grpc_port: int = 9002
     health_port: int = 9003
     metrics_port: int = 9090
-    body_mode: str = "FULL_DUPLEX_STREAMED"
+    body_mode: str = DEFAULT_BODY_MODE
     fail_open: bool = False
     config: dict[str, Any] | None = None
     epp_args: list[str] = field(default_factory=list)
@@ -290,8 +291,12 @@ class LocalStack(Stack):
         self.wait_ready(abort)
 
     def bootstrap(self) -> dict[str, Any]:
+        """Envoy's bootstrap; the response phases follow the EPP config's plugins (``exchange``)."""
         o = self.opts
+        modes = modes_for_document(epp_config(self.endpoints_file, o.config))
         return envoy_bootstrap(
+            response_header_mode=modes.header,
+            response_body_mode=modes.body,
             listen_port=o.port,
             admin_port=o.admin_port,
             extproc_port=o.grpc_port,

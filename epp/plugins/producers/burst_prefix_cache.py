@@ -24,7 +24,12 @@ from epp.framework import (
     register,
 )
 from epp.framework.attributes import PREFIX_CACHE_MATCH_INFO_KEY, PrefixCacheMatchInfo
-from epp.plugins.producers.approx_prefix_cache import CHARS_PER_TOKEN, block_hashes, hash_seed
+from epp.plugins.producers.approx_prefix_cache import (
+    CHARS_PER_TOKEN,
+    block_hashes,
+    hash_seed,
+    prompt_start,
+)
 
 __all__ = ["BurstPrefixCacheParams", "BurstPrefixCacheProducer", "assign"]
 
@@ -261,7 +266,9 @@ class BurstPrefixCacheProducer(DataProducer):
     def hashes(self, request: LLMRequest) -> list[int]:
         body = request.body
         seed = hash_seed(request.target_model, body.cache_salt)
-        return block_hashes(body.prompt_text.encode(), seed, self._block_chars, self._max_blocks)
+        return block_hashes(
+            prompt_start(body, self._block_chars, self._max_blocks), seed, self._block_chars, self._max_blocks
+        )
 
     async def produce(self, cycle: CycleState, request: LLMRequest, endpoints: list[Endpoint]) -> None:
         hashes = self.hashes(request)
