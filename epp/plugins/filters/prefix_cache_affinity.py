@@ -19,7 +19,7 @@ from epp.framework.attributes import (
     LatencyPredictionInfo,
     PrefixCacheMatchInfo,
 )
-from epp.plugins.scorers._data_keys import check_producer
+from epp.plugins.scorers._data_keys import check_producers
 
 __all__ = ["PrefixCacheAffinityFilter", "PrefixCacheAffinityParams"]
 
@@ -69,21 +69,7 @@ class PrefixCacheAffinityFilter(Filter):
 
     def __init__(self, name: str, params: PrefixCacheAffinityParams, handle: Handle | None = None) -> None:
         super().__init__(name, params, handle)
-        check_producer(
-            handle,
-            "prefixMatchInfoProducerName",
-            params.prefix_match_info_producer_name,
-            PREFIX_CACHE_MATCH_INFO_KEY,
-        )
-        check_producer(
-            handle, "inFlightLoadProducerName", params.in_flight_load_producer_name, INFLIGHT_LOAD_KEY
-        )
-        check_producer(
-            handle,
-            "latencyPredictionInfoProducerName",
-            params.latency_prediction_info_producer_name,
-            LATENCY_PREDICTION_INFO_KEY,
-        )
+        check_producers(handle, params)
         self._gate = params.max_ttft_penalty_ms > 0
         self._predicted = params.ttft_source == LATENCY_PREDICTOR
         keys = {PREFIX_CACHE_MATCH_INFO_KEY}

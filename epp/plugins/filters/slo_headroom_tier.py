@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from epp.framework import CycleState, Endpoint, Filter, Handle, LLMRequest, register
 from epp.framework.attributes import LATENCY_PREDICTION_INFO_KEY, LatencyPredictionInfo
-from epp.plugins.scorers._data_keys import check_producer
+from epp.plugins.scorers._data_keys import check_producers
 
 __all__ = ["SloHeadroomTierFilter", "SloHeadroomTierParams"]
 
@@ -47,12 +47,7 @@ class SloHeadroomTierFilter(Filter):
     ) -> None:
         params = params if params is not None else SloHeadroomTierParams()
         super().__init__(name, params, handle)
-        check_producer(
-            handle,
-            "latencyPredictionInfoProducerName",
-            params.latency_prediction_info_producer_name,
-            LATENCY_PREDICTION_INFO_KEY,
-        )
+        check_producers(handle, params)
         self._epsilon = params.epsilon_explore_neg
         self._random = (rng or random.Random()).random
 

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from epp.framework import CycleState, Endpoint, Filter, Handle, LLMRequest, Stability, register
 from epp.framework.attributes import INFLIGHT_LOAD_KEY, InFlightLoad
-from epp.plugins.scorers._data_keys import check_producer
+from epp.plugins.scorers._data_keys import check_producers
 
 __all__ = ["UtilizationCondition", "UtilizationFilter", "UtilizationFilterParams"]
 
@@ -62,9 +62,7 @@ class UtilizationFilter(Filter):
 
     def __init__(self, name: str, params: UtilizationFilterParams, handle: Handle | None = None) -> None:
         super().__init__(name, params, handle)
-        check_producer(
-            handle, "inFlightLoadProducerName", params.in_flight_load_producer_name, INFLIGHT_LOAD_KEY
-        )
+        check_producers(handle, params)
         caps: dict[str, float] = {}
         for c in params.conditions:  # the same metric twice: the tighter cap decides
             assert c.max_value is not None  # validated

@@ -39,7 +39,7 @@ from epp.framework.attributes import (
 from epp.framework.durations import parse_go_duration
 from epp.plugins.producers._latency_model import ErrorWindow, OnlineRidge
 from epp.plugins.producers.inflight_load import estimate_input_tokens, uncached_input_tokens
-from epp.plugins.scorers._data_keys import check_producer
+from epp.plugins.scorers._data_keys import check_producers
 
 __all__ = ["PredictedLatencyParams", "PredictedLatencyProducer", "tpot_features", "ttft_features"]
 
@@ -266,15 +266,7 @@ class PredictedLatencyProducer(DataProducer, PreRequest, ResponseBodyProcessor, 
     ) -> None:
         params = params if params is not None else PredictedLatencyParams()
         super().__init__(name, params, handle)
-        check_producer(
-            handle,
-            "prefixMatchInfoProducerName",
-            params.prefix_match_info_producer_name,
-            PREFIX_CACHE_MATCH_INFO_KEY,
-        )
-        check_producer(
-            handle, "inFlightLoadProducerName", params.in_flight_load_producer_name, INFLIGHT_LOAD_KEY
-        )
+        check_producers(handle, params)
         ttl = params.ttl_seconds()
         if ttl is None:
             raise ConfigError("contextTTL", f"must be a positive duration, got {params.context_ttl!r}")

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from epp.framework import Admitter, CycleState, Endpoint, Handle, InferenceError, LLMRequest, register
 from epp.framework.attributes import LATENCY_PREDICTION_INFO_KEY, LatencyPredictionInfo
 from epp.framework.errors import saturated
-from epp.plugins.scorers._data_keys import check_producer
+from epp.plugins.scorers._data_keys import check_producers
 
 __all__ = ["COLD_KV_CACHE_USAGE", "LatencySloAdmitter", "LatencySloAdmitterParams"]
 
@@ -37,12 +37,7 @@ class LatencySloAdmitter(Admitter):
     ) -> None:
         params = params if params is not None else LatencySloAdmitterParams()
         super().__init__(name, params, handle)
-        check_producer(
-            handle,
-            "latencyPredictionInfoProducerName",
-            params.latency_prediction_info_producer_name,
-            LATENCY_PREDICTION_INFO_KEY,
-        )
+        check_producers(handle, params)
 
     def admit(
         self, cycle: CycleState, request: LLMRequest, endpoints: list[Endpoint]

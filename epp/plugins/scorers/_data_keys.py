@@ -9,11 +9,17 @@ are keyed ``"<attribute>/<producer>"``, e.g. ``GPUUtilization/dcgm-extractor``.
 from __future__ import annotations
 
 from epp.framework import ConfigError, DataProducer, Endpoint, Handle
+from epp.framework.attributes import (
+    INFLIGHT_LOAD_KEY,
+    LATENCY_PREDICTION_INFO_KEY,
+    PREFIX_CACHE_MATCH_INFO_KEY,
+)
 from epp.framework.endpoint_attributes import CORE_METRICS_EXTRACTOR, data_key
 
 __all__ = [
     "as_number",
     "check_producer",
+    "check_producers",
     "endpoint_key_or_error",
     "read_scalar",
     "resolve_attribute_key",
@@ -33,6 +39,26 @@ def check_producer(handle: Handle | None, field: str, name: str, data_key: str) 
     produces = plugin.produces if isinstance(plugin, DataProducer) else frozenset()
     if data_key not in produces:
         raise ConfigError(field, f"plugin '{name}' ({plugin.type_name}) does not produce {data_key}")
+
+
+# (Params attribute, parameter name, the data key the named producer must produce)
+_PRODUCER_FIELDS = (
+    ("prefix_match_info_producer_name", "prefixMatchInfoProducerName", PREFIX_CACHE_MATCH_INFO_KEY),
+    ("in_flight_load_producer_name", "inFlightLoadProducerName", INFLIGHT_LOAD_KEY),
+    (
+        "latency_prediction_info_producer_name",
+        "latencyPredictionInfoProducerName",
+        LATENCY_PREDICTION_INFO_KEY,
+    ),
+)
+
+
+def check_producers(handle: Handle | None, params: object) -> None:
+    """``check_producer`` for every ``...ProducerName`` parameter that ``params`` has."""
+    for attr, field, key in _PRODUCER_FIELDS:
+        name = getattr(params, attr, None)
+        if isinstance(name, str):
+            check_producer(handle, field, name, key)
 
 
 def endpoint_key_or_error(attribute: str, producer: str | None) -> str | None:

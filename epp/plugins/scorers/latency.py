@@ -16,7 +16,7 @@ from epp.framework.attributes import (
     LatencyPredictionInfo,
     PrefixCacheMatchInfo,
 )
-from epp.plugins.scorers._data_keys import check_producer
+from epp.plugins.scorers._data_keys import check_producers
 
 __all__ = ["LatencyScorer", "LatencyScorerParams"]
 
@@ -73,18 +73,7 @@ class LatencyScorer(Scorer):
     ) -> None:
         params = params if params is not None else LatencyScorerParams()
         super().__init__(name, params, handle)
-        check_producer(
-            handle,
-            "latencyPredictionInfoProducerName",
-            params.latency_prediction_info_producer_name,
-            LATENCY_PREDICTION_INFO_KEY,
-        )
-        check_producer(
-            handle,
-            "prefixMatchInfoProducerName",
-            params.prefix_match_info_producer_name,
-            PREFIX_CACHE_MATCH_INFO_KEY,
-        )
+        check_producers(handle, params)
         self._alpha, self._beta = _normalized(params.ttft_weight, params.tpot_weight)
         self._most = params.headroom_selection_strategy == MOST
 

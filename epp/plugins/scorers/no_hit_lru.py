@@ -16,7 +16,7 @@ from epp.framework import (
     register,
 )
 from epp.framework.attributes import PREFIX_CACHE_MATCH_INFO_KEY, PrefixCacheMatchInfo
-from epp.plugins.scorers._data_keys import check_producer
+from epp.plugins.scorers._data_keys import check_producers
 
 DEFAULT_LRU_SIZE = 1024
 PREFILL_PROFILE = "prefill"
@@ -55,12 +55,7 @@ class NoHitLRUScorer(Scorer, PreRequest):
 
     def __init__(self, name: str, params: NoHitLRUParams, handle: Handle | None = None) -> None:
         super().__init__(name, params, handle)
-        check_producer(
-            handle,
-            "prefixMatchInfoProducerName",
-            params.prefix_match_info_producer_name,
-            PREFIX_CACHE_MATCH_INFO_KEY,
-        )
+        check_producers(handle, params)
         self._capacity = params.effective_lru_size
         # endpoint key -> None, oldest first (insertion/move order = recency)
         self._lru: OrderedDict[str, None] = OrderedDict()

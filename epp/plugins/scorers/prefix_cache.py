@@ -10,7 +10,7 @@ from typing import Any
 from epp.framework import CycleState, Endpoint, Handle, LLMRequest, Scorer, register
 from epp.framework.attributes import PREFIX_CACHE_MATCH_INFO_KEY, PrefixCacheMatchInfo
 from epp.plugins.producers.approx_prefix_cache import ApproxPrefixCacheParams
-from epp.plugins.scorers._data_keys import check_producer
+from epp.plugins.scorers._data_keys import check_producers
 
 __all__ = ["PrefixCacheScorer", "PrefixCacheScorerParams"]
 
@@ -67,12 +67,7 @@ class PrefixCacheScorer(Scorer):
 
     def __init__(self, name: str, params: PrefixCacheScorerParams, handle: Handle | None = None) -> None:
         super().__init__(name, params, handle)
-        check_producer(
-            handle,
-            "prefixMatchInfoProducerName",
-            params.prefix_match_info_producer_name,
-            PREFIX_CACHE_MATCH_INFO_KEY,
-        )
+        check_producers(handle, params)
         self._weight = params.match_length_weight
         self._scale = float(params.match_length_scale_tokens)
 
