@@ -116,11 +116,14 @@ def _rejection(outcome: str, empty_pool: bool) -> InferenceError:
     )
 
 
-_GIVE_WAY = dropped(
-    ErrorCode.RESOURCE_EXHAUSTED,
-    "sheddable request rejected: higher-priority requests are waiting for the pool (flow control eviction)",
-    DroppedReason.SATURATED,
-)
+def _give_way() -> InferenceError:
+    """A new error each time: a raised exception keeps its traceback, so none is shared."""
+    return dropped(
+        ErrorCode.RESOURCE_EXHAUSTED,
+        "sheddable request rejected: higher-priority requests are waiting for the pool (flow control "
+        "eviction)",
+        DroppedReason.SATURATED,
+    )
 
 
 def _stages(pool: Sequence[Endpoint]) -> tuple[list[Endpoint], list[Endpoint]] | None:
@@ -231,7 +234,7 @@ class FlowController:
         size = request.request_size_bytes
         if self.settings.eviction and priority < 0 and self._backlog_above(priority):
             self._count(REJECTED_CAPACITY, prio)
-            raise _GIVE_WAY
+            raise _give_way()
         if not self._fits(band, size):
             outcome = REJECTED_NO_ENDPOINTS if empty else REJECTED_CAPACITY
             self._count(outcome, prio)
@@ -544,7 +547,7 @@ class FlowController:
             if band.priority >= 0 or band.priority >= blocked.priority:
                 continue
             for item in band.items():
-                self._drop(band, item, EVICTED_OTHER, _GIVE_WAY)
+                self._drop(band, item, EVICTED_OTHER, _give_way())
 
     def _reclaim(self, band: Band, deficit: float, now: float) -> None:
         """``band`` is gated: revoke the newest in-flight request of the lowest priority below it.

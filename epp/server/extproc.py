@@ -122,6 +122,16 @@ def _budget_exceeded(budget: int) -> InferenceError:
     )
 
 
+def _evicted() -> InferenceError:
+    """The 429 of a request revoked by flow control's eviction (a new error each time: a raised
+    exception keeps its traceback)."""
+    return dropped(
+        ErrorCode.RESOURCE_EXHAUSTED,
+        "request evicted by flow control: capacity reclaimed for higher-priority requests",
+        DroppedReason.EVICTED,
+    )
+
+
 class _ProtocolError(Exception):
     """A request message the stream's phase does not expect: the stream ends with FAILED_PRECONDITION."""
 
@@ -155,12 +165,7 @@ _REJECTED_PROTOCOL = metrics.EXTPROC_STREAMS_REJECTED.labels("protocol_error")
 _REQUEST_PROCESSING = metrics.REQUEST_PROCESSING.labels()
 _RESPONSE_PROCESSING = metrics.RESPONSE_PROCESSING.labels()
 _STREAM_DURATION = metrics.EXTPROC_STREAM_DURATION.labels()
-_NO_KEY = ("", "", "", "")
-_EVICTED = dropped(
-    ErrorCode.RESOURCE_EXHAUSTED,
-    "request evicted by flow control: capacity reclaimed for higher-priority requests",
-    DroppedReason.EVICTED,
-)  # request metric labels of a stream rejected before its request was parsed
+_NO_KEY = ("", "", "", "")  # request metric labels of a stream rejected before its request was parsed
 
 # Replies that never change, built once.
 _RESPONSE_HEADERS_DEBUG = replies.response_headers_reply({DEBUG_RESPONSE_HEADER: "true"})
@@ -845,9 +850,9 @@ class ExternalProcessor(ep_grpc.ExternalProcessorServicer):
             if stream.revoked and stream.task is not None:
                 stream.task.uncancel()
                 code = "Evicted"
-                stream.error = _EVICTED
+                stream.error = evicted = _evicted()
                 await stream.flush_override()
-                await write(replies.immediate_error(_EVICTED))
+                await write(replies.immediate_error(evicted))
                 return
             if stream.phase is not EXPIRED or stream.task is None:
                 code = "Canceled"
