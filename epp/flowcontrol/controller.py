@@ -54,17 +54,16 @@ class Permit:
     __slots__ = ("_band", "_controller", "_flow", "_routed")
 
     def __init__(self, controller: FlowController, band: Band, flow: str) -> None:
-        self._controller: FlowController | None = controller
+        self._controller = controller
         self._band: Band | None = band
         self._flow = flow
         self._routed = False
 
     def release(self) -> None:
-        c = self._controller
-        if c is not None and not self._routed:
+        if not self._routed:
             self._routed = True
-            c._pending -= 1
-            c.kick()
+            self._controller._pending -= 1
+            self._controller.kick()
 
     def done(self) -> None:
         self.release()
@@ -72,8 +71,7 @@ class Permit:
         if band is not None:
             self._band = None
             band.finished(self._flow)
-            if self._controller is not None:
-                self._controller.kick()
+            self._controller.kick()
 
 
 def _rejection(outcome: str, empty_pool: bool) -> InferenceError:
@@ -187,7 +185,6 @@ class FlowController:
         self._kick_handle: asyncio.Handle | None = None
         self._sat_effective = m.POOL_SATURATION.labels(pool_name, "effective")
         self._ceilings: list[float] = []
-        self.saturation = 0.0  # as of the last dispatch cycle
         # eviction: in-flight sheddable requests by priority, in dispatch order; revocations pending
         self._victims: dict[int, dict[int, Victim]] = {}
         self._revoking: dict[int, Victim] = {}
@@ -432,7 +429,7 @@ class FlowController:
             pool = self._look(now)
             if not pool:
                 return False  # no endpoints: requests wait (noEndpointRequestTTL)
-            sat = self.saturation = self._saturation(pool)
+            sat = self._saturation(pool)
             self._sat_effective.set(sat)
             active = [b for b in self._order if b.length]
             if not active:

@@ -455,17 +455,22 @@ class PredictedLatencyProducer(DataProducer, PreRequest, ResponseBodyProcessor, 
             m = self.endpoint_models[key] = _Models(self._forgetting, self._warmup)
         return m
 
+    def _check(self, errors: ErrorWindow, target: str, predicted: float | None, observed: float) -> None:
+        """Score the prediction made for this response (if any) and publish the running MAPE."""
+        if predicted is None:
+            return
+        errors.add(predicted, observed)
+        mape = errors.mape
+        if mape is not None:
+            PREDICTOR_MAPE.labels(self.name, target).set(mape)
+
     def _learn_ttft(self, pending: _Pending, ttft_ms: float) -> None:
         endpoint = pending.prefill or pending.target
         assert endpoint is not None
         c = pending.candidates.get(endpoint)
         if c is None:
             return
-        if c.ttft is not None:
-            self.ttft_errors.add(c.ttft, ttft_ms)
-            mape = self.ttft_errors.mape
-            if mape is not None:
-                PREDICTOR_MAPE.labels(self.name, "ttft").set(mape)
+        self._check(self.ttft_errors, "ttft", c.ttft, ttft_ms)
         self._models(endpoint).ttft.update(c.ttft_x, ttft_ms)
         self.pool.ttft.update(c.ttft_x, ttft_ms)
         self._c_ttft_samples.inc()
@@ -488,11 +493,7 @@ class PredictedLatencyProducer(DataProducer, PreRequest, ResponseBodyProcessor, 
         c = pending.candidates.get(target)
         if c is None:
             return
-        if c.tpot is not None:
-            self.tpot_errors.add(c.tpot, tpot)
-            mape = self.tpot_errors.mape
-            if mape is not None:
-                PREDICTOR_MAPE.labels(self.name, "tpot").set(mape)
+        self._check(self.tpot_errors, "tpot", c.tpot, tpot)
         self._models(target).tpot.update(c.tpot_x, tpot)
         self.pool.tpot.update(c.tpot_x, tpot)
         self._c_tpot_samples.inc()
