@@ -27,6 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Self
 
+import yaml
+
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench._workdir import run_in_workdir
@@ -571,8 +573,36 @@ class Backends(_Supervised):
         return f"{len(self.ports)} epp sim processes: {where}"
 
 
+def extract_baseline(ref: str, dest: Path) -> Path:
+    """The ``epp`` package of git ``ref`` of this repository, unpacked under ``dest``."""
+    repo = Path(__file__).resolve().parent.parent
+    dest.mkdir(parents=True, exist_ok=True)
+    archive = subprocess.run(
+        ["git", "-C", str(repo), "archive", "--format=tar", ref, "epp"], capture_output=True, check=False
+    )
+    if archive.returncode != 0:
+        raise StartupError(f"--baseline {ref}: git archive failed: {archive.stderr.decode().strip()}")
+    subprocess.run(["tar", "-x", "-C", str(dest)], input=archive.stdout, check=True)
+    return dest
+
+
+def baseline_argv(src: Path, grpc_port: int, health_port: int, metrics_port: int, config: Any) -> list[str]:
+    """``epp serve`` of the baseline tree ``src`` (imported before the installed package)."""
+    argv = stack.serve_argv(
+        grpc_port=grpc_port,
+        health_port=health_port,
+        metrics_port=metrics_port,
+        config_text=yaml.safe_dump(dict(config), sort_keys=False),
+    )
+    code = (
+        f"import runpy, sys; sys.path.insert(0, {str(src)!r}); runpy.run_module('epp', run_name='__main__')"
+    )
+    return [sys.executable, "-c", code, *argv[3:]]  # argv[:3]: python -m epp
+
+
 class Target(_Supervised):
-    """The measured ext_proc server (``epp`` or ``stub``) behind its own front Envoy."""
+    """The measured ext_proc server (``epp``, ``stub``, or ``base``: the EPP of ``--baseline``)
+    behind its own front Envoy."""
 
     def __init__(
         self,
@@ -583,8 +613,10 @@ class Target(_Supervised):
         body: bytes,
         front_concurrency: int,
         response: str = "shipped",
+        baseline_src: Path | None = None,
     ) -> None:
         self.kind = kind
+        self.baseline_src = baseline_src  # kind "base": the source tree whose EPP runs
         self.mode, self.response_header_mode = EXCHANGES[exchange]
         self.backends = backends
         self.workdir = workdir
@@ -629,16 +661,29 @@ class Target(_Supervised):
     def start(self) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
         checks: list[tuple[str, Callable[[], bool]]]
-        if self.kind == "epp":
+        if self.kind in ("epp", "base"):
             endpoints = self.workdir / "endpoints.yaml"
             stack.write_endpoints(endpoints, self.backends.ports)
-            self.server = self.stack.start_epp(
-                "epp",
-                grpc_port=self.grpc_port,
-                health_port=self.health_port,
-                metrics_port=self.metrics_port,
-                config=stack.epp_config(endpoints),
-            )
+            if self.kind == "epp":
+                self.server = self.stack.start_epp(
+                    "epp",
+                    grpc_port=self.grpc_port,
+                    health_port=self.health_port,
+                    metrics_port=self.metrics_port,
+                    config=stack.epp_config(endpoints),
+                )
+            else:
+                assert self.baseline_src is not None
+                self.server = self.stack.supervisor.start(
+                    "base",
+                    baseline_argv(
+                        self.baseline_src,
+                        self.grpc_port,
+                        self.health_port,
+                        self.metrics_port,
+                        stack.epp_config(endpoints),
+                    ),
+                )
             checks = [("EPP readiness", lambda: stack.grpc_serving(self.health_port))]
         else:
             destination = f"127.0.0.1:{self.backends.ports[0]}"
@@ -799,7 +844,14 @@ def bench_workload(
             loadgen = LoadGenerator(args.tool, workload.body_file, args.concurrency, target_dir)
             target = stack_.enter_context(
                 Target(
-                    kind, exchange, backends, target_dir, workload.body, args.front_concurrency, args.response
+                    kind,
+                    exchange,
+                    backends,
+                    target_dir,
+                    workload.body,
+                    args.front_concurrency,
+                    args.response,
+                    baseline_src=args.baseline_src,
                 )
             )
             label = f"{workload.name:<7} {exchange:<25} {kind:<4}"
@@ -819,7 +871,9 @@ def _size(n: float) -> str:
     return f"{n / 1000:.0f} KB" if n >= 10_000 else f"{n:.0f} B"
 
 
-def print_table(rows: Sequence[Row], runs: int, backend: str, nproc: int) -> None:
+def print_table(
+    rows: Sequence[Row], runs: int, backend: str, nproc: int, base: dict[str, Summary], ref: str = ""
+) -> None:
     print(
         f"\nmedian of {runs} runs, {backend} backends, nproc {nproc} (CPU: utime+stime per completed "
         "request; messages: to the EPP + from it, counted by Envoy; bytes: on the ext_proc connection)"
@@ -841,7 +895,16 @@ def print_table(rows: Sequence[Row], runs: int, backend: str, nproc: int) -> Non
         else:
             line += f"{stub.cpu_us:>12.0f}{epp.cpu_us / stub.cpu_us:>9.2f}{epp.rps:>10.0f}{stub.rps:>11.0f}"
         print(line)
+    for workload, summary in base.items():
+        ratios = ", ".join(
+            f"{exchange} {epp.cpu_us / summary.cpu_us:.2f}x" for w, exchange, epp, _ in rows if w == workload
+        )
+        print(
+            f"{workload:<8}baseline {ref} ({BASELINE}): {summary.cpu_us:.0f} µs/req, "
+            f"{summary.rps:.0f} req/s; this EPP relative to it: {ratios}"
+        )
     errors = sum(epp.errors + (stub.errors if stub else 0) for _, _, epp, stub in rows)
+    errors += sum(summary.errors for summary in base.values())
     if errors:
         print(f"warning: {errors} failed requests during the measured runs (see the per-run lines)")
 
@@ -920,6 +983,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         default="auto",
         help="load generator (default: wrk if on PATH)",
     )
+    add(
+        "--baseline",
+        metavar="GIT_REF",
+        default="",
+        help=f"also measure the EPP of this git commit in {BASELINE} mode, side by side (e.g. the code "
+        "an issue's figures were taken on); its epp/ is unpacked with git archive",
+    )
     add("--keep-logs", action="store_true", help="keep the work directory (logs, configs) on success")
     args = parser.parse_args(argv)
     if args.backends < 1 or args.requests < 1 or args.runs < 1 or args.agentic_requests < 1:
@@ -952,13 +1022,21 @@ def main(argv: list[str] | None = None) -> int:
         flush=True,
     )
     rows: list[Row] = []
+    base: dict[str, Summary] = {}
+    args.baseline_src = None
 
     def run() -> int:
+        if args.baseline:
+            args.baseline_src = extract_baseline(args.baseline, workdir / "baseline")
         with Backends(args.backend, args.backends, workdir / "backends") as backends:
             print(f"backends: {backends.describe()}", flush=True)
             for workload in workloads:
                 pairs = [(exchange, kind) for exchange in args.exchanges for kind in targets]
+                if args.baseline:
+                    pairs.append((BASELINE, "base"))
                 results = bench_workload(pairs, args, backends, workload, workdir)
+                if args.baseline:
+                    base[workload.name] = Summary.of(results[(BASELINE, "base")])
                 for exchange in args.exchanges:
                     stub = results.get((exchange, "stub"))
                     rows.append(
@@ -976,7 +1054,7 @@ def main(argv: list[str] | None = None) -> int:
         run,
         errors=(StartupError, RuntimeError, TimeoutError, OSError, subprocess.SubprocessError),
         keep_logs=args.keep_logs,
-        report=lambda: print_table(rows, args.runs, args.backend, nproc),
+        report=lambda: print_table(rows, args.runs, args.backend, nproc, base, args.baseline),
     )
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import signal
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -95,6 +96,21 @@ def _bind(server: grpc.aio.Server, address: str, opts: ServeOptions) -> None:
         server.add_secure_port(address, credentials)
     else:
         server.add_insecure_port(address)
+
+
+# Young-generation collections every this many net allocations instead of 700: each one walks
+# every young object, including those of the requests in flight, which the default would revisit
+# every few requests.
+GC_YOUNG_THRESHOLD = 20_000
+
+
+def _settle_heap() -> None:
+    """Before serving: start-up objects (modules, the config, plugins) move out of the collector's
+    view (``gc.freeze``), so full collections walk only what serving created; see GC_YOUNG_THRESHOLD."""
+    gc.collect()
+    gc.freeze()
+    _, older, oldest = gc.get_threshold()
+    gc.set_threshold(GC_YOUNG_THRESHOLD, older, oldest)
 
 
 class EppServer:
@@ -308,6 +324,7 @@ class EppServer:
             _bind(server, f"{opts.bind_address}:{opts.grpc_port}", opts)
             await server.start()
             await self.health.set_ready(True)
+            _settle_heap()
             log.info(
                 "epp serving",
                 grpc_port=opts.grpc_port,

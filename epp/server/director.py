@@ -60,6 +60,7 @@ from epp.framework.wire import (
 from epp.log_limit import LOGS
 from epp.scheduling import Scheduler
 from epp.scheduling.parser_router import ParserRouter
+from epp.server import _eager
 from epp.server.body_rewrite import replace_model
 from epp.server.subset import filter_by_subset, subset_entries
 
@@ -421,27 +422,34 @@ class Director:
     async def _produce(self, cycle: CycleState, request: LLMRequest, candidates: list[Endpoint]) -> None:
         """Run the producers in order within one shared budget; failures are logged, never fatal.
 
-        ``asyncio.timeout`` (a timer, no extra task) keeps the common case, producers that never
-        suspend, as cheap as plain calls.
+        Each producer starts eagerly (``_eager.start``); only one that suspends runs under a timer,
+        so producers that never suspend, the common case, cost plain calls.
         """
         producers = self.hooks.producers
         budget = max(PRODUCERS_BUDGET_SECONDS, max((p.produce_timeout for p in producers), default=0.0))
-        try:
-            async with asyncio.timeout(budget):
-                for producer in producers:
-                    t0 = time.perf_counter()
+        t_start = time.perf_counter()
+        for producer in producers:
+            t0 = time.perf_counter()
+            try:
+                rest = _eager.start(producer.produce(cycle, request, candidates))
+                if rest is not None:
+                    deadline = asyncio.get_running_loop().time() + budget - (time.perf_counter() - t_start)
                     try:
-                        await producer.produce(cycle, request, candidates)
-                    except Exception as e:  # a producer failure never fails the request
-                        _plugin_failed("producer_failed", "data producer failed", producer, e)
-                    metrics.observe_plugin("DataProducer", producer, time.perf_counter() - t0)
-        except TimeoutError:
-            LOGS.log(
-                log.warning,
-                "producers_budget",
-                "data producers exceeded their budget",
-                budget_s=budget,
-            )
+                        async with asyncio.timeout_at(deadline) as timer:
+                            await rest
+                    except TimeoutError:
+                        if not timer.expired():
+                            raise  # the producer's own timeout: a failure of that producer
+                        LOGS.log(
+                            log.warning,
+                            "producers_budget",
+                            "data producers exceeded their budget",
+                            budget_s=budget,
+                        )
+                        return
+            except Exception as e:  # a producer failure never fails the request
+                _plugin_failed("producer_failed", "data producer failed", producer, e)
+            metrics.observe_plugin("DataProducer", producer, time.perf_counter() - t0)
 
     # --- end of request ----------------------------------------------------------------------
 

@@ -140,9 +140,11 @@ class _ProtocolError(Exception):
 
 
 def _headers(msg: ep.HttpHeaders) -> dict[str, str]:
-    return {
-        h.key: h.raw_value.decode("utf-8", "replace") if h.raw_value else h.value for h in msg.headers.headers
-    }
+    out: dict[str, str] = {}
+    for h in msg.headers.headers:
+        raw = h.raw_value  # what Envoy sends; ``value`` only from older senders
+        out[h.key] = raw.decode("utf-8", "replace") if raw else h.value
+    return out
 
 
 def _scan_response_headers(msg: ep.HttpHeaders) -> tuple[bool, int]:
@@ -445,7 +447,7 @@ class _Stream:
         In-flight accounting begins here, before anything else can fail, so ``finish`` releases it.
         """
         self._begin(routing)
-        set_headers = {DESTINATION_HEADER: routing.destination}
+        set_headers: dict[str, str] = {}
         client = self.headers
         if self.request_id_generated:
             set_headers[REQUEST_ID_HEADER] = client[REQUEST_ID_HEADER]
@@ -457,16 +459,21 @@ class _Stream:
                 if (client.get(k) != v or k in EPP_OWNED_HEADERS) and k not in _NEVER_ECHO and k[0] != ":":
                     set_headers[k] = v
         remove = [k for k in EPP_OWNED_HEADERS if k in client and k not in set_headers]
-        common = replies.routing_common(
-            set_headers, remove, routing.body if self.req_mode == BUFFERED and routing.body_changed else None
+        scores = self.opts.emit_endpoint_scores and routing.result is not None
+        rewritten = routing.body_changed and request is not None
+        reply = replies.routing_reply(
+            routing.destination,
+            on_body=self.req_mode == BUFFERED and not on_headers,
+            set_headers=set_headers,
+            remove=remove,
+            body=routing.body if self.req_mode == BUFFERED and routing.body_changed else None,
+            private=scores or rewritten,
         )
-        if self.req_mode == BUFFERED and not on_headers:
-            reply = replies.request_body_reply(common, routing.destination)
-        else:
-            reply = replies.request_headers_reply(common, routing.destination)
-        if routing.body_changed and request is not None:
+        if rewritten:
+            assert request is not None
             replies.add_rewrite_metadata(reply, request.incoming_model, request.target_model)
-        if self.opts.emit_endpoint_scores and routing.result is not None:
+        if scores:
+            assert routing.result is not None
             primary = routing.result.primary
             if primary is not None and primary.scores:
                 hostports = [e.hostport for e in primary.target_endpoints]

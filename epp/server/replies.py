@@ -44,6 +44,51 @@ def routing_common(
     return common
 
 
+_ROUTED: dict[tuple[bool, str], ep.ProcessingResponse] = {}
+_ROUTED_LIMIT = 4096  # distinct destinations kept (endpoints, or comma-joined lists of them)
+
+
+def routing_reply(
+    destination: str,
+    *,
+    on_body: bool,
+    set_headers: Mapping[str, str] | None = None,
+    remove: Iterable[str] = (),
+    body: bytes | None = None,
+    private: bool = False,
+) -> ep.ProcessingResponse:
+    """The reply that routes: ``clear_route_cache``, the destination header (first) and metadata,
+    then ``set_headers``, ``remove`` and a replaced ``body``; a request-body reply when ``on_body``.
+
+    The reply that only routes, by far the most common one, is built once per destination and
+    shared: nobody may change it. Anything more, or ``private``, starts from a copy of it.
+    """
+    key = (on_body, destination)
+    base = _ROUTED.get(key)
+    if base is None:
+        if len(_ROUTED) >= _ROUTED_LIMIT:
+            _ROUTED.clear()
+        common = routing_common({DESTINATION_HEADER: destination}, ())
+        base = _ROUTED[key] = (
+            request_body_reply(common, destination) if on_body else request_headers_reply(common, destination)
+        )
+    if not (set_headers or remove or body is not None or private):
+        return base
+    resp = ep.ProcessingResponse()
+    resp.CopyFrom(base)
+    common = resp.request_body.response if on_body else resp.request_headers.response
+    mutation = common.header_mutation
+    if set_headers:
+        mutation.set_headers.extend(
+            HeaderValueOption(header=HeaderValue(key=k, raw_value=v.encode())) for k, v in set_headers.items()
+        )
+    if remove:
+        mutation.remove_headers.extend(remove)
+    if body is not None:
+        common.body_mutation.body = body
+    return resp
+
+
 def request_headers_reply(
     common: ep.CommonResponse | None = None,
     destination: str | None = None,
