@@ -872,7 +872,13 @@ def _size(n: float) -> str:
 
 
 def print_table(
-    rows: Sequence[Row], runs: int, backend: str, nproc: int, base: dict[str, Summary], ref: str = ""
+    rows: Sequence[Row],
+    runs: int,
+    backend: str,
+    nproc: int,
+    base: dict[str, Summary],
+    ref: str = "",
+    base_exchange: str = BASELINE,
 ) -> None:
     print(
         f"\nmedian of {runs} runs, {backend} backends, nproc {nproc} (CPU: utime+stime per completed "
@@ -900,7 +906,7 @@ def print_table(
             f"{exchange} {epp.cpu_us / summary.cpu_us:.2f}x" for w, exchange, epp, _ in rows if w == workload
         )
         print(
-            f"{workload:<8}baseline {ref} ({BASELINE}): {summary.cpu_us:.0f} µs/req, "
+            f"{workload:<8}baseline {ref} ({base_exchange}): {summary.cpu_us:.0f} µs/req, "
             f"{summary.rps:.0f} req/s; this EPP relative to it: {ratios}"
         )
     errors = sum(epp.errors + (stub.errors if stub else 0) for _, _, epp, stub in rows)
@@ -987,8 +993,14 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "--baseline",
         metavar="GIT_REF",
         default="",
-        help=f"also measure the EPP of this git commit in {BASELINE} mode, side by side (e.g. the code "
-        "an issue's figures were taken on); its epp/ is unpacked with git archive",
+        help="also measure the EPP of this git commit, side by side (e.g. the code an issue's figures "
+        "were taken on), in --baseline-exchange; its epp/ is unpacked with git archive",
+    )
+    add(
+        "--baseline-exchange",
+        default=BASELINE,
+        choices=list(EXCHANGES),
+        help=f"the exchange the --baseline EPP is measured in (default {BASELINE})",
     )
     add("--keep-logs", action="store_true", help="keep the work directory (logs, configs) on success")
     args = parser.parse_args(argv)
@@ -1033,10 +1045,10 @@ def main(argv: list[str] | None = None) -> int:
             for workload in workloads:
                 pairs = [(exchange, kind) for exchange in args.exchanges for kind in targets]
                 if args.baseline:
-                    pairs.append((BASELINE, "base"))
+                    pairs.append((args.baseline_exchange, "base"))
                 results = bench_workload(pairs, args, backends, workload, workdir)
                 if args.baseline:
-                    base[workload.name] = Summary.of(results[(BASELINE, "base")])
+                    base[workload.name] = Summary.of(results[(args.baseline_exchange, "base")])
                 for exchange in args.exchanges:
                     stub = results.get((exchange, "stub"))
                     rows.append(
@@ -1054,7 +1066,9 @@ def main(argv: list[str] | None = None) -> int:
         run,
         errors=(StartupError, RuntimeError, TimeoutError, OSError, subprocess.SubprocessError),
         keep_logs=args.keep_logs,
-        report=lambda: print_table(rows, args.runs, args.backend, nproc, base, args.baseline),
+        report=lambda: print_table(
+            rows, args.runs, args.backend, nproc, base, args.baseline, args.baseline_exchange
+        ),
     )
 
 

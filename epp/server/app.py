@@ -10,7 +10,6 @@ from typing import TYPE_CHECKING
 
 import grpc
 import structlog
-from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
 from grpc_health.v1 import health_pb2_grpc
 
 from epp import metrics, tracing
@@ -24,7 +23,7 @@ from epp.framework import Endpoint, EndpointStateHolder, MetadataExtractor, Repl
 from epp.promlite import start_http_server
 from epp.scheduling import Scheduler
 from epp.server.director import Director, DirectorHooks
-from epp.server.extproc import ExternalProcessor, StreamOptions
+from epp.server.extproc import ExternalProcessor, StreamOptions, add_to_server
 from epp.server.health import Health
 from epp.server.replication import ReplicationFollower, ReplicationHub
 from epp.server.tls import (
@@ -318,7 +317,7 @@ class EppServer:
                     opts.max_request_body_bytes, opts.grpc_max_recv_msg_size, opts.grpc_max_send_msg_size
                 )
             )
-            ep_grpc.add_ExternalProcessorServicer_to_server(self.processor, server)
+            add_to_server(self.processor, server)
             if opts.health_checking:
                 health_pb2_grpc.add_HealthServicer_to_server(self.health.servicer, server)
             _bind(server, f"{opts.bind_address}:{opts.grpc_port}", opts)

@@ -38,7 +38,8 @@ from epp.framework.wire import (
     REQUEST_ID_HEADER,
 )
 from epp.log_limit import LOGS
-from epp.server import replies
+from epp.server import body_message, replies
+from epp.server.body_message import BodyMessage
 from epp.server.body_rewrite import model_literal_pairs, replace_existing_model
 from epp.server.director import EPP_OWNED_HEADERS, Director, Routing
 from epp.server.stream_limits import RequestPhaseLimits
@@ -774,6 +775,23 @@ class _Stream:
                 metrics.RESPONSE_SIZES.at(key).observe(size)
 
 
+def add_to_server(processor: ExternalProcessor, server: grpc.aio.Server) -> None:
+    """Serve ``processor`` as ``envoy.service.ext_proc.v3.ExternalProcessor``; request messages are
+    decoded by ``body_message.decode`` (long bodies are not copied through protobuf)."""
+    handlers = {
+        "Process": grpc.stream_stream_rpc_method_handler(
+            processor.Process,
+            request_deserializer=body_message.decode,
+            response_serializer=ep.ProcessingResponse.SerializeToString,
+        )
+    }
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(_SERVICE, handlers),))
+    server.add_registered_method_handlers(_SERVICE, handlers)
+
+
+_SERVICE = "envoy.service.ext_proc.v3.ExternalProcessor"
+
+
 class ExternalProcessor(ep_grpc.ExternalProcessorServicer):
     """``envoy.service.ext_proc.v3.ExternalProcessor``: a read/write loop per stream.
 
@@ -808,14 +826,21 @@ class ExternalProcessor(ep_grpc.ExternalProcessorServicer):
                 req = await read()
                 if req is grpc.aio.EOF:
                     return
-                if req.HasField("metadata_context"):
-                    _merge_metadata(stream.metadata, req)
-                which = req.WhichOneof("request")
+                if type(req) is BodyMessage:  # a long body, sliced off the wire
+                    fields, which = req.rest, "request_body"
+                else:
+                    fields, which = req, req.WhichOneof("request")
+                if fields.HasField("metadata_context"):
+                    _merge_metadata(stream.metadata, fields)
                 try:
                     if which == "request_body":  # the message is let go while the body is routed
-                        body = req.request_body
-                        chunk, eos = body.body, body.end_of_stream
-                        del req, body
+                        if type(req) is BodyMessage:
+                            chunk, eos = req.body, req.end_of_stream
+                        else:
+                            body = req.request_body
+                            chunk, eos = body.body, body.end_of_stream
+                            del body
+                        del req, fields
                         out = await stream.on_request_chunk(chunk, eos)
                         del chunk
                     elif which == "request_headers":

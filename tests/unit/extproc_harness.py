@@ -14,7 +14,7 @@ from google.protobuf.struct_pb2 import Struct
 from epp.datalayer.store import EndpointStore
 from epp.framework import EndpointMetadata
 from epp.server.director import Director
-from epp.server.extproc import BUFFERED, FULL_DUPLEX_STREAMED, ExternalProcessor, StreamOptions
+from epp.server.extproc import BUFFERED, FULL_DUPLEX_STREAMED, ExternalProcessor, StreamOptions, add_to_server
 from tests.unit import factories
 
 
@@ -54,7 +54,7 @@ async def start(
     director = director or factories.director(store)
     server = grpc.aio.server()
     processor = ExternalProcessor(director, opts)
-    ep_grpc.add_ExternalProcessorServicer_to_server(processor, server)
+    add_to_server(processor, server)
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
     channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
