@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import orjson
 
@@ -33,7 +33,9 @@ class ApiKind(enum.Enum):
 @dataclass(slots=True)
 class RequestBody:
     """A decoded request body. ``payload`` is the JSON object (the fields a parser extracted for a
-    non-JSON body: ``model``, ``prompt``); ``raw`` the bytes received.
+    non-JSON body: ``model``, ``prompt``); ``raw`` the bytes received. A parser may hand a payload
+    that converts its members when read (``LazyPayload``); ``settle`` tells it the request was
+    scheduled.
 
     ``token_ids``: the prompt's token ids when the request carries them. ``rewritable``: the body is
     JSON whose ``model`` the EPP can rewrite; such a body must name a model. A non-rewritable body
@@ -41,7 +43,7 @@ class RequestBody:
     """
 
     api: ApiKind
-    payload: dict[str, Any]
+    payload: Mapping[str, Any]
     raw: bytes
     stream: bool = False
     token_ids: list[int] | None = None
@@ -87,6 +89,13 @@ class RequestBody:
                 return prefix[:limit]
         return self.prompt_bytes[:limit]
 
+    def settle(self) -> None:
+        """Scheduling is over (or the request waits in a queue): a lazy payload lets its parse
+        buffers go."""
+        settle = getattr(self.payload, "settle", None)
+        if settle is not None:
+            settle()
+
     @property
     def cache_salt(self) -> str:
         """The prefix-cache salt: ``cache_salt`` (SGLang's generate calls it ``extra_key``)."""
@@ -109,7 +118,7 @@ def request_path(headers: Mapping[str, str]) -> str:
     return path.partition("?")[0]
 
 
-def _json_prefix(items: list[Any], limit: int) -> bytes:
+def _json_prefix(items: Iterable[Any], limit: int) -> bytes:
     """The first bytes (at least ``limit``, else all) of ``orjson.dumps(items)``: the items are
     serialised one at a time (compact output is ``[a,b,...]``), stopping once there are enough."""
     parts = [b"["]
@@ -124,11 +133,31 @@ def _json_prefix(items: list[Any], limit: int) -> bytes:
     return b"".join(parts)
 
 
-def _prompt_prefix(api: ApiKind, payload: dict[str, Any], limit: int) -> bytes | None:
+class LazyPayload(Protocol):
+    """A payload whose members become Python objects when read (see ``RequestBody``)."""
+
+    def array_items(self, key: str) -> Iterator[Any] | None:
+        """The elements of array member ``key``, each converted when reached (none when absent);
+        None when the member is not an array."""
+
+    def settle(self) -> None: ...
+
+
+def _array_items(payload: Mapping[str, Any], key: str) -> Iterable[Any] | None:
+    """Array member ``key`` (``[]`` when absent), element by element for a lazy payload."""
+    items = getattr(payload, "array_items", None)
+    if items is not None:
+        lazy: Iterable[Any] | None = items(key)
+        return lazy
+    value = payload.get(key, [])
+    return value if isinstance(value, list) else None
+
+
+def _prompt_prefix(api: ApiKind, payload: Mapping[str, Any], limit: int) -> bytes | None:
     """At least ``limit`` bytes (else all) of the JSON prompt's start, or None (not a JSON prompt)."""
     if api is ApiKind.CHAT_COMPLETIONS:
-        messages = payload.get("messages", [])
-        return _json_prefix(messages, limit) if isinstance(messages, list) else None
+        messages = _array_items(payload, "messages")
+        return _json_prefix(messages, limit) if messages is not None else None
     if api is ApiKind.MESSAGES:
         items = [payload.get("system"), payload.get("tools"), payload.get("messages")]
         messages = items[2]
@@ -139,7 +168,7 @@ def _prompt_prefix(api: ApiKind, payload: dict[str, Any], limit: int) -> bytes |
     return None
 
 
-def _prompt_json(api: ApiKind, payload: dict[str, Any]) -> bytes | None:
+def _prompt_json(api: ApiKind, payload: Mapping[str, Any]) -> bytes | None:
     """The prompt of the APIs whose prompt text is JSON, as bytes; None for the others."""
     if api is ApiKind.CHAT_COMPLETIONS:
         return orjson.dumps(payload.get("messages", []))
@@ -148,7 +177,7 @@ def _prompt_json(api: ApiKind, payload: dict[str, Any]) -> bytes | None:
     return None
 
 
-def _prompt_text(api: ApiKind, payload: dict[str, Any]) -> str:
+def _prompt_text(api: ApiKind, payload: Mapping[str, Any]) -> str:
     if api is ApiKind.RAW:
         return ""
     if api is ApiKind.MESSAGES:

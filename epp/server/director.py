@@ -301,7 +301,13 @@ class Director:
                 # The reference's legacy admission sets no drop reason (only its flow control does).
                 raise InferenceError(ErrorCode.RESOURCE_EXHAUSTED, SHED_MESSAGE)
             return await self._schedule(request, raw, candidates, incoming, target)
-        permit = await fc.admit(request, time.monotonic(), on_queued)
+
+        def queued() -> None:  # a waiting request holds no parse buffers
+            request.body.settle()
+            if on_queued is not None:
+                on_queued()
+
+        permit = await fc.admit(request, time.monotonic(), queued)
         try:
             routing = await self._schedule(request, raw, self.candidates(metadata), incoming, target)
         except BaseException:
@@ -360,6 +366,7 @@ class Director:
                 _plugin_failed("pre_request_failed", "pre-request hook failed", plugin, exc)
             metrics.observe_plugin("PreRequest", plugin, time.perf_counter() - t0)
 
+        request.body.settle()  # a lazily parsed body lets its parse buffers go
         changed = target != incoming
         out = _rewritten(raw, target) if changed else raw
         return Routing(

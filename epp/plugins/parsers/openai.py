@@ -9,6 +9,7 @@ import orjson
 
 from epp.framework import ApiKind, ErrorCode, InferenceError, Parser, RequestBody, register
 from epp.framework.request import request_path
+from epp.plugins.parsers._lazy_json import messages_object
 
 _SUFFIXES: tuple[tuple[str, ApiKind], ...] = (
     ("/conversations", ApiKind.CONVERSATIONS),
@@ -45,11 +46,14 @@ def _non_empty_prompt(value: Any) -> bool:
     return False
 
 
+_INVALID_MESSAGES = "invalid chat completions request: must have valid messages field"
+
+
 def _validate(api: ApiKind, payload: dict[str, Any]) -> None:
     if api is ApiKind.CHAT_COMPLETIONS:
         messages = payload.get("messages")
         if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
-            raise _bad("invalid chat completions request: must have valid messages field")
+            raise _bad(_INVALID_MESSAGES)
     elif api is ApiKind.COMPLETIONS:
         if not _non_empty_prompt(payload.get("prompt")):
             raise _bad("invalid completions request: must have prompt field")
@@ -69,8 +73,20 @@ def _validate(api: ApiKind, payload: dict[str, Any]) -> None:
             raise _bad("invalid images generations request: must have prompt field")
 
 
+# Chat bodies from this size on are read lazily (``_lazy_json``): a long agentic conversation is
+# validated whole but converted only as far as it is read.
+LAZY_FROM = 64 * 1024
+
+
 def parse_json(body: bytes, api: ApiKind) -> RequestBody:
     """An OpenAI JSON body of API ``api``, checked for the field its prompt comes from."""
+    if api is ApiKind.CHAT_COMPLETIONS and len(body) >= LAZY_FROM:
+        lazy = messages_object(body)
+        if lazy is not None:
+            payload, messages = lazy
+            if not messages:
+                raise _bad(_INVALID_MESSAGES)
+            return RequestBody(api=api, payload=payload, raw=body, stream=payload.get("stream") is True)
     try:
         payload = orjson.loads(body)
     except orjson.JSONDecodeError as e:

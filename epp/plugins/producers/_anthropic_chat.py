@@ -9,6 +9,7 @@ message that carried them, images as ``image_url`` parts, thinking as ``reasonin
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from typing import Any
 
 from epp.plugins.producers._token_estimate import (
@@ -18,7 +19,7 @@ from epp.plugins.producers._token_estimate import (
 )
 
 
-def messages_to_chat(payload: dict[str, Any]) -> dict[str, Any]:
+def messages_to_chat(payload: Mapping[str, Any]) -> dict[str, Any]:
     """``{"messages": [...], "tools": [...]}`` (tools only when given) of a Messages payload."""
     out: list[dict[str, Any]] = []
     system = anthropic_system_text(payload.get("system"))

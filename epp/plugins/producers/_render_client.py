@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import OrderedDict
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -150,7 +151,7 @@ class RenderClient:
 
     # --- the request path -------------------------------------------------------------------------
 
-    async def render(self, path: str, payload: dict[str, Any], multimodal: bool) -> Rendered | None:
+    async def render(self, path: str, payload: Mapping[str, Any], multimodal: bool) -> Rendered | None:
         """The render of ``payload`` (the client's request body) at ``path``; None on failure."""
         body = dict(payload)
         body["model"] = self.model  # a render server requires its base model's name

@@ -426,7 +426,7 @@ class Estimator:
             return pack(body.prompt_text.encode("utf-8", "surrogatepass")), ()
         return pack(s.out), tuple(s.items)
 
-    def _chat(self, payload: dict[str, Any], headers: Mapping[str, str]) -> _Stream:
+    def _chat(self, payload: Mapping[str, Any], headers: Mapping[str, str]) -> _Stream:
         s = _Stream()
         tools = payload.get("tools")
         if tools:
@@ -461,7 +461,7 @@ class Estimator:
                     s.asset(data, max(1, -(-len(data) // BYTES_PER_TOKEN)))
         return s
 
-    def _messages(self, payload: dict[str, Any]) -> _Stream:
+    def _messages(self, payload: Mapping[str, Any]) -> _Stream:
         s = _Stream()
         tools = payload.get("tools")
         if tools:
