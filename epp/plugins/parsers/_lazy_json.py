@@ -17,6 +17,27 @@ import simdjson
 
 _MISSING = object()
 
+# Parsers kept for reuse: a new one maps fresh memory (several times the body) and pays its page
+# faults on every request. One is reused only once its document is settled; bodies above
+# POOLED_UP_TO bytes get a parser of their own, so the pool's memory stays bounded.
+_POOL: list[simdjson.Parser] = []
+POOL_SIZE = 8
+POOLED_UP_TO = 4 << 20
+_REUSE_ERROR = "Tried to re-use a parser"
+
+
+def _parse(raw: bytes) -> tuple[simdjson.Parser, Any]:
+    """A parser and its document of ``raw`` (ValueError/RuntimeError: simdjson rejects it)."""
+    if _POOL and len(raw) <= POOLED_UP_TO:
+        parser = _POOL.pop()
+        try:
+            return parser, parser.parse(raw)
+        except RuntimeError as e:  # a value of its last document is still referenced somewhere
+            if not str(e).startswith(_REUSE_ERROR):
+                raise
+    parser = simdjson.Parser()
+    return parser, parser.parse(raw)
+
 
 def _plain(value: Any) -> Any:
     """A simdjson value as the Python objects orjson would build."""
@@ -30,10 +51,13 @@ def _plain(value: Any) -> Any:
 class LazyObject(Mapping[str, Any]):
     """The body's top-level JSON object, converting each member on first read."""
 
-    __slots__ = ("_doc", "_keys", "_raw", "_values")
+    __slots__ = ("_doc", "_keys", "_parser", "_raw", "_values")
 
-    def __init__(self, raw: bytes, doc: simdjson.Object, keys: frozenset[str]) -> None:
+    def __init__(
+        self, raw: bytes, parser: simdjson.Parser, doc: simdjson.Object, keys: frozenset[str]
+    ) -> None:
         self._raw = raw
+        self._parser: simdjson.Parser | None = parser
         self._doc: simdjson.Object | None = doc
         self._keys = keys
         self._values: dict[str, Any] = {}
@@ -87,6 +111,9 @@ class LazyObject(Mapping[str, Any]):
     def settle(self) -> None:
         """Let simdjson's buffers go; members not read yet come from a full parse when read."""
         self._doc = None
+        parser, self._parser = self._parser, None
+        if parser is not None and len(self._raw) <= POOLED_UP_TO and len(_POOL) < POOL_SIZE:
+            _POOL.append(parser)
 
     def _parse_all(self) -> None:
         values = self._values
@@ -99,7 +126,7 @@ def messages_object(raw: bytes) -> tuple[LazyObject, int] | None:
     ``messages`` member is an array of objects (0: absent, empty or anything else); None when simdjson
     rejects it or it repeats a key (the eager parser then decides: its error, its last-wins keys)."""
     try:
-        doc = simdjson.Parser().parse(raw)
+        parser, doc = _parse(raw)
     except (ValueError, RuntimeError):
         return None
     if not isinstance(doc, simdjson.Object):
@@ -113,4 +140,4 @@ def messages_object(raw: bytes) -> tuple[LazyObject, int] | None:
         messages = doc["messages"]
         if isinstance(messages, simdjson.Array) and all(isinstance(m, simdjson.Object) for m in messages):
             count = len(messages)
-    return LazyObject(raw, doc, unique), count
+    return LazyObject(raw, parser, doc, unique), count
