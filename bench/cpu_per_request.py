@@ -151,6 +151,9 @@ EXCHANGES: dict[str, tuple[str, str]] = {
     "STREAMED-lean": ("STREAMED", "SKIP"),
 }
 BASELINE = "FULL_DUPLEX_STREAMED"
+# The exchanges a gateway configures (its Envoy reaches the EPP over TCP); the others are the
+# layouts epp generates for an Envoy beside the EPP, which calls it on a Unix socket (--transport).
+GATEWAY_EXCHANGES = ("FULL_DUPLEX_STREAMED", "FULL_DUPLEX_STREAMED-lean")
 
 
 def cpu_count() -> int:
@@ -614,8 +617,12 @@ class Target(_Supervised):
         front_concurrency: int,
         response: str = "shipped",
         baseline_src: Path | None = None,
+        transport: str = "socket",
     ) -> None:
         self.kind = kind
+        # Envoy calls the target on a Unix socket in the generated layouts (not the baseline's EPP,
+        # which may predate --grpc-socket), else over TCP
+        use_socket = transport == "socket" and exchange not in GATEWAY_EXCHANGES and kind != "base"
         self.baseline_src = baseline_src  # kind "base": the source tree whose EPP runs
         self.mode, self.response_header_mode = EXCHANGES[exchange]
         self.backends = backends
@@ -624,6 +631,7 @@ class Target(_Supervised):
         self.front_concurrency = front_concurrency
         self.response = response
         self.port, self.admin_port, self.grpc_port, self.health_port, self.metrics_port = free_ports(5)
+        self.socket = stack.epp_socket(self.grpc_port) if use_socket else ""
         self.stack = stack.Stack(workdir, ready_timeout=READY_TIMEOUT)
         self.server: stack.Child | None = None
         self.envoy: stack.Child | None = None
@@ -671,6 +679,7 @@ class Target(_Supervised):
                     health_port=self.health_port,
                     metrics_port=self.metrics_port,
                     config=stack.epp_config(endpoints),
+                    extra=["--grpc-socket", self.socket] if self.socket else [],
                 )
             else:
                 assert self.baseline_src is not None
@@ -694,6 +703,8 @@ class Target(_Supervised):
                 str(self.grpc_port),
                 "--destination",
                 destination,
+                "--socket",
+                self.socket,
             ]
             self.server = self.stack.supervisor.start("stub", argv)
             checks = [("ext_proc stub", lambda: stack.port_in_use(self.grpc_port))]
@@ -701,6 +712,7 @@ class Target(_Supervised):
             listen_port=self.port,
             admin_port=self.admin_port,
             extproc_port=self.grpc_port,
+            extproc_socket=self.socket,
             body_mode=self.mode,
             response_header_mode=self.response_header_mode,
         )
@@ -852,6 +864,7 @@ def bench_workload(
                     args.front_concurrency,
                     args.response,
                     baseline_src=args.baseline_src,
+                    transport=args.transport,
                 )
             )
             label = f"{workload.name:<7} {exchange:<25} {kind:<4}"
@@ -871,6 +884,10 @@ def _size(n: float) -> str:
     return f"{n / 1000:.0f} KB" if n >= 10_000 else f"{n:.0f} B"
 
 
+def _via(exchange: str, transport: str) -> str:
+    return "unix" if transport == "socket" and exchange not in GATEWAY_EXCHANGES else "tcp"
+
+
 def print_table(
     rows: Sequence[Row],
     runs: int,
@@ -879,13 +896,14 @@ def print_table(
     base: dict[str, Summary],
     ref: str = "",
     base_exchange: str = BASELINE,
+    transport: str = "socket",
 ) -> None:
     print(
         f"\nmedian of {runs} runs, {backend} backends, nproc {nproc} (CPU: utime+stime per completed "
         "request; messages: to the EPP + from it, counted by Envoy; bytes: on the ext_proc connection)"
     )
     header = (
-        f"{'body':<8}{'exchange':<27}{'msgs/req':>10}{'bytes to EPP':>13}{'bytes back':>12}"
+        f"{'body':<8}{'exchange':<27}{'via':<5}{'msgs/req':>10}{'bytes to EPP':>13}{'bytes back':>12}"
         f"{'EPP µs/req':>11}{'x FD':>6}{'stub µs/req':>12}{'EPP/stub':>9}{'EPP req/s':>10}{'stub req/s':>11}"
     )
     print(header)
@@ -893,7 +911,8 @@ def print_table(
     for workload, exchange, epp, stub in rows:
         ratio = epp.cpu_us / baseline[workload] if baseline.get(workload) else float("nan")
         line = (
-            f"{workload:<8}{exchange:<27}{f'{epp.msgs_in:.0f}+{epp.msgs_out:.0f}':>10}"
+            f"{workload:<8}{exchange:<27}{_via(exchange, transport):<5}"
+            f"{f'{epp.msgs_in:.0f}+{epp.msgs_out:.0f}':>10}"
             f"{_size(epp.bytes_in):>13}{_size(epp.bytes_out):>12}{epp.cpu_us:>11.0f}{ratio:>6.2f}"
         )
         if stub is None:
@@ -906,7 +925,7 @@ def print_table(
             f"{exchange} {epp.cpu_us / summary.cpu_us:.2f}x" for w, exchange, epp, _ in rows if w == workload
         )
         print(
-            f"{workload:<8}baseline {ref} ({base_exchange}): {summary.cpu_us:.0f} µs/req, "
+            f"{workload:<8}baseline {ref} ({base_exchange}, tcp): {summary.cpu_us:.0f} µs/req, "
             f"{summary.rps:.0f} req/s; this EPP relative to it: {ratios}"
         )
     errors = sum(epp.errors + (stub.errors if stub else 0) for _, _, epp, stub in rows)
@@ -1002,6 +1021,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         choices=list(EXCHANGES),
         help=f"the exchange the --baseline EPP is measured in (default {BASELINE})",
     )
+    add(
+        "--transport",
+        choices=["socket", "tcp"],
+        default="socket",
+        help="socket (default): Envoy calls the EPP and the stub on a Unix socket in the exchanges epp "
+        f"generates, over TCP in the gateways' ({', '.join(GATEWAY_EXCHANGES)}); tcp: TCP in all",
+    )
     add("--keep-logs", action="store_true", help="keep the work directory (logs, configs) on success")
     args = parser.parse_args(argv)
     if args.backends < 1 or args.requests < 1 or args.runs < 1 or args.agentic_requests < 1:
@@ -1067,7 +1093,7 @@ def main(argv: list[str] | None = None) -> int:
         errors=(StartupError, RuntimeError, TimeoutError, OSError, subprocess.SubprocessError),
         keep_logs=args.keep_logs,
         report=lambda: print_table(
-            rows, args.runs, args.backend, nproc, base, args.baseline, args.baseline_exchange
+            rows, args.runs, args.backend, nproc, base, args.baseline, args.baseline_exchange, args.transport
         ),
     )
 

@@ -146,7 +146,7 @@ def _streamed_request_body(chunks: list[bytes], end_of_stream: bool) -> ep.Proce
     )
 
 
-async def serve(host: str, port: int, destination: str) -> None:
+async def serve(host: str, port: int, destination: str, socket: str = "") -> None:
     limit = 11 << 20  # as the EPP: a BUFFERED body arrives (and may go back) in one message
     server = grpc.aio.server(
         options=[
@@ -158,6 +158,8 @@ async def serve(host: str, port: int, destination: str) -> None:
     )
     ep_grpc.add_ExternalProcessorServicer_to_server(StubProcessor(destination), server)
     server.add_insecure_port(f"{host}:{port}")
+    if socket:
+        server.add_insecure_port(f"unix:{socket}")
     await server.start()
     print(f"ext_proc stub on {host}:{port}, every request to {destination}", flush=True)
     stop = asyncio.Event()
@@ -173,6 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--host", default="127.0.0.1", help="listen address (default 127.0.0.1)")
     parser.add_argument("--port", type=int, default=9002, help="ext_proc port (default 9002)")
     parser.add_argument("--destination", required=True, metavar="IP:PORT", help="where every request goes")
+    parser.add_argument("--socket", default="", metavar="PATH", help="also listen on this Unix socket")
     args = parser.parse_args(argv)
     try:
         import uvloop
@@ -181,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
     except ImportError:
         factory = None
     with asyncio.Runner(loop_factory=factory) as runner:
-        runner.run(serve(args.host, args.port, args.destination))
+        runner.run(serve(args.host, args.port, args.destination, args.socket))
     return 0
 
 

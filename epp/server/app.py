@@ -43,6 +43,7 @@ log = structlog.get_logger("epp.serve")
 class ServeOptions:
     grpc_port: int = 9002
     grpc_health_port: int = 9003
+    grpc_socket: str = ""  # also serve ext_proc on this Unix socket ("" = TCP only)
     metrics_port: int = 9090
     bind_address: str = "0.0.0.0"
     secure_serving: bool = True
@@ -321,6 +322,8 @@ class EppServer:
             if opts.health_checking:
                 health_pb2_grpc.add_HealthServicer_to_server(self.health.servicer, server)
             _bind(server, f"{opts.bind_address}:{opts.grpc_port}", opts)
+            if opts.grpc_socket:
+                _bind(server, f"unix:{opts.grpc_socket}", opts)
             await server.start()
             await self.health.set_ready(True)
             _settle_heap()

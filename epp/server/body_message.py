@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 
+from epp.framework.protowire import WireError, varint
+
 # Bodies from this size on are sliced off the wire; below it protobuf is cheaper than Python.
 SLICE_FROM = 16 * 1024
 
@@ -31,24 +33,10 @@ class BodyMessage:
     rest: ep.ProcessingRequest  # metadata_context, attributes, ... (no request oneof set)
 
 
-def _varint(data: bytes, pos: int) -> tuple[int, int]:
-    """The varint at ``pos`` and the position after it; IndexError past the end."""
-    value = shift = 0
-    while True:
-        byte = data[pos]
-        pos += 1
-        value |= (byte & 0x7F) << shift
-        if byte < 0x80:
-            return value, pos
-        shift += 7
-        if shift > 63:
-            raise ValueError("varint too long")
-
-
 def _sliced(data: bytes) -> BodyMessage | None:
     """``data`` as a BodyMessage, or None when it is anything else than a well-formed body message
     with only the fields this knows (protobuf then decodes it, and reports what is wrong)."""
-    size, start = _varint(data, 1)
+    size, start = varint(data, 1)
     end = start + size
     if end > len(data):
         return None
@@ -58,13 +46,13 @@ def _sliced(data: bytes) -> BodyMessage | None:
     while pos < end:
         tag = data[pos]
         if tag == _BODY_TAG:
-            n, pos = _varint(data, pos + 1)
+            n, pos = varint(data, pos + 1)
             if pos + n > end:
                 return None
             body = data[pos : pos + n]
             pos += n
         elif tag in (_EOS_TAG, _EOS_WITHOUT_MESSAGE_TAG):
-            flag, pos = _varint(data, pos + 1)
+            flag, pos = varint(data, pos + 1)
             if tag == _EOS_TAG:
                 eos = flag != 0
         else:  # another field (e.g. a compressed gRPC message flag): protobuf decodes the message
@@ -82,7 +70,7 @@ def decode(data: bytes) -> ep.ProcessingRequest | BodyMessage:
     if len(data) >= SLICE_FROM and data[0] == _REQUEST_BODY_TAG:
         try:
             message = _sliced(data)
-        except (IndexError, ValueError):
+        except WireError:
             message = None
         if message is not None:
             return message

@@ -148,6 +148,7 @@ class Epp:
     endpoints_file: Path
     # The Envoy response phases its config's plugins need (as epp run and epp envoy-config derive them)
     response_modes: ResponseModes = field(default_factory=ResponseModes)
+    socket: str = ""  # its --grpc-socket (the generated bootstraps' Envoys call it there)
 
     def set_endpoints(self, sims: Sequence[Sim]) -> None:
         """Rewrite the discovery file atomically (write a temporary file, rename it over)."""
@@ -281,10 +282,12 @@ class Rig:
             health_port=health_port,
             metrics_port=metrics_port,
             config=document,
-            extra=["--log-level", "warning", *extra],
+            extra=["--log-level", "warning", "--grpc-socket", stack.epp_socket(grpc_port), *extra],
         )
         modes = modes_for_document(document) if config is not None else ResponseModes()
-        epp = Epp(child, grpc_port, health_port, metrics_port, endpoints_file, modes)
+        epp = Epp(
+            child, grpc_port, health_port, metrics_port, endpoints_file, modes, stack.epp_socket(grpc_port)
+        )
         service = "readiness" if wait_ready else "liveness"
         self.stack.wait_epp(child, health_port, service=service, what=f"{name} readiness (gRPC health)")
         return epp
@@ -308,6 +311,9 @@ class Rig:
             # A test's own response phases, or the gateways' (reference) layout: response headers on.
             bootstrap.setdefault("response_header_mode", "SEND")
         bootstrap.setdefault("response_header_mode", epp.response_modes.header)
+        # The lean layout is the generated sidecar's (ext_proc on the EPP's Unix socket); the
+        # FULL_DUPLEX_STREAMED one a gateway's, which reaches the EPP over TCP.
+        bootstrap.setdefault("extproc_socket", epp.socket if body_mode != "FULL_DUPLEX_STREAMED" else "")
         bootstrap.setdefault("response_body_mode", epp.response_modes.body)
         config = envoy_config.envoy_bootstrap(
             listen_port=port,

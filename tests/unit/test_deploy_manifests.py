@@ -76,16 +76,19 @@ STANDALONE_ENVOY: dict[str, Any] = {
     "admin_port": 19000,
     "extproc_host": "127.0.0.1",
     "extproc_port": 9002,
+    "extproc_socket": "/var/run/epp/ext_proc.sock",
     "tls": STANDALONE_ENVOY_TLS,
     "access_log": True,
 }
 STANDALONE_ENVOY_HEADER = (
     "# Generated from epp.dev.envoy.bootstrap.envoy_bootstrap() for the standalone sidecar: Envoy\n"
-    "# listens on 0.0.0.0:8081 and calls the EPP over mutual TLS at 127.0.0.1:9002. Do not edit;\n"
+    "# listens on 0.0.0.0:8081 and calls the EPP over mutual TLS on the Unix socket\n"
+    "# /var/run/epp/ext_proc.sock (an emptyDir shared with the EPP's container). Do not edit;\n"
     "# regenerate with\n"
     "#   python -m tests.unit.test_deploy_manifests\n"
     "# (the same bootstrap: python -m epp.dev.envoy --listen-host 0.0.0.0 --access-log\n"
-    "#  --tls-cert-dir /etc/envoy-tls --tls-sds-dir /etc/envoy --write-sds deploy/kubernetes/standalone)\n"
+    "#  --extproc-socket /var/run/epp/ext_proc.sock --tls-cert-dir /etc/envoy-tls --tls-sds-dir /etc/envoy\n"
+    "#  --write-sds deploy/kubernetes/standalone)\n"
 )
 
 
@@ -769,9 +772,21 @@ def test_standalone_wiring() -> None:
     assert "http" in {p["targetPort"] for p in service["spec"]["ports"]}
     ext_proc = next(c for c in bootstrap["static_resources"]["clusters"] if c["name"] == "ext_proc")
     endpoint = ext_proc["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]
-    assert endpoint["address"]["socket_address"] == {"address": "127.0.0.1", "port_value": args.grpc_port}
-    assert "transport_socket" in ext_proc  # TLS, as the EPP runs with --secure-serving (default)
+    # ext_proc on the EPP's Unix socket, in a directory both containers mount from one emptyDir
+    socket = endpoint["address"]["pipe"]["path"]
+    assert socket == args.grpc_socket
     volumes = {v["name"]: v for v in deployment["spec"]["template"]["spec"]["volumes"]}
+    epp = _container(deployment, "epp")
+    assert epp is not None
+    shared = {
+        m["name"]
+        for m in epp["volumeMounts"]
+        if socket.startswith(m["mountPath"] + "/") and "emptyDir" in volumes[m["name"]]
+    }
+    assert shared and shared <= {
+        m["name"] for m in envoy["volumeMounts"] if socket.startswith(m["mountPath"] + "/")
+    }
+    assert "transport_socket" in ext_proc  # TLS, as the EPP runs with --secure-serving (default)
     (mount,) = [m for m in envoy["volumeMounts"] if "configMap" in volumes[m["name"]]]
     assert volumes[mount["name"]]["configMap"]["name"] == "epp-standalone-envoy"
     assert f"--config-path={mount['mountPath']}/envoy.yaml" in envoy["args"]
@@ -804,6 +819,7 @@ def test_the_envoy_config_command_prints_the_sidecar_bootstrap(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
     argv = ["--listen-host", "0.0.0.0", "--access-log", "--tls-cert-dir", ENVOY_TLS_DIR]
+    argv += ["--extproc-socket", STANDALONE_ENVOY["extproc_socket"]]
     argv += ["--tls-sds-dir", ENVOY_CONFIG_DIR, "--write-sds", str(tmp_path)]
     assert envoy_config_main(argv) == 0
     assert STANDALONE_ENVOY_HEADER + capsys.readouterr().out == standalone_envoy_text()

@@ -97,6 +97,7 @@ def envoy_bootstrap(
     subset_hint_header: str | None = None,
     tls: bool | EppTls = False,
     extproc_health_port: int | None = None,
+    extproc_socket: str = "",
     listen_host: str = "127.0.0.1",
     stripped_headers: Sequence[str] = DEFAULT_STRIPPED_HEADERS,
     access_log: bool = False,
@@ -108,6 +109,9 @@ def envoy_bootstrap(
     value (``"ip:port,ip:port"``) becomes the subset hint. ``tls=True`` talks TLS to the EPP and
     accepts any certificate (the reference layout, for its self-signed one: not authenticated); an
     :class:`EppTls` verifies the EPP and presents a client certificate; otherwise plain-text HTTP/2.
+
+    ``extproc_socket``: Envoy reaches the EPP on that Unix socket (``epp serve --grpc-socket``; a
+    sidecar in the same pod), else on ``extproc_host:extproc_port``.
 
     ``extproc_health_port`` is the EPP's gRPC health port (plain text). When set, Envoy actively
     health-checks the EPP there and treats it as absent while it is not SERVING (panic threshold 0).
@@ -124,7 +128,13 @@ def envoy_bootstrap(
     if extproc_health_port is None:
         extproc_health_port = extproc_port + 1 if fail_open else 0
     clusters = [
-        ext_proc_cluster(extproc_host, extproc_port, tls=tls, health_port=extproc_health_port or None),
+        ext_proc_cluster(
+            extproc_host,
+            extproc_port,
+            tls=tls,
+            health_port=extproc_health_port or None,
+            socket=extproc_socket,
+        ),
         original_dst_cluster(),
     ]
     if fail_open:
@@ -498,13 +508,14 @@ def overload_manager(max_connections: int = MAX_DOWNSTREAM_CONNECTIONS) -> dict[
 
 
 def ext_proc_cluster(
-    host: str, port: int, *, tls: bool | EppTls, health_port: int | None = None
+    host: str, port: int, *, tls: bool | EppTls, health_port: int | None = None, socket: str = ""
 ) -> dict[str, Any]:
     """The EPP as an HTTP/2 (gRPC) cluster; ``tls=True`` accepts any certificate, an
-    :class:`EppTls` authenticates both sides.
+    :class:`EppTls` authenticates both sides. ``socket``: reach it on that Unix socket (the EPP's
+    ``--grpc-socket``) instead of ``host:port``.
 
-    With ``health_port`` the EPP's standard gRPC health service is checked there (always plain
-    text, also when ext_proc uses TLS), and an unhealthy EPP counts as no host at all.
+    With ``health_port`` the EPP's standard gRPC health service is checked there on ``host`` (always
+    plain text, also when ext_proc uses TLS), and an unhealthy EPP counts as no host at all.
     """
     cluster: dict[str, Any] = {
         "name": EXT_PROC_CLUSTER,
@@ -529,10 +540,13 @@ def ext_proc_cluster(
         },
         "load_assignment": _load_assignment(EXT_PROC_CLUSTER, [(host, port)]),
     }
+    if socket:
+        endpoint = {"endpoint": {"address": {"pipe": {"path": socket}}}}
+        cluster["load_assignment"]["endpoints"] = [{"lb_endpoints": [endpoint]}]
     if tls:
         cluster["transport_socket"] = upstream_tls_socket(tls)
     if health_port:
-        _add_health_check(cluster, health_port, tls=bool(tls))
+        _add_health_check(cluster, health_port, tls=bool(tls), host=host if socket else "")
     return cluster
 
 
@@ -604,8 +618,9 @@ def _sds_resource(name: str, body: dict[str, Any], watch: dict[str, str]) -> dic
 EXTPROC_HEALTH_SERVICE = "envoy.service.ext_proc.v3.ExternalProcessor"
 
 
-def _add_health_check(cluster: dict[str, Any], health_port: int, *, tls: bool) -> None:
-    """Active gRPC health checks of the EPP on its (plain-text) health port; no panic routing."""
+def _add_health_check(cluster: dict[str, Any], health_port: int, *, tls: bool, host: str = "") -> None:
+    """Active gRPC health checks of the EPP on its (plain-text) health port; no panic routing.
+    ``host``: check ``host:health_port`` (an endpoint on a Unix socket has no port to replace)."""
     check: dict[str, Any] = {
         "timeout": "1s",
         "interval": "0.5s",
@@ -634,7 +649,9 @@ def _add_health_check(cluster: dict[str, Any], health_port: int, *, tls: bool) -
     cluster["common_lb_config"] = {"healthy_panic_threshold": {"value": 0}}
     for locality in cluster["load_assignment"]["endpoints"]:
         for lb_endpoint in locality["lb_endpoints"]:
-            lb_endpoint["endpoint"]["health_check_config"] = {"port_value": health_port}
+            lb_endpoint["endpoint"]["health_check_config"] = (
+                {"address": _socket_address(host, health_port)} if host else {"port_value": health_port}
+            )
 
 
 def original_dst_cluster() -> dict[str, Any]:

@@ -33,6 +33,13 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m epp.dev.envoy
     parser.add_argument("--extproc-host", default="127.0.0.1")
     parser.add_argument("--extproc-port", type=int, default=9002)
     parser.add_argument(
+        "--extproc-socket",
+        default="",
+        metavar="PATH",
+        help="call the EPP on this Unix socket (its --grpc-socket; Envoy in the EPP's pod) instead of "
+        "--extproc-host:--extproc-port",
+    )
+    parser.add_argument(
         "--body-mode",
         choices=BODY_MODES,
         default=DEFAULT_BODY_MODE,
@@ -118,6 +125,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m epp.dev.envoy
                 subset_hint_header=args.subset_hint_header,
                 tls=tls,
                 extproc_health_port=args.extproc_health_port,
+                extproc_socket=args.extproc_socket,
             )
         )
     )

@@ -6,7 +6,7 @@
 re-exports the names the benchmarks and the integration tests use.
 """
 
-from epp.dev.stack.commands import envoy_argv, python_argv, serve_argv, sim_argv
+from epp.dev.stack.commands import envoy_argv, epp_socket, python_argv, serve_argv, sim_argv
 from epp.dev.stack.files import endpoints_document, epp_config, write_atomic, write_endpoints
 from epp.dev.stack.local import LocalStack, Stack, StackOptions, kv_events_labels, kv_events_sim_args
 from epp.dev.stack.probes import (
@@ -36,6 +36,7 @@ __all__ = [
     "endpoints_document",
     "envoy_argv",
     "epp_config",
+    "epp_socket",
     "free_port",
     "free_port_block",
     "free_ports",

@@ -5,10 +5,18 @@ Envoy's command line is :func:`epp.dev.envoy.command.envoy_argv` (re-exported he
 
 from __future__ import annotations
 
+import os
 import sys
+import tempfile
 from collections.abc import Sequence
 
 from epp.dev.envoy.command import envoy_argv as envoy_argv
+
+
+def epp_socket(grpc_port: int) -> str:
+    """The Unix socket a local EPP serving ``grpc_port`` also listens on (``--grpc-socket``) for its
+    Envoy: short (a socket path has at most 107 bytes) and unique while the port is taken."""
+    return os.path.join(tempfile.gettempdir(), f"epp-{grpc_port}.sock")
 
 
 def python_argv(*args: str) -> list[str]:

@@ -18,7 +18,7 @@ import yaml
 
 from epp.dev.envoy.bootstrap import DEFAULT_BODY_MODE, envoy_bootstrap, render
 from epp.dev.envoy.exchange import modes_for_document
-from epp.dev.stack.commands import envoy_argv, serve_argv, sim_argv
+from epp.dev.stack.commands import envoy_argv, epp_socket, serve_argv, sim_argv
 from epp.dev.stack.files import epp_config, write_endpoints
 from epp.dev.stack.probes import (
     READY_TIMEOUT,
@@ -283,7 +283,7 @@ class LocalStack(Stack):
             health_port=o.health_port,
             metrics_port=o.metrics_port,
             config=epp_config(self.endpoints_file, o.config),
-            extra=o.epp_args,
+            extra=["--grpc-socket", epp_socket(o.grpc_port), *o.epp_args],
         )
         self.envoy = self.start_envoy(
             "envoy", self.bootstrap(), log_level=o.envoy_log_level, concurrency=o.envoy_concurrency
@@ -300,6 +300,7 @@ class LocalStack(Stack):
             listen_port=o.port,
             admin_port=o.admin_port,
             extproc_port=o.grpc_port,
+            extproc_socket=epp_socket(o.grpc_port),  # Envoy and the EPP side by side: a Unix socket
             body_mode=o.body_mode,
             fail_open=o.fail_open,
             fallback_endpoints=[f"127.0.0.1:{p}" for p in o.sim_ports],

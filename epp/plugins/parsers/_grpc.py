@@ -1,20 +1,13 @@
-"""gRPC request bodies for the parsers: the length-prefixed message frame and the protobuf wire
-format, read field by field (only what routing needs; no generated message classes).
+"""gRPC request bodies for the parsers: the length-prefixed message frame, and typed reads of the
+protobuf fields ``epp.framework.protowire`` yields (only what routing needs; no generated classes).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 from epp.framework import ErrorCode, InferenceError
+from epp.framework.protowire import FIXED32, FIXED64, LENGTH, VARINT, WireError, fields, varint
 
 _HEADER = 5  # compressed flag (1 byte) + message length (4 bytes, big endian)
-
-VARINT, FIXED64, LENGTH, FIXED32 = 0, 1, 2, 5
-
-
-class WireError(ValueError):
-    """A malformed protobuf message."""
 
 
 def bad_request(message: str) -> InferenceError:
@@ -41,51 +34,6 @@ def grpc_frame(message: bytes) -> bytes:
     return b"\x00" + len(message).to_bytes(4, "big") + message
 
 
-def _varint(data: bytes, i: int) -> tuple[int, int]:
-    value = shift = 0
-    n = len(data)
-    while True:
-        if i >= n:
-            raise WireError("truncated varint")
-        b = data[i]
-        i += 1
-        value |= (b & 0x7F) << shift
-        if b < 0x80:
-            return value, i
-        shift += 7
-        if shift >= 70:
-            raise WireError("varint too long")
-
-
-def fields(data: bytes) -> Iterator[tuple[int, int, int | bytes]]:
-    """``(field number, wire type, value)`` per field: an ``int`` for varints and fixed-width
-    values, ``bytes`` for length-delimited ones. Groups are rejected."""
-    i, n = 0, len(data)
-    while i < n:
-        key, i = _varint(data, i)
-        number, wire = key >> 3, key & 7
-        if number == 0:
-            raise WireError("invalid field number 0")
-        if wire == VARINT:
-            value, i = _varint(data, i)
-            yield number, wire, value
-        elif wire == LENGTH:
-            size, i = _varint(data, i)
-            end = i + size
-            if end > n:
-                raise WireError("truncated length-delimited field")
-            yield number, wire, data[i:end]
-            i = end
-        elif wire in (FIXED64, FIXED32):
-            width = 8 if wire == FIXED64 else 4
-            if i + width > n:
-                raise WireError("truncated fixed-width field")
-            yield number, wire, int.from_bytes(data[i : i + width], "little")
-            i += width
-        else:
-            raise WireError(f"unsupported wire type {wire}")
-
-
 def uint32s(wire: int, value: int | bytes, out: list[int]) -> None:
     """Append a repeated ``uint32`` field's values (packed or not) to ``out``."""
     if wire == VARINT:
@@ -95,7 +43,7 @@ def uint32s(wire: int, value: int | bytes, out: list[int]) -> None:
         assert isinstance(value, bytes)
         i = 0
         while i < len(value):
-            v, i = _varint(value, i)
+            v, i = varint(value, i)
             out.append(v & 0xFFFFFFFF)
     else:
         raise WireError("repeated uint32 field with a fixed-width wire type")
@@ -116,3 +64,19 @@ def message(wire: int, value: int | bytes) -> bytes:
     if wire != LENGTH or not isinstance(value, bytes):
         raise WireError("message field with a non length-delimited wire type")
     return value
+
+
+__all__ = [
+    "FIXED32",
+    "FIXED64",
+    "LENGTH",
+    "VARINT",
+    "WireError",
+    "bad_request",
+    "fields",
+    "grpc_frame",
+    "grpc_message",
+    "message",
+    "text",
+    "uint32s",
+]
