@@ -20,6 +20,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
 from google.protobuf.struct_pb2 import Struct
 
 from epp.framework.wire import DESTINATION_HEADER, LB_NAMESPACE
+from epp.server.replies import BODY_PIECE_LIMIT
 
 # ProcessingMode.BodySendMode values
 STREAMED: int = pm.ProcessingMode.STREAMED
@@ -102,7 +103,8 @@ class StubProcessor(ep_grpc.ExternalProcessorServicer):
                 if body.end_of_stream:
                     routed = True
                     await write(self.route_headers)
-                    await write(_streamed_request_body(chunks, end_of_stream=True))
+                    for piece in _streamed_request_body(chunks, end_of_stream=True):
+                        await write(piece)
                     chunks = []
             elif which == "request_trailers":
                 if not routed and req_mode == STREAMED:
@@ -114,7 +116,8 @@ class StubProcessor(ep_grpc.ExternalProcessorServicer):
                 if not routed and req_mode == FULL_DUPLEX_STREAMED:
                     routed = True
                     await write(self.route_headers)
-                    await write(_streamed_request_body(chunks, end_of_stream=False))
+                    for piece in _streamed_request_body(chunks, end_of_stream=False):
+                        await write(piece)
                     chunks = []
                 await write(self.request_trailers)
             elif which == "response_headers":
@@ -136,14 +139,24 @@ class StubProcessor(ep_grpc.ExternalProcessorServicer):
                 await write(self.response_trailers)
 
 
-def _streamed_request_body(chunks: list[bytes], end_of_stream: bool) -> ep.ProcessingResponse:
+def _streamed_request_body(chunks: list[bytes], end_of_stream: bool) -> list[ep.ProcessingResponse]:
+    """The body echoed as the EPP echoes it: ``streamed_response`` pieces of at most
+    ``BODY_PIECE_LIMIT`` bytes (the reference's limit), ``end_of_stream`` on the last."""
     body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
-    mutation = ep.BodyMutation(
-        streamed_response=ep.StreamedBodyResponse(body=body, end_of_stream=end_of_stream)
-    )
-    return ep.ProcessingResponse(
-        request_body=ep.BodyResponse(response=ep.CommonResponse(body_mutation=mutation))
-    )
+    starts = range(0, max(len(body), 1), BODY_PIECE_LIMIT)
+    last = starts[-1]
+    out = []
+    for i in starts:
+        piece = ep.StreamedBodyResponse(
+            body=body[i : i + BODY_PIECE_LIMIT], end_of_stream=end_of_stream and i == last
+        )
+        mutation = ep.BodyMutation(streamed_response=piece)
+        out.append(
+            ep.ProcessingResponse(
+                request_body=ep.BodyResponse(response=ep.CommonResponse(body_mutation=mutation))
+            )
+        )
+    return out
 
 
 async def serve(host: str, port: int, destination: str, socket: str = "") -> None:
