@@ -541,3 +541,34 @@ def test_a_long_prompt_chain_is_reused_and_equals_a_fresh_one(monkeypatch: pytes
     assert prod.hashes(completion(turn), 4) == first and calls == 4
     again[0] = 0  # a caller's list is its own
     assert prod.hashes(completion(turn), 4) == first
+
+
+def _model_add(model: dict[str, list[int]], chain: list[int], key: str, capacity: int) -> None:
+    """A plain per-endpoint LRU: the chain refreshed or inserted tail first, the oldest evicted."""
+    lru = model.setdefault(key, [])
+    for h in reversed(chain):
+        if h in lru:
+            lru.remove(h)
+        lru.append(h)
+        if len(lru) > capacity:
+            lru.pop(0)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    capacities=st.lists(st.integers(1, 12), min_size=3, max_size=3),
+    ops=st.lists(st.tuples(st.integers(0, 2), _chains), max_size=40),
+)
+def test_index_holds_what_a_plain_lru_per_endpoint_holds(
+    capacities: list[int], ops: list[tuple[int, list[int]]]
+) -> None:
+    # also when a chain is added again to an endpoint that holds it all (the refresh-only path)
+    ix = PrefixIndex()
+    model: dict[str, list[int]] = {}
+    for endpoint, chain in [*ops, *ops]:  # the second pass re-adds chains that may still be held
+        key = f"ns/e{endpoint}"
+        ix.add(chain, key, capacities[endpoint])
+        _model_add(model, chain, key, capacities[endpoint])
+    every = {h for _, chain in ops for h in chain}
+    for h in every:
+        assert ix.holders(h) == frozenset(k for k, lru in model.items() if h in lru)

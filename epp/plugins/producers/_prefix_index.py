@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Iterable, Iterator, Sequence
 
 __all__ = ["PrefixIndex"]
@@ -43,29 +43,34 @@ class PrefixIndex:
 
         The reference walks the hashes, adds 1 to every endpoint in each block's holder set and stops
         at the first block nobody holds: O(Σ holders) Python steps, i.e. blocks * endpoints when a
-        system prompt is cached everywhere. Here the walk only collects the holder sets (O(blocks)),
-        then goes backwards: an endpoint first met at block i gets i + 1, and a block's holders are
-        only examined when there are more of them than endpoints seen so far. That is
-        O(blocks + endpoints) Python steps, and equal to the reference's count because holder sets
+        system prompt is cached everywhere. Here one C-level pass collects the holder sets, then the
+        walk goes backwards: an endpoint first met at block i gets i + 1, a block's holders are only
+        examined when there are more of them than endpoints seen so far, and the walk stops once every
+        holder of the first block is placed (at once when one endpoint holds the whole chain). That is
+        at most O(blocks + endpoints) Python steps, and equal to the reference's count because holder sets
         along a chain are nested (``S_0 ⊇ S_1 ⊇ ...``): ``add`` inserts a chain tail first, so an
         endpoint's copy of block j < i is always at least as recent as its copy of block i and the LRU
         evicts block i first.
         """
-        holders = self._holders
-        walked: list[str | set[str]] = []
-        for h in hashes:
-            v = holders.get(h)
-            if v is None:
-                break
-            walked.append(v)
+        walked: list[str | set[str] | None] = list(map(self._holders.get, hashes))  # one C-level pass
+        try:
+            n = walked.index(None)  # the walk stops at the first block nobody holds
+        except ValueError:
+            n = len(walked)
+        if not n:
+            return {}
+        first = walked[0]
+        everyone = 1 if isinstance(first, str) else len(first or ())  # S_0: every endpoint met
         counts: dict[str, int] = {}
-        for i in range(len(walked) - 1, -1, -1):
+        for i in range(n - 1, -1, -1):
             v = walked[i]
             if isinstance(v, str):
                 if v not in counts:
                     counts[v] = i + 1
-            elif len(v) > len(counts):  # nested sets: only a bigger set brings new endpoints
+            elif v is not None and len(v) > len(counts):  # nested: only a bigger set brings new ones
                 counts.update(dict.fromkeys(v - counts.keys(), i + 1))
+            if len(counts) >= everyone:  # all of S_0 placed: earlier blocks bring no one new
+                break
         return counts
 
     def holders(self, h: int) -> frozenset[str]:
@@ -119,6 +124,9 @@ class PrefixIndex:
         if lru is None:
             lru = self._lrus[key] = _EndpointLRU(max(1, capacity))
         entries = lru.entries
+        if all(map(entries.__contains__, hashes)):  # a conversation's next turn: only refresh them
+            deque(map(entries.move_to_end, reversed(hashes)), maxlen=0)  # C-level, tail first
+            return
         cap = lru.capacity
         holders = self._holders
         added = 0
