@@ -21,8 +21,8 @@ _MISSING = object()
 # faults on every request. One is reused only once its document is settled; bodies above
 # POOLED_UP_TO bytes get a parser of their own, so the pool's memory stays bounded.
 _POOL: list[simdjson.Parser] = []
-POOL_SIZE = 8
-POOLED_UP_TO = 4 << 20
+POOL_SIZE = 4
+POOLED_UP_TO = 2 << 20
 _REUSE_ERROR = "Tried to re-use a parser"
 
 
