@@ -324,9 +324,9 @@ class EppServer:
             _bind(server, f"{opts.bind_address}:{opts.grpc_port}", opts)
             if opts.grpc_socket:
                 _bind(server, f"unix:{opts.grpc_socket}", opts)
+            _settle_heap()  # before serving: the collection pauses no request
             await server.start()
             await self.health.set_ready(True)
-            _settle_heap()
             log.info(
                 "epp serving",
                 grpc_port=opts.grpc_port,

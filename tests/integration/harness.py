@@ -209,6 +209,17 @@ class Envoy:
         return 0
 
 
+PORT_ATTEMPTS = 3  # EPP start-ups that lost a free port to another socket, then fail the test
+
+
+def _lost_port(child: Child) -> bool:
+    """Whether ``child`` exited because one of its ports was taken meanwhile."""
+    try:
+        return "Address already in use" in child.log_path.read_text(errors="replace")
+    except OSError:
+        return False
+
+
 class Rig:
     """Processes started for one test (or one session) on one :class:`stack.Stack`, all stopped by
     ``close()``; configs and logs go into ``log_dir``."""
@@ -270,27 +281,44 @@ class Rig:
         ``wait_ready=False`` returns once the health port answers, ready or not.
         """
         endpoints_file = self.log_dir / f"{name}-endpoints.yaml"
-        grpc_port, health_port, metrics_port = stack.free_port(), stack.free_port(), stack.free_port()
         if file_discovery:
             write_endpoints(endpoints_file, sims, labels)
             document = stack.epp_config(endpoints_file, dict(config) if config is not None else None)
         else:
             document = {"apiVersion": "llm-d.ai/v1alpha1", "kind": "EndpointPickerConfig", **(config or {})}
-        child = self.stack.start_epp(
-            name,
-            grpc_port=grpc_port,
-            health_port=health_port,
-            metrics_port=metrics_port,
-            config=document,
-            extra=["--log-level", "warning", "--grpc-socket", stack.epp_socket(grpc_port), *extra],
-        )
         modes = modes_for_document(document) if config is not None else ResponseModes()
-        epp = Epp(
-            child, grpc_port, health_port, metrics_port, endpoints_file, modes, stack.epp_socket(grpc_port)
-        )
         service = "readiness" if wait_ready else "liveness"
-        self.stack.wait_epp(child, health_port, service=service, what=f"{name} readiness (gRPC health)")
-        return epp
+        for attempt in range(PORT_ATTEMPTS):
+            grpc_port, health_port, metrics_port = stack.free_port(), stack.free_port(), stack.free_port()
+            child = self.stack.start_epp(
+                name,
+                grpc_port=grpc_port,
+                health_port=health_port,
+                metrics_port=metrics_port,
+                config=document,
+                extra=["--log-level", "warning", "--grpc-socket", stack.epp_socket(grpc_port), *extra],
+            )
+            epp = Epp(
+                child,
+                grpc_port,
+                health_port,
+                metrics_port,
+                endpoints_file,
+                modes,
+                stack.epp_socket(grpc_port),
+            )
+            try:
+                self.stack.wait_epp(
+                    child, health_port, service=service, what=f"{name} readiness (gRPC health)"
+                )
+            except stack.ChildExited:
+                # A free port can be taken (as a connection's source port) before the EPP binds it.
+                if attempt + 1 < PORT_ATTEMPTS and _lost_port(child):
+                    self.supervisor.children.remove(child)
+                    continue
+                raise
+            return epp
+        raise AssertionError("unreachable")
 
     def start_envoy(
         self,
