@@ -604,8 +604,8 @@ def baseline_argv(src: Path, grpc_port: int, health_port: int, metrics_port: int
 
 
 class Target(_Supervised):
-    """The measured ext_proc server (``epp``, ``stub``, or ``base``: the EPP of ``--baseline``)
-    behind its own front Envoy."""
+    """The measured ext_proc server (``epp``; ``stub`` on grpc.aio, ``stub-h2`` on epp's gRPC
+    server; or ``base``: the EPP of ``--baseline``) behind its own front Envoy."""
 
     def __init__(
         self,
@@ -705,6 +705,8 @@ class Target(_Supervised):
                 destination,
                 "--socket",
                 self.socket,
+                "--server",
+                "h2grpc" if self.kind == "stub-h2" else "grpc",
             ]
             self.server = self.stack.supervisor.start("stub", argv)
             checks = [("ext_proc stub", lambda: stack.port_in_use(self.grpc_port))]
@@ -877,7 +879,8 @@ def bench_workload(
         return {key: m.results for key, m in measured.items()}
 
 
-Row = tuple[str, str, Summary, Summary | None]  # workload, exchange, EPP, stub
+# workload, exchange, EPP, stub on grpc.aio, stub on epp's gRPC server (h2grpc)
+Row = tuple[str, str, Summary, Summary | None, Summary | None]
 
 
 def _size(n: float) -> str:
@@ -905,10 +908,11 @@ def print_table(
     header = (
         f"{'body':<8}{'exchange':<27}{'via':<5}{'msgs/req':>10}{'bytes to EPP':>13}{'bytes back':>12}"
         f"{'EPP µs/req':>11}{'x FD':>6}{'stub µs/req':>12}{'EPP/stub':>9}{'EPP req/s':>10}{'stub req/s':>11}"
+        f"{'h2 stub µs':>11}{'EPP/h2 stub':>12}"
     )
     print(header)
-    baseline = {w: epp.cpu_us for w, x, epp, _ in rows if x == BASELINE}
-    for workload, exchange, epp, stub in rows:
+    baseline = {w: epp.cpu_us for w, x, epp, _, _ in rows if x == BASELINE}
+    for workload, exchange, epp, stub, h2_stub in rows:
         ratio = epp.cpu_us / baseline[workload] if baseline.get(workload) else float("nan")
         line = (
             f"{workload:<8}{exchange:<27}{_via(exchange, transport):<5}"
@@ -919,16 +923,20 @@ def print_table(
             line += f"{'-':>12}{'-':>9}{epp.rps:>10.0f}{'-':>11}"
         else:
             line += f"{stub.cpu_us:>12.0f}{epp.cpu_us / stub.cpu_us:>9.2f}{epp.rps:>10.0f}{stub.rps:>11.0f}"
+        if h2_stub is not None:
+            line += f"{h2_stub.cpu_us:>11.0f}{epp.cpu_us / h2_stub.cpu_us:>12.2f}"
         print(line)
     for workload, summary in base.items():
         ratios = ", ".join(
-            f"{exchange} {epp.cpu_us / summary.cpu_us:.2f}x" for w, exchange, epp, _ in rows if w == workload
+            f"{exchange} {epp.cpu_us / summary.cpu_us:.2f}x"
+            for w, exchange, epp, _, _ in rows
+            if w == workload
         )
         print(
             f"{workload:<8}baseline {ref} ({base_exchange}, tcp): {summary.cpu_us:.0f} µs/req, "
             f"{summary.rps:.0f} req/s; this EPP relative to it: {ratios}"
         )
-    errors = sum(epp.errors + (stub.errors if stub else 0) for _, _, epp, stub in rows)
+    errors = sum(epp.errors + sum(s.errors for s in stubs if s is not None) for _, _, epp, *stubs in rows)
     errors += sum(summary.errors for summary in base.values())
     if errors:
         print(f"warning: {errors} failed requests during the measured runs (see the per-run lines)")
@@ -970,7 +978,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "--with-stub",
         action=argparse.BooleanOptionalAction,
         default=True,
-        help="also measure bench/extproc_stub.py behind the same Envoy front (default on)",
+        help="also measure bench/extproc_stub.py behind the same Envoy front, on grpc.aio and on epp's "
+        "gRPC server (default on)",
     )
     add(
         "--front-concurrency",
@@ -1051,7 +1060,7 @@ def main(argv: list[str] | None = None) -> int:
         requests = args.requests if name == "chat" else args.agentic_requests
         workloads.append(Workload(name, body, body_file, requests))
     nproc = cpu_count()
-    targets = ["epp", "stub"] if args.with_stub else ["epp"]
+    targets = ["epp", "stub", "stub-h2"] if args.with_stub else ["epp"]
     print(f"command: {shlex.join([sys.executable, *sys.argv])}")
     sizes = ", ".join(f"{w.name} {len(w.body)} bytes x {w.requests} requests" for w in workloads)
     print(
@@ -1076,13 +1085,14 @@ def main(argv: list[str] | None = None) -> int:
                 if args.baseline:
                     base[workload.name] = Summary.of(results[(args.baseline_exchange, "base")])
                 for exchange in args.exchanges:
-                    stub = results.get((exchange, "stub"))
+                    stub, h2_stub = results.get((exchange, "stub")), results.get((exchange, "stub-h2"))
                     rows.append(
                         (
                             workload.name,
                             exchange,
                             Summary.of(results[(exchange, "epp")]),
                             Summary.of(stub) if stub else None,
+                            Summary.of(h2_stub) if h2_stub else None,
                         )
                     )
         return 0

@@ -20,6 +20,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
 from google.protobuf.struct_pb2 import Struct
 
 from epp.framework.wire import DESTINATION_HEADER, LB_NAMESPACE
+from epp.server.h2grpc import Server
 from epp.server.replies import BODY_PIECE_LIMIT
 
 # ProcessingMode.BodySendMode values
@@ -159,16 +160,20 @@ def _streamed_request_body(chunks: list[bytes], end_of_stream: bool) -> list[ep.
     return out
 
 
-async def serve(host: str, port: int, destination: str, socket: str = "") -> None:
+async def serve(host: str, port: int, destination: str, socket: str = "", kind: str = "grpc") -> None:
     limit = 11 << 20  # as the EPP: a BUFFERED body arrives (and may go back) in one message
-    server = grpc.aio.server(
-        options=[
-            ("grpc.so_reuseport", 0),
-            ("grpc.max_receive_message_length", limit),
-            ("grpc.max_send_message_length", limit),
-            ("grpc.max_concurrent_streams", 100_000),
-        ]
-    )
+    server: Any
+    if kind == "h2grpc":
+        server = Server(max_receive_message_length=limit, max_send_message_length=limit)
+    else:
+        server = grpc.aio.server(
+            options=[
+                ("grpc.so_reuseport", 0),
+                ("grpc.max_receive_message_length", limit),
+                ("grpc.max_send_message_length", limit),
+                ("grpc.max_concurrent_streams", 100_000),
+            ]
+        )
     ep_grpc.add_ExternalProcessorServicer_to_server(StubProcessor(destination), server)
     server.add_insecure_port(f"{host}:{port}")
     if socket:
@@ -189,6 +194,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--port", type=int, default=9002, help="ext_proc port (default 9002)")
     parser.add_argument("--destination", required=True, metavar="IP:PORT", help="where every request goes")
     parser.add_argument("--socket", default="", metavar="PATH", help="also listen on this Unix socket")
+    parser.add_argument(
+        "--server", choices=("grpc", "h2grpc"), default="grpc", help="grpc.aio (default) or epp's h2grpc"
+    )
     args = parser.parse_args(argv)
     try:
         import uvloop
@@ -197,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
     except ImportError:
         factory = None
     with asyncio.Runner(loop_factory=factory) as runner:
-        runner.run(serve(args.host, args.port, args.destination, args.socket))
+        runner.run(serve(args.host, args.port, args.destination, args.socket, args.server))
     return 0
 
 

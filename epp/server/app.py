@@ -22,6 +22,7 @@ from epp.flowcontrol import FlowController, settings_from_spec
 from epp.framework import Endpoint, EndpointStateHolder, MetadataExtractor, ReplicatedState, ServingHooks
 from epp.promlite import start_http_server
 from epp.scheduling import Scheduler
+from epp.server import h2grpc
 from epp.server.director import Director, DirectorHooks
 from epp.server.extproc import ExternalProcessor, StreamOptions, add_to_server
 from epp.server.health import Health
@@ -31,6 +32,7 @@ from epp.server.tls import (
     replica_channel_credentials,
     replica_server_credentials,
     server_credentials,
+    server_ssl_context,
 )
 
 if TYPE_CHECKING:
@@ -44,6 +46,7 @@ class ServeOptions:
     grpc_port: int = 9002
     grpc_health_port: int = 9003
     grpc_socket: str = ""  # also serve ext_proc on this Unix socket ("" = TCP only)
+    extproc_server: str = "epp"  # the ext_proc port's gRPC server: "epp" (h2grpc) or "grpcio"
     metrics_port: int = 9090
     bind_address: str = "0.0.0.0"
     secure_serving: bool = True
@@ -88,14 +91,30 @@ def _grpc_options(max_body: int, max_recv: int = 0, max_send: int = 0) -> list[t
     ]
 
 
-def _bind(server: grpc.aio.Server, address: str, opts: ServeOptions) -> None:
-    if opts.secure_serving:
-        credentials = server_credentials(
-            opts.cert_path, client_ca_file=opts.client_ca_file, reload=opts.enable_cert_reload
+def _extproc_server(opts: ServeOptions) -> grpc.aio.Server | h2grpc.Server:
+    """The ext_proc port's gRPC server (``--extproc-server``)."""
+    if opts.extproc_server == "grpcio":
+        return grpc.aio.server(
+            options=_grpc_options(
+                opts.max_request_body_bytes, opts.grpc_max_recv_msg_size, opts.grpc_max_send_msg_size
+            )
         )
-        server.add_secure_port(address, credentials)
-    else:
+    limit = opts.max_request_body_bytes + (1 << 20)
+    return h2grpc.Server(
+        max_receive_message_length=opts.grpc_max_recv_msg_size or limit,
+        max_send_message_length=opts.grpc_max_send_msg_size or limit,
+    )
+
+
+def _bind(server: grpc.aio.Server | h2grpc.Server, address: str, opts: ServeOptions) -> None:
+    if not opts.secure_serving:
         server.add_insecure_port(address)
+        return
+    ca, reload = opts.client_ca_file, opts.enable_cert_reload
+    if isinstance(server, h2grpc.Server):
+        server.add_secure_port(address, server_ssl_context(opts.cert_path, client_ca_file=ca, reload=reload))
+    else:
+        server.add_secure_port(address, server_credentials(opts.cert_path, client_ca_file=ca, reload=reload))
 
 
 # Young-generation collections every this many net allocations instead of 700: each one walks
@@ -313,11 +332,7 @@ class EppServer:
             self.pool_gauges.start()
             self.served_models.start()
 
-            server = grpc.aio.server(
-                options=_grpc_options(
-                    opts.max_request_body_bytes, opts.grpc_max_recv_msg_size, opts.grpc_max_send_msg_size
-                )
-            )
+            server = _extproc_server(opts)
             add_to_server(self.processor, server)
             if opts.health_checking:
                 health_pb2_grpc.add_HealthServicer_to_server(self.health.servicer, server)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import ssl
 import threading
 import time
 from collections.abc import Sequence
@@ -174,6 +175,59 @@ def server_credentials(
     return grpc.ssl_server_credentials(
         [(pair.key, pair.cert)], root_certificates=pair.ca, require_client_auth=pair.ca is not None
     )
+
+
+def server_ssl_context(
+    cert_path: str | None, *, client_ca_file: str | None = None, reload: bool = False
+) -> ssl.SSLContext:
+    """``server_credentials`` for epp's own gRPC server (``epp.server.h2grpc``): the same files and
+    checks; with ``reload`` each handshake after a renewal gets a context with the new files."""
+    if not cert_path:
+        if client_ca_file:
+            raise TlsFileError("--grpc-client-ca-file needs --cert-path (a certificate clients can verify)")
+        key, cert = self_signed_pem()
+        return _ssl_context(KeyPair(key=key, cert=cert))
+    files = CertificateFiles(cert_path, client_ca_file, interval=RELOAD_INTERVAL)
+    context = _ssl_context(files.load())
+    if reload:
+        current = [context]
+
+        def follow(sslobj: ssl.SSLObject, _server_name: str | None, _ctx: ssl.SSLContext) -> None:
+            if files.changed():
+                try:
+                    current[0] = _ssl_context(files.load())
+                except TlsFileError as e:  # mid-renewal: keep serving the current pair
+                    log.warning("renewed certificate not usable yet; keeping the current one", error=str(e))
+                else:
+                    log.info("certificate reloaded", path=str(files.directory))
+            if current[0] is not context:
+                sslobj.context = current[0]
+
+        context.sni_callback = follow
+    return context
+
+
+def _ssl_context(pair: KeyPair) -> ssl.SSLContext:
+    """A TLS 1.2+ server context for ``pair`` (a client certificate signed by ``pair.ca`` required
+    when there is one) with the ``--tls-cipher-suites`` TLS 1.2 suites; ALPN offers h2."""
+    import tempfile
+
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    with tempfile.TemporaryDirectory(prefix="epp-tls-") as tmp:  # the ssl module loads keys from files
+        cert, key = Path(tmp) / CERT_FILE, Path(tmp) / KEY_FILE
+        key.touch(0o600)
+        key.write_bytes(pair.key)
+        cert.write_bytes(pair.cert)
+        context.load_cert_chain(cert, key)
+    if pair.ca is not None:
+        context.load_verify_locations(cadata=pair.ca.decode())
+        context.verify_mode = ssl.CERT_REQUIRED
+    ciphers = os.environ.get("GRPC_SSL_CIPHER_SUITES")  # --tls-cipher-suites, as gRPC reads it
+    if ciphers:
+        context.set_ciphers(ciphers)
+    context.set_alpn_protocols(["h2"])
+    return context
 
 
 def replica_server_credentials(cert_path: str, *, reload: bool = False) -> grpc.ServerCredentials:

@@ -1,0 +1,195 @@
+"""One gRPC call on an HTTP/2 stream: its inbound messages, its replies, and the server-side
+context a handler sees (``read``, ``write``, ``abort``: the subset of ``grpc.aio.ServicerContext``
+the EPP's services use)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import Callable
+from typing import Any, NoReturn, Protocol
+
+import grpc
+
+EOF = grpc.aio.EOF
+
+
+class Stream(Protocol):
+    """What a call needs of its connection."""
+
+    loop: asyncio.AbstractEventLoop
+    peer: str
+
+    def credit(self, call: Call) -> None: ...
+
+    async def send_message(self, call: Call, data: bytes) -> None: ...
+
+    def end_call(self, call: Call, code: grpc.StatusCode, details: str) -> None: ...
+
+
+class AbortError(Exception):
+    """Raised by ``Call.abort``: the handler ends and the status is sent."""
+
+
+class Call:
+    """Server side of one stream: the handler's context and the stream's state."""
+
+    __slots__ = (
+        "_deserialize",
+        "_serialize",
+        "code",
+        "conn",
+        "deadline",
+        "deadline_exceeded",
+        "details",
+        "headers_sent",
+        "inbox",
+        "inbox_bytes",
+        "metadata",
+        "method",
+        "remote_closed",
+        "reset",
+        "rx_head",
+        "rx_need",
+        "rx_parts",
+        "send_window",
+        "sid",
+        "task",
+        "unacked",
+        "waiter",
+        "window_waiter",
+    )
+
+    def __init__(
+        self,
+        conn: Stream,
+        sid: int,
+        method: str,
+        metadata: tuple[tuple[str, str], ...],
+        deserialize: Callable[[bytes], Any] | None,
+        serialize: Callable[[Any], bytes] | None,
+        send_window: int,
+    ) -> None:
+        self.conn = conn
+        self.sid = sid
+        self.method = method
+        self.metadata = metadata
+        self._deserialize = deserialize
+        self._serialize = serialize
+        self.inbox: deque[bytes] = deque()  # complete messages not read yet
+        self.inbox_bytes = 0
+        self.waiter: asyncio.Future[None] | None = None  # a read waiting for a message
+        self.window_waiter: asyncio.Future[None] | None = None  # a write waiting for flow control
+        self.remote_closed = False  # the client half-closed (END_STREAM)
+        self.reset = False  # the stream is gone (RST_STREAM either way, or the connection)
+        self.headers_sent = False
+        self.send_window = send_window
+        self.unacked = 0  # DATA bytes received and not yet credited back (stream window)
+        self.rx_parts: list[bytes | memoryview] | None = None  # pieces of a message being received
+        self.rx_need = 0  # bytes that message still lacks
+        self.rx_head = b""  # a message prefix split across DATA frames
+        self.task: asyncio.Task[None] | None = None
+        self.code = grpc.StatusCode.OK
+        self.details = ""
+        self.deadline: asyncio.TimerHandle | None = None
+        self.deadline_exceeded = False
+
+    # --- grpc.aio.ServicerContext ---------------------------------------------------------------
+
+    async def read(self) -> Any:
+        """The next request message, or ``EOF`` once the client half-closed."""
+        inbox = self.inbox
+        if not inbox:
+            if self.remote_closed:
+                return EOF
+            waiter = self.waiter = self.conn.loop.create_future()
+            try:
+                await waiter
+            finally:
+                self.waiter = None
+            if not inbox:
+                return EOF
+        data = inbox.popleft()
+        self.inbox_bytes -= len(data)
+        if self.unacked:
+            self.conn.credit(self)
+        deserialize = self._deserialize
+        return deserialize(data) if deserialize is not None else data
+
+    async def write(self, message: Any) -> None:
+        serialize = self._serialize
+        data = serialize(message) if serialize is not None else message
+        await self.conn.send_message(self, data)
+
+    async def abort(self, code: grpc.StatusCode, details: str = "", trailing_metadata: Any = ()) -> NoReturn:
+        self.code, self.details = code, details
+        raise AbortError(details)
+
+    def set_code(self, code: grpc.StatusCode) -> None:
+        self.code = code
+
+    def set_details(self, details: str) -> None:
+        self.details = details
+
+    def invocation_metadata(self) -> tuple[tuple[str, str], ...]:
+        return self.metadata
+
+    def peer(self) -> str:
+        return self.conn.peer
+
+    def cancelled(self) -> bool:
+        return self.reset
+
+    def done(self) -> bool:
+        return self.task is None or self.task.done()
+
+    def time_remaining(self) -> float | None:
+        if self.deadline is None:
+            return None
+        return max(0.0, self.deadline.when() - self.conn.loop.time())
+
+    # --- request iterator (the handlers' first argument) ----------------------------------------
+
+    def __aiter__(self) -> Call:
+        return self
+
+    async def __anext__(self) -> Any:
+        message = await self.read()
+        if message is EOF:
+            raise StopAsyncIteration
+        return message
+
+    # --- driven by the connection ---------------------------------------------------------------
+
+    def deliver(self, data: bytes) -> None:
+        self.inbox.append(data)
+        self.inbox_bytes += len(data)
+        waiter = self.waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    def end_remote(self) -> None:
+        self.remote_closed = True
+        waiter = self.waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    def wake_writer(self) -> None:
+        waiter = self.window_waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    def cancel(self) -> None:
+        """The stream is gone: the handler is cancelled (a client cancellation to the handler)."""
+        self.reset = True
+        self.wake_writer()
+        task = self.task
+        if task is not None and not task.done():
+            task.cancel()
+
+    def expire(self) -> None:
+        """The client's ``grpc-timeout`` elapsed."""
+        self.deadline_exceeded = True
+        task = self.task
+        if task is not None and not task.done():
+            task.cancel()

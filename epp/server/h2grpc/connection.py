@@ -1,0 +1,537 @@
+"""One HTTP/2 connection of the gRPC server (an asyncio protocol): frames in, calls started per
+stream, flow control both ways, replies coalesced into one write per event-loop turn."""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+from typing import Any, Protocol
+
+import grpc
+import structlog
+from hpack import Decoder, HPACKError
+
+from epp.log_limit import LOGS
+from epp.server.h2grpc import frames as f
+from epp.server.h2grpc.call import Call
+
+log = structlog.get_logger("epp.h2grpc")
+
+_U32 = struct.Struct(">L")
+_PREFIX = struct.Struct(">BL")  # gRPC message prefix: compressed flag, length
+_TIMEOUT_UNITS = {"H": 3600.0, "M": 60.0, "S": 1.0, "m": 1e-3, "u": 1e-6, "n": 1e-9}
+_HEADER_CACHE_SIZE = 64
+
+
+class ConnectionError_(Exception):
+    """A connection error (RFC 9113 section 5.4.1): GOAWAY with ``code``, then close."""
+
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def _timeout(value: str) -> float | None:
+    """A ``grpc-timeout`` header value in seconds (None when malformed)."""
+    unit = _TIMEOUT_UNITS.get(value[-1:])
+    digits = value[:-1]
+    if unit is None or not digits.isdigit() or len(digits) > 8:
+        return None
+    return int(digits) * unit
+
+
+class Host(Protocol):
+    """What a connection needs of its server."""
+
+    loop: asyncio.AbstractEventLoop
+    connections: set[Connection]
+    max_concurrent_streams: int
+    max_receive_message_length: int
+    max_send_message_length: int
+
+    def start_call(
+        self,
+        conn: Connection,
+        sid: int,
+        path: str,
+        content_type: str,
+        timeout: str,
+        metadata: tuple[tuple[str, str], ...],
+        ended: int,
+    ) -> None: ...
+
+
+class Connection(asyncio.Protocol):
+    """Server side of one HTTP/2 connection."""
+
+    def __init__(self, server: Host) -> None:
+        self.server = server
+        self.loop = server.loop
+        self.transport: Any = None
+        self.peer = ""
+        self.calls: dict[int, Call] = {}
+        self.last_sid = 0  # highest client stream id seen
+        self.goaway_sent = False
+        self.closed = False
+        self._preface = True  # the client preface is still expected
+        self._pending: list[bytes] = []  # bytes of a frame not complete yet
+        self._pending_len = 0
+        self._need = 0
+        self._continuation: tuple[int, int, list[bytes]] | None = None  # (stream, flags, fragments)
+        self._decoder = Decoder()
+        self._decoder.max_allowed_table_size = f.DEFAULT_HEADER_TABLE
+        self._decoded: dict[bytes, list[tuple[bytes, bytes]]] = {}  # header block -> fields
+        self._table_mark: tuple[int, int] = (0, 0)
+        # Flow control. Receiving: the connection window is credited back as DATA arrives; each
+        # stream's as its messages are read (so what a slow handler holds stays bounded).
+        self._recv_unacked = 0
+        # Sending: the peer's windows and frame size.
+        self.send_window = f.DEFAULT_WINDOW
+        self.peer_initial_window = f.DEFAULT_WINDOW
+        self.peer_max_frame = f.DEFAULT_MAX_FRAME
+        self._out: list[bytes] = []
+        self._flush_scheduled = False
+        self._paused: asyncio.Future[None] | None = None  # the transport's buffer is full
+        self._window_waiters: set[Call] = set()
+
+    # --- asyncio.Protocol -----------------------------------------------------------------------
+
+    def connection_made(self, transport: Any) -> None:
+        self.transport = transport
+        peer = transport.get_extra_info("peername")
+        self.peer = f"ipv4:{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else f"unix:{peer or ''}"
+        server = self.server
+        server.connections.add(self)
+        self._send(
+            f.settings(
+                {
+                    f.MAX_CONCURRENT_STREAMS: server.max_concurrent_streams,
+                    f.INITIAL_WINDOW_SIZE: f.STREAM_WINDOW,
+                    f.MAX_FRAME_SIZE: f.RECV_MAX_FRAME,
+                    f.MAX_HEADER_LIST_SIZE: f.MAX_HEADER_LIST,
+                }
+            )
+            + f.window_update(0, f.CONNECTION_WINDOW - f.DEFAULT_WINDOW)
+        )
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self.server.connections.discard(self)
+        for call in list(self.calls.values()):
+            call.cancel()
+        self.calls.clear()
+        paused = self._paused
+        if paused is not None and not paused.done():
+            paused.set_result(None)
+
+    def pause_writing(self) -> None:
+        if self._paused is None:
+            self._paused = self.loop.create_future()
+
+    def resume_writing(self) -> None:
+        paused, self._paused = self._paused, None
+        if paused is not None and not paused.done():
+            paused.set_result(None)
+
+    def data_received(self, data: bytes) -> None:
+        if self._pending:
+            self._pending.append(data)
+            self._pending_len += len(data)
+            if self._pending_len < self._need:
+                return
+            data = b"".join(self._pending)
+            self._pending = []
+        try:
+            self._frames(data)
+        except ConnectionError_ as e:
+            self._fail(e.code, str(e))
+        except HPACKError as e:
+            self._fail(f.COMPRESSION_ERROR, f"header block: {e}")
+
+    def _frames(self, data: bytes) -> None:
+        pos, end = 0, len(data)
+        if self._preface:
+            if end < len(f.PREFACE):
+                self._hold(data, len(f.PREFACE))
+                return
+            if data[: len(f.PREFACE)] != f.PREFACE:
+                raise ConnectionError_(f.PROTOCOL_ERROR, "not an HTTP/2 client preface")
+            self._preface = False
+            pos = len(f.PREFACE)
+        view = memoryview(data)
+        unpack = f.FRAME_HEADER.unpack_from
+        while end - pos >= 9:
+            hi, lo, kind, flags, sid = unpack(data, pos)
+            length = (hi << 8) | lo
+            if length > f.RECV_MAX_FRAME:
+                raise ConnectionError_(f.FRAME_SIZE_ERROR, f"a frame of {length} bytes")
+            if end - pos - 9 < length:
+                break
+            payload = view[pos + 9 : pos + 9 + length]
+            pos += 9 + length
+            sid &= 0x7FFFFFFF
+            if self._continuation is not None and kind != f.CONTINUATION:
+                raise ConnectionError_(f.PROTOCOL_ERROR, "a frame inside a header block")
+            if kind == f.DATA:
+                self._on_data(flags, sid, payload)
+            elif kind == f.HEADERS:
+                self._on_headers(flags, sid, payload)
+            elif kind == f.CONTINUATION:
+                self._on_continuation(flags, sid, payload)
+            elif kind == f.WINDOW_UPDATE:
+                self._on_window_update(sid, payload)
+            elif kind == f.PING:
+                if length != 8:
+                    raise ConnectionError_(f.FRAME_SIZE_ERROR, "PING of another length than 8")
+                if not flags & f.ACK:
+                    self._send(f.frame(f.PING, f.ACK, 0, bytes(payload)))
+            elif kind == f.SETTINGS:
+                self._on_settings(flags, sid, payload)
+            elif kind == f.RST_STREAM:
+                call = self.calls.pop(sid, None)
+                if call is not None:
+                    call.cancel()
+            elif kind == f.GOAWAY:
+                self.goaway_sent = True  # no new stream is accepted; open calls finish
+                self.close_when_idle()
+            elif kind == f.PUSH_PROMISE:
+                raise ConnectionError_(f.PROTOCOL_ERROR, "PUSH_PROMISE from a client")
+            # PRIORITY and unknown frame types are ignored.
+        if pos < end:
+            rest = data[pos:]
+            self._hold(rest, 9 + ((rest[0] << 16) | (rest[1] << 8) | rest[2]) if len(rest) >= 9 else 9)
+
+    def _hold(self, rest: bytes, need: int) -> None:
+        self._pending = [rest]
+        self._pending_len = len(rest)
+        self._need = need
+
+    # --- frames ---------------------------------------------------------------------------------
+
+    def _on_settings(self, flags: int, sid: int, payload: memoryview) -> None:
+        if sid:
+            raise ConnectionError_(f.PROTOCOL_ERROR, "SETTINGS on a stream")
+        if flags & f.ACK:
+            return
+        if len(payload) % 6:
+            raise ConnectionError_(f.FRAME_SIZE_ERROR, "SETTINGS length not a multiple of 6")
+        for i in range(0, len(payload), 6):
+            key, value = struct.unpack_from(">HL", payload, i)
+            if key == f.INITIAL_WINDOW_SIZE:
+                if value > f.MAX_WINDOW:
+                    raise ConnectionError_(f.FLOW_CONTROL_ERROR, "INITIAL_WINDOW_SIZE too large")
+                delta = value - self.peer_initial_window
+                self.peer_initial_window = value
+                for call in self.calls.values():
+                    call.send_window += delta
+                if delta > 0:
+                    self._wake_writers()
+            elif key == f.MAX_FRAME_SIZE:
+                if not f.DEFAULT_MAX_FRAME <= value <= f.MAX_FRAME_LIMIT:
+                    raise ConnectionError_(f.PROTOCOL_ERROR, "MAX_FRAME_SIZE out of range")
+                self.peer_max_frame = value
+            # HEADER_TABLE_SIZE: the server's header blocks never use the dynamic table.
+        self._send(f.frame(f.SETTINGS, f.ACK, 0))
+
+    def _on_window_update(self, sid: int, payload: memoryview) -> None:
+        if len(payload) != 4:
+            raise ConnectionError_(f.FRAME_SIZE_ERROR, "WINDOW_UPDATE of another length than 4")
+        increment = _U32.unpack_from(payload)[0] & 0x7FFFFFFF
+        if sid == 0:
+            if increment == 0:
+                raise ConnectionError_(f.PROTOCOL_ERROR, "WINDOW_UPDATE of 0")
+            self.send_window += increment
+            if self.send_window > f.MAX_WINDOW:
+                raise ConnectionError_(f.FLOW_CONTROL_ERROR, "connection window over 2^31-1")
+            self._wake_writers()
+            return
+        call = self.calls.get(sid)
+        if call is None:
+            return
+        if increment == 0 or call.send_window + increment > f.MAX_WINDOW:
+            self._reset(call, f.FLOW_CONTROL_ERROR if increment else f.PROTOCOL_ERROR)
+            return
+        call.send_window += increment
+        call.wake_writer()
+
+    def _on_headers(self, flags: int, sid: int, payload: memoryview) -> None:
+        if sid == 0:
+            raise ConnectionError_(f.PROTOCOL_ERROR, "HEADERS on stream 0")
+        block = self._unpad(flags, payload)
+        if flags & f.PRIORITY_FLAG:
+            block = block[5:]
+        if flags & f.END_HEADERS:
+            self._header_block(sid, flags, bytes(block))
+        else:
+            self._continuation = (sid, flags, [bytes(block)])
+
+    def _on_continuation(self, flags: int, sid: int, payload: memoryview) -> None:
+        cont = self._continuation
+        if cont is None or cont[0] != sid:
+            raise ConnectionError_(f.PROTOCOL_ERROR, "CONTINUATION without its HEADERS")
+        cont[2].append(bytes(payload))
+        if sum(len(p) for p in cont[2]) > f.MAX_HEADER_LIST:
+            raise ConnectionError_(f.ENHANCE_YOUR_CALM, "header block too large")
+        if flags & f.END_HEADERS:
+            self._continuation = None
+            self._header_block(sid, cont[1], b"".join(cont[2]))
+
+    def _unpad(self, flags: int, payload: memoryview) -> memoryview:
+        if not flags & f.PADDED:
+            return payload
+        if not payload or payload[0] >= len(payload):
+            raise ConnectionError_(f.PROTOCOL_ERROR, "padding longer than the frame")
+        return payload[1 : len(payload) - payload[0]]
+
+    def _decode(self, block: bytes) -> list[tuple[bytes, bytes]]:
+        """The block's fields. A block decoded while the dynamic table stayed as it is decodes the
+        same way again (a client's repeated request headers are indexed fields), so it is cached."""
+        table = self._decoder.header_table
+        entries = table.dynamic_entries
+        mark = (len(entries), id(entries[0]) if entries else 0)
+        if mark != self._table_mark:
+            self._decoded.clear()
+        else:
+            cached = self._decoded.get(block)
+            if cached is not None:
+                return cached
+        fields: list[tuple[bytes, bytes]] = self._decoder.decode(block, raw=True)  # type: ignore[assignment]
+        mark_after = (len(entries), id(entries[0]) if entries else 0)
+        if mark_after == mark and len(self._decoded) < _HEADER_CACHE_SIZE:
+            self._decoded[block] = fields
+        self._table_mark = mark_after
+        return fields
+
+    def _header_block(self, sid: int, flags: int, block: bytes) -> None:
+        fields = self._decode(block)  # decoded even for a refused stream: the table must follow
+        call = self.calls.get(sid)
+        if call is not None:  # trailers from the client end its stream
+            if not flags & f.END_STREAM:
+                self._reset(call, f.PROTOCOL_ERROR)
+                return
+            call.end_remote()
+            return
+        if sid % 2 == 0:
+            raise ConnectionError_(f.PROTOCOL_ERROR, f"stream id {sid} not a client stream")
+        if sid <= self.last_sid:  # a stream the server already ended (trailers in flight): ignored
+            return
+        self.last_sid = sid
+        if self.goaway_sent or len(self.calls) >= self.server.max_concurrent_streams:
+            self._send(f.rst_stream(sid, f.REFUSED_STREAM))
+            return
+        path = ""
+        content_type = ""
+        timeout = ""
+        metadata = []
+        for name, value in fields:
+            if name[:1] == b":":
+                if name == b":path":
+                    path = value.decode("ascii", "replace")
+                continue
+            if name == b"content-type":
+                content_type = value.decode("ascii", "replace")
+            elif name == b"grpc-timeout":
+                timeout = value.decode("ascii", "replace")
+            metadata.append((name.decode("ascii", "replace"), value.decode("utf-8", "replace")))
+        self.server.start_call(self, sid, path, content_type, timeout, tuple(metadata), flags & f.END_STREAM)
+
+    def _on_data(self, flags: int, sid: int, payload: memoryview) -> None:
+        size = len(payload)  # padding counts in flow control
+        self._recv_unacked += size
+        if self._recv_unacked >= f.CONNECTION_WINDOW // 2:
+            self._send(f.window_update(0, self._recv_unacked))
+            self._recv_unacked = 0
+        call = self.calls.get(sid)
+        if call is None:
+            if sid == 0 or sid > self.last_sid:
+                raise ConnectionError_(f.PROTOCOL_ERROR, f"DATA on idle stream {sid}")
+            return  # a stream the server ended or reset: frames still in flight are ignored
+        if call.remote_closed:
+            self._reset(call, f.STREAM_CLOSED)
+            return
+        call.unacked += size
+        data = self._unpad(flags, payload)
+        if data:
+            error = self._messages(call, data)
+            if error is not None:
+                self._reset(call, f.CANCEL, error)
+                return
+        if flags & f.END_STREAM:
+            if call.rx_parts is not None or call.rx_head:
+                self._reset(call, f.CANCEL, (grpc.StatusCode.INTERNAL, "stream ended inside a message"))
+                return
+            call.end_remote()
+        if call.unacked >= f.STREAM_WINDOW // 4:
+            self.credit(call)
+
+    def _messages(self, call: Call, data: memoryview) -> tuple[grpc.StatusCode, str] | None:
+        """Split ``data`` into the call's gRPC messages; a status to end the call with on a bad one."""
+        pos, end = 0, len(data)
+        if call.rx_parts is not None:  # completing a message
+            take = min(call.rx_need, end)
+            call.rx_parts.append(data[:take])
+            call.rx_need -= take
+            pos = take
+            if call.rx_need == 0:
+                parts, call.rx_parts = call.rx_parts, None
+                call.deliver(b"".join(parts))
+        if call.rx_head and pos < end:  # a prefix split across frames
+            data = memoryview(call.rx_head + bytes(data[pos:]))
+            call.rx_head = b""
+            pos, end = 0, len(data)
+        limit = self.server.max_receive_message_length
+        while pos < end:
+            if end - pos < 5:
+                call.rx_head = bytes(data[pos:])
+                return None
+            compressed, length = _PREFIX.unpack_from(data, pos)
+            if compressed:
+                return grpc.StatusCode.UNIMPLEMENTED, "compressed messages are not supported"
+            if length > limit:
+                return (
+                    grpc.StatusCode.RESOURCE_EXHAUSTED,
+                    f"received message larger than max ({length} vs. {limit})",
+                )
+            pos += 5
+            if end - pos >= length:
+                call.deliver(bytes(data[pos : pos + length]))
+                pos += length
+            else:
+                call.rx_parts = [data[pos:]]
+                call.rx_need = length - (end - pos)
+                return None
+        return None
+
+    def credit(self, call: Call) -> None:
+        """Give the stream's window back, unless read-but-unconsumed messages fill half of it."""
+        if call.unacked and call.inbox_bytes < f.STREAM_WINDOW // 2 and not call.remote_closed:
+            self._send(f.window_update(call.sid, call.unacked))
+            call.unacked = 0
+
+    # --- sending --------------------------------------------------------------------------------
+
+    def _send(self, data: bytes) -> None:
+        self._out.append(data)
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            self.loop.call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        out, self._out = self._out, []
+        if self.closed or not out:
+            return
+        self.transport.write(out[0] if len(out) == 1 else b"".join(out))
+
+    async def send_message(self, call: Call, data: bytes) -> None:
+        """One gRPC message on ``call``'s stream, within the flow-control windows."""
+        if call.reset or self.closed:
+            raise asyncio.CancelledError("the stream was reset")
+        if len(data) > self.server.max_send_message_length:
+            raise ValueError(f"message of {len(data)} bytes over the send limit")
+        body = _PREFIX.pack(0, len(data)) + data if len(data) < 65536 else None
+        head = b""
+        if not call.headers_sent:
+            call.headers_sent = True
+            head = f.frame(f.HEADERS, f.END_HEADERS, call.sid, f.RESPONSE_HEADERS)
+        total = len(data) + 5
+        if body is not None and total <= min(self.send_window, call.send_window, self.peer_max_frame):
+            self.send_window -= total
+            call.send_window -= total
+            self._send(head + f.frame_header(f.DATA, 0, call.sid, total) + body)
+        else:
+            if head:
+                self._send(head)
+            await self._send_chunked(call, memoryview(_PREFIX.pack(0, len(data)) + data))
+        if self._paused is not None:
+            await self._paused
+
+    async def _send_chunked(self, call: Call, view: memoryview) -> None:
+        pos, end = 0, len(view)
+        while pos < end:
+            allowed = min(self.send_window, call.send_window, self.peer_max_frame, end - pos)
+            if allowed <= 0:
+                waiter = call.window_waiter = self.loop.create_future()
+                self._window_waiters.add(call)
+                try:
+                    await waiter
+                finally:
+                    call.window_waiter = None
+                    self._window_waiters.discard(call)
+                if call.reset or self.closed:
+                    raise asyncio.CancelledError("the stream was reset")
+                continue
+            self.send_window -= allowed
+            call.send_window -= allowed
+            self._send(f.frame_header(f.DATA, 0, call.sid, allowed) + view[pos : pos + allowed])
+            pos += allowed
+
+    def _wake_writers(self) -> None:
+        for call in list(self._window_waiters):
+            call.wake_writer()
+
+    def end_call(self, call: Call, code: grpc.StatusCode, details: str) -> None:
+        """The handler finished: the status in trailers (or a trailers-only response)."""
+        if call.deadline is not None:
+            call.deadline.cancel()
+        if self.calls.get(call.sid) is not call or call.reset or self.closed:
+            if self.calls.get(call.sid) is call:
+                del self.calls[call.sid]
+            self.close_when_idle()
+            return
+        del self.calls[call.sid]
+        ok = code is grpc.StatusCode.OK and not details
+        status = f.OK_TRAILERS if ok else f.status_fields(code.value[0], details)
+        block = status if call.headers_sent else f.RESPONSE_HEADERS + status
+        out = f.frame(f.HEADERS, f.END_HEADERS | f.END_STREAM, call.sid, block)
+        if not call.remote_closed:  # the client may stop sending: the response is complete
+            out += f.rst_stream(call.sid, f.NO_ERROR)
+        self._send(out)
+        self.close_when_idle()
+
+    def _reset(self, call: Call, code: int, status: tuple[grpc.StatusCode, str] | None = None) -> None:
+        """End ``call`` from the server side: a status when the client can still read one, else
+        RST_STREAM; the handler is cancelled either way."""
+        self.calls.pop(call.sid, None)
+        if status is not None and not call.reset:
+            block = f.status_fields(status[0].value[0], status[1])
+            if not call.headers_sent:
+                block = f.RESPONSE_HEADERS + block
+            self._send(f.frame(f.HEADERS, f.END_HEADERS | f.END_STREAM, call.sid, block))
+        self._send(f.rst_stream(call.sid, code))
+        call.cancel()
+
+    # --- connection ends ------------------------------------------------------------------------
+
+    def goaway(self) -> None:
+        """Graceful shutdown: no new streams; the open ones finish."""
+        if not self.goaway_sent and not self.closed:
+            self.goaway_sent = True
+            self._send(f.goaway(self.last_sid, f.NO_ERROR))
+        self.close_when_idle()
+
+    def close_when_idle(self) -> None:
+        if self.goaway_sent and not self.calls and not self.closed:
+            self.loop.call_soon(self._close)
+
+    def _close(self) -> None:
+        if not self.closed:
+            self._flush()
+            self.closed = True
+            self.transport.close()
+
+    def abort(self) -> None:
+        """Hard stop: every call cancelled, the connection closed."""
+        for call in list(self.calls.values()):
+            call.cancel()
+        self.calls.clear()
+        if not self.closed:
+            self._flush()
+            self.closed = True
+            self.transport.close()
+
+    def _fail(self, code: int, message: str) -> None:
+        LOGS.log(log.warning, "h2_connection_error", "HTTP/2 connection error", error=message, peer=self.peer)
+        if not self.closed:
+            self._send(f.goaway(self.last_sid, code, message.encode()[:256]))
+            self.abort()
