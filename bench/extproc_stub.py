@@ -20,6 +20,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
 from google.protobuf.struct_pb2 import Struct
 
 from epp.framework.wire import DESTINATION_HEADER, LB_NAMESPACE
+from epp.server import heap
 from epp.server.h2grpc import Server
 from epp.server.replies import BODY_PIECE_LIMIT
 
@@ -178,6 +179,7 @@ async def serve(host: str, port: int, destination: str, socket: str = "", kind: 
     server.add_insecure_port(f"{host}:{port}")
     if socket:
         server.add_insecure_port(f"unix:{socket}")
+    heap.keep_large_buffers()  # as the EPP does when it starts serving
     await server.start()
     print(f"ext_proc stub on {host}:{port}, every request to {destination}", flush=True)
     stop = asyncio.Event()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import gc
 import signal
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -22,7 +21,7 @@ from epp.flowcontrol import FlowController, settings_from_spec
 from epp.framework import Endpoint, EndpointStateHolder, MetadataExtractor, ReplicatedState, ServingHooks
 from epp.promlite import start_http_server
 from epp.scheduling import Scheduler
-from epp.server import h2grpc
+from epp.server import h2grpc, heap
 from epp.server.director import Director, DirectorHooks
 from epp.server.extproc import ExternalProcessor, StreamOptions, add_to_server
 from epp.server.health import Health
@@ -115,21 +114,6 @@ def _bind(server: grpc.aio.Server | h2grpc.Server, address: str, opts: ServeOpti
         server.add_secure_port(address, server_ssl_context(opts.cert_path, client_ca_file=ca, reload=reload))
     else:
         server.add_secure_port(address, server_credentials(opts.cert_path, client_ca_file=ca, reload=reload))
-
-
-# Young-generation collections every this many net allocations instead of 700: each one walks
-# every young object, including those of the requests in flight, which the default would revisit
-# every few requests.
-GC_YOUNG_THRESHOLD = 20_000
-
-
-def _settle_heap() -> None:
-    """Before serving: start-up objects (modules, the config, plugins) move out of the collector's
-    view (``gc.freeze``), so full collections walk only what serving created; see GC_YOUNG_THRESHOLD."""
-    gc.collect()
-    gc.freeze()
-    _, older, oldest = gc.get_threshold()
-    gc.set_threshold(GC_YOUNG_THRESHOLD, older, oldest)
 
 
 class EppServer:
@@ -339,7 +323,7 @@ class EppServer:
             _bind(server, f"{opts.bind_address}:{opts.grpc_port}", opts)
             if opts.grpc_socket:
                 _bind(server, f"unix:{opts.grpc_socket}", opts)
-            _settle_heap()  # before serving: the collection pauses no request
+            heap.settle()  # before serving: the collection pauses no request
             await server.start()
             await self.health.set_ready(True)
             log.info(

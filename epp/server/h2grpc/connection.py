@@ -78,6 +78,9 @@ class Connection(asyncio.Protocol):
         self._pending_len = 0
         self._need = 0
         self._continuation: tuple[int, int, list[bytes]] | None = None  # (stream, flags, fragments)
+        self._data_left = 0  # payload bytes of the DATA frame being received still to come
+        self._data_call: Call | None = None  # where that frame's bytes go (None: dropped)
+        self._data_flags = 0
         self._decoder = Decoder()
         self._decoder.max_allowed_table_size = f.DEFAULT_HEADER_TABLE
         self._decoded: dict[bytes, list[tuple[bytes, bytes]]] = {}  # header block -> fields
@@ -134,30 +137,40 @@ class Connection(asyncio.Protocol):
             paused.set_result(None)
 
     def data_received(self, data: bytes) -> None:
-        if self._pending:
-            self._pending.append(data)
-            self._pending_len += len(data)
-            if self._pending_len < self._need:
-                return
-            data = b"".join(self._pending)
-            self._pending = []
         try:
-            self._frames(data)
+            pos = 0
+            if self._data_left:  # the rest of a DATA frame's payload, passed on as it arrives
+                take = min(self._data_left, len(data))
+                self._data_piece(memoryview(data)[:take])
+                self._data_left -= take
+                if not self._data_left:
+                    self._data_end()
+                if take == len(data):
+                    return
+                pos = take
+            if self._pending:
+                self._pending.append(data[pos:] if pos else data)
+                self._pending_len += len(data) - pos
+                if self._pending_len < self._need:
+                    return
+                data, pos = b"".join(self._pending), 0
+                self._pending = []
+            self._frames(data, pos)
         except ConnectionError_ as e:
             self._fail(e.code, str(e))
         except HPACKError as e:
             self._fail(f.COMPRESSION_ERROR, f"header block: {e}")
 
-    def _frames(self, data: bytes) -> None:
-        pos, end = 0, len(data)
+    def _frames(self, data: bytes, pos: int) -> None:
+        end = len(data)
         if self._preface:
-            if end < len(f.PREFACE):
-                self._hold(data, len(f.PREFACE))
+            if end - pos < len(f.PREFACE):
+                self._hold(data[pos:], len(f.PREFACE))
                 return
-            if data[: len(f.PREFACE)] != f.PREFACE:
+            if data[pos : pos + len(f.PREFACE)] != f.PREFACE:
                 raise ConnectionError_(f.PROTOCOL_ERROR, "not an HTTP/2 client preface")
             self._preface = False
-            pos = len(f.PREFACE)
+            pos += len(f.PREFACE)
         view = memoryview(data)
         unpack = f.FRAME_HEADER.unpack_from
         while end - pos >= 9:
@@ -165,15 +178,23 @@ class Connection(asyncio.Protocol):
             length = (hi << 8) | lo
             if length > f.RECV_MAX_FRAME:
                 raise ConnectionError_(f.FRAME_SIZE_ERROR, f"a frame of {length} bytes")
-            if end - pos - 9 < length:
-                break
-            payload = view[pos + 9 : pos + 9 + length]
-            pos += 9 + length
             sid &= 0x7FFFFFFF
             if self._continuation is not None and kind != f.CONTINUATION:
                 raise ConnectionError_(f.PROTOCOL_ERROR, "a frame inside a header block")
+            if end - pos - 9 < length:
+                if kind == f.DATA and not flags & f.PADDED:  # a long one: its bytes go on as they come
+                    self._data_start(flags, sid, length)
+                    self._data_piece(view[pos + 9 :])
+                    self._data_left = length - (end - pos - 9)
+                    return
+                break
+            payload = view[pos + 9 : pos + 9 + length]
+            pos += 9 + length
             if kind == f.DATA:
-                self._on_data(flags, sid, payload)
+                self._data_start(flags, sid, length)
+                if payload:
+                    self._data_piece(self._unpad(flags, payload) if flags & f.PADDED else payload)
+                self._data_end()
             elif kind == f.HEADERS:
                 self._on_headers(flags, sid, payload)
             elif kind == f.CONTINUATION:
@@ -335,28 +356,38 @@ class Connection(asyncio.Protocol):
             metadata.append((name.decode("ascii", "replace"), value.decode("utf-8", "replace")))
         self.server.start_call(self, sid, path, content_type, timeout, tuple(metadata), flags & f.END_STREAM)
 
-    def _on_data(self, flags: int, sid: int, payload: memoryview) -> None:
-        size = len(payload)  # padding counts in flow control
-        self._recv_unacked += size
+    def _data_start(self, flags: int, sid: int, length: int) -> None:
+        """A DATA frame of ``length`` payload bytes begins (its pieces follow, then ``_data_end``)."""
+        self._recv_unacked += length  # padding counts in flow control
         if self._recv_unacked >= f.CONNECTION_WINDOW // 2:
             self._send(f.window_update(0, self._recv_unacked))
             self._recv_unacked = 0
-        call = self.calls.get(sid)
+        self._data_flags = flags
+        call = self._data_call = self.calls.get(sid)
         if call is None:
             if sid == 0 or sid > self.last_sid:
                 raise ConnectionError_(f.PROTOCOL_ERROR, f"DATA on idle stream {sid}")
             return  # a stream the server ended or reset: frames still in flight are ignored
         if call.remote_closed:
+            self._data_call = None
             self._reset(call, f.STREAM_CLOSED)
             return
-        call.unacked += size
-        data = self._unpad(flags, payload)
-        if data:
-            error = self._messages(call, data)
-            if error is not None:
-                self._reset(call, f.CANCEL, error)
-                return
-        if flags & f.END_STREAM:
+        call.unacked += length
+
+    def _data_piece(self, data: memoryview) -> None:
+        call = self._data_call
+        if call is None or not data:
+            return
+        error = self._messages(call, data)
+        if error is not None:
+            self._data_call = None
+            self._reset(call, f.CANCEL, error)
+
+    def _data_end(self) -> None:
+        call, self._data_call = self._data_call, None
+        if call is None:
+            return
+        if self._data_flags & f.END_STREAM:
             if call.rx_parts is not None or call.rx_head:
                 self._reset(call, f.CANCEL, (grpc.StatusCode.INTERNAL, "stream ended inside a message"))
                 return
