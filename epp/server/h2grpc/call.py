@@ -5,6 +5,8 @@ the EPP's services use)."""
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 from collections import deque
 from collections.abc import Callable
 from typing import Any, NoReturn, Protocol
@@ -12,6 +14,7 @@ from typing import Any, NoReturn, Protocol
 import grpc
 
 EOF = grpc.aio.EOF
+_TRANSPORT_HEADERS = frozenset({"content-type", "te"})
 
 
 class Stream(Protocol):
@@ -42,10 +45,10 @@ class Call:
         "deadline",
         "deadline_exceeded",
         "details",
+        "fields",
         "headers_sent",
         "inbox",
         "inbox_bytes",
-        "metadata",
         "method",
         "remote_closed",
         "reset",
@@ -65,7 +68,7 @@ class Call:
         conn: Stream,
         sid: int,
         method: str,
-        metadata: tuple[tuple[str, str], ...],
+        fields: list[tuple[bytes, bytes]],
         deserialize: Callable[[bytes], Any] | None,
         serialize: Callable[[Any], bytes] | None,
         send_window: int,
@@ -73,7 +76,7 @@ class Call:
         self.conn = conn
         self.sid = sid
         self.method = method
-        self.metadata = metadata
+        self.fields = fields  # the request's header fields as decoded (HPACK)
         self._deserialize = deserialize
         self._serialize = serialize
         self.inbox: deque[bytes] = deque()  # complete messages not read yet
@@ -131,14 +134,34 @@ class Call:
     def set_details(self, details: str) -> None:
         self.details = details
 
-    def invocation_metadata(self) -> tuple[tuple[str, str], ...]:
-        return self.metadata
+    def invocation_metadata(self) -> tuple[tuple[str, str | bytes], ...]:
+        """The client's metadata as grpc gives it: no pseudo-headers or transport headers
+        (``content-type``, ``te``, ``grpc-*``), ``-bin`` values decoded from base64."""
+        out: list[tuple[str, str | bytes]] = []
+        for raw_name, raw_value in self.fields:
+            name = raw_name.decode("ascii", "replace")
+            if name[:1] == ":" or name in _TRANSPORT_HEADERS or name.startswith("grpc-"):
+                continue
+            if name.endswith("-bin"):
+                try:
+                    out.append((name, base64.b64decode(raw_value + b"=" * (-len(raw_value) % 4))))
+                except binascii.Error:
+                    continue
+            else:
+                out.append((name, raw_value.decode("utf-8", "replace")))
+        return tuple(out)
+
+    def use(
+        self, deserialize: Callable[[bytes], Any] | None, serialize: Callable[[Any], bytes] | None
+    ) -> None:
+        """The handler's (de)serializers, once a generic handler was found for the call."""
+        self._deserialize, self._serialize = deserialize, serialize
 
     def peer(self) -> str:
         return self.conn.peer
 
     def cancelled(self) -> bool:
-        return self.reset
+        return self.reset or self.deadline_exceeded
 
     def done(self) -> bool:
         return self.task is None or self.task.done()

@@ -19,7 +19,7 @@ log = structlog.get_logger("epp.h2grpc")
 
 _U32 = struct.Struct(">L")
 _PREFIX = struct.Struct(">BL")  # gRPC message prefix: compressed flag, length
-_TIMEOUT_UNITS = {"H": 3600.0, "M": 60.0, "S": 1.0, "m": 1e-3, "u": 1e-6, "n": 1e-9}
+_TIMEOUT_UNITS = {b"H": 3600.0, b"M": 60.0, b"S": 1.0, b"m": 1e-3, b"u": 1e-6, b"n": 1e-9}
 _HEADER_CACHE_SIZE = 64
 
 
@@ -31,7 +31,7 @@ class ConnectionError_(Exception):
         self.code = code
 
 
-def _timeout(value: str) -> float | None:
+def _timeout(value: bytes) -> float | None:
     """A ``grpc-timeout`` header value in seconds (None when malformed)."""
     unit = _TIMEOUT_UNITS.get(value[-1:])
     digits = value[:-1]
@@ -54,9 +54,9 @@ class Host(Protocol):
         conn: Connection,
         sid: int,
         path: str,
-        content_type: str,
-        timeout: str,
-        metadata: tuple[tuple[str, str], ...],
+        content_type: bytes,
+        timeout: bytes,
+        fields: list[tuple[bytes, bytes]],
         ended: int,
     ) -> None: ...
 
@@ -81,10 +81,10 @@ class Connection(asyncio.Protocol):
         self._data_left = 0  # payload bytes of the DATA frame being received still to come
         self._data_call: Call | None = None  # where that frame's bytes go (None: dropped)
         self._data_flags = 0
+        self._data_streamed = False
         self._decoder = Decoder()
         self._decoder.max_allowed_table_size = f.DEFAULT_HEADER_TABLE
         self._decoded: dict[bytes, list[tuple[bytes, bytes]]] = {}  # header block -> fields
-        self._table_mark: tuple[int, int] = (0, 0)
         # Flow control. Receiving: the connection window is credited back as DATA arrives; each
         # stream's as its messages are read (so what a slow handler holds stays bounded).
         self._recv_unacked = 0
@@ -102,7 +102,10 @@ class Connection(asyncio.Protocol):
     def connection_made(self, transport: Any) -> None:
         self.transport = transport
         peer = transport.get_extra_info("peername")
-        self.peer = f"ipv4:{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else f"unix:{peer or ''}"
+        if isinstance(peer, tuple):
+            self.peer = f"ipv6:[{peer[0]}]:{peer[1]}" if ":" in peer[0] else f"ipv4:{peer[0]}:{peer[1]}"
+        else:
+            self.peer = f"unix:{peer or ''}"
         server = self.server
         server.connections.add(self)
         self._send(
@@ -183,7 +186,7 @@ class Connection(asyncio.Protocol):
                 raise ConnectionError_(f.PROTOCOL_ERROR, "a frame inside a header block")
             if end - pos - 9 < length:
                 if kind == f.DATA and not flags & f.PADDED:  # a long one: its bytes go on as they come
-                    self._data_start(flags, sid, length)
+                    self._data_start(flags, sid, length, streamed=True)
                     self._data_piece(view[pos + 9 :])
                     self._data_left = length - (end - pos - 9)
                     return
@@ -202,6 +205,8 @@ class Connection(asyncio.Protocol):
             elif kind == f.WINDOW_UPDATE:
                 self._on_window_update(sid, payload)
             elif kind == f.PING:
+                if sid:
+                    raise ConnectionError_(f.PROTOCOL_ERROR, "PING on a stream")
                 if length != 8:
                     raise ConnectionError_(f.FRAME_SIZE_ERROR, "PING of another length than 8")
                 if not flags & f.ACK:
@@ -233,6 +238,8 @@ class Connection(asyncio.Protocol):
         if sid:
             raise ConnectionError_(f.PROTOCOL_ERROR, "SETTINGS on a stream")
         if flags & f.ACK:
+            if payload:
+                raise ConnectionError_(f.FRAME_SIZE_ERROR, "SETTINGS ACK with a payload")
             return
         if len(payload) % 6:
             raise ConnectionError_(f.FRAME_SIZE_ERROR, "SETTINGS length not a multiple of 6")
@@ -307,20 +314,18 @@ class Connection(asyncio.Protocol):
     def _decode(self, block: bytes) -> list[tuple[bytes, bytes]]:
         """The block's fields. A block decoded while the dynamic table stayed as it is decodes the
         same way again (a client's repeated request headers are indexed fields), so it is cached."""
-        table = self._decoder.header_table
-        entries = table.dynamic_entries
-        mark = (len(entries), id(entries[0]) if entries else 0)
-        if mark != self._table_mark:
-            self._decoded.clear()
-        else:
-            cached = self._decoded.get(block)
-            if cached is not None:
-                return cached
+        entries = self._decoder.header_table.dynamic_entries
+        cached = self._decoded.get(block)  # every cached block was decoded with the table as it is
+        if cached is not None:
+            return cached
+        # Entries are only added at the front (a new tuple) and evicted at the back, so the same
+        # length and the same front entry (held here: its id cannot be reused) mean the same table.
+        size, first = len(entries), entries[0] if entries else None
         fields: list[tuple[bytes, bytes]] = self._decoder.decode(block, raw=True)  # type: ignore[assignment]
-        mark_after = (len(entries), id(entries[0]) if entries else 0)
-        if mark_after == mark and len(self._decoded) < _HEADER_CACHE_SIZE:
+        if len(entries) != size or (entries[0] if entries else None) is not first:
+            self._decoded.clear()  # the table changed: a cached block may mean other fields now
+        elif len(self._decoded) < _HEADER_CACHE_SIZE:
             self._decoded[block] = fields
-        self._table_mark = mark_after
         return fields
 
     def _header_block(self, sid: int, flags: int, block: bytes) -> None:
@@ -340,24 +345,22 @@ class Connection(asyncio.Protocol):
         if self.goaway_sent or len(self.calls) >= self.server.max_concurrent_streams:
             self._send(f.rst_stream(sid, f.REFUSED_STREAM))
             return
-        path = ""
-        content_type = ""
-        timeout = ""
-        metadata = []
-        for name, value in fields:
-            if name[:1] == b":":
-                if name == b":path":
-                    path = value.decode("ascii", "replace")
-                continue
-            if name == b"content-type":
-                content_type = value.decode("ascii", "replace")
+        path = content_type = timeout = b""
+        for name, value in fields:  # what the server itself reads; the rest only if a handler asks
+            if name == b":path":
+                path = value
+            elif name == b"content-type":
+                content_type = value
             elif name == b"grpc-timeout":
-                timeout = value.decode("ascii", "replace")
-            metadata.append((name.decode("ascii", "replace"), value.decode("utf-8", "replace")))
-        self.server.start_call(self, sid, path, content_type, timeout, tuple(metadata), flags & f.END_STREAM)
+                timeout = value
+        self.server.start_call(
+            self, sid, path.decode("ascii", "replace"), content_type, timeout, fields, flags & f.END_STREAM
+        )
 
-    def _data_start(self, flags: int, sid: int, length: int) -> None:
-        """A DATA frame of ``length`` payload bytes begins (its pieces follow, then ``_data_end``)."""
+    def _data_start(self, flags: int, sid: int, length: int, streamed: bool = False) -> None:
+        """A DATA frame of ``length`` payload bytes begins (its pieces follow, then ``_data_end``);
+        ``streamed``: the pieces arrive over several reads, each counted in the stream's window
+        as it comes (so credit is never given for bytes still on their way)."""
         self._recv_unacked += length  # padding counts in flow control
         if self._recv_unacked >= f.CONNECTION_WINDOW // 2:
             self._send(f.window_update(0, self._recv_unacked))
@@ -372,12 +375,16 @@ class Connection(asyncio.Protocol):
             self._data_call = None
             self._reset(call, f.STREAM_CLOSED)
             return
-        call.unacked += length
+        self._data_streamed = streamed
+        if not streamed:
+            call.unacked += length
 
     def _data_piece(self, data: memoryview) -> None:
         call = self._data_call
         if call is None or not data:
             return
+        if self._data_streamed:
+            call.unacked += len(data)
         error = self._messages(call, data)
         if error is not None:
             self._data_call = None
@@ -529,6 +536,7 @@ class Connection(asyncio.Protocol):
             if not call.headers_sent:
                 block = f.RESPONSE_HEADERS + block
             self._send(f.frame(f.HEADERS, f.END_HEADERS | f.END_STREAM, call.sid, block))
+            code = f.NO_ERROR  # the status ends the call; any other code would override it (CANCELLED)
         self._send(f.rst_stream(call.sid, code))
         call.cancel()
 

@@ -24,7 +24,7 @@ _EOF = grpc.aio.EOF
 
 
 class _CallDetails(grpc.HandlerCallDetails):
-    def __init__(self, method: str, metadata: tuple[tuple[str, str], ...]) -> None:
+    def __init__(self, method: str, metadata: tuple[tuple[str, str | bytes], ...]) -> None:
         self.method = method
         self.invocation_metadata = metadata
 
@@ -70,10 +70,9 @@ class Server:
         for name, handler in handlers.items():
             self._methods[f"/{service}/{name}"] = handler
 
-    def _handler(self, path: str, metadata: tuple[tuple[str, str], ...]) -> grpc.RpcMethodHandler | None:
-        handler = self._methods.get(path)
-        if handler is not None:
-            return handler
+    def _generic_handler(
+        self, path: str, metadata: tuple[tuple[str, str | bytes], ...]
+    ) -> grpc.RpcMethodHandler | None:
         for generic in self._generic:
             handler = generic.service(_CallDetails(path, metadata))
             if handler is not None:
@@ -135,26 +134,31 @@ class Server:
         conn: Connection,
         sid: int,
         path: str,
-        content_type: str,
-        timeout: str,
-        metadata: tuple[tuple[str, str], ...],
+        content_type: bytes,
+        timeout: bytes,
+        fields: list[tuple[bytes, bytes]],
         ended: int,
     ) -> None:
-        handler = self._handler(path, metadata)
+        handler = self._methods.get(path)
         call = Call(
             conn,
             sid,
             path,
-            metadata,
+            fields,
             handler.request_deserializer if handler is not None else None,
             handler.response_serializer if handler is not None else None,
             conn.peer_initial_window,
         )
+        if handler is None and self._generic:
+            handler = self._generic_handler(path, call.invocation_metadata())
+            if handler is not None:
+                call.use(handler.request_deserializer, handler.response_serializer)
         conn.calls[sid] = call
         if ended:
             call.end_remote()
-        if not content_type.startswith("application/grpc"):
-            conn.end_call(call, grpc.StatusCode.INTERNAL, f"invalid content-type: {content_type!r}")
+        if not content_type.startswith(b"application/grpc"):
+            shown = content_type.decode("ascii", "replace")
+            conn.end_call(call, grpc.StatusCode.INTERNAL, f"invalid content-type: {shown!r}")
             return
         if handler is None:
             conn.end_call(call, grpc.StatusCode.UNIMPLEMENTED, f"Method not found: {path}")
