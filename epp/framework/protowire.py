@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Protocol
 
 VARINT, FIXED64, LENGTH, FIXED32 = 0, 1, 2, 5
 
@@ -11,7 +12,15 @@ class WireError(ValueError):
     """A malformed protobuf message."""
 
 
-def varint(data: bytes, i: int) -> tuple[int, int]:
+class Readable(Protocol):
+    """Bytes read by position (``bytes``, ``memoryview``, or a view over a message's pieces)."""
+
+    def __len__(self) -> int: ...
+
+    def __getitem__(self, i: int, /) -> int: ...
+
+
+def varint(data: Readable, i: int) -> tuple[int, int]:
     """The varint at ``i`` and the position after it."""
     value = shift = 0
     n = len(data)

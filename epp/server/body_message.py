@@ -3,12 +3,16 @@
 A ``request_body`` message of a long body is decoded here instead of by protobuf: its body is
 sliced once out of the received bytes (protobuf would copy it into the message, and reading
 ``body`` would copy it again), and the message's other fields (filter metadata) go to protobuf.
-Any other message, a short body, or anything unexpected is decoded by protobuf as it is.
+A message that arrived in several pieces (``decode_pieces``) is read in place, so joining the body's
+pieces is its only copy. Any other message, a short body, or anything unexpected is decoded by
+protobuf as it is.
 """
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from dataclasses import dataclass
+from typing import overload
 
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 
@@ -33,7 +37,54 @@ class BodyMessage:
     rest: ep.ProcessingRequest  # metadata_context, attributes, ... (no request oneof set)
 
 
-def _sliced(data: bytes) -> BodyMessage | None:
+class Pieces:
+    """The bytes of one message received in pieces, read in place: an index reads one byte, a
+    slice joins the pieces it covers (one copy)."""
+
+    __slots__ = ("_pieces", "_size", "_starts")
+
+    def __init__(self, pieces: list[memoryview]) -> None:
+        self._pieces = pieces
+        self._starts: list[int] = []
+        size = 0
+        for piece in pieces:
+            self._starts.append(size)
+            size += len(piece)
+        self._size = size
+
+    def __len__(self) -> int:
+        return self._size
+
+    @overload
+    def __getitem__(self, key: int) -> int: ...
+
+    @overload
+    def __getitem__(self, key: slice) -> bytes: ...
+
+    def __getitem__(self, key: int | slice) -> int | bytes:
+        if isinstance(key, slice):
+            start, stop, _ = key.indices(self._size)
+            return self._join(start, stop)
+        if not 0 <= key < self._size:
+            raise IndexError(key)
+        i = bisect_right(self._starts, key) - 1
+        return self._pieces[i][key - self._starts[i]]
+
+    def _join(self, start: int, stop: int) -> bytes:
+        if start >= stop:
+            return b""
+        starts, pieces = self._starts, self._pieces
+        out = []
+        for i in range(bisect_right(starts, start) - 1, len(pieces)):
+            begin = starts[i]
+            if begin >= stop:
+                break
+            piece = pieces[i]
+            out.append(piece[max(start - begin, 0) : min(stop - begin, len(piece))])
+        return b"".join(out)
+
+
+def _sliced(data: bytes | Pieces) -> BodyMessage | None:
     """``data`` as a BodyMessage, or None when it is anything else than a well-formed body message
     with only the fields this knows (protobuf then decodes it, and reports what is wrong)."""
     size, start = varint(data, 1)
@@ -65,7 +116,7 @@ def _sliced(data: bytes) -> BodyMessage | None:
     return BodyMessage(body, eos, rest)
 
 
-def decode(data: bytes) -> ep.ProcessingRequest | BodyMessage:
+def decode(data: bytes | Pieces) -> ep.ProcessingRequest | BodyMessage:
     """The gRPC request deserializer of the ext_proc service."""
     if len(data) >= SLICE_FROM and data[0] == _REQUEST_BODY_TAG:
         try:
@@ -74,4 +125,9 @@ def decode(data: bytes) -> ep.ProcessingRequest | BodyMessage:
             message = None
         if message is not None:
             return message
-    return ep.ProcessingRequest.FromString(data)
+    return ep.ProcessingRequest.FromString(data if isinstance(data, bytes) else data[:])
+
+
+def decode_pieces(pieces: list[memoryview]) -> ep.ProcessingRequest | BodyMessage:
+    """``decode`` for a message received in several pieces (``h2grpc.Server.add_piece_decoder``)."""
+    return decode(Pieces(pieces))

@@ -38,7 +38,7 @@ from epp.framework.wire import (
     REQUEST_ID_HEADER,
 )
 from epp.log_limit import LOGS
-from epp.server import body_message, replies
+from epp.server import body_message, h2grpc, replies
 from epp.server.body_message import BodyMessage
 from epp.server.body_rewrite import model_literal_pairs, replace_existing_model
 from epp.server.director import EPP_OWNED_HEADERS, Director, Routing
@@ -775,9 +775,10 @@ class _Stream:
                 metrics.RESPONSE_SIZES.at(key).observe(size)
 
 
-def add_to_server(processor: ExternalProcessor, server: grpc.aio.Server) -> None:
+def add_to_server(processor: ExternalProcessor, server: grpc.aio.Server | h2grpc.Server) -> None:
     """Serve ``processor`` as ``envoy.service.ext_proc.v3.ExternalProcessor``; request messages are
-    decoded by ``body_message.decode`` (long bodies are not copied through protobuf)."""
+    decoded by ``body_message.decode`` (long bodies are not copied through protobuf; on epp's own
+    server a message received in pieces is read in place)."""
     handlers = {
         "Process": grpc.stream_stream_rpc_method_handler(
             processor.Process,
@@ -787,6 +788,8 @@ def add_to_server(processor: ExternalProcessor, server: grpc.aio.Server) -> None
     }
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(_SERVICE, handlers),))
     server.add_registered_method_handlers(_SERVICE, handlers)
+    if isinstance(server, h2grpc.Server):
+        server.add_piece_decoder(f"/{_SERVICE}/Process", body_message.decode_pieces)
 
 
 _SERVICE = "envoy.service.ext_proc.v3.ExternalProcessor"

@@ -38,6 +38,7 @@ class Call:
     """Server side of one stream: the handler's context and the stream's state."""
 
     __slots__ = (
+        "_decode_pieces",
         "_deserialize",
         "_serialize",
         "code",
@@ -72,14 +73,17 @@ class Call:
         deserialize: Callable[[bytes], Any] | None,
         serialize: Callable[[Any], bytes] | None,
         send_window: int,
+        decode_pieces: Callable[[list[memoryview]], Any] | None = None,
     ) -> None:
         self.conn = conn
         self.sid = sid
         self.method = method
         self.fields = fields  # the request's header fields as decoded (HPACK)
         self._deserialize = deserialize
+        self._decode_pieces = decode_pieces  # for a message received in several pieces
         self._serialize = serialize
-        self.inbox: deque[bytes] = deque()  # complete messages not read yet
+        # Complete messages not read yet: bytes, or the pieces of one that arrived in several.
+        self.inbox: deque[bytes | list[memoryview]] = deque()
         self.inbox_bytes = 0
         self.waiter: asyncio.Future[None] | None = None  # a read waiting for a message
         self.window_waiter: asyncio.Future[None] | None = None  # a write waiting for flow control
@@ -88,7 +92,7 @@ class Call:
         self.headers_sent = False
         self.send_window = send_window
         self.unacked = 0  # DATA bytes received and not yet credited back (stream window)
-        self.rx_parts: list[bytes | memoryview] | None = None  # pieces of a message being received
+        self.rx_parts: list[memoryview] | None = None  # pieces of a message being received
         self.rx_need = 0  # bytes that message still lacks
         self.rx_head = b""  # a message prefix split across DATA frames
         self.task: asyncio.Task[None] | None = None
@@ -113,11 +117,20 @@ class Call:
             if not inbox:
                 return EOF
         data = inbox.popleft()
-        self.inbox_bytes -= len(data)
-        if self.unacked:
-            self.conn.credit(self)
+        if isinstance(data, list):
+            self.inbox_bytes -= sum(map(len, data))
+            if self.unacked:
+                self.conn.credit(self)
+            if self._decode_pieces is not None:
+                return self._decode_pieces(data)
+            message = b"".join(data)
+        else:
+            message = data
+            self.inbox_bytes -= len(message)
+            if self.unacked:
+                self.conn.credit(self)
         deserialize = self._deserialize
-        return deserialize(data) if deserialize is not None else data
+        return deserialize(message) if deserialize is not None else message
 
     async def write(self, message: Any) -> None:
         serialize = self._serialize
@@ -184,9 +197,10 @@ class Call:
 
     # --- driven by the connection ---------------------------------------------------------------
 
-    def deliver(self, data: bytes) -> None:
+    def deliver(self, data: bytes | list[memoryview], size: int) -> None:
+        """A complete message (``size`` bytes): its bytes, or its pieces in order."""
         self.inbox.append(data)
-        self.inbox_bytes += len(data)
+        self.inbox_bytes += size
         waiter = self.waiter
         if waiter is not None and not waiter.done():
             waiter.set_result(None)

@@ -412,7 +412,7 @@ class Connection(asyncio.Protocol):
             pos = take
             if call.rx_need == 0:
                 parts, call.rx_parts = call.rx_parts, None
-                call.deliver(b"".join(parts))
+                call.deliver(parts, sum(map(len, parts)))
         if call.rx_head and pos < end:  # a prefix split across frames
             data = memoryview(call.rx_head + bytes(data[pos:]))
             call.rx_head = b""
@@ -432,7 +432,7 @@ class Connection(asyncio.Protocol):
                 )
             pos += 5
             if end - pos >= length:
-                call.deliver(bytes(data[pos : pos + length]))
+                call.deliver(bytes(data[pos : pos + length]), length)
                 pos += length
             else:
                 call.rx_parts = [data[pos:]]

@@ -9,6 +9,7 @@ import inspect
 import os
 import socket
 import ssl
+from collections.abc import Callable
 from typing import Any
 
 import grpc
@@ -52,6 +53,7 @@ class Server:
         self.loop: asyncio.AbstractEventLoop = None  # type: ignore[assignment]  # set by start()
         self.connections: set[Connection] = set()
         self._methods: dict[str, grpc.RpcMethodHandler] = {}
+        self._piece_decoders: dict[str, Callable[[list[memoryview]], Any]] = {}
         self._generic: list[grpc.GenericRpcHandler] = []
         self._sockets: list[tuple[socket.socket, ssl.SSLContext | None]] = []
         self._servers: list[asyncio.AbstractServer] = []
@@ -69,6 +71,12 @@ class Server:
     ) -> None:
         for name, handler in handlers.items():
             self._methods[f"/{service}/{name}"] = handler
+
+    def add_piece_decoder(self, method: str, decode: Callable[[list[memoryview]], Any]) -> None:
+        """Messages of ``method`` (``/service/Method``) that arrive in several pieces (a long one
+        over several reads) go to ``decode`` as those pieces instead of being joined and handed to
+        the request deserializer: it can copy only what it keeps."""
+        self._piece_decoders[method] = decode
 
     def _generic_handler(
         self, path: str, metadata: tuple[tuple[str, str | bytes], ...]
@@ -148,6 +156,7 @@ class Server:
             handler.request_deserializer if handler is not None else None,
             handler.response_serializer if handler is not None else None,
             conn.peer_initial_window,
+            self._piece_decoders.get(path),
         )
         if handler is None and self._generic:
             handler = self._generic_handler(path, call.invocation_metadata())
