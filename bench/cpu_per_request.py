@@ -618,8 +618,10 @@ class Target(_Supervised):
         response: str = "shipped",
         baseline_src: Path | None = None,
         transport: str = "socket",
+        epp_args: Sequence[str] = (),
     ) -> None:
         self.kind = kind
+        self.epp_args = list(epp_args)  # extra ``epp serve`` flags of kind "epp"
         # Envoy calls the target on a Unix socket in the generated layouts (not the baseline's EPP,
         # which may predate --grpc-socket), else over TCP
         use_socket = transport == "socket" and exchange not in GATEWAY_EXCHANGES and kind != "base"
@@ -679,7 +681,7 @@ class Target(_Supervised):
                     health_port=self.health_port,
                     metrics_port=self.metrics_port,
                     config=stack.epp_config(endpoints),
-                    extra=["--grpc-socket", self.socket] if self.socket else [],
+                    extra=(["--grpc-socket", self.socket] if self.socket else []) + self.epp_args,
                 )
             else:
                 assert self.baseline_src is not None
@@ -867,6 +869,7 @@ def bench_workload(
                     args.response,
                     baseline_src=args.baseline_src,
                     transport=args.transport,
+                    epp_args=args.epp_arg,
                 )
             )
             label = f"{workload.name:<7} {exchange:<25} {kind:<4}"
@@ -1016,6 +1019,14 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         choices=["auto", "wrk", "python"],
         default="auto",
         help="load generator (default: wrk if on PATH)",
+    )
+    add(
+        "--epp-arg",
+        action="append",
+        default=[],
+        metavar="FLAG",
+        help="an extra `epp serve` flag for the measured EPP (repeatable), "
+        "e.g. --epp-arg=--extproc-server=grpcio",
     )
     add(
         "--baseline",

@@ -4,11 +4,13 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import random
 import socket
 import ssl
 import struct
+import weakref
 from collections import defaultdict
 from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import AsyncExitStack
@@ -1049,3 +1051,50 @@ def test_port_in_use_fails_at_bind() -> None:
         s.listen()
         with pytest.raises(RuntimeError, match="Failed to bind"):
             Server().add_insecure_port(f"127.0.0.1:{s.getsockname()[1]}")
+
+
+class _Marker:
+    """Held by a handler's frame: alive as long as that frame is."""
+
+
+async def test_calls_ended_by_the_client_leave_no_reference_cycle(stack: AsyncExitStack) -> None:
+    """A cancelled handler's frame (and what it holds, e.g. a request body) is freed at once, not
+    when a full garbage collection finds a cycle through the cancellation's traceback."""
+    alive: list[weakref.ref[_Marker]] = []
+    entered = asyncio.Event()
+
+    async def hold(requests: AsyncIterator[bytes], ctx: Call) -> None:
+        marker = _Marker()
+        alive.append(weakref.ref(marker))
+        entered.set()
+        await ctx.read()  # a message never comes: the client cancels
+        await ctx.read()
+        del marker
+
+    server = Server()
+    server.add_registered_method_handlers("test.H", {"Hold": grpc.stream_stream_rpc_method_handler(hold)})
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    stack.push_async_callback(server.stop, 0)
+    channel = open_channel(stack, f"127.0.0.1:{port}")
+    gc.disable()
+    try:
+        for _ in range(5):
+            entered.clear()
+            call = channel.stream_stream("/test.H/Hold")()
+            await call.write(b"x")
+            await asyncio.wait_for(entered.wait(), T)
+            call.cancel()
+        await asyncio.wait_for(
+            _until(lambda: len(server.connections) == 1 and not next(iter(server.connections)).calls), T
+        )
+        for _ in range(5):
+            await asyncio.sleep(0)
+        assert [ref() for ref in alive] == [None] * 5
+    finally:
+        gc.enable()
+
+
+async def _until(check: Callable[[], bool]) -> None:
+    while not check():
+        await asyncio.sleep(0.01)

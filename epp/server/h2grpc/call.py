@@ -109,9 +109,11 @@ class Call:
         if not inbox:
             if self.remote_closed:
                 return EOF
-            waiter = self.waiter = self.conn.loop.create_future()
+            # No local holds the future: a cancellation's traceback keeps this frame, and the future
+            # keeps that exception (a cycle that only a full collection would free).
+            self.waiter = self.conn.loop.create_future()
             try:
-                await waiter
+                await self.waiter
             finally:
                 self.waiter = None
             if not inbox:

@@ -21,6 +21,7 @@ _U32 = struct.Struct(">L")
 _PREFIX = struct.Struct(">BL")  # gRPC message prefix: compressed flag, length
 _TIMEOUT_UNITS = {b"H": 3600.0, b"M": 60.0, b"S": 1.0, b"m": 1e-3, b"u": 1e-6, b"n": 1e-9}
 _HEADER_CACHE_SIZE = 64
+_COPY_BELOW = 64 << 10  # messages shorter than this are copied out of the received bytes at once
 
 
 class ConnectionError_(Exception):
@@ -432,7 +433,10 @@ class Connection(asyncio.Protocol):
                 )
             pos += 5
             if end - pos >= length:
-                call.deliver(bytes(data[pos : pos + length]), length)
+                if length < _COPY_BELOW:
+                    call.deliver(bytes(data[pos : pos + length]), length)
+                else:  # a long message in one frame: left in place, a piece decoder copies what it keeps
+                    call.deliver([data[pos : pos + length]], length)
                 pos += length
             else:
                 call.rx_parts = [data[pos:]]
@@ -489,10 +493,10 @@ class Connection(asyncio.Protocol):
         while pos < end:
             allowed = min(self.send_window, call.send_window, self.peer_max_frame, end - pos)
             if allowed <= 0:
-                waiter = call.window_waiter = self.loop.create_future()
+                call.window_waiter = self.loop.create_future()  # no local: see Call.read
                 self._window_waiters.add(call)
                 try:
-                    await waiter
+                    await call.window_waiter
                 finally:
                     call.window_waiter = None
                     self._window_waiters.discard(call)

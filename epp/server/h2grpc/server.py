@@ -195,13 +195,17 @@ class Server:
         except AbortError:
             code, details = call.code, call.details
         except asyncio.CancelledError:
-            if not call.deadline_exceeded:
-                call.conn.end_call(call, grpc.StatusCode.CANCELLED, "")  # gone, or the server stops
-                raise
-            code, details = grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded"
+            # The stream is gone (or the server stops, or the deadline passed). Not re-raised: the
+            # task would keep the exception, whose traceback holds this frame and the call.
+            if call.deadline_exceeded:
+                code, details = grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded"
+            else:
+                code, details = grpc.StatusCode.CANCELLED, ""
         except Exception as e:
             LOGS.log(log.exception, "h2grpc_handler_failed", "gRPC handler failed", method=call.method)
             code, details = grpc.StatusCode.UNKNOWN, f"Unexpected {type(e).__name__}: {e}"
+        finally:
+            call.task = None
         call.conn.end_call(call, code, details)
 
     @staticmethod
