@@ -53,6 +53,7 @@ class Probe:
     started: asyncio.Event = field(default_factory=asyncio.Event)
     release: asyncio.Event = field(default_factory=asyncio.Event)
     cancelled: asyncio.Event = field(default_factory=asyncio.Event)
+    ended: asyncio.Event = field(default_factory=asyncio.Event)  # echo saw the end of the requests
     seen: dict[str, Any] = field(default_factory=dict)
 
 
@@ -68,6 +69,7 @@ def service(p: Probe) -> dict[str, grpc.RpcMethodHandler]:
             p.seen["cancelled_flag"] = ctx.cancelled()
             p.cancelled.set()
             raise
+        p.ended.set()
 
     async def echo_read(_requests: Any, ctx: Call) -> None:
         while (message := await ctx.read()) is not grpc.aio.EOF:
@@ -982,6 +984,26 @@ async def test_bad_stream_window_update_resets_only_that_stream(
     conn.send(raw_frame(DATA, END_STREAM, 3, grpc_frame(b"on")))
     fields, body = await read_response(conn, 3)
     assert fields["grpc-status"] == "0" and grpc_messages(body) == [b"re:on"]
+
+
+async def test_end_stream_then_reset_ends_a_reading_handler_with_eof(
+    env: Env, raw: Callable[..., Any]
+) -> None:
+    """Envoy half-closes an ext_proc stream and resets it in one go: a handler waiting for the next
+    message reads the end of the requests (as it would have a moment earlier), not a cancellation."""
+    conn: Raw = await raw()
+    conn.send(raw_frame(HEADERS, END_HEADERS, 1, request_block("/test.T/Echo")))
+    conn.send(raw_frame(DATA, 0, 1, grpc_frame(b"one")))
+    await conn.until(lambda fr: fr[0] == DATA and fr[2] == 1)  # echoed: the handler waits in read
+    conn.send(raw_frame(DATA, END_STREAM, 1, b"") + raw_frame(RST_STREAM, 0, 1, struct.pack(">L", 8)))
+    await asyncio.wait_for(env.probe.ended.wait(), T)
+    assert not env.probe.cancelled.is_set()
+    # a reset while the client's side is still open cancels the handler
+    conn.send(raw_frame(HEADERS, END_HEADERS, 3, request_block("/test.T/Echo")))
+    conn.send(raw_frame(DATA, 0, 3, grpc_frame(b"two")))
+    await conn.until(lambda fr: fr[0] == DATA and fr[2] == 3)
+    conn.send(raw_frame(RST_STREAM, 0, 3, struct.pack(">L", 8)))
+    await asyncio.wait_for(env.probe.cancelled.wait(), T)
 
 
 async def test_client_goaway_lets_open_calls_finish_then_closes(raw: Callable[..., Any]) -> None:

@@ -226,6 +226,16 @@ class Call:
         if task is not None and not task.done():
             task.cancel()
 
+    def reset_by_client(self) -> None:
+        """RST_STREAM from the client. A handler waiting in ``read`` after the client's END_STREAM
+        (Envoy half-closes, then resets, in one go) reads EOF and ends as it would have a moment
+        earlier; any other is cancelled. Either way nothing more can be sent."""
+        if self.remote_closed and not self.inbox and self.waiter is not None:
+            self.reset = True
+            self.wake_writer()
+            return
+        self.cancel()
+
     def expire(self) -> None:
         """The client's ``grpc-timeout`` elapsed."""
         self.deadline_exceeded = True

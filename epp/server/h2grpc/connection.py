@@ -217,7 +217,7 @@ class Connection(asyncio.Protocol):
             elif kind == f.RST_STREAM:
                 call = self.calls.pop(sid, None)
                 if call is not None:
-                    call.cancel()
+                    call.reset_by_client()
             elif kind == f.GOAWAY:
                 self.goaway_sent = True  # no new stream is accepted; open calls finish
                 self.close_when_idle()
