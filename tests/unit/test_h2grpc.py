@@ -29,6 +29,7 @@ from grpc_health.v1._async import HealthServicer
 from hpack import Decoder, Encoder, NeverIndexedHeaderTuple
 
 from epp.server.h2grpc import Call, Server
+from epp.server.h2grpc.frames import CREDIT_FROM
 from epp.server.tls import Authority, KeyPair, server_ssl_context
 
 T = 10.0  # bounds every wait: a hung test fails instead of hanging the suite
@@ -1004,6 +1005,21 @@ async def test_end_stream_then_reset_ends_a_reading_handler_with_eof(
     await conn.until(lambda fr: fr[0] == DATA and fr[2] == 3)
     conn.send(raw_frame(RST_STREAM, 0, 3, struct.pack(">L", 8)))
     await asyncio.wait_for(env.probe.cancelled.wait(), T)
+
+
+async def test_stream_window_is_credited_in_large_steps_not_per_message(raw: Callable[..., Any]) -> None:
+    conn: Raw = await raw()
+    conn.send(raw_frame(HEADERS, END_HEADERS, 1, request_block("/test.T/Echo")))
+    for i in range(40):  # small messages: no WINDOW_UPDATE for the stream
+        conn.send(raw_frame(DATA, 0, 1, grpc_frame(b"m%d" % i)))
+    frames = [await conn.until(lambda fr: fr[0] in (DATA, WINDOW_UPDATE) and fr[2] == 1) for _ in range(40)]
+    assert [kind for kind, _, _, _ in frames] == [DATA] * 40
+    big = pattern(CREDIT_FROM)  # one message past a quarter of the stream window: credited back
+    payload = grpc_frame(big)
+    for at in range(0, len(payload), 16_384):  # the default largest frame
+        conn.send(raw_frame(DATA, 0, 1, payload[at : at + 16_384]))
+    update = await conn.until(lambda fr: fr[0] == WINDOW_UPDATE and fr[2] == 1)
+    assert struct.unpack(">L", update[3])[0] >= CREDIT_FROM
 
 
 async def test_client_goaway_lets_open_calls_finish_then_closes(raw: Callable[..., Any]) -> None:

@@ -13,6 +13,8 @@ from typing import Any, NoReturn, Protocol
 
 import grpc
 
+from epp.server.h2grpc.frames import CREDIT_FROM
+
 EOF = grpc.aio.EOF
 _TRANSPORT_HEADERS = frozenset({"content-type", "te"})
 
@@ -121,7 +123,7 @@ class Call:
         data = inbox.popleft()
         if isinstance(data, list):
             self.inbox_bytes -= sum(map(len, data))
-            if self.unacked:
+            if self.unacked >= CREDIT_FROM:
                 self.conn.credit(self)
             if self._decode_pieces is not None:
                 return self._decode_pieces(data)
@@ -129,7 +131,7 @@ class Call:
         else:
             message = data
             self.inbox_bytes -= len(message)
-            if self.unacked:
+            if self.unacked >= CREDIT_FROM:
                 self.conn.credit(self)
         deserialize = self._deserialize
         return deserialize(message) if deserialize is not None else message

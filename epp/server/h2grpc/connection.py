@@ -400,7 +400,7 @@ class Connection(asyncio.Protocol):
                 self._reset(call, f.CANCEL, (grpc.StatusCode.INTERNAL, "stream ended inside a message"))
                 return
             call.end_remote()
-        if call.unacked >= f.STREAM_WINDOW // 4:
+        if call.unacked >= f.CREDIT_FROM:
             self.credit(call)
 
     def _messages(self, call: Call, data: memoryview) -> tuple[grpc.StatusCode, str] | None:
@@ -445,8 +445,11 @@ class Connection(asyncio.Protocol):
         return None
 
     def credit(self, call: Call) -> None:
-        """Give the stream's window back, unless read-but-unconsumed messages fill half of it."""
-        if call.unacked and call.inbox_bytes < f.STREAM_WINDOW // 2 and not call.remote_closed:
+        """Give the stream's window back once a quarter of it is used (no WINDOW_UPDATE per
+        message), unless messages not read yet fill half of it (then ``read`` calls again)."""
+        if call.remote_closed or call.unacked < f.CREDIT_FROM:
+            return
+        if call.inbox_bytes < f.STREAM_WINDOW // 2:
             self._send(f.window_update(call.sid, call.unacked))
             call.unacked = 0
 

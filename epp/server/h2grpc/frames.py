@@ -51,6 +51,7 @@ DEFAULT_HEADER_TABLE = 4096
 # connection's as DATA arrives; a peer may send frames of up to RECV_MAX_FRAME bytes (fewer frames
 # for a long request body).
 STREAM_WINDOW = 8 << 20
+CREDIT_FROM = STREAM_WINDOW // 4  # a stream's window is credited back in steps of at least this
 CONNECTION_WINDOW = 64 << 20
 RECV_MAX_FRAME = 1 << 20
 MAX_HEADER_LIST = 64 << 10
