@@ -24,7 +24,7 @@ _HEADER_CACHE_SIZE = 64
 _COPY_BELOW = 64 << 10  # messages shorter than this are copied out of the received bytes at once
 
 
-class ConnectionError_(Exception):
+class _ConnectionError(Exception):
     """A connection error (RFC 9113 section 5.4.1): GOAWAY with ``code``, then close."""
 
     def __init__(self, code: int, message: str) -> None:
@@ -93,7 +93,7 @@ class Connection(asyncio.Protocol):
         self.send_window = f.DEFAULT_WINDOW
         self.peer_initial_window = f.DEFAULT_WINDOW
         self.peer_max_frame = f.DEFAULT_MAX_FRAME
-        self._out: list[bytes] = []
+        self._out: list[bytes | memoryview] = []
         self._flush_scheduled = False
         self._paused: asyncio.Future[None] | None = None  # the transport's buffer is full
         self._window_waiters: set[Call] = set()
@@ -160,7 +160,7 @@ class Connection(asyncio.Protocol):
                 data, pos = b"".join(self._pending), 0
                 self._pending = []
             self._frames(data, pos)
-        except ConnectionError_ as e:
+        except _ConnectionError as e:
             self._fail(e.code, str(e))
         except HPACKError as e:
             self._fail(f.COMPRESSION_ERROR, f"header block: {e}")
@@ -172,7 +172,7 @@ class Connection(asyncio.Protocol):
                 self._hold(data[pos:], len(f.PREFACE))
                 return
             if data[pos : pos + len(f.PREFACE)] != f.PREFACE:
-                raise ConnectionError_(f.PROTOCOL_ERROR, "not an HTTP/2 client preface")
+                raise _ConnectionError(f.PROTOCOL_ERROR, "not an HTTP/2 client preface")
             self._preface = False
             pos += len(f.PREFACE)
         view = memoryview(data)
@@ -181,10 +181,10 @@ class Connection(asyncio.Protocol):
             hi, lo, kind, flags, sid = unpack(data, pos)
             length = (hi << 8) | lo
             if length > f.RECV_MAX_FRAME:
-                raise ConnectionError_(f.FRAME_SIZE_ERROR, f"a frame of {length} bytes")
+                raise _ConnectionError(f.FRAME_SIZE_ERROR, f"a frame of {length} bytes")
             sid &= 0x7FFFFFFF
             if self._continuation is not None and kind != f.CONTINUATION:
-                raise ConnectionError_(f.PROTOCOL_ERROR, "a frame inside a header block")
+                raise _ConnectionError(f.PROTOCOL_ERROR, "a frame inside a header block")
             if end - pos - 9 < length:
                 if kind == f.DATA and not flags & f.PADDED:  # a long one: its bytes go on as they come
                     self._data_start(flags, sid, length, streamed=True)
@@ -207,9 +207,9 @@ class Connection(asyncio.Protocol):
                 self._on_window_update(sid, payload)
             elif kind == f.PING:
                 if sid:
-                    raise ConnectionError_(f.PROTOCOL_ERROR, "PING on a stream")
+                    raise _ConnectionError(f.PROTOCOL_ERROR, "PING on a stream")
                 if length != 8:
-                    raise ConnectionError_(f.FRAME_SIZE_ERROR, "PING of another length than 8")
+                    raise _ConnectionError(f.FRAME_SIZE_ERROR, "PING of another length than 8")
                 if not flags & f.ACK:
                     self._send(f.frame(f.PING, f.ACK, 0, bytes(payload)))
             elif kind == f.SETTINGS:
@@ -222,7 +222,7 @@ class Connection(asyncio.Protocol):
                 self.goaway_sent = True  # no new stream is accepted; open calls finish
                 self.close_when_idle()
             elif kind == f.PUSH_PROMISE:
-                raise ConnectionError_(f.PROTOCOL_ERROR, "PUSH_PROMISE from a client")
+                raise _ConnectionError(f.PROTOCOL_ERROR, "PUSH_PROMISE from a client")
             # PRIORITY and unknown frame types are ignored.
         if pos < end:
             rest = data[pos:]
@@ -237,18 +237,18 @@ class Connection(asyncio.Protocol):
 
     def _on_settings(self, flags: int, sid: int, payload: memoryview) -> None:
         if sid:
-            raise ConnectionError_(f.PROTOCOL_ERROR, "SETTINGS on a stream")
+            raise _ConnectionError(f.PROTOCOL_ERROR, "SETTINGS on a stream")
         if flags & f.ACK:
             if payload:
-                raise ConnectionError_(f.FRAME_SIZE_ERROR, "SETTINGS ACK with a payload")
+                raise _ConnectionError(f.FRAME_SIZE_ERROR, "SETTINGS ACK with a payload")
             return
         if len(payload) % 6:
-            raise ConnectionError_(f.FRAME_SIZE_ERROR, "SETTINGS length not a multiple of 6")
+            raise _ConnectionError(f.FRAME_SIZE_ERROR, "SETTINGS length not a multiple of 6")
         for i in range(0, len(payload), 6):
             key, value = struct.unpack_from(">HL", payload, i)
             if key == f.INITIAL_WINDOW_SIZE:
                 if value > f.MAX_WINDOW:
-                    raise ConnectionError_(f.FLOW_CONTROL_ERROR, "INITIAL_WINDOW_SIZE too large")
+                    raise _ConnectionError(f.FLOW_CONTROL_ERROR, "INITIAL_WINDOW_SIZE too large")
                 delta = value - self.peer_initial_window
                 self.peer_initial_window = value
                 for call in self.calls.values():
@@ -257,21 +257,21 @@ class Connection(asyncio.Protocol):
                     self._wake_writers()
             elif key == f.MAX_FRAME_SIZE:
                 if not f.DEFAULT_MAX_FRAME <= value <= f.MAX_FRAME_LIMIT:
-                    raise ConnectionError_(f.PROTOCOL_ERROR, "MAX_FRAME_SIZE out of range")
+                    raise _ConnectionError(f.PROTOCOL_ERROR, "MAX_FRAME_SIZE out of range")
                 self.peer_max_frame = value
             # HEADER_TABLE_SIZE: the server's header blocks never use the dynamic table.
         self._send(f.frame(f.SETTINGS, f.ACK, 0))
 
     def _on_window_update(self, sid: int, payload: memoryview) -> None:
         if len(payload) != 4:
-            raise ConnectionError_(f.FRAME_SIZE_ERROR, "WINDOW_UPDATE of another length than 4")
+            raise _ConnectionError(f.FRAME_SIZE_ERROR, "WINDOW_UPDATE of another length than 4")
         increment = _U32.unpack_from(payload)[0] & 0x7FFFFFFF
         if sid == 0:
             if increment == 0:
-                raise ConnectionError_(f.PROTOCOL_ERROR, "WINDOW_UPDATE of 0")
+                raise _ConnectionError(f.PROTOCOL_ERROR, "WINDOW_UPDATE of 0")
             self.send_window += increment
             if self.send_window > f.MAX_WINDOW:
-                raise ConnectionError_(f.FLOW_CONTROL_ERROR, "connection window over 2^31-1")
+                raise _ConnectionError(f.FLOW_CONTROL_ERROR, "connection window over 2^31-1")
             self._wake_writers()
             return
         call = self.calls.get(sid)
@@ -285,7 +285,7 @@ class Connection(asyncio.Protocol):
 
     def _on_headers(self, flags: int, sid: int, payload: memoryview) -> None:
         if sid == 0:
-            raise ConnectionError_(f.PROTOCOL_ERROR, "HEADERS on stream 0")
+            raise _ConnectionError(f.PROTOCOL_ERROR, "HEADERS on stream 0")
         block = self._unpad(flags, payload)
         if flags & f.PRIORITY_FLAG:
             block = block[5:]
@@ -297,10 +297,10 @@ class Connection(asyncio.Protocol):
     def _on_continuation(self, flags: int, sid: int, payload: memoryview) -> None:
         cont = self._continuation
         if cont is None or cont[0] != sid:
-            raise ConnectionError_(f.PROTOCOL_ERROR, "CONTINUATION without its HEADERS")
+            raise _ConnectionError(f.PROTOCOL_ERROR, "CONTINUATION without its HEADERS")
         cont[2].append(bytes(payload))
         if sum(len(p) for p in cont[2]) > f.MAX_HEADER_LIST:
-            raise ConnectionError_(f.ENHANCE_YOUR_CALM, "header block too large")
+            raise _ConnectionError(f.ENHANCE_YOUR_CALM, "header block too large")
         if flags & f.END_HEADERS:
             self._continuation = None
             self._header_block(sid, cont[1], b"".join(cont[2]))
@@ -309,7 +309,7 @@ class Connection(asyncio.Protocol):
         if not flags & f.PADDED:
             return payload
         if not payload or payload[0] >= len(payload):
-            raise ConnectionError_(f.PROTOCOL_ERROR, "padding longer than the frame")
+            raise _ConnectionError(f.PROTOCOL_ERROR, "padding longer than the frame")
         return payload[1 : len(payload) - payload[0]]
 
     def _decode(self, block: bytes) -> list[tuple[bytes, bytes]]:
@@ -339,7 +339,7 @@ class Connection(asyncio.Protocol):
             call.end_remote()
             return
         if sid % 2 == 0:
-            raise ConnectionError_(f.PROTOCOL_ERROR, f"stream id {sid} not a client stream")
+            raise _ConnectionError(f.PROTOCOL_ERROR, f"stream id {sid} not a client stream")
         if sid <= self.last_sid:  # a stream the server already ended (trailers in flight): ignored
             return
         self.last_sid = sid
@@ -370,7 +370,7 @@ class Connection(asyncio.Protocol):
         call = self._data_call = self.calls.get(sid)
         if call is None:
             if sid == 0 or sid > self.last_sid:
-                raise ConnectionError_(f.PROTOCOL_ERROR, f"DATA on idle stream {sid}")
+                raise _ConnectionError(f.PROTOCOL_ERROR, f"DATA on idle stream {sid}")
             return  # a stream the server ended or reset: frames still in flight are ignored
         if call.remote_closed:
             self._data_call = None
@@ -455,8 +455,10 @@ class Connection(asyncio.Protocol):
 
     # --- sending --------------------------------------------------------------------------------
 
-    def _send(self, data: bytes) -> None:
-        self._out.append(data)
+    def _send(self, *parts: bytes | memoryview) -> None:
+        """Queue bytes for this loop turn's single write (joined there: a message's bytes are
+        copied once, into that write)."""
+        self._out.extend(parts)
         if not self._flush_scheduled:
             self._flush_scheduled = True
             self.loop.call_soon(self._flush)
@@ -472,27 +474,27 @@ class Connection(asyncio.Protocol):
         """One gRPC message on ``call``'s stream, within the flow-control windows."""
         if call.reset or self.closed:
             raise asyncio.CancelledError("the stream was reset")
-        if len(data) > self.server.max_send_message_length:
-            raise ValueError(f"message of {len(data)} bytes over the send limit")
-        body = _PREFIX.pack(0, len(data)) + data if len(data) < 65536 else None
-        head = b""
+        size = len(data)
+        if size > self.server.max_send_message_length:
+            raise ValueError(f"message of {size} bytes over the send limit")
         if not call.headers_sent:
             call.headers_sent = True
-            head = f.frame(f.HEADERS, f.END_HEADERS, call.sid, f.RESPONSE_HEADERS)
-        total = len(data) + 5
-        if body is not None and total <= min(self.send_window, call.send_window, self.peer_max_frame):
+            self._send(f.frame(f.HEADERS, f.END_HEADERS, call.sid, f.RESPONSE_HEADERS))
+        prefix = _PREFIX.pack(0, size)
+        total = size + 5
+        if total <= self.send_window and total <= call.send_window and total <= self.peer_max_frame:
             self.send_window -= total
             call.send_window -= total
-            self._send(head + f.frame_header(f.DATA, 0, call.sid, total) + body)
+            self._send(f.frame_header(f.DATA, 0, call.sid, total), prefix, data)
         else:
-            if head:
-                self._send(head)
-            await self._send_chunked(call, memoryview(_PREFIX.pack(0, len(data)) + data))
+            await self._send_chunked(call, prefix, memoryview(data))
         if self._paused is not None:
             await self._paused
 
-    async def _send_chunked(self, call: Call, view: memoryview) -> None:
-        pos, end = 0, len(view)
+    async def _send_chunked(self, call: Call, prefix: bytes, view: memoryview) -> None:
+        """The message (``prefix`` then ``view``) in DATA frames as the windows and the peer's
+        frame size allow."""
+        pos, end = -len(prefix), len(view)  # pos < 0: within the prefix
         while pos < end:
             allowed = min(self.send_window, call.send_window, self.peer_max_frame, end - pos)
             if allowed <= 0:
@@ -508,7 +510,12 @@ class Connection(asyncio.Protocol):
                 continue
             self.send_window -= allowed
             call.send_window -= allowed
-            self._send(f.frame_header(f.DATA, 0, call.sid, allowed) + view[pos : pos + allowed])
+            header = f.frame_header(f.DATA, 0, call.sid, allowed)
+            if pos < 0:
+                head = prefix[len(prefix) + pos : len(prefix) + pos + allowed]
+                self._send(header, head, view[: allowed - len(head)])
+            else:
+                self._send(header, view[pos : pos + allowed])
             pos += allowed
 
     def _wake_writers(self) -> None:
