@@ -150,3 +150,26 @@ def test_skip_unused_response_phases_leaves_two_messages_a_request(rig: Rig) -> 
         stack.wait_until(f"{name}: nothing in flight", lambda e=epp: _inflight(e) == 0, timeout=10)
     assert sent["skip"] == 2 * 4  # request headers and body only
     assert sent["phases"] > 3 * 4  # plus response headers and every response chunk
+
+
+@pytest.mark.parametrize("server", ["epp", "grpcio"])
+@pytest.mark.parametrize("mode", BODY_MODES)
+def test_both_extproc_servers_route_long_and_short_bodies(rig: Rig, server: str, mode: str) -> None:
+    """``--extproc-server``: epp's own gRPC server and grpc.aio route the same requests, short and
+    long (a body over several HTTP/2 frames), and release them when the response ends."""
+    sims = rig.start_sims(2)
+    epp = rig.start_epp(sims, name=f"epp-{server}", extra=["--extproc-server", server])
+    envoy = rig.start_envoy(epp, body_mode=mode, name=f"envoy-{server}-{mode.lower()}")
+    by_port = {s.port: s for s in sims}
+    for size in (0, 300_000):
+        m = marker()
+        body = json.dumps(
+            {"model": MODEL, "messages": [{"role": "user", "content": m + " " + "x" * size}]}
+        ).encode()
+        resp = envoy.post("/v1/chat/completions", body)
+        assert resp.status == 200, resp
+        sim = by_port[resp.port]
+        entry = sim.find(m)
+        assert entry is not None and entry["body"].encode() == body
+        assert entry["headers"].get("x-gateway-destination-endpoint") == sim.address
+    stack.wait_until(f"{server}: nothing in flight", lambda: _inflight(epp) == 0, timeout=10)
