@@ -135,21 +135,36 @@ def _server_config(pair: KeyPair) -> grpc.ServerCertificateConfiguration:
     return grpc.ssl_server_certificate_configuration([(pair.key, pair.cert)], root_certificates=pair.ca)
 
 
+def _renewed(files: CertificateFiles) -> KeyPair | None:
+    """The files' new pair once they changed and are whole again; None meanwhile (a half-renewed
+    pair is logged and the current one kept)."""
+    if not files.changed():
+        return None
+    try:
+        pair = files.load()
+    except TlsFileError as e:  # mid-renewal: keep serving the current pair
+        log.warning("renewed certificate not usable yet; keeping the current one", error=str(e))
+        return None
+    log.info("certificate reloaded", path=str(files.directory))
+    return pair
+
+
+def _self_signed(client_ca_file: str | None) -> KeyPair:
+    """The pair served without ``--cert-path``; no client could verify it, so no client CA."""
+    if client_ca_file:
+        raise TlsFileError("--grpc-client-ca-file needs --cert-path (a certificate clients can verify)")
+    key, cert = self_signed_pem()
+    return KeyPair(key=key, cert=cert)
+
+
 def _reloading_credentials(files: CertificateFiles, require_client_auth: bool) -> grpc.ServerCredentials:
     """Credentials whose key pair (and CA) follow the files; gRPC asks before each handshake."""
     lock = threading.Lock()  # gRPC may call the fetcher from several threads
 
     def fetch() -> grpc.ServerCertificateConfiguration | None:
         with lock:
-            if not files.changed():
-                return None
-            try:
-                pair = files.load()
-            except TlsFileError as e:  # mid-renewal: keep serving the current pair
-                log.warning("renewed certificate not usable yet; keeping the current one", error=str(e))
-                return None
-        log.info("certificate reloaded", path=str(files.directory))
-        return _server_config(pair)
+            pair = _renewed(files)
+        return _server_config(pair) if pair is not None else None
 
     return grpc.dynamic_ssl_server_credentials(
         _server_config(files.load()), fetch, require_client_authentication=require_client_auth
@@ -164,10 +179,8 @@ def server_credentials(
     ``client_ca_file`` requires a client certificate signed by it; ``reload`` follows renewals.
     """
     if not cert_path:
-        if client_ca_file:
-            raise TlsFileError("--grpc-client-ca-file needs --cert-path (a certificate clients can verify)")
-        key, cert = self_signed_pem()
-        return grpc.ssl_server_credentials([(key, cert)])
+        pair = _self_signed(client_ca_file)
+        return grpc.ssl_server_credentials([(pair.key, pair.cert)])
     files = CertificateFiles(cert_path, client_ca_file, interval=RELOAD_INTERVAL)
     if reload:
         return _reloading_credentials(files, require_client_auth=client_ca_file is not None)
@@ -183,23 +196,16 @@ def server_ssl_context(
     """``server_credentials`` for epp's own gRPC server (``epp.server.h2grpc``): the same files and
     checks; with ``reload`` each handshake after a renewal gets a context with the new files."""
     if not cert_path:
-        if client_ca_file:
-            raise TlsFileError("--grpc-client-ca-file needs --cert-path (a certificate clients can verify)")
-        key, cert = self_signed_pem()
-        return _ssl_context(KeyPair(key=key, cert=cert))
+        return _ssl_context(_self_signed(client_ca_file))
     files = CertificateFiles(cert_path, client_ca_file, interval=RELOAD_INTERVAL)
     context = _ssl_context(files.load())
     if reload:
         current = [context]
 
         def follow(sslobj: ssl.SSLObject, _server_name: str | None, _ctx: ssl.SSLContext) -> None:
-            if files.changed():
-                try:
-                    current[0] = _ssl_context(files.load())
-                except TlsFileError as e:  # mid-renewal: keep serving the current pair
-                    log.warning("renewed certificate not usable yet; keeping the current one", error=str(e))
-                else:
-                    log.info("certificate reloaded", path=str(files.directory))
+            pair = _renewed(files)  # handshakes run on the event loop's thread: no lock
+            if pair is not None:
+                current[0] = _ssl_context(pair)
             if current[0] is not context:
                 sslobj.context = current[0]
 
