@@ -167,7 +167,7 @@ async def start_server(
     probe: Probe,
     address: str = "127.0.0.1:0",
     context: ssl.SSLContext | None = None,
-    **options: int,
+    **options: Any,
 ) -> tuple[Server, int]:
     server = Server(**options)
     server.add_registered_method_handlers("test.T", service(probe))
@@ -1136,3 +1136,16 @@ async def test_calls_ended_by_the_client_leave_no_reference_cycle(stack: AsyncEx
 async def _until(check: Callable[[], bool]) -> None:
     while not check():
         await asyncio.sleep(0.01)
+
+
+async def test_a_connection_without_the_client_preface_is_closed(stack: AsyncExitStack) -> None:
+    _, port = await start_server(stack, Probe(), preface_timeout=0.2)
+    silent = await Raw.open(port, first=b"")
+    rest = await silent.rest()  # the server closes it: the frames it sent, then EOF
+    assert goaway_codes(rest) == [PROTOCOL_ERROR]
+    talking = await Raw.open(port)  # the preface in time: the connection stays after the timeout
+    await asyncio.sleep(0.4)
+    talking.send(raw_frame(PING, 0, 0, b"stillok!"))
+    assert (await talking.until(lambda fr: fr[0] == PING))[3] == b"stillok!"
+    await silent.close()
+    await talking.close()

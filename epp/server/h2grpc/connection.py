@@ -49,6 +49,7 @@ class Host(Protocol):
     max_concurrent_streams: int
     max_receive_message_length: int
     max_send_message_length: int
+    preface_timeout: float
 
     def start_call(
         self,
@@ -75,6 +76,7 @@ class Connection(asyncio.Protocol):
         self.goaway_sent = False
         self.closed = False
         self._preface = True  # the client preface is still expected
+        self._preface_timer: asyncio.TimerHandle | None = None
         self._pending: list[bytes] = []  # bytes of a frame not complete yet
         self._pending_len = 0
         self._need = 0
@@ -109,6 +111,8 @@ class Connection(asyncio.Protocol):
             self.peer = f"unix:{peer or ''}"
         server = self.server
         server.connections.add(self)
+        # A peer that never speaks HTTP/2 would hold the socket forever.
+        self._preface_timer = self.loop.call_later(server.preface_timeout, self._preface_late)
         self._send(
             f.settings(
                 {
@@ -121,7 +125,13 @@ class Connection(asyncio.Protocol):
             + f.window_update(0, f.CONNECTION_WINDOW - f.DEFAULT_WINDOW)
         )
 
+    def _preface_late(self) -> None:
+        if self._preface and not self.closed:
+            self._fail(f.PROTOCOL_ERROR, f"no HTTP/2 client preface within {self.server.preface_timeout:g}s")
+
     def connection_lost(self, exc: Exception | None) -> None:
+        if self._preface_timer is not None:
+            self._preface_timer.cancel()
         self.closed = True
         self.server.connections.discard(self)
         for call in list(self.calls.values()):
@@ -174,6 +184,8 @@ class Connection(asyncio.Protocol):
             if data[pos : pos + len(f.PREFACE)] != f.PREFACE:
                 raise _ConnectionError(f.PROTOCOL_ERROR, "not an HTTP/2 client preface")
             self._preface = False
+            if self._preface_timer is not None:
+                self._preface_timer.cancel()
             pos += len(f.PREFACE)
         view = memoryview(data)
         unpack = f.FRAME_HEADER.unpack_from

@@ -46,10 +46,12 @@ class Server:
         max_receive_message_length: int = 4 << 20,
         max_send_message_length: int = 64 << 20,
         max_concurrent_streams: int = 100_000,
+        preface_timeout: float = 20.0,
     ) -> None:
         self.max_receive_message_length = max_receive_message_length
         self.max_send_message_length = max_send_message_length
         self.max_concurrent_streams = max_concurrent_streams
+        self.preface_timeout = preface_timeout  # a connection silent this long after it opened is closed
         self.loop: asyncio.AbstractEventLoop = None  # type: ignore[assignment]  # set by start()
         self.connections: set[Connection] = set()
         self._methods: dict[str, grpc.RpcMethodHandler] = {}
