@@ -121,18 +121,15 @@ class Call:
             if not inbox:
                 return EOF
         data = inbox.popleft()
+        self.inbox_bytes -= sum(map(len, data)) if isinstance(data, list) else len(data)
+        if self.unacked >= CREDIT_FROM:
+            self.conn.credit(self)
         if isinstance(data, list):
-            self.inbox_bytes -= sum(map(len, data))
-            if self.unacked >= CREDIT_FROM:
-                self.conn.credit(self)
             if self._decode_pieces is not None:
                 return self._decode_pieces(data)
             message = b"".join(data)
         else:
             message = data
-            self.inbox_bytes -= len(message)
-            if self.unacked >= CREDIT_FROM:
-                self.conn.credit(self)
         deserialize = self._deserialize
         return deserialize(message) if deserialize is not None else message
 
@@ -224,6 +221,9 @@ class Call:
         """The stream is gone: the handler is cancelled (a client cancellation to the handler)."""
         self.reset = True
         self.wake_writer()
+        self._cancel_task()
+
+    def _cancel_task(self) -> None:
         task = self.task
         if task is not None and not task.done():
             task.cancel()
@@ -241,6 +241,4 @@ class Call:
     def expire(self) -> None:
         """The client's ``grpc-timeout`` elapsed."""
         self.deadline_exceeded = True
-        task = self.task
-        if task is not None and not task.done():
-            task.cancel()
+        self._cancel_task()

@@ -105,11 +105,7 @@ class Server:
             if os.path.exists(path) and _stale_socket(path):
                 os.unlink(path)
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            try:
-                sock.bind(path)
-            except OSError as e:
-                sock.close()
-                raise RuntimeError(f"Failed to bind to address {address}: {e.strerror}") from None
+            _bind_or_fail(sock, path, address)
             self._unix_paths.append(path)
             self._sockets.append((sock, context))
             return 0
@@ -121,11 +117,7 @@ class Server:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         if family == socket.AF_INET6 and host in ("::", "[::]"):
             sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
-        try:
-            sock.bind(sockaddr)
-        except OSError as e:
-            sock.close()
-            raise RuntimeError(f"Failed to bind to address {address}: {e.strerror}") from None
+        _bind_or_fail(sock, sockaddr, address)
         self._sockets.append((sock, context))
         return int(sock.getsockname()[1])
 
@@ -251,6 +243,15 @@ class Server:
 
     async def wait_for_termination(self) -> None:
         await self._stopped.wait()
+
+
+def _bind_or_fail(sock: socket.socket, where: Any, address: str) -> None:
+    """Bind ``sock``; an address in use fails as grpc's servers fail (RuntimeError)."""
+    try:
+        sock.bind(where)
+    except OSError as e:
+        sock.close()
+        raise RuntimeError(f"Failed to bind to address {address}: {e.strerror}") from None
 
 
 def _stale_socket(path: str) -> bool:
