@@ -79,6 +79,7 @@ class RunningStack:
     proc: subprocess.Popen[str]
     ports: dict[str, int]
     sim_ports: list[int]
+    kv_ports: list[int]
     lines: list[str] = field(default_factory=list)
 
     @property
@@ -114,7 +115,9 @@ def epp_run() -> Iterator[RunningStack]:
         name: stack.free_port()
         for name in ("--port", "--admin-port", "--grpc-port", "--grpc-health-port", "--metrics-port")
     }
+    kv_base = _consecutive_free_ports(4)
     argv = [sys.executable, "-m", "epp", "run", "--sims", "2", "--sim-base-port", str(base)]
+    argv += ["--kv-events", str(kv_base)]
     for flag, port in ports.items():
         argv += [flag, str(port)]
     proc = subprocess.Popen(
@@ -125,7 +128,7 @@ def epp_run() -> Iterator[RunningStack]:
         text=True,
         start_new_session=True,
     )
-    running = RunningStack(proc, ports, [base, base + 1])
+    running = RunningStack(proc, ports, [base, base + 1], [kv_base + i for i in range(4)])
     assert proc.stdout is not None
     stdout = proc.stdout
     reader = threading.Thread(target=lambda: running.lines.extend(iter(stdout.readline, "")), daemon=True)
@@ -139,7 +142,19 @@ def epp_run() -> Iterator[RunningStack]:
 
 
 def _all_ports(running: RunningStack) -> list[int]:
-    return [*running.ports.values(), *running.sim_ports]
+    return [*running.ports.values(), *running.sim_ports, *running.kv_ports]
+
+
+def _listen_addresses(ports: list[int]) -> dict[int, set[str]]:
+    """The local addresses (hex, as /proc/net/tcp* writes them) listening on each of ``ports``."""
+    found: dict[int, set[str]] = {p: set() for p in ports}
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            local, state = line.split()[1], line.split()[3]
+            address, _, port = local.rpartition(":")
+            if state == "0A" and int(port, 16) in found:  # 0A: LISTEN
+                found[int(port, 16)].add(address)
+    return found
 
 
 @pytest.mark.integration
@@ -152,6 +167,12 @@ def test_epp_run_serves_and_ctrl_c_stops_everything(epp_run: RunningStack) -> No
     )
     assert resp.status == 200, resp
     assert resp.port in epp_run.sim_ports
+    # Everything epp run starts listens on loopback only (the banner's 127.0.0.1 is the truth).
+    loopback = {"0100007F", "00000000000000000000000001000000", "0000000000000000FFFF00000100007F"}
+    listening = _listen_addresses([p for p in _all_ports(epp_run) if p != epp_run.ports["--admin-port"]])
+    assert all(listening.values()), f"ports not listening: {listening}"
+    assert {p: a - loopback for p, a in listening.items() if a - loopback} == {}
+    assert "unix:" in epp_run.output  # the banner names the EPP socket Envoy uses
 
     epp_run.proc.send_signal(signal.SIGINT)
     assert epp_run.proc.wait(30) == 0, epp_run.output

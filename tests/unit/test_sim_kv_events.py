@@ -517,3 +517,13 @@ async def test_a_corrupted_batch_is_malformed_on_pub_and_whole_in_replay() -> No
         assert int.from_bytes(replies[0][2], "big") == before
         assert replayed[1][0]["type"] == "BlockStored"
         sub.close()
+
+
+@pytest.mark.parametrize(("host", "bound"), [("127.0.0.1", "127.0.0.1"), ("0.0.0.0", "0.0.0.0")])
+async def test_wildcard_kv_event_sockets_bind_only_the_sims_listen_host(host: str, bound: str) -> None:
+    config = sim_config(host=host, events={"endpoint": "tcp://*:*", "replay_endpoint": "tcp://*:*"})
+    async with SimServer(config) as server:
+        assert server.publisher is not None
+        assert server.publisher.endpoint.startswith(f"tcp://{bound}:")
+        assert server.publisher.replay_endpoint is not None
+        assert server.publisher.replay_endpoint.startswith(f"tcp://{bound}:")

@@ -149,6 +149,14 @@ def offset_endpoint(endpoint: str | None, rank: int) -> str | None:
         raise ValueError(f"invalid KV events endpoint {endpoint!r}: bad port {port!r}") from None
 
 
+def on_host(endpoint: str, host: str | None) -> str:
+    """A wildcard ``tcp://*:N`` socket bound on ``host`` only (the simulator's ``--host``), unless
+    ``host`` is itself a wildcard; vLLM binds every interface there."""
+    if not host or host in ("0.0.0.0", "::", "*") or not endpoint.startswith("tcp://*:"):
+        return endpoint
+    return f"tcp://{f'[{host}]' if ':' in host else host}:{endpoint.removeprefix('tcp://*:')}"
+
+
 def binds(endpoint: str) -> bool:
     """vLLM's rule: bind a wildcard, IPv6-any, ``ipc://`` or ``inproc://`` endpoint, else connect."""
     return "*" in endpoint or "::" in endpoint or endpoint.startswith(("ipc://", "inproc://"))
@@ -274,6 +282,7 @@ class ZmqEventPublisher:
         encoding: str = DEFAULT_ENCODING,
         int_hashes: bool = True,
         replay_format: str = "topic",
+        listen_host: str | None = None,
     ) -> None:
         if encoding not in ENCODINGS:
             raise ValueError(f"KV events encoding must be one of {', '.join(ENCODINGS)}")
@@ -302,7 +311,7 @@ class ZmqEventPublisher:
             endpoint = offset_endpoint(config.endpoint, data_parallel_rank)
             assert endpoint is not None
             if binds(endpoint):
-                self._pub.bind(endpoint)
+                self._pub.bind(on_host(endpoint, listen_host))
                 self.endpoint = self._pub.getsockopt_string(zmq.LAST_ENDPOINT)
             else:
                 self._pub.connect(endpoint)
@@ -312,7 +321,7 @@ class ZmqEventPublisher:
             if replay is not None:
                 self._replay = ctx.socket(zmq.ROUTER)
                 self._replay.setsockopt(zmq.LINGER, 0)
-                self._replay.bind(replay)
+                self._replay.bind(on_host(replay, listen_host))
                 self.replay_endpoint = self._replay.getsockopt_string(zmq.LAST_ENDPOINT)
         except zmq.ZMQError as exc:
             self._close_sockets()

@@ -75,6 +75,7 @@ class SimServer:
             encoding=self.config.kv_events_encoding,
             int_hashes=int_hashes_from_env(),
             replay_format=self.config.kv_events_replay_format,
+            listen_host=self.config.host,
         )
         self.app[PUBLISHER_KEY].publisher = self.publisher
         self.engine.kv_event_sink = self.publisher.publish

@@ -1,7 +1,7 @@
 """``epp run``: the local stack in the foreground.
 
-Starts N ``epp sim`` (127.0.0.1:8000..), ``epp serve`` (ext_proc 9002, health 9003, metrics 9090)
-and Envoy (8081, admin 19000), waits until ``GET /v1/models`` through Envoy answers 200, prints how
+Starts N ``epp sim`` (127.0.0.1:8000..), ``epp serve`` (ext_proc on a Unix socket for Envoy and
+9002, health 9003, metrics 9090) and Envoy (8081, admin 19000), every one on 127.0.0.1 only, waits until ``GET /v1/models`` through Envoy answers 200, prints how
 to use it and supervises: a simulator that exits is restarted on its port (backoff, a bounded number
 of times); the EPP or Envoy exiting, or a simulator over its budget, stops everything (exit 1).
 Ctrl-C or SIGTERM stops every process it started (exit 0).
@@ -21,6 +21,7 @@ from typing import Any
 import yaml
 
 from epp.dev.envoy.bootstrap import DEFAULT_BODY_MODE
+from epp.dev.stack.commands import epp_socket
 from epp.dev.stack.local import LocalStack, StackOptions
 from epp.dev.stack.probes import Interrupted
 from epp.dev.stack.supervisor import SIM_MAX_RESTARTS, SIM_RESTART_WINDOW, Child, ChildExited
@@ -167,7 +168,8 @@ def _usage(stack: LocalStack) -> str:
     return f"""
 epp stack ready ({o.body_mode}, fail-{"open" if o.fail_open else "closed"})
   Envoy      {stack.url}  (admin http://127.0.0.1:{o.admin_port})
-  EPP        ext_proc 127.0.0.1:{o.grpc_port}, health {o.health_port}, metrics http://127.0.0.1:{o.metrics_port}/metrics
+  EPP        ext_proc unix:{epp_socket(o.grpc_port)} (Envoy's) and 127.0.0.1:{o.grpc_port}, health 127.0.0.1:{o.health_port},
+             metrics http://127.0.0.1:{o.metrics_port}/metrics
   simulators {sims}  (model {o.model!r})
   endpoints  {stack.endpoints_file}  (edit it to add or remove endpoints)
   logs       {stack.supervisor.log_dir}

@@ -37,6 +37,7 @@ def serve_argv(
 ) -> list[str]:
     return python_argv(
         "serve",
+        "--bind-address=127.0.0.1",  # a local stack listens on loopback only (serve's default is 0.0.0.0)
         "--secure-serving=false",
         f"--grpc-port={grpc_port}",
         f"--grpc-health-port={health_port}",
