@@ -1,8 +1,8 @@
 """``epp run``: the local stack in the foreground.
 
 Starts N ``epp sim`` (127.0.0.1:8000..), ``epp serve`` (ext_proc on a Unix socket for Envoy and
-9002, health 9003, metrics 9090) and Envoy (8081, admin 19000), every one on 127.0.0.1 only, waits until ``GET /v1/models`` through Envoy answers 200, prints how
-to use it and supervises: a simulator that exits is restarted on its port (backoff, a bounded number
+9002, health 9003, metrics 9090) and Envoy (8081, admin 19000), every one on 127.0.0.1 only, waits
+until ``GET /v1/models`` through Envoy answers 200, prints how to use it and supervises: a simulator that exits is restarted on its port (backoff, a bounded number
 of times); the EPP or Envoy exiting, or a simulator over its budget, stops everything (exit 1).
 Ctrl-C or SIGTERM stops every process it started (exit 0).
 """
@@ -168,8 +168,8 @@ def _usage(stack: LocalStack) -> str:
     return f"""
 epp stack ready ({o.body_mode}, fail-{"open" if o.fail_open else "closed"})
   Envoy      {stack.url}  (admin http://127.0.0.1:{o.admin_port})
-  EPP        ext_proc unix:{epp_socket(o.grpc_port)} (Envoy's) and 127.0.0.1:{o.grpc_port}, health 127.0.0.1:{o.health_port},
-             metrics http://127.0.0.1:{o.metrics_port}/metrics
+  EPP        ext_proc unix:{epp_socket(o.grpc_port)} (Envoy's) and 127.0.0.1:{o.grpc_port}
+             health 127.0.0.1:{o.health_port}, metrics http://127.0.0.1:{o.metrics_port}/metrics
   simulators {sims}  (model {o.model!r})
   endpoints  {stack.endpoints_file}  (edit it to add or remove endpoints)
   logs       {stack.supervisor.log_dir}
