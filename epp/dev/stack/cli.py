@@ -2,9 +2,10 @@
 
 Starts N ``epp sim`` (127.0.0.1:8000..), ``epp serve`` (ext_proc on a Unix socket for Envoy and
 9002, health 9003, metrics 9090) and Envoy (8081, admin 19000), every one on 127.0.0.1 only, waits
-until ``GET /v1/models`` through Envoy answers 200, prints how to use it and supervises: a simulator that exits is restarted on its port (backoff, a bounded number
-of times); the EPP or Envoy exiting, or a simulator over its budget, stops everything (exit 1).
-Ctrl-C or SIGTERM stops every process it started (exit 0).
+until ``GET /v1/models`` through Envoy answers 200, prints how to use it and supervises: a
+simulator that exits is restarted on its port (backoff, a bounded number of times); the EPP or
+Envoy exiting, or a simulator over its budget, stops everything (exit 1). Ctrl-C or SIGTERM stops
+every process it started (exit 0).
 """
 
 from __future__ import annotations
