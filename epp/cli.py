@@ -1,7 +1,7 @@
 """The ``epp`` command: ``serve`` (the EPP), ``sim`` (a simulated vLLM server), ``run`` (a local
 stack: Envoy + EPP + simulators), ``check-config`` (validate a config, print the effective one),
-``plugins`` (the registered plugin types) and ``certs`` (a CA and the key pairs the Kubernetes
-manifests mount).
+``plugins`` (the registered plugin types), ``certs`` (a CA and the key pairs the Kubernetes
+manifests mount) and ``envoy-config`` (an Envoy bootstrap).
 """
 
 from __future__ import annotations
@@ -61,6 +61,15 @@ def _load(
     for warning in cfg.warnings:
         print(f"warning: {warning}", file=sys.stderr)
     return cfg
+
+
+_DESCRIPTION = (
+    "epp, an Endpoint Picker for LLM inference behind Envoy. Commands: serve (the EPP), sim (a "
+    "simulated vLLM server), run (a local stack: Envoy + EPP + simulators), check-config (validate a "
+    "config, print the effective one), plugins (the registered plugin types), certs (a CA and the key "
+    "pairs the Kubernetes manifests mount), envoy-config (an Envoy bootstrap for the EPP). "
+    "`epp COMMAND --help` lists a command's flags."
+)
 
 
 # --- serve ------------------------------------------------------------------------------------
@@ -769,7 +778,7 @@ def _envoy_config(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="epp", description=__doc__.split("\n\n")[0] if __doc__ else None)
+    parser = argparse.ArgumentParser(prog="epp", description=_DESCRIPTION)
     parser.add_argument("--version", action="version", version=f"epp {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     _add_serve(sub)

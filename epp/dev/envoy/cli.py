@@ -28,10 +28,14 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m epp.dev.envoy
     parser = argparse.ArgumentParser(prog=prog, description=_DESCRIPTION)
     parser.add_argument("--write", metavar="DIR", help="write the reference bootstraps into DIR")
     parser.add_argument("--listen-host", default="127.0.0.1", help="listener address (0.0.0.0 in a pod)")
-    parser.add_argument("--listen-port", type=int, default=8081)
-    parser.add_argument("--admin-port", type=int, default=19000)
-    parser.add_argument("--extproc-host", default="127.0.0.1")
-    parser.add_argument("--extproc-port", type=int, default=9002)
+    parser.add_argument("--listen-port", type=int, default=8081, help="listener port (default 8081)")
+    parser.add_argument("--admin-port", type=int, default=19000, help="Envoy admin port (default 19000)")
+    parser.add_argument(
+        "--extproc-host", default="127.0.0.1", help="the EPP's address (default 127.0.0.1; its Service in a cluster)"
+    )
+    parser.add_argument(
+        "--extproc-port", type=int, default=9002, help="the EPP's ext_proc port, its --grpc-port (default 9002)"
+    )
     parser.add_argument(
         "--extproc-socket",
         default="",
@@ -61,10 +65,26 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m epp.dev.envoy
         choices=BODY_MODES,
         help="override: response body mode (default: STREAMED only if a loaded plugin reads bodies)",
     )
-    parser.add_argument("--fail-open", action="store_true")
+    parser.add_argument(
+        "--fail-open",
+        action="store_true",
+        help="when the EPP is down or errs, Envoy still forwards (to --fallback-endpoint) instead of "
+        "answering 500/503",
+    )
     parser.add_argument("--access-log", action="store_true", help="log every request to stdout")
-    parser.add_argument("--fallback-endpoint", action="append", default=[], metavar="IP:PORT")
-    parser.add_argument("--subset-hint-header")
+    parser.add_argument(
+        "--fallback-endpoint",
+        action="append",
+        default=[],
+        metavar="IP:PORT",
+        help="with --fail-open, where requests go when the EPP cannot answer (repeat the flag for each)",
+    )
+    parser.add_argument(
+        "--subset-hint-header",
+        metavar="NAME",
+        help="a request header whose value (ip:port,ip:port) becomes the subset hint: the EPP picks only "
+        "among those endpoints",
+    )
     parser.add_argument("--tls", action="store_true", help="TLS to the EPP, accepting any certificate")
     parser.add_argument(
         "--tls-cert-dir",
