@@ -30,12 +30,8 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m epp.dev.envoy
     parser.add_argument("--listen-host", default="127.0.0.1", help="listener address (0.0.0.0 in a pod)")
     parser.add_argument("--listen-port", type=int, default=8081, help="listener port (default 8081)")
     parser.add_argument("--admin-port", type=int, default=19000, help="Envoy admin port (default 19000)")
-    parser.add_argument(
-        "--extproc-host", default="127.0.0.1", help="the EPP's address (default 127.0.0.1; its Service in a cluster)"
-    )
-    parser.add_argument(
-        "--extproc-port", type=int, default=9002, help="the EPP's ext_proc port, its --grpc-port (default 9002)"
-    )
+    parser.add_argument("--extproc-host", default="127.0.0.1", help="the EPP address (default 127.0.0.1)")
+    parser.add_argument("--extproc-port", type=int, default=9002, help="the EPP ext_proc port (default 9002)")
     parser.add_argument(
         "--extproc-socket",
         default="",
