@@ -26,6 +26,13 @@ FORMATS: tuple[str, ...] = ("json", "console")
 # The reference's debug lines are logged at verbosity 4 (its V(1)-V(3) lines print as info).
 _DEBUG_VERBOSITY = 4
 _ZAP_NAMES: dict[str, str] = {"debug": "info", "info": "info", "warn": "warning", "error": "error"}
+_configured_level = logging.INFO
+
+
+def debug_enabled() -> bool:
+    """Whether epp's own debug lines are logged (``--log-level=debug``): per-request explanations
+    are only worked out then."""
+    return _configured_level <= logging.DEBUG
 
 
 def parse_level(text: str) -> str:
@@ -69,9 +76,13 @@ def level_from_zap(text: str) -> str:
     return level_from_verbosity(verbosity)
 
 
-def configure(level: str = "info", fmt: str = "json") -> None:
-    """Log at ``level`` and above to stderr, rendered as ``fmt`` (``json`` or ``console``)."""
+def configure(level: str = "info", fmt: str = "json", third_party: str = "warning") -> None:
+    """Log at ``level`` and above to stderr, rendered as ``fmt`` (``json`` or ``console``); the
+    libraries' stdlib loggers (grpc, hpack, asyncio, ...) at ``third_party`` and above, but never below
+    ``level``, so that epp's debug lines are not buried in theirs."""
+    global _configured_level
     lvl = LEVELS[parse_level(level)]
+    _configured_level = lvl
     renderer: structlog.typing.Processor = (
         structlog.processors.JSONRenderer()
         if parse_format(fmt) == "json"
@@ -89,5 +100,10 @@ def configure(level: str = "info", fmt: str = "json") -> None:
         logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
         cache_logger_on_first_use=True,
     )
-    logging.basicConfig(level=lvl, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=max(lvl, LEVELS[parse_level(third_party)]),
+        stream=sys.stderr,
+        format="%(levelname)s %(name)s: %(message)s",
+        force=True,
+    )
     log_limit.limit_grpc_logging(logging.getLogger().handlers)

@@ -15,6 +15,9 @@ from epp.framework.results import CycleState, ProfileRunResult, ScoredEndpoint
 
 # (extension_point, plugin, seconds) -> None; set by the server to feed the plugin-duration metric.
 PluginTimer = Callable[[str, object, float], None]
+# Cycle-state key of the profiles' explanations (``SchedulerProfile.explain``): a list of dicts.
+EXPLANATIONS_KEY = "epp.scheduling.explanations"
+_TOP = 3  # endpoints shown per scorer in an explanation
 
 
 @dataclass(slots=True)
@@ -40,6 +43,7 @@ class SchedulerProfile:
     # With --tracing: an ``epp.tracing.ProfileTracer`` (spans per phase and scorer); None when off.
     tracer: Any = None
     record_scores: bool = False  # set ProfileRunResult.scores (--emit-endpoint-scores)
+    explain: bool = False  # --log-level=debug: record why it picked what it picked (EXPLANATIONS_KEY)
 
     def run(self, cycle: CycleState, request: LLMRequest, candidates: list[Endpoint]) -> ProfileRunResult:
         """Run the profile; raises ``SchedulingError`` when it cannot pick an endpoint."""
@@ -50,10 +54,33 @@ class SchedulerProfile:
                 with spans:
                     spans.profile(self.name)
                     return self._run(cycle, request, candidates, spans)
+        if self.explain:
+            return self._explained(cycle, request, candidates)
         return self._run(cycle, request, candidates, None)
 
+    def _explained(
+        self, cycle: CycleState, request: LLMRequest, candidates: list[Endpoint]
+    ) -> ProfileRunResult:
+        """``_run`` with its decision recorded in the cycle state: candidates, each scorer's best
+        endpoints, the pick or the error (one entry per profile run)."""
+        top: dict[str, list[tuple[str, float]]] = {}
+        entry: dict[str, Any] = {"profile": self.name, "candidates": len(candidates), "scorers": top}
+        cycle.setdefault(EXPLANATIONS_KEY, []).append(entry)
+        try:
+            result = self._run(cycle, request, candidates, None, top)
+        except Exception as exc:
+            entry["error"] = str(exc)
+            raise
+        entry["picked"] = [e.metadata.name for e in result.target_endpoints]
+        return result
+
     def _run(
-        self, cycle: CycleState, request: LLMRequest, candidates: list[Endpoint], spans: Any
+        self,
+        cycle: CycleState,
+        request: LLMRequest,
+        candidates: list[Endpoint],
+        spans: Any,
+        top: dict[str, list[tuple[str, float]]] | None = None,
     ) -> ProfileRunResult:
         timer = self.timer
         endpoints = candidates
@@ -80,6 +107,9 @@ class SchedulerProfile:
             scores = ws.scorer.score(cycle, request, endpoints)
             if spans is not None:
                 spans.scorer_done(scores)
+            if top is not None:
+                ranked = sorted(zip(scores, (e.metadata.name for e in endpoints), strict=False), reverse=True)
+                top[ws.scorer.name] = [(name, round(float(v), 4)) for v, name in ranked[:_TOP]]
             if timer:
                 timer("Scorer", ws.scorer, time.perf_counter() - t0)
             if len(scores) != n:

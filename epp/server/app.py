@@ -11,7 +11,7 @@ import grpc
 import structlog
 from grpc_health.v1 import health_pb2_grpc
 
-from epp import metrics, tracing
+from epp import logs, metrics, tracing
 from epp.config import LoadedConfig
 from epp.datalayer.pool_gauges import PoolGauges
 from epp.datalayer.runtime import DataLayer
@@ -156,6 +156,7 @@ class EppServer:
         for profile in scheduler.profiles.values():
             profile.timer = metrics.observe_plugin
             profile.record_scores = opts.emit_endpoint_scores
+            profile.explain = logs.debug_enabled()
         if opts.grpc_stream_metrics:
             metrics.enable_grpc_stream_metrics()
         tracing.instrument(scheduler.profiles)  # no-op unless --tracing
@@ -179,6 +180,7 @@ class EppServer:
             client_model_rewrite=opts.allow_model_rewrite_header,
             flow_control=self.flow_control,
         )
+        self.director.explain = logs.debug_enabled()
         self.stream_options = StreamOptions(
             max_body_bytes=opts.max_request_body_bytes,
             debug_response_header=opts.debug_response_header,

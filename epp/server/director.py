@@ -33,6 +33,7 @@ from epp.framework import (
     Parser,
     Plugin,
     PreRequest,
+    ProfileRunResult,
     RequestDone,
     RequestHeaderProcessor,
     SaturationDetector,
@@ -60,6 +61,7 @@ from epp.framework.wire import (
 from epp.log_limit import LOGS
 from epp.scheduling import Scheduler
 from epp.scheduling.parser_router import ParserRouter
+from epp.scheduling.profile import EXPLANATIONS_KEY
 from epp.server import _eager
 from epp.server.body_rewrite import replace_model
 from epp.server.subset import filter_by_subset, subset_entries
@@ -132,6 +134,26 @@ def _plugin_failed(cause: str, event: str, plugin: Plugin, error: Exception) -> 
     LOGS.log(log.warning, cause, event, plugin=plugin.typed_name, error=str(error))
 
 
+def _explain(
+    request: LLMRequest,
+    candidates: list[Endpoint],
+    cycle: CycleState,
+    primary: ProfileRunResult | None,
+    err: Exception | None,
+) -> None:
+    """The per-request debug line: where the request went (or why not) and each profile's reasons."""
+    picked = [e.metadata.name for e in primary.target_endpoints] if primary is not None else []
+    log.debug(
+        "request.scheduled",
+        request_id=request.request_id,
+        model=request.target_model,
+        candidates=len(candidates),
+        picked=picked,
+        error=None if err is None else str(err),
+        profiles=cycle.get(EXPLANATIONS_KEY, []),
+    )
+
+
 def _rewritten(raw: bytes, target: str) -> bytes:
     """``raw`` with its model set to ``target``; 400 when the body cannot be rewritten."""
     try:
@@ -200,6 +222,7 @@ class Director:
         self._rng = rng or random.Random()
         self.client_model_rewrite = client_model_rewrite
         self.flow_control = flow_control
+        self.explain = False  # --log-level=debug: one line per request saying why it went where
 
     # --- candidates ------------------------------------------------------------------------
 
@@ -343,6 +366,8 @@ class Director:
         result, err = self.scheduler.schedule(cycle, request, candidates)
         metrics.SCHEDULER_E2E.observe(time.perf_counter() - t0)
         primary = result.primary if result is not None and err is None else None
+        if self.explain:
+            _explain(request, candidates, cycle, primary, err)
         if primary is None or not primary.target_endpoints:
             metrics.SCHEDULER_ATTEMPTS.labels("failure", target, "", "", "").inc()
             if isinstance(err, InferenceError):  # a handler that blames the request (e.g. its header)
