@@ -48,7 +48,8 @@ def test_debug_log_has_one_decision_line_per_request_and_no_library_debug(rig: R
         assert profile["picked"] == [name]
         assert "error" not in profile
         # the default configuration's three scorers, each with both endpoints ranked
-        assert {"queue-scorer", "kv-cache-utilization-scorer", "prefix-cache-scorer"} <= set(profile["scorers"])
+        default_scorers = {"queue-scorer", "kv-cache-utilization-scorer", "prefix-cache-scorer"}
+        assert default_scorers <= set(profile["scorers"])
         assert all(len(top) == 2 for top in profile["scorers"].values())
     text = log.read_text()
     assert "DEBUG hpack" not in text and "DEBUG grpc" not in text and "DEBUG asyncio" not in text
