@@ -53,6 +53,18 @@ class Band:
             return False
         return not (s.max_bytes and self.bytes + byte_size > s.max_bytes)
 
+    def push_out_victim(self, flow_id: str) -> Queued | None:
+        """For an arrival of ``flow_id`` at a full band: the item served last of the band's longest
+        flow, when that flow holds at least two more than ``flow_id`` (longest-queue push-out: a
+        flow flooding the band's cap cannot crowd out the flows under their share). O(flows + the
+        longest flow's items), paid only when the band is full."""
+        mine = self._flows.get(flow_id)
+        own = len(mine) if mine is not None else 0
+        longest = max(self._flows.values(), key=len, default=None)
+        if longest is None or longest.key.id == flow_id or len(longest) < own + 2:
+            return None
+        return max(longest.items(), key=lambda it: (it.sort_key, it.seq))
+
     def push(self, item: Queued) -> None:
         key = item.key
         flow = self._flows.get(key.id)

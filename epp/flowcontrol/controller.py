@@ -43,6 +43,7 @@ MAX_MESSAGE_TIMEOUT = 3600.0  # the generated Envoy bootstraps' max_message_time
 DEFAULT_TICK = 0.005  # seconds between dispatch cycles while requests wait
 REVOCATION_TIMEOUT = 5.0  # a revoked stream that has not ended by then no longer holds eviction back
 _MAX_CYCLES_PER_PUMP = 512  # then yield to the event loop and go on
+_MAX_PUSH_OUTS = 64  # queued items pushed out for one arrival (more only when their bytes differ)
 
 
 class Permit:
@@ -120,6 +121,14 @@ def _give_way() -> InferenceError:
         ErrorCode.RESOURCE_EXHAUSTED,
         "sheddable request rejected: higher-priority requests are waiting for the pool (flow control "
         "eviction)",
+        DroppedReason.SATURATED,
+    )
+
+
+def _pushed_out() -> InferenceError:
+    return dropped(
+        ErrorCode.RESOURCE_EXHAUSTED,
+        "request evicted from queue: queue at capacity, its room given to a flow under its fair share",
         DroppedReason.SATURATED,
     )
 
@@ -232,6 +241,8 @@ class FlowController:
         if self.settings.eviction and priority < 0 and self._backlog_above(priority):
             self._count(REJECTED_CAPACITY, prio)
             raise _give_way()
+        if not self._fits(band, size) and not empty:
+            self._push_out(band, request.fairness_id, size)
         if not self._fits(band, size):
             outcome = REJECTED_NO_ENDPOINTS if empty else REJECTED_CAPACITY
             self._count(outcome, prio)
@@ -333,6 +344,17 @@ class FlowController:
         future = item.future
         if future is not None and not future.done():
             future.set_exception(error or _rejection(outcome, self._empty))
+
+    def _push_out(self, band: Band, flow_id: str, size: int) -> None:
+        """Make room in a full band for ``flow_id`` by pushing out the longest flow's last items
+        (429 ``EvictedOther``), while that flow holds more than the arriving one."""
+        for _ in range(_MAX_PUSH_OUTS):
+            victim = band.push_out_victim(flow_id)
+            if victim is None:
+                return
+            self._drop(band, victim, EVICTED_OTHER, _pushed_out())
+            if self._fits(band, size):
+                return
 
     def _count(self, outcome: str, prio: str) -> None:
         m.REQUESTS_TOTAL.labels(outcome, prio, self.pool_name).inc()

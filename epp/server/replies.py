@@ -278,9 +278,17 @@ def error_body(err: InferenceError) -> bytes:
     )
 
 
+# A 429 or 503 of the EPP (saturation, flow control, no endpoint yet) tells clients when to retry.
+RETRY_AFTER_SECONDS = "1"
+_RETRY_STATUSES = frozenset((429, 503))
+
+
 def immediate_error(err: InferenceError) -> ep.ProcessingResponse:
-    """The rejection reply: status, JSON body, the error's headers (e.g. the drop reason)."""
+    """The rejection reply: status, JSON body, the error's headers (e.g. the drop reason); a 429 or
+    503 also carries ``retry-after`` (unless the error sets its own)."""
     headers = {"content-type": "application/json", **err.headers}
+    if err.code.http_status in _RETRY_STATUSES:
+        headers.setdefault("retry-after", RETRY_AFTER_SECONDS)
     return ep.ProcessingResponse(
         immediate_response=ep.ImmediateResponse(
             status=HttpStatus(code=err.code.http_status),

@@ -17,6 +17,7 @@
 from __future__ import annotations
 
 import concurrent.futures
+import json
 import re
 import socket
 import time
@@ -29,7 +30,17 @@ import yaml
 
 from epp.dev import stack
 from tests.fakekube import FakeKube, objects
-from tests.integration.harness import BODY_MODES, Envoy, Epp, Response, Rig, Sim, chat_body, marker
+from tests.integration.harness import (
+    BODY_MODES,
+    Envoy,
+    Epp,
+    Response,
+    Rig,
+    Sim,
+    chat_body,
+    marker,
+    request,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -281,3 +292,41 @@ def test_eviction_revokes_an_in_flight_sheddable_request_for_a_critical_one(
     assert served.status == 200, served
     assert metric(epp, "llm_d_epp_flow_control_revocations_issued_total", priority="0") == 1
     assert metric(epp, "llm_d_epp_flow_control_revocations_total", outcome="confirmed") == 1
+
+
+def _doc_example() -> dict[str, Any]:
+    """The configuration of docs/flow-control.md's "Turning it on"."""
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "flow-control.md").read_text()
+    block = doc.split("## Turning it on", 1)[1].split("```yaml\n", 1)[1].split("```", 1)[0]
+    loaded = yaml.safe_load(block)
+    assert isinstance(loaded, dict)
+    return loaded
+
+
+def test_the_docs_example_keeps_every_engine_queue_empty(rig: Rig) -> None:
+    batch, requests = 2, 60
+    sims = rig.start_sims(
+        3, extra=["--max-num-seqs", str(batch), "--inter-token-latency", "5", "--max-tokens", "8"]
+    )
+    config = _doc_example()
+    for plugin in config["plugins"]:
+        if plugin.get("type") == "concurrency-detector":
+            plugin["parameters"]["maxConcurrency"] = batch  # the example's "engine batch size"
+    epp, envoy = start(rig, sims, config, "BUFFERED")
+    for sim in sims:  # the peaks start now
+        assert request(f"{sim.url}/sim/stats/reset", "POST", b"").status == 200
+    shared = "You are a helpful assistant. " * 40  # one long system prompt: prefix affinity pulls
+    tag = marker()
+
+    def ask(i: int) -> int:
+        messages = [{"role": "system", "content": shared}, {"role": "user", "content": f"{tag}-{i}"}]
+        body = json.dumps({"model": "demo", "messages": messages}).encode()
+        return envoy.post("/v1/chat/completions", body).status
+
+    with concurrent.futures.ThreadPoolExecutor(16) as pool:
+        statuses = list(pool.map(ask, range(requests)))
+    assert statuses == [200] * requests
+    peaks = [json.loads(request(f"{sim.url}/sim/stats").body) for sim in sims]
+    assert [p["peak_waiting"] for p in peaks] == [0] * len(sims), peaks
+    assert all(p["peak_running"] == batch for p in peaks), peaks  # both engines were kept busy
+    assert metric(epp, "llm_d_epp_flow_control_requests_total", outcome="Dispatched") == requests

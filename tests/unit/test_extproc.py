@@ -137,6 +137,7 @@ async def test_bad_bodies_get_openai_style_400(
     (reply,) = await harness.exchange([headers_msg({":path": path}), body_msg(body, True)], expect=1)
     ir = reply.immediate_response
     assert ir.status.code == status
+    assert "retry-after" not in {h.header.key for h in ir.headers.set_headers}  # retrying will not help
     err = json.loads(ir.body)["error"]
     assert text in err["message"]
     assert err["code"] == status
@@ -156,6 +157,9 @@ async def test_empty_pool_is_503_for_posts_and_gets() -> None:
     assert r1.immediate_response.status.code == 503
     assert "failed to find endpoint candidates" in json.loads(r1.immediate_response.body)["error"]["message"]
     assert r2.immediate_response.status.code == 503
+    for reply in (r1, r2):
+        sent = {h.header.key: h.header.raw_value for h in reply.immediate_response.headers.set_headers}
+        assert sent["retry-after"] == b"1"
 
 
 @pytest.mark.parametrize(
@@ -296,6 +300,7 @@ async def test_scheduling_failure_is_429(store: EndpointStore) -> None:
     assert message == f"inference error: ResourceExhausted - {expected}"
     sent = {h.header.key: h.header.raw_value for h in reply.immediate_response.headers.set_headers}
     assert sent["x-llm-d-request-dropped-reason"] == b"rejected-saturated"
+    assert sent["retry-after"] == b"1"  # a 429 says when to come back
 
 
 async def test_body_mode_none_routes_on_headers(harness: Harness, store: EndpointStore) -> None:

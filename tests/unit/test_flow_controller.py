@@ -442,3 +442,26 @@ async def test_a_flow_under_its_share_goes_before_one_over_it_only_for_share_awa
         assert rig.order[:1] == [first], (policy.type_name, rig.order)
         rig.fc.close()
         await asyncio.gather(*tasks)
+
+
+async def test_a_full_band_pushes_out_the_flooding_flow_for_a_flow_under_its_share() -> None:
+    rig = Rig(FlowControlSettings(default_band=band(max_requests=4)), Detector(value=1.0))
+    flood = [rig.start(request(f"f{i}", flow="flood")) for i in range(4)]
+    await settle()
+    assert rig.fc.queued == 4
+    with pytest.raises(InferenceError) as info:  # the flooding flow itself is refused at the cap
+        await rig.fc.admit(request("f4", flow="flood"), 0.0)
+    assert reason(info.value) == "rejected-saturated"
+    steady = [rig.start(request(f"s{i}", flow="steady")) for i in range(2)]
+    await settle()
+    # the flood's newest two made room; the steady flow holds 2 of the 4 places, the flood 2
+    assert sorted(rig.errors) == ["f2", "f3"]
+    assert all(e.code.http_status == 429 and reason(e) == "rejected-saturated" for e in rig.errors.values())
+    assert "fair share" in str(rig.errors["f3"])
+    with pytest.raises(InferenceError):  # at an even split nobody is pushed out
+        await rig.fc.admit(request("s2", flow="steady"), 0.0)
+    assert rig.fc.queued == 4
+    rig.detector.value = 0.0
+    rig.fc.kick()
+    await asyncio.wait_for(asyncio.gather(*flood, *steady), 1)
+    assert sorted(rig.order) == ["f0", "f1", "s0", "s1"]
