@@ -43,6 +43,7 @@ MAX_MESSAGE_TIMEOUT = 3600.0  # the generated Envoy bootstraps' max_message_time
 DEFAULT_TICK = 0.005  # seconds between dispatch cycles while requests wait
 REVOCATION_TIMEOUT = 5.0  # a revoked stream that has not ended by then no longer holds eviction back
 _MAX_CYCLES_PER_PUMP = 512  # then yield to the event loop and go on
+_REFRESH_DELAY = 0.05  # seconds from a request's end to the idle saturation gauges' refresh
 _MAX_PUSH_OUTS = 64  # queued items pushed out for one arrival (more only when their bytes differ)
 
 
@@ -73,6 +74,7 @@ class Permit:
             self._band = None
             band.finished(self._flow)
             self._controller.kick()
+            self._controller.refresh_soon()
 
 
 def _rejection(outcome: str, empty_pool: bool) -> InferenceError:
@@ -192,6 +194,7 @@ class FlowController:
         self._regime_since = 0.0  # when the pool last became empty or non-empty
         self._tick_handle: asyncio.TimerHandle | None = None
         self._kick_handle: asyncio.Handle | None = None
+        self._refresh_handle: asyncio.TimerHandle | None = None
         self._sat_effective = m.POOL_SATURATION.labels(pool_name, "effective")
         self._ceilings: list[float] = []
         # eviction: in-flight sheddable requests by priority, in dispatch order; revocations pending
@@ -291,6 +294,24 @@ class FlowController:
             except RuntimeError:
                 return
             self._kick_handle = loop.call_soon(self._on_kick)
+
+    def refresh_soon(self) -> None:
+        """A request ended: while nothing is queued no dispatch cycle runs, so the saturation gauges
+        are brought up to date shortly after (at most every ``_REFRESH_DELAY``), not left at their
+        value of the last busy moment."""
+        if self.queued or self._refresh_handle is not None or self._closed:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return
+        self._refresh_handle = loop.call_later(_REFRESH_DELAY, self._refresh)
+
+    def _refresh(self) -> None:
+        self._refresh_handle = None
+        if self.queued:  # the dispatch cycles keep the gauges current
+            return
+        self._sat_effective.set(self._saturation(self._pool()))
 
     def _on_kick(self) -> None:
         self._kick_handle = None
@@ -604,10 +625,10 @@ class FlowController:
     def close(self) -> None:
         """Reject every queued request (503 ``rejected-shutting-down``) and all that come later."""
         self._closed = True
-        for handle in (self._tick_handle, self._kick_handle):
+        for handle in (self._tick_handle, self._kick_handle, self._refresh_handle):
             if handle is not None:
                 handle.cancel()
-        self._tick_handle = self._kick_handle = None
+        self._tick_handle = self._kick_handle = self._refresh_handle = None
         for band in self._order:
             for item in band.items():
                 self._drop(band, item, EVICTED_OTHER)

@@ -465,3 +465,16 @@ async def test_a_full_band_pushes_out_the_flooding_flow_for_a_flow_under_its_sha
     rig.fc.kick()
     await asyncio.wait_for(asyncio.gather(*flood, *steady), 1)
     assert sorted(rig.order) == ["f0", "f1", "s0", "s1"]
+
+
+async def test_the_effective_saturation_gauge_follows_the_pool_when_nothing_is_queued() -> None:
+    rig = Rig(detector=Detector(value=0.9))
+    gauge = fcm.POOL_SATURATION.labels("pool", "effective")
+    permit = await rig.fc.admit(request("r"), 0.0)
+    assert gauge.value == 0.9  # the dispatch cycle of the arrival
+    permit.release()
+    rig.detector.value = 0.1  # the engines drained; no request comes, so no dispatch cycle runs
+    permit.done()
+    await asyncio.sleep(0.2)
+    assert gauge.value == 0.1
+    rig.fc.close()
