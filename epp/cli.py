@@ -87,6 +87,13 @@ def _add_serve(sub: Any) -> None:
     )
     p.add_argument("--metrics-port", type=int, default=9090, help="Prometheus metrics port (default 9090)")
     p.add_argument("--bind-address", default="0.0.0.0", help="address to listen on (default 0.0.0.0)")
+    p.add_argument(
+        "--objectives-file",
+        default="",
+        metavar="PATH",
+        help="request priorities without Kubernetes: YAML 'objectives: [{name: critical, priority: 10}]', "
+        "named per request by the x-llm-d-inference-objective header (read at start)",
+    )
     add_bool(
         p, "--secure-serving", True, "serve ext_proc over TLS (default true; self-signed unless --cert-path)"
     )
@@ -500,6 +507,24 @@ def _check_stream_limits(args: argparse.Namespace) -> None:
         )
 
 
+def _objectives(path: str, pool_name: str, *, kube: bool) -> Any:
+    """The ``--objectives-file`` priorities (None without the flag); exits 2 naming a bad field."""
+    if not path:
+        return None
+    if kube:
+        raise SystemExit(
+            "error: --objectives-file is for endpoints without Kubernetes: with --pool-name or "
+            "--endpoint-selector, priorities come from the cluster's InferenceObjectives"
+        )
+    from epp.datalayer.objectives_file import ObjectivesFileError, load_objectives_file
+
+    try:
+        return load_objectives_file(path, pool_name)
+    except ObjectivesFileError as e:
+        print(f"error: --objectives-file {e}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
 def _serve(args: argparse.Namespace) -> int:
     notes = check_reference_flags(args)  # first: it may configure gRPC before gRPC is loaded
     from epp import labels, logs
@@ -528,6 +553,7 @@ def _serve(args: argparse.Namespace) -> int:
     pool_name = args.pool_name
     if not pool_name and args.endpoint_selector:
         pool_name = _standalone_pool_name(os.environ.get("POD_NAME", ""))
+    objectives = _objectives(args.objectives_file, pool_name or "epp", kube=kube_opts is not None)
     opts = ServeOptions(
         grpc_port=args.grpc_port,
         grpc_health_port=args.grpc_health_port,
@@ -594,7 +620,7 @@ def _serve(args: argparse.Namespace) -> int:
                 )
             except KubeConfigError as e:
                 raise SystemExit(f"error: {e}") from None
-        await EppServer(cfg, opts, store, kube=kube).run()
+        await EppServer(cfg, opts, store, kube=kube, objectives=objectives).run()
 
     try:
         run_async(main)

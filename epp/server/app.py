@@ -13,6 +13,7 @@ from grpc_health.v1 import health_pb2_grpc
 
 from epp import logs, metrics, tracing
 from epp.config import LoadedConfig
+from epp.datalayer.objectives import ObjectiveStore
 from epp.datalayer.pool_gauges import PoolGauges
 from epp.datalayer.runtime import DataLayer
 from epp.datalayer.served_models import ServedModels
@@ -131,7 +132,9 @@ class EppServer:
         store: EndpointStore | None = None,
         *,
         kube: KubeRuntime | None = None,
+        objectives: ObjectiveStore | None = None,
     ) -> None:
+        """``objectives``: priorities from ``--objectives-file`` (without Kubernetes)."""
         self.cfg = cfg
         self.opts = opts
         self.store = store if store is not None else EndpointStore()  # an empty store is falsy
@@ -175,7 +178,7 @@ class EppServer:
             ),
             use_subset_hint=not opts.disable_endpoint_subset_filter,
             saturation_detector=cfg.saturation_detector,
-            objectives=kube.objectives if kube is not None else None,
+            objectives=kube.objectives if kube is not None else objectives,
             rewrites=kube.rewrites if kube is not None else None,
             client_model_rewrite=opts.allow_model_rewrite_header,
             flow_control=self.flow_control,

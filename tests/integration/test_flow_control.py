@@ -330,3 +330,34 @@ def test_the_docs_example_keeps_every_engine_queue_empty(rig: Rig) -> None:
     assert [p["peak_waiting"] for p in peaks] == [0] * len(sims), peaks
     assert all(p["peak_running"] == batch for p in peaks), peaks  # both engines were kept busy
     assert metric(epp, "llm_d_epp_flow_control_requests_total", outcome="Dispatched") == requests
+
+
+def test_an_objectives_file_gives_priorities_without_kubernetes(rig: Rig, tmp_path: Path) -> None:
+    objectives = tmp_path / "objectives.yaml"
+    objectives.write_text("objectives:\n- {name: critical, priority: 10}\n- {name: batch, priority: -1}\n")
+    sim = slow_sim(rig, itl_ms=100, tokens=5)
+    epp, envoy = start(
+        rig, [sim], flow_config(max_concurrency=1), "BUFFERED", extra=["--objectives-file", str(objectives)]
+    )
+    tag = marker()
+
+    def ask(name: str, objective: str = "") -> Response:
+        headers = {"x-llm-d-inference-objective": objective} if objective else {}
+        return envoy.post("/v1/chat/completions", chat_body(f"{tag}-{name}"), headers)
+
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        futures = [pool.submit(ask, "first")]
+        wait_for("the first request in flight", lambda: sim.journal() != [])
+        futures.append(pool.submit(ask, "batch", "batch"))
+        wait_for("batch queued", lambda: queued(epp) >= 1)
+        futures.append(pool.submit(ask, "critical", "critical"))
+        wait_for("critical queued", lambda: queued(epp) >= 2)
+        assert [f.result(timeout=30).status for f in futures] == [200, 200, 200]
+    arrivals = [re.search(rf"{tag}-(\w+)", e["body"]) for e in sim.journal()]
+    # the critical objective's band (priority 10) dispatches before the sheddable one's (-1)
+    assert [a.group(1) for a in arrivals if a] == ["first", "critical", "batch"]
+    for priority in ("10", "-1"):
+        dispatched = metric(
+            epp, "llm_d_epp_flow_control_requests_total", outcome="Dispatched", priority=priority
+        )
+        assert dispatched == 1
