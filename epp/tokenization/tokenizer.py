@@ -231,7 +231,7 @@ class Tokenizer:
 def load_tokenizer(path: str | Path, *, cache_bytes: int = DEFAULT_CACHE_BYTES) -> Tokenizer:
     """Load a HF tokenizer: a directory with ``tokenizer.json`` (and optionally ``tokenizer_config.json``
     and ``chat_template.jinja``), or a ``tokenizer.json`` file. Raises :class:`TokenizerError`."""
-    given = Path(path)
+    given = _shipped(Path(path))
     directory, file = (given, given / "tokenizer.json") if given.is_dir() else (given.parent, given)
     if not file.is_file():
         raise TokenizerError(f"{given}: no tokenizer.json there")
@@ -248,6 +248,15 @@ def load_tokenizer(path: str | Path, *, cache_bytes: int = DEFAULT_CACHE_BYTES) 
         return Tokenizer(hf, config, path=directory, chat_template=template, cache_bytes=cache_bytes)
     except ChatTemplateError as exc:
         raise TokenizerError(f"{directory}: {exc}") from None
+
+
+def _shipped(given: Path) -> Path:
+    """A bare name of a tokenizer shipped with epp (``epp-bpe-8k``, the simulators' tokenizer) names
+    its directory from any working directory, unless a path of that name exists here."""
+    shipped = DEFAULT_TOKENIZER_DIR.parent / given.name
+    if len(given.parts) == 1 and not given.exists() and shipped.is_dir():
+        return shipped
+    return given
 
 
 def _read_json(file: Path) -> dict[str, Any]:

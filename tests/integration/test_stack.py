@@ -162,9 +162,8 @@ def test_epp_run_serves_and_ctrl_c_stops_everything(epp_run: RunningStack) -> No
     epp_run.wait_for(READY_LINE)
     url = f"http://127.0.0.1:{epp_run.ports['--port']}"
     assert url in epp_run.output
-    resp = request(
-        f"{url}/v1/chat/completions", "POST", chat_body(marker()), {"content-type": "application/json"}
-    )
+    long_prompt = chat_body(marker() + " tell me a long story about dragons and knights" * 4)
+    resp = request(f"{url}/v1/chat/completions", "POST", long_prompt, {"content-type": "application/json"})
     assert resp.status == 200, resp
     assert resp.port in epp_run.sim_ports
     # Everything epp run starts listens on loopback only (the banner's 127.0.0.1 is the truth).
@@ -173,6 +172,21 @@ def test_epp_run_serves_and_ctrl_c_stops_everything(epp_run: RunningStack) -> No
     assert all(listening.values()), f"ports not listening: {listening}"
     assert {p: a - loopback for p, a in listening.items() if a - loopback} == {}
     assert "unix:" in epp_run.output  # the banner names the EPP socket Envoy uses
+    # --kv-events alone routes on the events: the EPP subscribed and received the sims' batches
+    assert "precise prefix routing on the simulators' KV events" in epp_run.output
+    metrics_url = f"http://127.0.0.1:{epp_run.ports['--metrics-port']}/metrics"
+
+    def received() -> float:
+        return sum(
+            float(line.rpartition(" ")[2])
+            for line in request(metrics_url).body.decode().splitlines()
+            if line.startswith("llm_d_epp_kv_cache_events_messages_received_total{")
+        )
+
+    deadline = time.monotonic() + 10
+    while received() < 1:  # the batch of the request's blocks arrives shortly after it
+        assert time.monotonic() < deadline, request(metrics_url).body.decode()[-3000:]
+        time.sleep(0.1)
 
     epp_run.proc.send_signal(signal.SIGINT)
     assert epp_run.proc.wait(30) == 0, epp_run.output

@@ -307,3 +307,17 @@ def test_request_bodies_become_the_ids_vllm_would_use() -> None:
         assert caught.value.param == param
     with pytest.raises(PromptError, match="non-empty list"):
         chat_prompt({"messages": []}, TOK)
+
+
+def test_the_shipped_tokenizer_loads_by_name_from_any_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import epp.tokenization as tokenization
+
+    monkeypatch.chdir(tmp_path)
+    by_name = tokenization.load_tokenizer("epp-bpe-8k")
+    shipped = tokenization.load_tokenizer(tokenization.DEFAULT_TOKENIZER_DIR)
+    assert by_name.encode("hello world") == shipped.encode("hello world")
+    (tmp_path / "epp-bpe-8k").mkdir()  # a directory of that name here wins (and has no tokenizer)
+    with pytest.raises(tokenization.TokenizerError, match="no tokenizer.json"):
+        tokenization.load_tokenizer("epp-bpe-8k")

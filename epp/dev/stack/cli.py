@@ -23,6 +23,7 @@ import yaml
 
 from epp.dev.envoy.bootstrap import DEFAULT_BODY_MODE
 from epp.dev.stack.commands import epp_socket
+from epp.dev.stack.files import precise_config, uses_kv_events
 from epp.dev.stack.local import LocalStack, StackOptions
 from epp.dev.stack.probes import Interrupted
 from epp.dev.stack.supervisor import SIM_MAX_RESTARTS, SIM_RESTART_WINDOW, Child, ChildExited
@@ -78,8 +79,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=0,
         metavar="BASE_PORT",
         help="the simulators publish vLLM KV events: simulator i on BASE_PORT + 2i, its replay socket on"
-        " BASE_PORT + 2i + 1 (default base 5557), announced to the EPP as endpoint labels (for"
-        " precise-prefix-cache-producer)",
+        " BASE_PORT + 2i + 1 (default base 5557), announced to the EPP as endpoint labels; without"
+        " --config-file the EPP routes on them (precise-prefix-cache-producer with the simulators'"
+        " tokenizer, epp-bpe-8k)",
     )
     add("--keep-workdir", action="store_true", help="keep the temporary directory (logs) on exit")
     parser.epilog = (
@@ -121,6 +123,15 @@ def options_from_args(args: argparse.Namespace) -> StackOptions:
         if loaded is not None and not isinstance(loaded, dict):
             raise SystemExit(f"error: --config-file {args.config_file}: not a YAML mapping")
         config = loaded
+    if args.kv_events and config is None:
+        config = precise_config()  # the events are what --kv-events is for: route on them
+    elif args.kv_events and config is not None and not uses_kv_events(config):
+        print(
+            f"warning: --kv-events: {args.config_file} has no precise-prefix-cache-producer, so the "
+            "simulators' KV events are published but not used for routing (without --config-file, "
+            "epp run routes on them)",
+            file=sys.stderr,
+        )
     return StackOptions(
         sims=args.sims,
         sim_base_port=args.sim_base_port,
@@ -167,7 +178,7 @@ def _usage(stack: LocalStack) -> str:
     o = stack.opts
     sims = ", ".join(f"127.0.0.1:{p}" for p in o.sim_ports)
     return f"""
-epp stack ready ({o.body_mode}, fail-{"open" if o.fail_open else "closed"})
+epp stack ready ({o.body_mode}, fail-{"open" if o.fail_open else "closed"}{_routing(o)})
   Envoy      {stack.url}  (admin http://127.0.0.1:{o.admin_port})
   EPP        ext_proc unix:{epp_socket(o.grpc_port)} (Envoy's) and 127.0.0.1:{o.grpc_port}
              health 127.0.0.1:{o.health_port}, metrics http://127.0.0.1:{o.metrics_port}/metrics
@@ -185,6 +196,14 @@ A simulator that exits is restarted (at most {o.sim_max_restarts} times in {o.si
 the EPP or Envoy exiting stops the stack.
 Ctrl-C stops everything.
 """
+
+
+def _routing(o: StackOptions) -> str:
+    if not o.kv_events_base_port:
+        return ""
+    if o.config is not None and uses_kv_events(o.config):
+        return ", precise prefix routing on the simulators' KV events"
+    return ", KV events published but not used for routing"
 
 
 def main(args: argparse.Namespace) -> int:

@@ -84,3 +84,39 @@ def epp_config(endpoints_file: Path, base: dict[str, Any] | None = None) -> dict
     data_layer["discovery"] = {"pluginRef": discovery.get("name") or discovery["type"]}
     cfg["dataLayer"] = data_layer
     return cfg
+
+
+def precise_config(block_size: int = 16) -> dict[str, Any]:
+    """The scheduling of ``epp run --kv-events`` without ``--config-file``: the default scorers, with
+    the prefix scorer fed by the simulators' KV events (``precise-prefix-cache-producer``) and their
+    own tokenizer (``epp-bpe-8k``) in place of the approximate index."""
+    precise = "precise-prefix-cache-producer"
+    return {
+        "apiVersion": "llm-d.ai/v1alpha1",
+        "kind": "EndpointPickerConfig",
+        "plugins": [
+            {"type": "token-producer", "parameters": {"local": {"path": "epp-bpe-8k"}}},
+            {"type": precise, "parameters": {"tokenProcessorConfig": {"blockSizeTokens": block_size}}},
+            {"type": "queue-scorer"},
+            {"type": "kv-cache-utilization-scorer"},
+            {"type": "prefix-cache-scorer", "parameters": {"prefixMatchInfoProducerName": precise}},
+            {"type": "max-score-picker"},
+        ],
+        "schedulingProfiles": [
+            {
+                "name": "default",
+                "plugins": [
+                    {"pluginRef": "queue-scorer", "weight": 2},
+                    {"pluginRef": "kv-cache-utilization-scorer", "weight": 2},
+                    {"pluginRef": "prefix-cache-scorer", "weight": 3},
+                    {"pluginRef": "max-score-picker"},
+                ],
+            }
+        ],
+    }
+
+
+def uses_kv_events(config: dict[str, Any]) -> bool:
+    """Whether a config reads the engines' KV events (it has a ``precise-prefix-cache-producer``)."""
+    plugins = config.get("plugins") or []
+    return any(isinstance(p, dict) and p.get("type") == "precise-prefix-cache-producer" for p in plugins)
