@@ -319,5 +319,5 @@ def test_the_shipped_tokenizer_loads_by_name_from_any_directory(
     shipped = tokenization.load_tokenizer(tokenization.DEFAULT_TOKENIZER_DIR)
     assert by_name.encode("hello world") == shipped.encode("hello world")
     (tmp_path / "epp-bpe-8k").mkdir()  # a directory of that name here wins (and has no tokenizer)
-    with pytest.raises(tokenization.TokenizerError, match="no tokenizer.json"):
+    with pytest.raises(tokenization.TokenizerError, match=r"no tokenizer\.json"):
         tokenization.load_tokenizer("epp-bpe-8k")
