@@ -229,6 +229,13 @@ def _add_serve(sub: Any) -> None:
     )
     add_bool(
         p,
+        "--emit-deprecated-metrics",
+        True,
+        "also expose the deprecated metric names (inference_objective_*, inference_extension_*, ...) "
+        "beside the llm_d_epp_* ones, for dashboards built on them (default true)",
+    )
+    add_bool(
+        p,
         "--enable-grpc-stream-metrics",
         False,
         "expose llm_d_epp_extproc_stream_duration_seconds and llm_d_epp_extproc_streams_total{code} "
@@ -583,6 +590,7 @@ def _serve(args: argparse.Namespace) -> int:
         drain_delay=args.drain_delay,
         metrics_endpoint_auth=bool(args.metrics_endpoint_auth),
         emit_endpoint_scores=args.emit_endpoint_scores,
+        emit_deprecated_metrics=args.emit_deprecated_metrics,
         skip_unused_response_phases=args.skip_unused_response_phases,
         grpc_stream_metrics=args.enable_grpc_stream_metrics,
         grpc_max_recv_msg_size=_msg_size_bytes(args.grpc_max_recv_msg_size),

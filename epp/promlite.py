@@ -2,13 +2,15 @@
 
 Plain Python numbers per label set, rendered at scrape time through a prometheus-client collector.
 ``alias`` renders a deprecated name from a current family at scrape time (dual emission without a
-second update per event).
+second update per event). ``configure_exposition`` leaves out the deprecated families (those whose
+help text says ``Deprecated: use ...``) and the families registered for plugins that are not loaded.
 """
 
 from __future__ import annotations
 
 import bisect
 import gzip
+import re
 import socket
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -21,6 +23,7 @@ from prometheus_client.exposition import ThreadingWSGIServer
 from prometheus_client.utils import floatToGoString
 
 OVERFLOW = "other"
+_DEPRECATED_HELP = re.compile(r"\bDeprecated: [Uu]se ")
 MAX_BOUNDED_SERIES = 2000  # series of a family with bounded labels before new combinations fold
 
 
@@ -76,6 +79,7 @@ class _Family:
     ) -> None:
         self.name = name
         self.documentation = documentation
+        self.deprecated = _DEPRECATED_HELP.search(documentation) is not None  # a twin of a current name
         self.labelnames = tuple(labelnames)
         self._children: dict[tuple[str, ...], object] = {}
         self._texts: dict[tuple[str, ...], str] = {}
@@ -376,26 +380,55 @@ def alias(
     else:
         raise TypeError(f"cannot alias {type(source).__name__}")
     fam._projection = _Projection(source, names, from_labels)
+    fam.deprecated = True
     return fam
 
 
-class Collector:
-    """Exposes a set of families through a prometheus-client registry."""
+class _Exposition:
+    """What ``/metrics`` shows: the deprecated twins or not, and which owners' families."""
 
-    def __init__(self, *families: _Family) -> None:
+    emit_deprecated = True
+    loaded: frozenset[str] | None = None  # owners whose families are shown; None: every family
+
+
+_EXPOSITION = _Exposition()
+
+
+def configure_exposition(*, emit_deprecated: bool = True, loaded: Iterable[str] | None = None) -> None:
+    """``emit_deprecated=False`` leaves the deprecated twins out; ``loaded``: the owners (plugin type
+    names, ``flow-control``) whose families are shown; families registered without owners always are."""
+    _EXPOSITION.emit_deprecated = emit_deprecated
+    _EXPOSITION.loaded = frozenset(loaded) if loaded is not None else None
+
+
+class Collector:
+    """Exposes a set of families through a prometheus-client registry; ``owners``: the plugin types
+    (or features) they belong to, shown only while one of them is loaded (``configure_exposition``)."""
+
+    def __init__(self, *families: _Family, owners: Iterable[str] = ()) -> None:
         self._families = list(families)
+        self.owners = frozenset(owners)
 
     def add(self, *families: _Family) -> None:
         self._families.extend(families)
 
+    def _shown(self) -> Iterator[_Family]:
+        loaded = _EXPOSITION.loaded
+        if self.owners and loaded is not None and not self.owners & loaded:
+            return
+        deprecated = _EXPOSITION.emit_deprecated
+        for family in self._families:
+            if deprecated or not family.deprecated:
+                yield family
+
     def collect(self) -> Iterator[Metric]:
         if getattr(_rendering, "on", False):  # exposition() writes these families itself
             return
-        for family in self._families:
+        for family in self._shown():
             yield from family.families()  # type: ignore[attr-defined]
 
     def render(self, out: list[str]) -> None:
-        for family in self._families:
+        for family in self._shown():
             family.render(out)  # type: ignore[attr-defined]
 
     def describe(self) -> list[Metric]:
@@ -406,9 +439,10 @@ _rendering = threading.local()
 _collectors: dict[int, list[Collector]] = {}  # by id(registry)
 
 
-def register(*families: _Family, registry: CollectorRegistry = REGISTRY) -> None:
-    """Expose ``families`` on ``registry`` (the default registry served on ``/metrics``)."""
-    collector = Collector(*families)
+def register(*families: _Family, registry: CollectorRegistry = REGISTRY, owners: Iterable[str] = ()) -> None:
+    """Expose ``families`` on ``registry`` (the default registry served on ``/metrics``); ``owners``:
+    the plugin types they belong to (see :class:`Collector`)."""
+    collector = Collector(*families, owners=owners)
     registry.register(collector)
     _collectors.setdefault(id(registry), []).append(collector)
 

@@ -157,4 +157,5 @@ promlite.register(
     PENDING_RECLAIM,
     REVOCATION_CONFIRMATION,
     *DEPRECATED,
+    owners=("flow-control",),
 )

@@ -201,6 +201,7 @@ promlite.register(
             (DEDUP_FORWARDED, "kvcache_kvevents_dedup_removed_hashes_forwarded_total"),
         )
     ),
+    owners=("precise-prefix-cache-producer",),
 )
 
 

@@ -11,7 +11,7 @@ import grpc
 import structlog
 from grpc_health.v1 import health_pb2_grpc
 
-from epp import logs, metrics, tracing
+from epp import logs, metrics, promlite, tracing
 from epp.config import LoadedConfig
 from epp.datalayer.objectives import ObjectiveStore
 from epp.datalayer.pool_gauges import PoolGauges
@@ -71,6 +71,7 @@ class ServeOptions:
     drain_delay: float = 1.0
     metrics_endpoint_auth: bool = False  # TokenReview + SubjectAccessReview per scrape (Kubernetes mode)
     emit_endpoint_scores: bool = False
+    emit_deprecated_metrics: bool = True  # the deprecated metric names beside the current ones
     skip_unused_response_phases: bool = False
     grpc_stream_metrics: bool = False
     grpc_max_recv_msg_size: int = 0  # 0: max_request_body_bytes + 1 MiB
@@ -164,6 +165,9 @@ class EppServer:
             metrics.enable_grpc_stream_metrics()
         tracing.instrument(scheduler.profiles)  # no-op unless --tracing
         self.flow_control = _flow_controller(cfg, self.store, opts.pool_name)
+        promlite.configure_exposition(  # /metrics shows the families of what is loaded
+            emit_deprecated=opts.emit_deprecated_metrics, loaded=_metric_owners(cfg, self.flow_control)
+        )
         self.director = Director(
             self.store,
             cfg.parsers,
@@ -381,6 +385,16 @@ class EppServer:
             await health_server.stop(0)
             if replication_server is not None:
                 await replication_server.stop(0)
+
+
+def _metric_owners(cfg: LoadedConfig, flow_control: FlowController | None) -> set[str]:
+    """The plugin types (and features) whose metric families ``/metrics`` shows."""
+    owners = {p.type_name for p in cfg.plugins.values()}
+    if cfg.saturation_detector is not None:
+        owners.add(cfg.saturation_detector.type_name)
+    if flow_control is not None:
+        owners.add("flow-control")
+    return owners
 
 
 def _flow_controller(cfg: LoadedConfig, store: EndpointStore, pool_name: str) -> FlowController | None:

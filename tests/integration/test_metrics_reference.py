@@ -139,3 +139,29 @@ def test_serve_flags_endpoint_scores_stream_metrics_and_message_size(rig: Rig) -
     text = epp.metrics()
     assert _total(text, "llm_d_epp_extproc_streams_total", code="OK") >= 1
     assert _total(text, "llm_d_epp_extproc_stream_duration_seconds_count") >= 1
+
+
+def _families(text: str) -> set[str]:
+    return {line.split()[2] for line in text.splitlines() if line.startswith("# TYPE ")}
+
+
+def test_metrics_show_what_is_loaded_and_the_deprecated_twins_only_when_asked(rig: Rig) -> None:
+    sims = rig.start_sims(1)
+    plain = _families(rig.start_epp(sims, name="epp-plain").metrics())
+    lean = _families(
+        rig.start_epp(sims, name="epp-lean", extra=["--emit-deprecated-metrics=false"]).metrics()
+    )
+    deprecated = {f for f in plain if f.startswith(("inference_objective_", "inference_extension_"))}
+    assert deprecated, "the deprecated twins are on by default (drop-in dashboards)"
+    assert lean & deprecated == set()
+    assert "llm_d_epp_request_total" in lean or "llm_d_epp_request" in lean
+    # families of plugins the default configuration does not load are left out
+    absent = {
+        "llm_d_epp_flow_control_queue_size",  # the flowControl gate is off
+        "llm_d_epp_flow_control_requests",
+        "llm_d_epp_kv_cache_events_pool_capacity",  # no precise-prefix-cache-producer
+        "llm_d_epp_kv_cache_events_active_subscribers",
+    }
+    assert plain & absent == set()
+    # the loaded ones stay: the default saturation detector's, the approximate prefix index's
+    assert {"llm_d_epp_flow_control_stale_endpoints", "llm_d_epp_prefix_indexer_size"} <= plain

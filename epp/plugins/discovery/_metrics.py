@@ -25,7 +25,7 @@ FILE_INVALID_ENTRIES = promlite.Gauge(
     "llm_d_epp_discovery_file_invalid_entries",
     "Invalid entries in the last endpoints file parsed.",
 )
-promlite.register(FILE_LOAD_FAILURES, FILE_REJECTED, FILE_INVALID_ENTRIES)
+promlite.register(FILE_LOAD_FAILURES, FILE_REJECTED, FILE_INVALID_ENTRIES, owners=("file-discovery",))
 for _reason in LOAD_FAILURE_REASONS:
     FILE_LOAD_FAILURES.labels(_reason)
 FILE_REJECTED.labels().set(0)

@@ -53,7 +53,9 @@ ATTAINED_SERVICE_TOKENS = promlite.Gauge(
     "[ALPHA] Time-decayed attained service (weighted tokens consumed) per program.",
     ["program_id"],
 )
-promlite.register(JAINS_FAIRNESS_INDEX, AVG_WAIT_TIME_MS, ATTAINED_SERVICE_TOKENS)
+promlite.register(
+    JAINS_FAIRNESS_INDEX, AVG_WAIT_TIME_MS, ATTAINED_SERVICE_TOKENS, owners=("program-aware-fairness",)
+)
 
 
 @dataclass(slots=True, frozen=True)

@@ -81,6 +81,7 @@ promlite.register(
         ),
         (),
     ),
+    owners=("approx-prefix-cache-producer",),
 )
 
 

@@ -75,7 +75,7 @@ RENDER_CACHE = promlite.Counter(
     "Renders of a token-producer's vllm backend answered from its cache (hit) or by the server (miss).",
     ["plugin_name", "result"],
 )
-promlite.register(RENDER_FAILURES, RENDER_CACHE)
+promlite.register(RENDER_FAILURES, RENDER_CACHE, owners=("token-producer",))
 
 log = structlog.get_logger("epp.token_producer")
 

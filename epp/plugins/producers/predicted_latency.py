@@ -115,6 +115,7 @@ promlite.register(
     SLO_VIOLATIONS,
     PREDICTOR_MAPE,
     PREDICTOR_SAMPLES,
+    owners=("predicted-latency-producer",),
 )
 
 

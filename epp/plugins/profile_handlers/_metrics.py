@@ -44,6 +44,7 @@ promlite.register(
         "decisions made",
         ("model_name", "decision_type"),
     ),
+    owners=("disagg-profile-handler", "pd-profile-handler"),
 )
 
 

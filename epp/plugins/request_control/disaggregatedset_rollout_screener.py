@@ -55,8 +55,8 @@ GATING_SHARE = promlite.Gauge(
     "[ALPHA] Current weighted revision gating share from 0 to 1; incomplete revisions have share 0.",
     ["plugin_type", "plugin_name", "mode", "revision"],
 )
-promlite.register(STRICT_NO_MATCH)
-promlite.register(GATING_SHARE)
+promlite.register(STRICT_NO_MATCH, owners=("disaggregatedset-rollout-screener",))
+promlite.register(GATING_SHARE, owners=("disaggregatedset-rollout-screener",))
 
 
 # --- label selectors (Kubernetes syntax) -------------------------------------------------------

@@ -39,7 +39,7 @@ STALE_ENDPOINTS = promlite.Gauge(
     "as of the most recent saturation evaluation.",
     ["detector"],
 )
-promlite.register(STALE_ENDPOINTS)
+promlite.register(STALE_ENDPOINTS, owners=("utilization-detector",))
 
 
 @dataclass(slots=True, frozen=True)
