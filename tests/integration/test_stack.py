@@ -117,7 +117,7 @@ def epp_run() -> Iterator[RunningStack]:
     }
     kv_base = _consecutive_free_ports(4)
     argv = [sys.executable, "-m", "epp", "run", "--sims", "2", "--sim-base-port", str(base)]
-    argv += ["--kv-events", str(kv_base)]
+    argv += ["--kv-events", str(kv_base), "--response-phases"]
     for flag, port in ports.items():
         argv += [flag, str(port)]
     proc = subprocess.Popen(
@@ -183,10 +183,19 @@ def test_epp_run_serves_and_ctrl_c_stops_everything(epp_run: RunningStack) -> No
             if line.startswith("llm_d_epp_kv_cache_events_messages_received_total{")
         )
 
-    deadline = time.monotonic() + 10
-    while received() < 1:  # the batch of the request's blocks arrives shortly after it
-        assert time.monotonic() < deadline, request(metrics_url).body.decode()[-3000:]
-        time.sleep(0.1)
+    # --response-phases: the response metrics have samples
+    ttft = [
+        line
+        for line in request(metrics_url).body.decode().splitlines()
+        if line.startswith("llm_d_epp_request_ttft_seconds_count{")
+    ]
+    assert ttft and float(ttft[0].rpartition(" ")[2]) >= 1, ttft
+    deadline = time.monotonic() + 15
+    while received() < 1:  # a batch published before the subscription was up is lost (ZMQ PUB)
+        assert time.monotonic() < deadline, "the EPP received no KV-event batch"
+        more = chat_body(marker() + " another story about dragons and knights" * 4)
+        request(f"{url}/v1/chat/completions", "POST", more, {"content-type": "application/json"})
+        time.sleep(0.2)
 
     epp_run.proc.send_signal(signal.SIGINT)
     assert epp_run.proc.wait(30) == 0, epp_run.output

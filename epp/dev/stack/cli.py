@@ -83,6 +83,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         " --config-file the EPP routes on them (precise-prefix-cache-producer with the simulators'"
         " tokenizer, epp-bpe-8k)",
     )
+    add(
+        "--response-phases",
+        action="store_true",
+        help="Envoy also sends the EPP the response headers and body, so that the response metrics "
+        "(TTFT, TPOT/ITL, token counts, response sizes) get samples; costs ext_proc messages per "
+        "response chunk (default: only what the loaded plugins read)",
+    )
     add("--keep-workdir", action="store_true", help="keep the temporary directory (logs) on exit")
     parser.epilog = (
         "Supervision: a simulator that exits on its own is started again on its port after a backoff "
@@ -150,6 +157,7 @@ def options_from_args(args: argparse.Namespace) -> StackOptions:
         sim_max_restarts=args.sim_max_restarts,
         sim_restart_window=args.sim_restart_window,
         kv_events_base_port=args.kv_events,
+        response_phases=args.response_phases,
     )
 
 

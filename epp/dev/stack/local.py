@@ -17,7 +17,7 @@ from typing import Any
 import yaml
 
 from epp.dev.envoy.bootstrap import DEFAULT_BODY_MODE, envoy_bootstrap, render
-from epp.dev.envoy.exchange import modes_for_document
+from epp.dev.envoy.exchange import RESPONSE_BODY_MODE, ResponseModes, modes_for_document
 from epp.dev.stack.commands import envoy_argv, epp_socket, serve_argv, sim_argv
 from epp.dev.stack.files import epp_config, write_endpoints
 from epp.dev.stack.probes import (
@@ -185,6 +185,7 @@ class StackOptions:
     sim_max_restarts: int = SIM_MAX_RESTARTS
     sim_restart_window: float = SIM_RESTART_WINDOW
     kv_events_base_port: int = 0  # > 0: sim i publishes KV events on this + 2i, replay on + 2i + 1
+    response_phases: bool = False  # Envoy sends the response headers and body (response metrics)
 
     @classmethod
     def on_free_ports(cls, sims: int, *, kv_events: bool = False, **options: Any) -> StackOptions:
@@ -294,6 +295,8 @@ class LocalStack(Stack):
         """Envoy's bootstrap; the response phases follow the EPP config's plugins (``exchange``)."""
         o = self.opts
         modes = modes_for_document(epp_config(self.endpoints_file, o.config))
+        if o.response_phases:
+            modes = ResponseModes("SEND", RESPONSE_BODY_MODE)
         return envoy_bootstrap(
             response_header_mode=modes.header,
             response_body_mode=modes.body,
