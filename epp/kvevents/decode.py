@@ -1,7 +1,7 @@
 """Decoding of engine KV-event payloads (msgpack ``EventBatch``) into plain event objects.
 
 The batch is ``[ts, events, rank]`` (array, trailing None omitted) or its map form. An event is a
-tagged array ``["BlockStored", ...]`` (vLLM <= 0.23, SGLang <= 0.5.19; trailing defaults omitted)
+tagged array ``["BlockStored", ...]`` (vLLM <= 0.23, SGLang <= 0.5.19; older versions shorter)
 or a map with ``"type"`` (vLLM >= 0.24, SGLang >= 0.5.20), read by field name. Positional
 ``BlockStored``: vLLM's ``lora_name, extra_keys, group_idx, kv_cache_spec_kind`` follow ``medium``,
 where SGLang has its metadata map (``cache_salt``); both engines' layouts decode whatever
