@@ -21,6 +21,8 @@ __all__ = [
     "DEFAULT_POD_CACHE_SIZE",
     "DEFAULT_SIZE",
     "DEFAULT_TIER",
+    "DEFAULT_TIER_WEIGHTS",
+    "MEDIUM_ALIASES",
     "OTHER_TIER",
     "SPECULATIVE_TIER",
     "IndexStats",
@@ -31,6 +33,11 @@ __all__ = [
 DEFAULT_SIZE = 100_000_000
 DEFAULT_POD_CACHE_SIZE = 10
 DEFAULT_TIER = "gpu"
+DEFAULT_TIER_WEIGHTS = {"gpu": 1.0, "cpu": 0.8, "disk": 0.5, "external": 0.4}
+"""Tiers and weights used where the configuration names none (engine media, lower case)."""
+MEDIUM_ALIASES = {"cpu_pinned": "cpu", "storage": "disk"}
+"""Engine media that are another name of a tier (SGLang's host memory; vLLM's storage tier),
+unless the configuration names them."""
 OTHER_TIER = "other"
 SPECULATIVE_TIER = "speculative"
 _INTERN_MAX = 1 << 16
@@ -57,19 +64,18 @@ class IndexStats:
 
 
 class _Pod:
-    __slots__ = ("dups", "emap", "key", "last_store", "slot")
+    __slots__ = ("emap", "key", "last_store", "slot")
 
     def __init__(self, key: str, slot: int) -> None:
         self.key = key
         self.slot = slot
         self.emap: dict[int, int | tuple[int, ...]] = {}
-        self.dups: dict[tuple[int, int], int] = {}  # (tier, engine key) -> extra stores
         self.last_store = 0
 
 
 class KVBlockIndex:
-    """See the module docstring. ``tier_weights``: tier name (lower case) → scoring weight; tiers
-    not listed weigh 1.0."""
+    """See the module docstring. ``tier_weights``: tier name (lower case) → scoring weight, over
+    ``DEFAULT_TIER_WEIGHTS``; other media (``other``) weigh 1.0."""
 
     def __init__(
         self,
@@ -81,9 +87,10 @@ class KVBlockIndex:
             raise ValueError("size and pod_cache_size must be > 0")
         self.size = size
         self.pod_cache_size = pod_cache_size
-        weights = {k.lower(): float(v) for k, v in (tier_weights or {"gpu": 1.0, "cpu": 0.8}).items()}
-        names = [DEFAULT_TIER, "cpu", *(n for n in weights if n not in (DEFAULT_TIER, "cpu"))]
-        names = [n for n in names if n not in (OTHER_TIER, SPECULATIVE_TIER)]
+        configured = {k.lower(): float(v) for k, v in (tier_weights or {}).items()}
+        weights = DEFAULT_TIER_WEIGHTS | configured
+        names = [DEFAULT_TIER, "cpu", *configured, *DEFAULT_TIER_WEIGHTS]
+        names = [n for n in dict.fromkeys(names) if n not in (OTHER_TIER, SPECULATIVE_TIER)]
         self.tier_names: tuple[str, ...] = (*names, OTHER_TIER, SPECULATIVE_TIER)
         self._tier_of = {n: i for i, n in enumerate(self.tier_names)}
         self._weights = tuple(weights.get(n, 1.0) for n in self.tier_names)
@@ -112,7 +119,11 @@ class KVBlockIndex:
         """The tier index of an event's ``medium`` (None or "" = GPU; unknown = ``other``)."""
         if not medium:
             return 0
-        t = self._tier_of.get(medium.lower())
+        name = medium.lower()
+        t = self._tier_of.get(name)
+        if t is None:
+            alias = MEDIUM_ALIASES.get(name)
+            t = self._tier_of.get(alias) if alias else None
         return self._nt - 2 if t is None or t == self._spec_tier else t
 
     def _pod(self, key: str) -> _Pod:
@@ -227,14 +238,16 @@ class KVBlockIndex:
         self, pod_key: str, engine_keys: Sequence[int], request_keys: Sequence[int], tier: int = 0
     ) -> None:
         """A BlockStored: ``request_keys`` held by the endpoint in ``tier``; engine keys map onto
-        request keys by their ratio (1:1, many:1 or 1:many, as the reference)."""
+        request keys by their ratio (1:1, many:1 or 1:many, as the reference). A block already held
+        in ``tier`` stays one copy (a re-announcement), so one removal drops it."""
         if not request_keys:
             return
         with self._lock:
             pod = self._pod(pod_key)
             self._tick += 1
             pod.last_store = self._tick
-            dup = [self._add_bits(pod, rk, tier) for rk in request_keys]
+            for rk in request_keys:
+                self._add_bits(pod, rk, tier)
             ne, nr = len(engine_keys), len(request_keys)
             if ne == 0:
                 return
@@ -244,11 +257,7 @@ class KVBlockIndex:
                 for rk in request_keys:
                     self._add_bits(pod, rk, tier)
             if ne == nr:
-                for i, ek in enumerate(engine_keys):
-                    rk = request_keys[i]
-                    if dup[i] and emap.get(ek) == rk:
-                        pod.dups[(tier, ek)] = pod.dups.get((tier, ek), 0) + 1
-                    emap[ek] = rk
+                emap.update(zip(engine_keys, request_keys, strict=True))
                 return
             n = max(ne, nr)
             grouped: dict[int, list[int]] = {}
@@ -281,27 +290,17 @@ class KVBlockIndex:
                 self._add_bits(pod, rk, tier)
             return True
 
-    def remove(self, pod_key: str, engine_keys: Iterable[int], tier: int = 0) -> tuple[int, int]:
-        """A BlockRemoved; returns (hashes forwarded, hashes suppressed as duplicates of a store
-        another announcement still references)."""
-        forwarded = suppressed = 0
+    def remove(self, pod_key: str, engine_keys: Iterable[int], tier: int = 0) -> int:
+        """A BlockRemoved; returns the number of hashes forwarded to eviction."""
+        forwarded = 0
         with self._lock:
             pod = self._pods.get(pod_key)
             if pod is None:
-                return 0, 0
+                return 0
             shift = pod.slot * self._nt
             bit = 1 << (shift + tier)
             full = self._full << shift
             for ek in engine_keys:
-                dk = (tier, ek)
-                c = pod.dups.get(dk)
-                if c:
-                    if c > 1:
-                        pod.dups[dk] = c - 1
-                    else:
-                        del pod.dups[dk]
-                    suppressed += 1
-                    continue
                 forwarded += 1
                 rks = pod.emap.get(ek)
                 if rks is None:
@@ -314,7 +313,7 @@ class KVBlockIndex:
                         held = True
                 if not held:
                     del pod.emap[ek]
-        return forwarded, suppressed
+        return forwarded
 
     def request_key(self, pod_key: str, engine_key: int) -> int | None:
         """The (last) request key the endpoint's ``engine_key`` maps to (parent resolution)."""
@@ -374,7 +373,6 @@ class KVBlockIndex:
                 for rk in keys:
                     self._clear_bits(rk, full)
         pod.emap.clear()
-        pod.dups.clear()
 
     def remove_pod(self, pod_key: str) -> None:
         """The endpoint left: clear it and release its slot."""
@@ -392,7 +390,6 @@ class KVBlockIndex:
             self._old = {}
             for pod in self._pods.values():
                 pod.emap.clear()
-                pod.dups.clear()
             self._spec.clear()
 
     # --- reads (lock-free) --------------------------------------------------------------------

@@ -2,10 +2,13 @@
 
 BlockStored: request keys recomputed from ``token_ids`` at the index's block size, chained from
 the parent's request key (resolved through the endpoint's engine-key map; an unknown parent skips
-the event), namespaced by ``lora_name``; a store without tokens only adds a tier to blocks already
-held. BlockRemoved: by engine key and tier, duplicates of repeated stores suppressed.
-AllBlocksCleared: the endpoint is cleared. Hybrid-attention groups whose kind cannot serve a
-prefix match are skipped (counted).
+the event), namespaced by ``lora_name`` (which vLLM also lists first in every block's
+``extra_keys``: dropped there, the namespace carries it), tainted by the per-block extras and by
+SGLang's ``cache_salt`` on the first block of a chain; a store without tokens only adds a tier to
+blocks already held. A re-store of a block already held is no second copy. BlockRemoved: by engine
+key and tier. AllBlocksCleared: the endpoint is cleared. Hybrid-attention groups whose kind cannot
+serve a prefix match are skipped (counted); a group whose kind was never announced (vLLM 0.20 and
+0.21 send ``group_idx`` alone) is a full-attention group while the endpoint announced no kind.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from epp.kvevents.decode import AllBlocksCleared, BlockRemoved, BlockStored, Dec
 
 __all__ = ["EventApplier"]
 
+_FULL = "full_attention"
 _INDEXABLE = frozenset({"full_attention", "mla_attention", "sink_full_attention"})
 _KINDS = _INDEXABLE | {
     "sliding_window",
@@ -63,12 +67,22 @@ class EventApplier:
                 self.index.clear_pod(pod)
         return blocks
 
+    def _group_kind(self, pod: str, group: int, announced: str | None) -> str | None:
+        """The cache kind of an endpoint's group: as announced now or before; a full-attention
+        group when the endpoint never announced a kind; None for an unknown group otherwise."""
+        groups = self._groups.get(pod)
+        if announced:
+            if groups is None:
+                groups = self._groups[pod] = {}
+            groups[group] = announced
+            return announced
+        if not groups:
+            return _FULL
+        return groups.get(group)
+
     def _stored(self, pod: str, ev: BlockStored) -> None:
         if ev.group_idx is not None:
-            groups = self._groups.setdefault(pod, {})
-            if ev.spec_kind:
-                groups[ev.group_idx] = ev.spec_kind
-            kind = ev.spec_kind or groups.get(ev.group_idx, "")
+            kind = self._group_kind(pod, ev.group_idx, ev.spec_kind) or ""
             reason = self._undigestible(ev, kind)
             if reason:
                 metrics.STORES_SKIPPED.labels(_kind_label(kind), reason).inc()
@@ -95,10 +109,10 @@ class EventApplier:
             data = token_bytes(ev.token_ids)
         except TypeError:
             raise DecodeError("BlockStored: token_ids must be integers") from None
-        extras = None
-        if ev.extra_keys:
+        extras = _event_extras(ev)
+        if extras:
             n = len(data) // (4 * self.keyer.block_size)
-            extras = realign_extras(ev.extra_keys, n) if n else None
+            extras = realign_extras(extras, n) if n else None
         keys = self.keyer.keys(data, namespace=namespace, parent=parent, extras=extras)
         if keys:
             index.store(pod, ev.block_hashes, keys, tier)
@@ -118,14 +132,31 @@ class EventApplier:
 
     def _removed(self, pod: str, ev: BlockRemoved) -> None:
         if ev.group_idx is not None:
-            kind = self._groups.get(pod, {}).get(ev.group_idx)
+            kind = self._group_kind(pod, ev.group_idx, None)
             if kind is None or kind not in _INDEXABLE:
                 metrics.REMOVALS_SKIPPED.labels(
                     _kind_label(kind), "unknown_group" if kind is None else "unsupported_cache_kind"
                 ).inc()
                 return
-        forwarded, suppressed = self.index.remove(pod, ev.block_hashes, self.index.tier(ev.medium))
+        forwarded = self.index.remove(pod, ev.block_hashes, self.index.tier(ev.medium))
         if forwarded:
             metrics.DEDUP_FORWARDED.inc(forwarded)
-        if suppressed:
-            metrics.DEDUP_SUPPRESSED.inc(suppressed)
+
+
+def _event_extras(ev: BlockStored) -> list[list[str] | None] | None:
+    """Per engine block, the extras that taint its key: vLLM's ``extra_keys`` without the leading
+    adapter name (the namespace), and SGLang's ``cache_salt`` on the first block of a chain."""
+    extras = ev.extra_keys
+    lora = ev.lora_name
+    if extras and lora:
+        extras = [(e[1:] or None) if e and e[0] == lora else e for e in extras]
+    salt = ev.cache_salt
+    if salt and ev.parent is None and ev.block_hashes:
+        if not extras:
+            extras = [None] * len(ev.block_hashes)
+        first = extras[0]
+        if first is None:
+            extras[0] = [salt]
+        elif salt not in first:
+            extras[0] = [*first, salt]
+    return extras if extras and any(extras) else None

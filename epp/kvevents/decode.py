@@ -1,10 +1,12 @@
 """Decoding of engine KV-event payloads (msgpack ``EventBatch``) into plain event objects.
 
-vLLM: the batch ``[ts, events, data_parallel_rank]`` (array, trailing None omitted) or its map form;
-each event a tagged array ``["BlockStored", ...]`` (trailing defaults omitted) or a map with
-``"type"``. SGLang: the same positional arrays, without the hybrid-attention fields. Block hashes
-are ints (taken as uint64) or bytes (the last 8 bytes, big-endian). Bad input raises
-``DecodeError``; unknown event tags are skipped (counted in ``EventBatch.unknown``).
+The batch is ``[ts, events, rank]`` (array, trailing None omitted) or its map form. An event is a
+tagged array ``["BlockStored", ...]`` (vLLM <= 0.23, SGLang <= 0.5.19; older versions shorter)
+or a map with ``"type"`` (vLLM >= 0.24, SGLang >= 0.5.20), read by field name. Positional
+``BlockStored``: vLLM's ``lora_name, extra_keys, group_idx, kv_cache_spec_kind`` follow ``medium``,
+where SGLang has its metadata map (``cache_salt``); both engines' layouts decode whatever
+``engine`` says. Block hashes are ints (taken as uint64) or bytes (the last 8 bytes, big-endian).
+Bad input raises ``DecodeError``; unknown event tags are skipped (counted in ``EventBatch.unknown``).
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ _STORED_FIELDS = (
     "kv_cache_spec_sliding_window",
 )
 _REMOVED_FIELDS = ("block_hashes", "medium", "group_idx")
-_SGLANG_STORED = 9  # tag + 8 fields: no group / cache-spec fields
+_EMBEDS = "\x00embeds:"  # a prompt-embeddings digest: no request can name it
 
 
 class DecodeError(ValueError):
@@ -60,6 +62,7 @@ class BlockStored:
     extra_keys: list[list[str] | None] | None = None
     group_idx: int | None = None
     spec_kind: str | None = None
+    cache_salt: str | None = None  # SGLang: the salt of the request that stored the blocks
 
 
 @dataclass(slots=True)
@@ -125,7 +128,9 @@ def _opt_str(raw: Any, name: str) -> str | None:
 
 
 def _extra_keys(raw: Any) -> list[list[str] | None] | None:
-    """Per block, its string identifiers (bare strings, or the first item of ``[hash, offset]``)."""
+    """Per block, its string identifiers (bare strings: the LoRA name, the cache salt; the first
+    item of a multimodal ``[hash, offset]``; a prompt-embeddings digest (bytes) as a marker that
+    no request produces)."""
     if raw is None:
         return None
     if not isinstance(raw, list):
@@ -143,6 +148,8 @@ def _extra_keys(raw: Any) -> list[list[str] | None] | None:
                 ids.append(entry)
             elif isinstance(entry, list) and entry and isinstance(entry[0], str):
                 ids.append(entry[0])
+            elif isinstance(entry, bytes):
+                ids.append(_EMBEDS + entry.hex())
         out.append(ids or None)
     return out
 
@@ -151,7 +158,7 @@ def _at(fields: list[Any], i: int) -> Any:
     return fields[i] if i < len(fields) else None
 
 
-def _stored(fields: list[Any], sglang: bool) -> BlockStored:
+def _stored(fields: list[Any], sglang: bool = False) -> BlockStored:
     if len(fields) < 5:
         raise DecodeError(f"BlockStored: need at least 5 fields, got {len(fields)}")
     tokens = fields[3]
@@ -164,6 +171,11 @@ def _stored(fields: list[Any], sglang: bool) -> BlockStored:
     group = None if sglang else _opt_int(_at(fields, 9), "BlockStored: group_idx")
     if group is not None and group < 0:
         raise DecodeError(f"BlockStored: group_idx: negative value {group}")
+    eighth = _at(fields, 7)
+    salt = None
+    if isinstance(eighth, dict):  # SGLang 0.5.18-0.5.19: BlockStoredMetadata
+        salt = _opt_str(eighth.get("cache_salt"), "BlockStored: metadata.cache_salt")
+        eighth = None
     return BlockStored(
         block_hashes=_hashes(fields[1], "BlockStored"),
         parent=None if parent is None else hash_key(parent),
@@ -171,14 +183,21 @@ def _stored(fields: list[Any], sglang: bool) -> BlockStored:
         block_size=block_size,
         lora_id=_opt_int(_at(fields, 5), "BlockStored: lora_id"),
         medium=_opt_str(_at(fields, 6), "BlockStored: medium"),
-        lora_name=_opt_str(_at(fields, 7), "BlockStored: lora_name"),
+        lora_name=_opt_str(eighth, "BlockStored: lora_name"),
         extra_keys=_extra_keys(_at(fields, 8)),
         group_idx=group,
         spec_kind=None if sglang else _opt_str(_at(fields, 10), "BlockStored: kv_cache_spec_kind"),
+        cache_salt=salt,
     )
 
 
-def _removed(fields: list[Any], sglang: bool) -> BlockRemoved:
+def _stored_map(ev: dict[str, Any]) -> BlockStored:
+    stored = _stored(["BlockStored", *(ev.get(n) for n in _STORED_FIELDS)])
+    stored.cache_salt = _opt_str(ev.get("cache_salt"), "BlockStored: cache_salt")
+    return stored
+
+
+def _removed(fields: list[Any], sglang: bool = False) -> BlockRemoved:
     if len(fields) < 2:
         raise DecodeError(f"BlockRemoved: need at least 2 fields, got {len(fields)}")
     group = None if sglang else _opt_int(_at(fields, 3), "BlockRemoved: group_idx")
@@ -191,19 +210,10 @@ def _removed(fields: list[Any], sglang: bool) -> BlockRemoved:
     )
 
 
-def _positional(ev: dict[str, Any]) -> list[Any]:
-    tag = ev.get("type")
-    if not isinstance(tag, str):
-        raise DecodeError('map-encoded event without a string "type"')
-    if tag == "BlockStored":
-        return [tag, *(ev.get(n) for n in _STORED_FIELDS)]
-    if tag == "BlockRemoved":
-        return [tag, *(ev.get(n) for n in _REMOVED_FIELDS)]
-    return [tag, ev.get("medium")]
-
-
 def decode_batch(payload: bytes, engine: str = "vllm") -> EventBatch:
-    """Decode one payload (``engine``: ``vllm`` or ``sglang``); ``DecodeError`` when malformed."""
+    """Decode one payload; ``DecodeError`` when malformed. Every layout of both engines decodes
+    under either ``engine`` (``vllm`` or ``sglang``); with ``sglang`` a positional event's fields
+    past SGLang's own (vLLM's hybrid-attention group) are ignored."""
     try:
         raw = _decoder.decode(payload)
     except (msgspec.DecodeError, ValueError) as e:
@@ -213,7 +223,8 @@ def decode_batch(payload: bytes, engine: str = "vllm") -> EventBatch:
             raise DecodeError(f"event batch: need at least 2 fields, got {len(raw)}")
         ts, events, rank = raw[0], raw[1], _at(raw, 2)
     elif isinstance(raw, dict):
-        ts, events, rank = raw.get("ts"), raw.get("events"), raw.get("data_parallel_rank")
+        ts, events = raw.get("ts"), raw.get("events")
+        rank = raw.get("data_parallel_rank", raw.get("attn_dp_rank"))
     else:
         raise DecodeError(f"event batch must be an array or a map, got {type(raw).__name__}")
     if not isinstance(ts, int | float) or isinstance(ts, bool):
@@ -224,23 +235,30 @@ def decode_batch(payload: bytes, engine: str = "vllm") -> EventBatch:
     sglang = engine == "sglang"
     out = batch.events
     for ev in events:
-        if isinstance(ev, dict) and not sglang:
-            fields = _positional(ev)
-        elif isinstance(ev, list):
-            fields = ev
+        if isinstance(ev, list):
+            if not ev or not isinstance(ev[0], str):
+                raise DecodeError("event without a string tag")
+            tag = ev[0]
+            if tag == "BlockStored":
+                out.append(_stored(ev, sglang))
+            elif tag == "BlockRemoved":
+                out.append(_removed(ev, sglang))
+            elif tag == "AllBlocksCleared":
+                out.append(AllBlocksCleared(_opt_str(_at(ev, 1), "AllBlocksCleared: medium")))
+            else:
+                batch.unknown += 1
+        elif isinstance(ev, dict):
+            kind = ev.get("type")
+            if not isinstance(kind, str):
+                raise DecodeError('map-encoded event without a string "type"')
+            if kind == "BlockStored":
+                out.append(_stored_map(ev))
+            elif kind == "BlockRemoved":
+                out.append(_removed([kind, *(ev.get(n) for n in _REMOVED_FIELDS)]))
+            elif kind == "AllBlocksCleared":
+                out.append(AllBlocksCleared(_opt_str(ev.get("medium"), "AllBlocksCleared: medium")))
+            else:
+                batch.unknown += 1
         else:
-            raise DecodeError(
-                f"event must be an array{'' if sglang else ' or a map'}, got {type(ev).__name__}"
-            )
-        if not fields or not isinstance(fields[0], str):
-            raise DecodeError("event without a string tag")
-        tag = fields[0]
-        if tag == "BlockStored":
-            out.append(_stored(fields, sglang))
-        elif tag == "BlockRemoved":
-            out.append(_removed(fields, sglang))
-        elif tag == "AllBlocksCleared":
-            out.append(AllBlocksCleared(_opt_str(_at(fields, 1), "AllBlocksCleared: medium")))
-        else:
-            batch.unknown += 1
+            raise DecodeError(f"event must be an array or a map, got {type(ev).__name__}")
     return batch

@@ -1,7 +1,8 @@
 """Precise prefix-cache routing end to end: real Envoy, ``epp serve`` and ``epp sim`` engines that
 publish vLLM KV events. Requests follow the blocks the engines report (blocks put there by requests
 that never went through the EPP), an engine's cache reset moves them away, and a lost KV-event
-batch is recovered by replay."""
+batch is recovered by replay; in a pool of engines publishing the layouts of vLLM 0.20, vLLM 0.34
+and SGLang 0.5.22, LoRA and salted requests follow the blocks announced for them."""
 
 from __future__ import annotations
 
@@ -69,23 +70,31 @@ def _system(topic: str, sentences: int = 40) -> str:
     )
 
 
-def _chat(system: str, question: str) -> bytes:
+def _chat(system: str, question: str, model: str = MODEL, salt: str = "") -> bytes:
     messages = [{"role": "system", "content": system}, {"role": "user", "content": question}]
-    return json.dumps({"model": MODEL, "messages": messages, "max_tokens": 1}).encode()
+    body: dict[str, Any] = {"model": model, "messages": messages, "max_tokens": 1}
+    if salt:
+        body["cache_salt"] = salt
+    return json.dumps(body).encode()
 
 
 class Fleet:
     def __init__(
-        self, rig: Rig, count: int = 3, config: Callable[[list[Sim]], dict[str, Any]] | None = None
+        self,
+        rig: Rig,
+        count: int = 3,
+        config: Callable[[list[Sim]], dict[str, Any]] | None = None,
+        extra: Sequence[Sequence[str]] = (),
     ) -> None:
-        """``count`` sims publishing KV events, the EPP with ``config(sims)`` (default ``CONFIG``)
-        and Envoy."""
+        """``count`` sims publishing KV events (sim ``i`` with the flags ``extra[i]`` too), the EPP
+        with ``config(sims)`` (default ``CONFIG``) and Envoy."""
         self.sims: list[Sim] = []
         self.labels: dict[str, dict[str, str]] = {}
         for i in range(count):
             pub, replay = free_port(), free_port()
             name = f"sim-{i}"
             args = [*SIM_ARGS, "--host", "127.0.0.1", "--block-size", "16", *kv_events_sim_args(pub, replay)]
+            args += extra[i] if i < len(extra) else ()
             self.sims.append(rig.add_sim(name, args))
             self.labels[name] = kv_events_labels(pub, replay)
         for sim in self.sims:
@@ -181,3 +190,31 @@ def test_the_reference_precise_sample_runs_with_render_tokenization(rig: Rig) ->
     # each request (a new question) was tokenized by the render endpoint, none failed
     assert fleet.metric("llm_d_epp_token_producer_render_cache_total", 'result="miss"') == renders + 4
     assert fleet.metric("llm_d_epp_token_producer_render_failures_total") == 0
+
+
+def test_lora_and_salted_requests_follow_their_blocks_in_a_pool_of_vllm_and_sglang_engines(rig: Rig) -> None:
+    """sim-0 publishes as vLLM 0.20 (array events, ``group_idx`` without a kind), sim-1 as SGLang
+    0.5.22 (maps with ``cache_salt`` and ``lora_name``), sim-2 as vLLM 0.34 (maps, the adapter
+    first in every block's ``extra_keys``); the EPP's ``engineType`` is the default ``vllm``."""
+    lora = ["--lora-modules", "ad", "--max-loras", "2"]
+    layouts = ("vllm-0.20", "sglang-0.5.22", "vllm-0.34")
+    fleet = Fleet(rig, extra=[[*lora, "--kv-events-layout", layout] for layout in layouts])
+    sim0, sim1, sim2 = fleet.sims
+    # one prompt: the adapter's blocks on sim-2, the base model's on sim-0
+    shared = _system("shared")
+    fleet.seed(sim2, _chat(shared, "seed", model="ad"))
+    fleet.seed(sim0, _chat(shared, "seed"))
+    assert fleet.routed([_chat(shared, f"question {i}", model="ad") for i in range(3)]) == ["sim-2"] * 3
+    assert fleet.routed([_chat(shared, f"question {i}") for i in range(3)]) == ["sim-0"] * 3
+    # one prompt: tenant-a's salted blocks on the SGLang engine, the unsalted ones on sim-0
+    tenant = _system("tenant")
+    fleet.seed(sim1, _chat(tenant, "seed", salt="tenant-a"))
+    fleet.seed(sim0, _chat(tenant, "seed"))
+    assert fleet.routed([_chat(tenant, f"question {i}", salt="tenant-a") for i in range(3)]) == ["sim-1"] * 3
+    assert fleet.routed([_chat(tenant, f"question {i}") for i in range(3)]) == ["sim-0"] * 3
+    # an SGLang adapter request: its blocks, named by lora_name, are sim-1's
+    other = _system("adapter")
+    fleet.seed(sim1, _chat(other, "seed", model="ad"))
+    fleet.seed(sim2, _chat(other, "seed"))
+    assert fleet.routed([_chat(other, f"question {i}", model="ad") for i in range(3)]) == ["sim-1"] * 3
+    assert fleet.metric("llm_d_epp_kv_cache_events_endpoint_clears_total") == 0  # no batch failed to decode

@@ -117,14 +117,44 @@ def test_clear_pod_and_slot_reuse() -> None:
     assert set(idx.match([1, 2], ["a", "b", "c"])) == {"c"}
 
 
-def test_duplicate_stores_need_as_many_removes() -> None:
+def test_a_re_announced_block_is_one_copy_that_one_removal_drops() -> None:
+    """vLLM's ``kv_cache_report_mode: "full"`` stores a held block again; it evicts it once."""
     idx = KVBlockIndex()
-    idx.store("a", [11], [1])
-    idx.store("a", [11], [1])
-    assert idx.remove("a", [11]) == (0, 1)
-    assert idx.holds(1, "a") == ("gpu",)
-    assert idx.remove("a", [11]) == (1, 0)
-    assert idx.holds(1, "a") == ()
+    idx.store("a", [11, 12], [1, 2])
+    idx.store("a", [11, 12], [1, 2])
+    assert idx.remove("a", [11]) == 1
+    assert idx.holds(1, "a") == () and idx.holds(2, "a") == ("gpu",)
+    idx.store("a", [13], [3], tier=idx.tier("CPU"))  # another tier is another copy, removed apart
+    idx.store("a", [13], [3])
+    assert idx.remove("a", [13], idx.tier("CPU")) == 1
+    assert idx.holds(3, "a") == ("gpu",)
+
+
+@pytest.mark.parametrize(
+    ("medium", "tier", "weight"),
+    [
+        ("GPU", "gpu", 1.0),
+        ("CPU", "cpu", 0.8),
+        ("CPU_PINNED", "cpu", 0.8),
+        ("DISK", "disk", 0.5),
+        ("STORAGE", "disk", 0.5),
+        ("EXTERNAL", "external", 0.4),
+        ("tape", "other", 1.0),
+    ],
+)
+def test_engine_media_map_to_tiers_below_gpu(medium: str, tier: str, weight: float) -> None:
+    """SGLang's ``CPU_PINNED``, ``DISK``, ``EXTERNAL`` and vLLM's ``STORAGE`` weigh less than a GPU
+    copy, also when the configuration lists only the reference's ``gpu`` and ``cpu``."""
+    for idx in (KVBlockIndex(), KVBlockIndex(tier_weights={"gpu": 1.0, "cpu": 0.8})):
+        idx.store("a", [11, 12], [1, 2], idx.tier(medium))
+        m = idx.match([1, 2], ["a"])["a"]
+        assert m.tiers == {tier: 2} and m.score == pytest.approx(2 * weight)
+    idx = KVBlockIndex(tier_weights={"gpu": 1.0, "disk": 0.9, "cpu_pinned": 0.7})  # configured wins
+    assert (
+        idx.tier_names[idx.tier("DISK")] == "disk" and idx.tier_names[idx.tier("CPU_PINNED")] == "cpu_pinned"
+    )
+    idx.store("a", [11], [1], idx.tier("DISK"))
+    assert idx.match([1], ["a"])["a"].score == pytest.approx(0.9)
 
 
 def test_speculative_entries_expire_or_are_confirmed() -> None:

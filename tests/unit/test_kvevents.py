@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import msgspec
 import pytest
 
-from epp.kvcache import BlockKeyer, KVBlockIndex
+from epp.kvcache import BlockKeyer, KVBlockIndex, block_extras
 from epp.kvevents import DecodeError, EventApplier, KVEventsIngester, Target, decode_batch
 from epp.kvevents import metrics as m
 from epp.kvevents.decode import AllBlocksCleared, BlockRemoved, BlockStored
@@ -74,8 +74,119 @@ def test_sglang_positional_events() -> None:
         "sglang",
     )
     assert b.events[0].group_idx is None  # type: ignore[union-attr]
-    with pytest.raises(DecodeError):
-        decode_batch(msgspec.msgpack.encode([0.0, [{"type": "BlockRemoved", "block_hashes": [1]}]]), "sglang")
+    b = decode_batch(msgspec.msgpack.encode([0.0, [{"type": "BlockRemoved", "block_hashes": [1]}]]), "sglang")
+    assert isinstance(b.events[0], BlockRemoved) and b.events[0].block_hashes == [1]
+
+
+# --- the events of real engines (issue 26) -----------------------------------------------------
+
+
+def _request_keys(applier: EventApplier, tokens: list[int], model: str = "", salt: str = "") -> list[int]:
+    """The keys ``precise-prefix-cache-producer`` computes for a request (its namespace rule)."""
+    namespace = model if model in applier.loras else ""
+    return applier.keyer.keys(
+        tokens, namespace=namespace, extras=block_extras(len(tokens), BS, cache_salt=salt)
+    )
+
+
+def _held(applier: EventApplier, keys: list[int]) -> int:
+    found = applier.index.match(keys, [POD])
+    return found[POD].blocks if POD in found else 0
+
+
+def _map(tag: str, **fields: object) -> dict[str, object]:
+    return {"type": tag, **fields}
+
+
+@pytest.mark.parametrize("encoding", ["array", "map"])
+def test_lora_blocks_match_the_adapter_s_requests(encoding: str) -> None:
+    """vLLM >= 0.17 lists the adapter name first in every block's ``extra_keys`` (and the salt
+    after it on block 0): the adapter's salted request matches both blocks, others none."""
+    applier = EventApplier(KVBlockIndex(), BlockKeyer(BS))
+    fields = {
+        "block_hashes": [1, 2],
+        "parent_block_hash": None,
+        "token_ids": T1,
+        "block_size": BS,
+        "lora_id": 7,
+        "medium": "GPU",
+        "lora_name": "ad",
+        "extra_keys": [["ad", "s"], ["ad"]],
+    }
+    ev: object = _map("BlockStored", **fields) if encoding == "map" else ["BlockStored", *fields.values()]
+    applier.apply(POD, decode_batch(msgspec.msgpack.encode([0.0, [ev]])))
+    assert _held(applier, _request_keys(applier, T1, "ad", "s")) == 2
+    assert _held(applier, _request_keys(applier, T1, "ad")) == 0  # unsalted
+    assert _held(applier, _request_keys(applier, T1)) == 0  # the base model
+    child = ["BlockStored", [3], 2, T2, BS, 7, "GPU", "ad", [["ad"]]]
+    applier.apply(POD, decode_batch(msgspec.msgpack.encode([0.0, [child]])))
+    assert _held(applier, _request_keys(applier, T1 + T2, "ad", "s")) == 3
+
+
+def test_a_group_whose_kind_was_never_announced_is_full_attention() -> None:
+    """vLLM 0.20 and 0.21 send ``group_idx`` without ``kv_cache_spec_kind``."""
+    applier = EventApplier(KVBlockIndex(), BlockKeyer(BS))
+    store = ["BlockStored", [1, 2], None, T1, BS, None, "GPU", None, None, 0]
+    applier.apply(POD, decode_batch(msgspec.msgpack.encode([0.0, [store]])))
+    assert _held(applier, _request_keys(applier, T1)) == 2
+    applier.apply(POD, decode_batch(msgspec.msgpack.encode([0.0, [["BlockRemoved", [2], "GPU", 0]]])))
+    assert _held(applier, _request_keys(applier, T1)) == 1
+    # an endpoint that announces kinds: a group never announced is not taken for full attention
+    applier.apply("default/e1", decode_batch(msgspec.msgpack.encode([0.0, [[*store, "full_attention"]]])))
+    other = ["BlockStored", [5], None, T2, BS, None, "GPU", None, None, 1]
+    applier.apply("default/e1", decode_batch(msgspec.msgpack.encode([0.0, [other]])))
+    assert "default/e1" not in applier.index.match(_request_keys(applier, T2), ["default/e1"])
+
+
+SGLANG_0_5_23 = {
+    "block_hashes": [-5, 6],
+    "parent_block_hash": None,
+    "token_ids": T1,
+    "block_size": BS,
+    "lora_id": None,
+    "medium": "GPU",
+    "cache_salt": "tenant",
+    "session_id": "s1",
+}
+
+
+def test_engine_type_sglang_reads_sglang_0_5_23_maps() -> None:
+    payload = msgspec.msgpack.encode([0.0, [_map("BlockStored", **SGLANG_0_5_23, lora_name="ad")], 2])
+    b = decode_batch(payload, "sglang")
+    [s] = b.events
+    assert isinstance(s, BlockStored) and b.data_parallel_rank == 2
+    assert (s.block_hashes, s.cache_salt, s.lora_name, s.medium) == (
+        [(1 << 64) - 5, 6],
+        "tenant",
+        "ad",
+        "GPU",
+    )
+
+
+@pytest.mark.parametrize("layout", ["map-0.5.23", "array-0.5.19"])
+def test_sglang_cache_salt_keeps_tenants_apart(layout: str) -> None:
+    applier = EventApplier(KVBlockIndex(), BlockKeyer(BS))
+    if layout.startswith("map"):
+        ev: object = _map("BlockStored", **SGLANG_0_5_23)
+        child: object = _map(
+            "BlockStored", **SGLANG_0_5_23 | {"block_hashes": [7], "parent_block_hash": 6, "token_ids": T2}
+        )
+    else:  # BlockStoredWithMetadata: the salt in a metadata map after medium
+        ev = ["BlockStored", [-5, 6], None, T1, BS, None, "GPU", {"cache_salt": "tenant"}]
+        child = ["BlockStored", [7], 6, T2, BS, None, "GPU", {"cache_salt": "tenant"}]
+    applier.apply(POD, decode_batch(msgspec.msgpack.encode([0.0, [ev, child], None]), "sglang"))
+    assert _held(applier, _request_keys(applier, T1 + T2, salt="tenant")) == 3
+    assert _held(applier, _request_keys(applier, T1 + T2)) == 0
+    assert _held(applier, _request_keys(applier, T1 + T2, salt="other")) == 0
+
+
+def test_a_re_announced_block_is_dropped_by_its_one_removal() -> None:
+    """``kv_cache_report_mode: "full"`` (vLLM 0.34) stores reused blocks again; vLLM evicts once."""
+    applier = EventApplier(KVBlockIndex(), BlockKeyer(BS))
+    again = ["BlockStored", [1, 2], None, T1, BS, None, "GPU", None, [None, None], 0, "full_attention"]
+    applier.apply(POD, decode_batch(msgspec.msgpack.encode([0.0, [again, again]])))
+    applier.apply(POD, decode_batch(msgspec.msgpack.encode([0.0, [["BlockRemoved", [1], "GPU", 0]]])))
+    assert _held(applier, _request_keys(applier, T1)) == 0
 
 
 # --- ingestion over ZMQ ------------------------------------------------------------------------

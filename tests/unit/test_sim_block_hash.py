@@ -66,12 +66,25 @@ def test_xxhash_variants_are_xxh3_128_of_the_same_payloads() -> None:
     assert cbor_hashes == [xxhash.xxh3_128_digest(b"\x83\x50" + cbor_seed + b"\x82\x01\x02\xf6")]
 
 
-def test_lora_name_keys_every_block_and_cache_salt_only_the_first() -> None:
-    hasher = BlockHasher(2, "sha256", seed="0")
+LORA = ("lora", "adapter", "adapter")  # the sim's adapters have no files: the name is the path
+
+
+@pytest.mark.parametrize(
+    ("version", "hashed"),
+    [
+        ((0, 30), [("adapter", "salt"), ("adapter",)]),  # bare strings up to vLLM 0.30
+        ((0, 31), [(LORA, ("cache_salt", "salt")), (LORA,)]),  # tagged by source since 0.31
+        ((0, 34), [(LORA, ("cache_salt", "salt")), (LORA,)]),
+    ],
+)
+def test_lora_name_keys_every_block_and_cache_salt_only_the_first(
+    version: tuple[int, int], hashed: list[object]
+) -> None:
+    hasher = BlockHasher(2, "sha256", seed="0", version=version)
     tokens = [1, 2, 3, 4]
     hashes, keys = hasher.hashes(tokens, lora_name="adapter", cache_salt="salt")
-    assert keys == [("adapter", "salt"), ("adapter",)]
-    assert hashes == _chain(_pickle_sha256, "0", [(1, 2), (3, 4)], [("adapter", "salt"), ("adapter",)])
+    assert keys == [("adapter", "salt"), ("adapter",)]  # what events carry: untagged
+    assert hashes == _chain(_pickle_sha256, "0", [(1, 2), (3, 4)], hashed)
     salted, salted_keys = hasher.hashes(tokens, cache_salt="salt")
     assert salted_keys == [("salt",), None]
     plain, _ = hasher.hashes(tokens)
@@ -79,9 +92,19 @@ def test_lora_name_keys_every_block_and_cache_salt_only_the_first() -> None:
     assert salted[1] != plain[1]  # the salt changes the whole chain through the first block
 
 
-def test_an_unset_seed_is_random_per_hasher_and_a_set_one_is_not() -> None:
-    assert BlockHasher(2, seed=None).none_hash != BlockHasher(2, seed=None).none_hash
-    assert len(none_hash("sha256", None)) == 32
+def test_an_unset_seed_is_vllm_s_default_and_a_set_one_is_the_seed() -> None:
+    """vLLM >= 0.29: ``sha256``/``sha256_cbor`` seed with "vllm-none-hash" (processes agree), the
+    ``xxhash`` ones at random; before 0.29 every algorithm took 32 random bytes."""
+    assert BlockHasher(2, seed=None).none_hash == _pickle_sha256("vllm-none-hash")
+    assert (
+        BlockHasher(2, "sha256_cbor", seed=None).none_hash == hashlib.sha256(b"\x6evllm-none-hash").digest()
+    )
+    assert BlockHasher(2, "xxhash", seed=None).none_hash != BlockHasher(2, "xxhash", seed=None).none_hash
+    old = (0, 28)
+    assert (
+        BlockHasher(2, seed=None, version=old).none_hash != BlockHasher(2, seed=None, version=old).none_hash
+    )
+    assert len(none_hash("sha256", None, old)) == 32
     assert BlockHasher(2, seed="").none_hash == _pickle_sha256("")  # set but empty is still a seed
 
 
@@ -101,12 +124,14 @@ def _hashes_in_subprocess(seed: str | None) -> str:
     return result.stdout.strip()
 
 
-def test_pythonhashseed_gives_the_same_hashes_across_processes_and_unset_does_not() -> None:
+def test_processes_agree_with_the_same_pythonhashseed_and_without_one() -> None:
     first, second = _hashes_in_subprocess("42"), _hashes_in_subprocess("42")
     assert first == second
     assert first == BlockHasher(4, "sha256_cbor", "42").hashes(list(range(8)))[0][1].hex()
     assert _hashes_in_subprocess("43") != first
-    assert _hashes_in_subprocess(None) != _hashes_in_subprocess(None)
+    unset = _hashes_in_subprocess(None)
+    assert unset == _hashes_in_subprocess(None) != first
+    assert unset == BlockHasher(4, "sha256_cbor", "vllm-none-hash").hashes(list(range(8)))[0][1].hex()
 
 
 def test_event_hashes_are_the_low_64_bits_or_the_raw_digest() -> None:

@@ -10,7 +10,7 @@ from dataclasses import fields
 
 from epp.dev.sim.block_hash import HASH_ALGORITHMS
 from epp.dev.sim.engine import FAILURE_TYPES, METRICS_FAULTS, ROLES, SimConfig
-from epp.dev.sim.kv_events import ENCODINGS, REPLAY_FORMATS, KVEventsConfig
+from epp.dev.sim.kv_events import ENCODINGS, LAYOUTS, REPLAY_FORMATS, KVEventsConfig
 from epp.dev.sim.server import SimCluster
 from epp.dev.sim.tokens import tokenizer_for
 from epp.tokenization import DEFAULT_TOKENIZER_DIR, TokenizerError
@@ -216,6 +216,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         " (default %(default)s)",
     )
     add(
+        "--kv-events-layout",
+        choices=list(LAYOUTS),
+        default=d.kv_events_layout,
+        metavar="LAYOUT",
+        help="publish KV events as this engine version does (overrides --kv-events-encoding; its block"
+        f" hashing too): {', '.join(LAYOUTS)} (default: the encoding's, vllm-0.34 for map)",
+    )
+    add(
         "--kv-events-replay-format",
         choices=REPLAY_FORMATS,
         default=d.kv_events_replay_format,
@@ -226,7 +234,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--prefix-caching-hash-algo",
         choices=HASH_ALGORITHMS,
         default=d.prefix_caching_hash_algo,
-        help="vLLM's block hash; seeded from PYTHONHASHSEED (random when unset) (default %(default)s)",
+        help="vLLM's block hash; seeded from PYTHONHASHSEED (unset: vLLM's fixed default seed for sha256"
+        " and sha256_cbor since 0.29, else random) (default %(default)s)",
     )
     add("--seed", type=int, default=d.seed, help="random seed for jitter and failure injection")
     add(

@@ -12,7 +12,14 @@ from collections.abc import AsyncGenerator, Callable, Iterable
 from dataclasses import dataclass, field
 
 from epp.dev.sim.block_hash import DEFAULT_HASH_ALGORITHM, HASH_ALGORITHMS, BlockHasher, seed_from_env
-from epp.dev.sim.kv_events import DEFAULT_ENCODING, ENCODINGS, REPLAY_FORMATS, KVEventsConfig
+from epp.dev.sim.kv_events import (
+    DEFAULT_ENCODING,
+    ENCODINGS,
+    LAYOUTS,
+    REPLAY_FORMATS,
+    KVEventsConfig,
+    layout_of,
+)
 from epp.dev.sim.kvcache import Allocation, KVCache, KVEvent, PromptBlocks
 from epp.dev.sim.latency import ITL_BUCKETS, QUEUE_TIME_BUCKETS, TTFT_BUCKETS, Histogram, LatencyModel
 from epp.dev.sim.lora import LoraSlots
@@ -71,10 +78,12 @@ class SimConfig:
     kv_events_config: KVEventsConfig | None = None
     """vLLM's ``--kv-events-config``; ``None`` or not enabled: no KV events."""
     kv_events_encoding: str = DEFAULT_ENCODING
+    kv_events_layout: str = ""
+    """An engine version's event layout and block hashing (``LAYOUTS``); "": the encoding's."""
     kv_events_replay_format: str = "topic"
     prefix_caching_hash_algo: str = DEFAULT_HASH_ALGORITHM
     hash_seed: str | None = field(default_factory=seed_from_env)
-    """vLLM's block-hash seed (``PYTHONHASHSEED``); ``None``: a random seed per engine."""
+    """vLLM's block-hash seed (``PYTHONHASHSEED``); ``None``: vLLM's default (fixed since 0.29)."""
 
     def __post_init__(self) -> None:
         self.served_model_names = tuple(self.served_model_names)
@@ -125,6 +134,10 @@ class SimConfig:
         )
         _require(
             self.kv_events_encoding in ENCODINGS, f"kv_events_encoding must be one of {', '.join(ENCODINGS)}"
+        )
+        _require(
+            not self.kv_events_layout or self.kv_events_layout in LAYOUTS,
+            f"kv_events_layout must be one of {', '.join(LAYOUTS)}",
         )
         _require(
             self.kv_events_replay_format in REPLAY_FORMATS,
@@ -308,7 +321,12 @@ class Engine:
         self.kv = KVCache(
             config.kv_cache_size,
             config.block_size,
-            BlockHasher(config.block_size, config.prefix_caching_hash_algo, config.hash_seed),
+            BlockHasher(
+                config.block_size,
+                config.prefix_caching_hash_algo,
+                config.hash_seed,
+                layout_of(config.kv_events_layout, config.kv_events_encoding).vllm,
+            ),
             record_events=config.kv_events_enabled,
         )
         self.kv_event_sink: Callable[[list[KVEvent]], None] | None = None

@@ -2,9 +2,10 @@
 
 Every batch goes out as ``[topic, seq (8 bytes big-endian), msgpack EventBatch]``; ``seq`` starts at 0
 and grows by one per batch. The batch is msgspec's array form ``[ts, events, data_parallel_rank]``;
-events are tagged unions, either positional arrays (``array``: vLLM before its map change; every
-field present) or maps keyed by field name with the tag under ``"type"`` (``map``: newer vLLM; fields
-at their default omitted, as msgspec's ``omit_defaults`` does). The last ``buffer_steps`` batches stay
+events are tagged unions in the layout of one engine version range (``LAYOUTS``: vLLM 0.10 to 0.34,
+SGLang 0.5.1 to 0.5.23): positional arrays (vLLM <= 0.23, SGLang <= 0.5.19; every field present)
+or maps keyed by field name with the tag under ``"type"`` (fields at their default omitted, as
+msgspec's ``omit_defaults`` does). The last ``buffer_steps`` batches stay
 in memory: a DEALER sending ``[b"", start_seq]`` to the replay socket gets every buffered batch with ``seq >=
 start_seq`` and then the end marker (seq -1). Encoding, sending and replay run on one background
 thread, so publishing from the event loop never blocks. Data-parallel rank ``r`` offsets both ports
@@ -27,7 +28,7 @@ import msgspec
 import structlog
 import zmq
 
-from epp.dev.sim.block_hash import external_hash
+from epp.dev.sim.block_hash import NEWEST_VLLM, VllmVersion, external_hash
 from epp.dev.sim.kvcache import AllCleared, BlocksRemoved, BlocksStored, KVEvent
 
 log = structlog.get_logger("epp.sim")
@@ -46,6 +47,8 @@ MEDIUM_GPU = "GPU"
 SPEC_KIND_FULL_ATTENTION = "full_attention"
 
 _POLL_SECONDS = 0.05
+
+_UINT64 = (1 << 64) - 1
 
 FAULT_DROP = "drop"
 FAULT_CORRUPT = "corrupt"
@@ -164,44 +167,141 @@ def binds(endpoint: str) -> bool:
 
 # ---------------------------------------------------------------------------------------------- wire types
 
-_STORED_FIELDS: list[tuple[str, Any] | tuple[str, Any, Any]] = [
-    ("block_hashes", list[int | bytes]),
-    ("parent_block_hash", int | bytes | None),
-    ("token_ids", list[int]),
-    ("block_size", int),
-    ("lora_id", int | None),
-    ("medium", str | None),
-    ("lora_name", str | None),
-    ("extra_keys", list[tuple[str, ...] | None] | None, None),
-    ("group_idx", int | None, None),
-    ("kv_cache_spec_kind", str | None, None),
-    ("kv_cache_spec_sliding_window", int | None, None),
-]
-_REMOVED_FIELDS: list[tuple[str, Any] | tuple[str, Any, Any]] = [
-    ("block_hashes", list[int | bytes]),
-    ("medium", str | None),
-    ("group_idx", int | None, None),
-]
+_VLLM_STORED = (
+    "block_hashes",
+    "parent_block_hash",
+    "token_ids",
+    "block_size",
+    "lora_id",
+    "medium",
+    "lora_name",
+    "extra_keys",
+    "group_idx",
+    "kv_cache_spec_kind",
+    "kv_cache_spec_sliding_window",
+    "locality",
+    "ownership",
+    "session_id",
+    "lookahead_token_ids",
+)
+_VLLM_REMOVED = ("block_hashes", "medium", "group_idx", "locality", "ownership")
+_SGLANG_STORED = (
+    "block_hashes",
+    "parent_block_hash",
+    "token_ids",
+    "block_size",
+    "lora_id",
+    "medium",
+    "cache_salt",
+    "session_id",
+    "lora_name",
+)
+_SGLANG_REMOVED = ("block_hashes", "medium")
+_REQUIRED = {"vllm": (7, 2), "sglang": (5, 1)}  # leading fields without a default (stored, removed)
+_INT64 = 1 << 63
 
 
-def _event_types(array_like: bool) -> tuple[Any, Any, Any]:
-    options: dict[str, Any] = {"array_like": array_like, "omit_defaults": True, "gc": False}
-    return (
-        msgspec.defstruct("BlockStored", _STORED_FIELDS, tag="BlockStored", **options),
-        msgspec.defstruct("BlockRemoved", _REMOVED_FIELDS, tag="BlockRemoved", **options),
-        msgspec.defstruct("AllBlocksCleared", [], tag="AllBlocksCleared", **options),
+@dataclass(slots=True, frozen=True)
+class Layout:
+    """The KV-event wire layout of a range of engine versions: events as positional arrays (every
+    field written) or maps (fields at their ``None`` default omitted), with the first ``stored``
+    and ``removed`` fields of the engine's field list; ``salt_metadata``: SGLang's salted stores
+    carry ``{"cache_salt": ...}`` after the fields. ``vllm`` is the vLLM version whose block
+    hashing the simulator follows."""
+
+    name: str
+    engine: str
+    maps: bool
+    stored: int
+    removed: int
+    vllm: VllmVersion = NEWEST_VLLM
+    salt_metadata: bool = False
+
+
+LAYOUTS: dict[str, Layout] = {
+    layout.name: layout
+    for layout in (
+        Layout("vllm-0.10", "vllm", False, 5, 1, (0, 10)),  # lora_id only, no medium
+        Layout("vllm-0.11", "vllm", False, 6, 2, (0, 11)),  # + medium; hashes int or bytes
+        Layout("vllm-0.14", "vllm", False, 7, 2, (0, 14)),  # + lora_name
+        Layout("vllm-0.17", "vllm", False, 8, 2, (0, 17)),  # + extra_keys
+        Layout("vllm-0.20", "vllm", False, 9, 3, (0, 20)),  # + group_idx
+        Layout("vllm-0.22", "vllm", False, 11, 3, (0, 22)),  # + kv_cache_spec_kind, _sliding_window
+        Layout("vllm-0.24", "vllm", True, 11, 3, (0, 24)),  # events as maps
+        Layout("vllm-0.27", "vllm", True, 12, 4, (0, 27)),  # + locality
+        Layout("vllm-0.29", "vllm", True, 13, 5, (0, 29)),  # + ownership; fixed default seed
+        Layout("vllm-0.30", "vllm", True, 14, 5, (0, 30)),  # + session_id
+        Layout("vllm-0.31", "vllm", True, 14, 5, (0, 31)),  # tagged extra keys in the hash
+        Layout("vllm-0.33", "vllm", True, 15, 5, (0, 33)),  # + lookahead_token_ids
+        Layout("vllm-0.34", "vllm", True, 15, 5, (0, 34)),
+        Layout("sglang-0.5.1", "sglang", False, 5, 1),
+        Layout("sglang-0.5.9", "sglang", False, 6, 2),  # + medium
+        Layout("sglang-0.5.18", "sglang", False, 6, 2, salt_metadata=True),  # salted: + metadata
+        Layout("sglang-0.5.20", "sglang", True, 8, 2),  # maps; + cache_salt, session_id
+        Layout("sglang-0.5.22", "sglang", True, 9, 2),  # + lora_name
     )
+}
+"""``--kv-events-layout`` values: each names the first version of its range."""
+
+ENCODING_LAYOUTS = {"array": "vllm-0.22", "map": "vllm-0.34"}
+"""The layout of each ``--kv-events-encoding`` (when no layout is given)."""
 
 
-_EVENT_TYPES = {"array": _event_types(True), "map": _event_types(False)}
+def layout_of(name: str, encoding: str = DEFAULT_ENCODING) -> Layout:
+    """A layout by name ("" : the one of ``encoding``); ``ValueError`` names the known ones."""
+    layout = LAYOUTS.get(name or ENCODING_LAYOUTS.get(encoding, ""))
+    if layout is None:
+        raise ValueError(f"unknown KV events layout {name!r}; known: {', '.join(LAYOUTS)}")
+    return layout
 
 
-class EventBatch(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
-    """vLLM's ``EventBatch``: always positional, ``data_parallel_rank`` omitted when ``None``."""
+def _sglang_hash(block_hash: bytes) -> int:
+    """An SGLang block hash: a signed 64-bit int (the digest's low 64 bits)."""
+    value = int.from_bytes(block_hash, "big") & _UINT64
+    return value - (1 << 64) if value >= _INT64 else value
 
-    ts: float
-    events: list[Any]
-    data_parallel_rank: int | None = None
+
+def _stored_fields(event: BlocksStored, layout: Layout, block_size: int, int_hashes: bool) -> list[Any]:
+    if layout.engine == "sglang":
+        parent = None if event.parent is None else _sglang_hash(event.parent)
+        return [
+            [_sglang_hash(h) for h in event.hashes],
+            parent,
+            event.token_ids,
+            block_size,
+            None,  # SGLang's adapters are namespaced inside its hashes, lora_id is never set
+            MEDIUM_GPU,
+            event.cache_salt,
+            None,
+            event.lora_name,
+        ]
+    return [
+        [external_hash(h, as_int=int_hashes) for h in event.hashes],
+        None if event.parent is None else external_hash(event.parent, as_int=int_hashes),
+        event.token_ids,
+        block_size,
+        event.lora_id,
+        MEDIUM_GPU,
+        event.lora_name,
+        event.extra_keys,
+        0,
+        SPEC_KIND_FULL_ATTENTION,
+        None,
+        None,
+        None,
+        None,
+        None,
+    ]
+
+
+def _wire(tag: str, names: Sequence[str], values: Sequence[Any], required: int, layout: Layout) -> Any:
+    if not layout.maps:
+        return [tag, *values]
+    event: dict[str, Any] = {"type": tag}
+    for i, (name, value) in enumerate(zip(names, values, strict=True)):
+        if value is not None or i < required:
+            event[name] = value
+    return event
 
 
 def encode_batch(
@@ -213,41 +313,35 @@ def encode_batch(
     data_parallel_rank: int | None = 0,
     ts: float | None = None,
     encoder: msgspec.msgpack.Encoder | None = None,
+    layout: str = "",
 ) -> bytes:
-    """The msgpack payload of one batch of the cache's events, as vLLM's msgspec encoder writes it."""
-    stored_type, removed_type, cleared_type = _EVENT_TYPES[encoding]
+    """The msgpack payload of one batch of the cache's events, as the engine of ``layout`` ("": the
+    one of ``encoding``) writes it: ``[ts, events, rank]``."""
+    lay = layout_of(layout, encoding)
+    sglang = lay.engine == "sglang"
+    stored_names = (_SGLANG_STORED if sglang else _VLLM_STORED)[: lay.stored]
+    removed_names = (_SGLANG_REMOVED if sglang else _VLLM_REMOVED)[: lay.removed]
+    need_stored, need_removed = _REQUIRED[lay.engine]
     wire: list[Any] = []
     for event in events:
         if isinstance(event, BlocksStored):
-            wire.append(
-                stored_type(
-                    block_hashes=[external_hash(h, as_int=int_hashes) for h in event.hashes],
-                    parent_block_hash=(
-                        None if event.parent is None else external_hash(event.parent, as_int=int_hashes)
-                    ),
-                    token_ids=event.token_ids,
-                    block_size=block_size,
-                    lora_id=event.lora_id,
-                    medium=MEDIUM_GPU,
-                    lora_name=event.lora_name,
-                    extra_keys=event.extra_keys,
-                    group_idx=0,
-                    kv_cache_spec_kind=SPEC_KIND_FULL_ATTENTION,
-                )
-            )
+            values = _stored_fields(event, lay, block_size, int_hashes)[: lay.stored]
+            item = _wire("BlockStored", stored_names, values, need_stored, lay)
+            if lay.salt_metadata and event.cache_salt:
+                item.append({"cache_salt": event.cache_salt})
+            wire.append(item)
         elif isinstance(event, BlocksRemoved):
-            wire.append(
-                removed_type(
-                    block_hashes=[external_hash(h, as_int=int_hashes) for h in event.hashes],
-                    medium=MEDIUM_GPU,
-                    group_idx=0,
-                )
-            )
+            removed = [
+                [_sglang_hash(h) if sglang else external_hash(h, as_int=int_hashes) for h in event.hashes],
+                MEDIUM_GPU,
+                0,
+                None,
+                None,
+            ][: lay.removed]
+            wire.append(_wire("BlockRemoved", removed_names, removed, need_removed, lay))
         elif isinstance(event, AllCleared):
-            wire.append(cleared_type())
-    batch = EventBatch(
-        ts=time.time() if ts is None else ts, events=wire, data_parallel_rank=data_parallel_rank
-    )
+            wire.append(_wire("AllBlocksCleared", (), (), 0, lay))
+    batch = [time.time() if ts is None else ts, wire, data_parallel_rank]
     return (encoder or msgspec.msgpack.Encoder()).encode(batch)
 
 
@@ -283,9 +377,11 @@ class ZmqEventPublisher:
         int_hashes: bool = True,
         replay_format: str = "topic",
         listen_host: str | None = None,
+        layout: str = "",
     ) -> None:
         if encoding not in ENCODINGS:
             raise ValueError(f"KV events encoding must be one of {', '.join(ENCODINGS)}")
+        self.layout = layout_of(layout, encoding).name
         if replay_format not in REPLAY_FORMATS:
             raise ValueError(f"KV events replay format must be one of {', '.join(REPLAY_FORMATS)}")
         self.topic = topic
@@ -414,6 +510,7 @@ class ZmqEventPublisher:
                     data_parallel_rank=self.data_parallel_rank,
                     ts=pending.ts,
                     encoder=encoder,
+                    layout=self.layout,
                 )
                 seq = next(seqs)
                 if pending.fault is None:

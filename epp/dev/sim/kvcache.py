@@ -26,6 +26,7 @@ class PromptBlocks:
     extra_keys: Sequence[ExtraKeys] = ()
     lora_name: str | None = None
     lora_id: int | None = None
+    cache_salt: str | None = None
 
 
 @dataclass(slots=True, frozen=True)
@@ -38,6 +39,7 @@ class BlocksStored:
     extra_keys: list[ExtraKeys]
     lora_name: str | None
     lora_id: int | None
+    cache_salt: str | None = None  # the request's (SGLang's events carry it)
 
 
 @dataclass(slots=True, frozen=True)
@@ -153,7 +155,7 @@ class KVCache:
     ) -> PromptBlocks:
         """A prompt's blocks with their hashes (the LoRA name and cache salt are part of them)."""
         hashes, keys = self.hasher.hashes(token_ids, lora_name=lora_name, cache_salt=cache_salt)
-        return PromptBlocks(token_ids, hashes, keys, lora_name, lora_id)
+        return PromptBlocks(token_ids, hashes, keys, lora_name, lora_id, cache_salt or None)
 
     def lookup(self, hashes: Sequence[bytes], prompt_tokens: int) -> int:
         """The number of leading blocks of a prompt that are cached (the last token never hits)."""
@@ -275,4 +277,5 @@ class KVCache:
             extra_keys=[prompt.extra_keys[i] for i in run],
             lora_name=prompt.lora_name,
             lora_id=prompt.lora_id,
+            cache_salt=prompt.cache_salt,
         )

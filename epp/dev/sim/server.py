@@ -73,6 +73,7 @@ class SimServer:
             block_size=self.config.block_size,
             data_parallel_rank=self.config.data_parallel_rank,
             encoding=self.config.kv_events_encoding,
+            layout=self.config.kv_events_layout,
             int_hashes=int_hashes_from_env(),
             replay_format=self.config.kv_events_replay_format,
             listen_host=self.config.host,
