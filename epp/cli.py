@@ -50,7 +50,9 @@ def _load(
     endpoints: Callable[[], Any] | None = None,
     *,
     allow_experimental: bool = False,
+    log_warnings: bool = False,
 ) -> Any:
+    """Load a config or exit 2; its warnings go to stderr (as log events with ``log_warnings``)."""
     from epp.config import ConfigError, load_config
 
     try:
@@ -59,7 +61,12 @@ def _load(
         print(f"error: invalid configuration {source}: {e}", file=sys.stderr)
         raise SystemExit(2) from None
     for warning in cfg.warnings:
-        print(f"warning: {warning}", file=sys.stderr)
+        if log_warnings:
+            import structlog
+
+            structlog.get_logger("epp.config").warning("configuration warning", source=source, detail=warning)
+        else:
+            print(f"warning: {warning}", file=sys.stderr)
     return cfg
 
 
@@ -513,7 +520,10 @@ def _serve(args: argparse.Namespace) -> int:
     _check_stream_limits(args)
     store = EndpointStore()
     cfg = _load(
-        *_config_text(args), endpoints=store.endpoints, allow_experimental=args.allow_experimental_plugins
+        *_config_text(args),
+        endpoints=store.endpoints,
+        allow_experimental=args.allow_experimental_plugins,
+        log_warnings=True,
     )
     kube_opts = _kube_options(args, file_discovery=cfg.discovery is not None)
     pool_name = args.pool_name
@@ -624,6 +634,13 @@ def _add_check(sub: Any) -> None:
         "output and nothing else; warnings, errors and plugin logs go to standard error.",
     )
     p.add_argument("file", help="config file ('-' for standard input)")
+    p.add_argument(
+        "--output",
+        "-o",
+        choices=("v1", "v1alpha1"),
+        default="v1",
+        help="layout of the printed config: v1 (llm-d.ai/v1, default) or the deprecated v1alpha1",
+    )
     _add_allow_experimental(p)
     p.set_defaults(func=_check)
 
@@ -636,11 +653,19 @@ def _check(args: argparse.Namespace) -> int:
     if text is None:
         try:
             text = Path(args.file).read_text()
-        except OSError as e:
-            print(f"error: {e}", file=sys.stderr)
+        except FileNotFoundError:
+            print(f"error: config file {args.file} does not exist", file=sys.stderr)
+            return 2
+        except (OSError, UnicodeDecodeError) as e:
+            print(
+                f"error: cannot read config file {args.file}: {getattr(e, 'strerror', None) or e}",
+                file=sys.stderr,
+            )
             return 2
     cfg = _load(text, args.file, allow_experimental=args.allow_experimental_plugins)
-    sys.stdout.write(cfg.effective_yaml())
+    from epp.config.effective import OUTPUT_VERSIONS
+
+    sys.stdout.write(cfg.effective_yaml(OUTPUT_VERSIONS[args.output]))
     return 0
 
 

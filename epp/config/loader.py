@@ -41,7 +41,6 @@ from epp.config.request_control import request_hooks
 from epp.config.request_handler import resolve_parsers
 from epp.config.schema import (
     API_VERSION,
-    DEPRECATED_API_VERSION,
     GATE_FLOW_CONTROL,
     GATE_LEGACY_METRICS,
     ConfigDocument,
@@ -102,9 +101,10 @@ class LoadedConfig:
     def flow_control_enabled(self) -> bool:
         return GATE_FLOW_CONTROL in self.feature_gates
 
-    def effective_yaml(self) -> str:
-        """The effective configuration as YAML: defaults filled in, effective plugin parameters."""
-        return render_effective(self.document, self.plugins)
+    def effective_yaml(self, api_version: str = API_VERSION) -> str:
+        """The effective configuration as YAML: defaults filled in, effective plugin parameters, in
+        the layout of ``api_version`` (v1 unless ``llm-d.ai/v1alpha1`` is asked for)."""
+        return render_effective(self.document, self.plugins, api_version)
 
 
 def load_config(
@@ -171,8 +171,11 @@ def _load(ctx: LoadContext) -> LoadedConfig:
     flow control. Request-control hooks keep ``plugins:`` order.
     """
     doc = ctx.doc
-    if doc.api_version == DEPRECATED_API_VERSION:
-        ctx.warnings.append(f"apiVersion '{DEPRECATED_API_VERSION}' is deprecated; use '{API_VERSION}'")
+    if doc.api_version != API_VERSION:
+        ctx.warnings.append(
+            f"apiVersion '{doc.api_version}' is deprecated; use '{API_VERSION}' "
+            "(`epp check-config` prints this configuration converted to it)"
+        )
         doc.api_version = API_VERSION
     move_deprecated_saturation_detector(ctx)
     gates = resolve_feature_gates(ctx)

@@ -122,7 +122,7 @@ def test_reference_config_loads(name: str) -> None:
     cfg = load_config_file(_path(name), environ=NO_ENV, allow_experimental=False)
     LOADS[name](cfg)
     again = yaml.safe_load(cfg.effective_yaml())
-    assert again["apiVersion"] == "llm-d.ai/v1alpha1"
+    assert again["apiVersion"] == "llm-d.ai/v1"
 
 
 @pytest.mark.parametrize("name", sorted(FAILS))
