@@ -11,12 +11,19 @@ import asyncio
 import math
 import os
 import sys
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from epp import __version__
-from epp.flags import add_bool, add_reference_flags, check_reference_flags, parse_duration
+from epp.flags import (
+    add_bool,
+    add_reference_flags,
+    check_reference_flags,
+    parse_duration,
+    parse_feature_gates,
+    parse_port,
+)
 
 
 def run_async(main: Callable[[], Coroutine[Any, Any, Any]]) -> Any:
@@ -51,12 +58,21 @@ def _load(
     *,
     allow_experimental: bool = False,
     log_warnings: bool = False,
+    feature_gates: Mapping[str, bool] | None = None,
+    compat_version: str = "",
 ) -> Any:
     """Load a config or exit 2; its warnings go to stderr (as log events with ``log_warnings``)."""
     from epp.config import ConfigError, load_config
 
     try:
-        cfg = load_config(text, source=source, endpoints=endpoints, allow_experimental=allow_experimental)
+        cfg = load_config(
+            text,
+            source=source,
+            endpoints=endpoints,
+            allow_experimental=allow_experimental,
+            feature_gates=feature_gates,
+            compat_version=compat_version,
+        )
     except ConfigError as e:
         print(f"error: invalid configuration {source}: {e}", file=sys.stderr)
         raise SystemExit(2) from None
@@ -75,15 +91,19 @@ def _load(
 
 def _add_serve(sub: Any) -> None:
     p = sub.add_parser("serve", help="run the Endpoint Picker (ext_proc gRPC server)")
-    p.add_argument("--grpc-port", type=int, default=9002, help="ext_proc gRPC port (default 9002)")
-    p.add_argument("--grpc-health-port", type=int, default=9003, help="gRPC health port (default 9003)")
+    p.add_argument("--grpc-port", type=parse_port, default=9002, help="ext_proc gRPC port (default 9002)")
+    p.add_argument(
+        "--grpc-health-port", type=parse_port, default=9003, help="gRPC health port (default 9003)"
+    )
     p.add_argument(
         "--grpc-socket",
         default="",
         metavar="PATH",
         help="also serve ext_proc on this Unix socket (a sidecar Envoy in the same pod: cheaper than TCP)",
     )
-    p.add_argument("--metrics-port", type=int, default=9090, help="Prometheus metrics port (default 9090)")
+    p.add_argument(
+        "--metrics-port", type=parse_port, default=9090, help="Prometheus metrics port (default 9090)"
+    )
     p.add_argument("--bind-address", default="0.0.0.0", help="address to listen on (default 0.0.0.0)")
     add_bool(
         p, "--secure-serving", True, "serve ext_proc over TLS (default true; self-signed unless --cert-path)"
@@ -123,7 +143,7 @@ def _add_serve(sub: Any) -> None:
     k.add_argument("--kubeconfig", default=None, help="kubeconfig file (default: in-cluster service account)")
     k.add_argument(
         "--model-server-metrics-port",
-        type=int,
+        type=parse_port,
         default=None,
         help="deprecated: scrape metrics from this pod port (only when the pool has one target port)",
     )
@@ -138,7 +158,7 @@ def _add_serve(sub: Any) -> None:
     )
     k.add_argument(
         "--ha-replication-port",
-        type=int,
+        type=parse_port,
         default=9004,
         help="port of the leader's state stream to the standbys (mutual TLS; default 9004)",
     )
@@ -522,8 +542,8 @@ def _serve(args: argparse.Namespace) -> int:
     cfg = _load(
         *_config_text(args),
         endpoints=store.endpoints,
-        allow_experimental=args.allow_experimental_plugins,
         log_warnings=True,
+        **_config_options(args),
     )
     kube_opts = _kube_options(args, file_discovery=cfg.discovery is not None)
     pool_name = args.pool_name
@@ -624,6 +644,32 @@ def _add_allow_experimental(p: argparse.ArgumentParser) -> None:
         False,
         "load plugin types of alpha stability (`epp plugins` lists them); without it they are an error",
     )
+    p.add_argument(
+        "--feature-gates",
+        type=parse_feature_gates,
+        default=None,
+        metavar="GATES",
+        help="feature gates as name=true|false pairs, comma-separated (kubelet style); they override "
+        "the config's featureGates",
+    )
+    p.add_argument(
+        "--compat-version",
+        choices=("v0.11",),
+        default="",
+        help="refuse what that router version removed (v0.11: precise-prefix-cache-scorer, tokenizer, "
+        "by-label, by-label-selector, disagg-headers-handler, prefill-header-handler, "
+        "pd-profile-handler, the flat disagg-profile-handler parameters); default: load them with a "
+        "warning naming the replacement",
+    )
+
+
+def _config_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The loader options of the config flags (``_add_allow_experimental``)."""
+    return {
+        "allow_experimental": args.allow_experimental_plugins,
+        "feature_gates": args.feature_gates,
+        "compat_version": args.compat_version,
+    }
 
 
 def _add_check(sub: Any) -> None:
@@ -662,7 +708,7 @@ def _check(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
             return 2
-    cfg = _load(text, args.file, allow_experimental=args.allow_experimental_plugins)
+    cfg = _load(text, args.file, **_config_options(args))
     from epp.config.effective import OUTPUT_VERSIONS
 
     sys.stdout.write(cfg.effective_yaml(OUTPUT_VERSIONS[args.output]))

@@ -1062,8 +1062,11 @@ def test_load_config_file_uses_the_path_as_source(tmp_path: Path) -> None:
     with pytest.raises(ConfigSyntaxError) as info:
         load_config_file(str(path), environ=NO_ENV)
     assert info.value.source == str(path)
-    with pytest.raises(ConfigError, match="cannot read config file"):
+    with pytest.raises(ConfigError) as missing:
         load_config_file(str(tmp_path / "missing.yaml"))
+    assert missing.value.reason == f"config file {tmp_path / 'missing.yaml'} does not exist"  # no [Errno 2]
+    with pytest.raises(ConfigError, match="cannot read config file .*: Is a directory"):
+        load_config_file(str(tmp_path))
 
 
 # --- defaults and assembly --------------------------------------------------------------------------
