@@ -1065,7 +1065,7 @@ def test_load_config_file_uses_the_path_as_source(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as missing:
         load_config_file(str(tmp_path / "missing.yaml"))
     assert missing.value.reason == f"config file {tmp_path / 'missing.yaml'} does not exist"  # no [Errno 2]
-    with pytest.raises(ConfigError, match="cannot read config file .*: Is a directory"):
+    with pytest.raises(ConfigError, match=r"cannot read config file .*: Is a directory"):
         load_config_file(str(tmp_path))
 
 
