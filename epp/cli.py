@@ -38,6 +38,22 @@ def run_async(main: Callable[[], Coroutine[Any, Any, Any]]) -> Any:
         return runner.run(main())
 
 
+def _config_watch(args: argparse.Namespace, endpoints: Callable[[], Any]) -> tuple[str, Any] | None:
+    """``--watch-config-file``: the file, and how a changed text becomes a candidate config."""
+    if not args.watch_config_file:
+        return None
+    if not args.config_file:
+        raise SystemExit("error: --watch-config-file needs --config-file")
+    from epp.config import load_config
+
+    path = args.config_file
+
+    def load(text: str) -> Any:
+        return load_config(text, source=path, endpoints=endpoints, **_config_options(args))
+
+    return path, load
+
+
 def _config_text(args: argparse.Namespace) -> tuple[str | None, str]:
     if args.config_file and args.config_text:
         raise SystemExit(
@@ -123,6 +139,13 @@ def _add_serve(sub: Any) -> None:
     add_bool(p, "--health-checking", False, "also serve gRPC health on the ext_proc port")
     p.add_argument("--config-file", default=None, help="EndpointPickerConfig YAML file")
     p.add_argument("--config-text", default=None, help="EndpointPickerConfig YAML text")
+    add_bool(
+        p,
+        "--watch-config-file",
+        False,
+        "apply changes of --config-file without a restart (profiles, scheduling plugin parameters, "
+        "flow-control bands); an invalid change keeps the running config and is logged",
+    )
     _add_allow_experimental(p)
     k = p.add_argument_group("Kubernetes discovery (one of --pool-name, --endpoint-selector)")
     k.add_argument(
@@ -546,6 +569,7 @@ def _serve(args: argparse.Namespace) -> int:
         **_config_options(args),
     )
     kube_opts = _kube_options(args, file_discovery=cfg.discovery is not None)
+    watch = _config_watch(args, store.endpoints)
     pool_name = args.pool_name
     if not pool_name and args.endpoint_selector:
         pool_name = _standalone_pool_name(os.environ.get("POD_NAME", ""))
@@ -615,7 +639,7 @@ def _serve(args: argparse.Namespace) -> int:
                 )
             except KubeConfigError as e:
                 raise SystemExit(f"error: {e}") from None
-        await EppServer(cfg, opts, store, kube=kube).run()
+        await EppServer(cfg, opts, store, kube=kube, config_watch=watch).run()
 
     try:
         run_async(main)

@@ -194,6 +194,13 @@ class FlowController:
 
     # --- bands ---------------------------------------------------------------------------------
 
+    def reconfigure(self, settings: FlowControlSettings) -> None:
+        """New caps, TTLs and bands (a config reload); each band keeps its queue and policies, a
+        queued request keeps the TTL it was admitted with."""
+        self.settings = settings
+        for priority, band in self._bands.items():
+            band.settings = settings.band(priority)
+
     def _band(self, priority: int) -> Band:
         band = self._bands.get(priority)
         if band is None:

@@ -1,8 +1,8 @@
 """The EPP container of the llm-d Helm charts, with epp's image swapped in and nothing else changed.
 
 The args, ports, probes and env below are rendered by hand from the llm-d router's Helm library
-chart of router v0.11 (its EPP deployment pod spec) with its default values (release ``qwen`` in namespace ``llm``),
-for three value sets: the ``llm-d-router-gateway`` chart as installed, the same with
+chart of router v0.11 (its EPP deployment pod spec) with its default values (release ``qwen`` in
+namespace ``llm``), for three value sets: the ``llm-d-router-gateway`` chart as installed, the same with
 ``router.epp.replicas: 2``, ``router.tracing.enabled: true``, ``router.epp.flags`` and
 ``router.monitoring.prometheus.auth.enabled: false``, and the ``llm-d-router-standalone`` chart with
 ``router.inferencePool.create: false``. Each runs the real ``epp serve`` with exactly those args

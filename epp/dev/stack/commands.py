@@ -34,14 +34,16 @@ def serve_argv(
     metrics_port: int,
     config_text: str,
     extra: Sequence[str] = (),
+    config_file: str = "",
 ) -> list[str]:
+    """``epp serve`` with ``config_text`` (or, when ``config_file`` is given, that file)."""
+    config = ["--config-file", config_file] if config_file else ["--config-text", config_text]
     return python_argv(
         "serve",
         "--secure-serving=false",
         f"--grpc-port={grpc_port}",
         f"--grpc-health-port={health_port}",
         f"--metrics-port={metrics_port}",
-        "--config-text",
-        config_text,
+        *config,
         *extra,
     )

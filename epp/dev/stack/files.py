@@ -81,6 +81,10 @@ def epp_config(endpoints_file: Path, base: dict[str, Any] | None = None) -> dict
     }
     cfg["plugins"] = plugins
     data_layer = dict(cfg.get("dataLayer") or {})
-    data_layer["discovery"] = {"pluginRef": discovery.get("name") or discovery["type"]}
+    ref = {"pluginRef": discovery.get("name") or discovery["type"]}
+    if cfg["apiVersion"] == "llm-d.ai/v1":
+        data_layer["discovery"] = {**(data_layer.get("discovery") or {}), "endpoints": ref}
+    else:
+        data_layer["discovery"] = ref
     cfg["dataLayer"] = data_layer
     return cfg
