@@ -11,12 +11,19 @@ import asyncio
 import math
 import os
 import sys
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from epp import __version__
-from epp.flags import add_bool, add_reference_flags, check_reference_flags, parse_duration
+from epp.flags import (
+    add_bool,
+    add_reference_flags,
+    check_reference_flags,
+    parse_duration,
+    parse_feature_gates,
+    parse_port,
+)
 
 
 def run_async(main: Callable[[], Coroutine[Any, Any, Any]]) -> Any:
@@ -29,6 +36,22 @@ def run_async(main: Callable[[], Coroutine[Any, Any, Any]]) -> Any:
         factory = None
     with asyncio.Runner(loop_factory=factory) as runner:
         return runner.run(main())
+
+
+def _config_watch(args: argparse.Namespace, endpoints: Callable[[], Any]) -> tuple[str, Any] | None:
+    """``--watch-config-file``: the file, and how a changed text becomes a candidate config."""
+    if not args.watch_config_file:
+        return None
+    if not args.config_file:
+        raise SystemExit("error: --watch-config-file needs --config-file")
+    from epp.config import load_config
+
+    path = args.config_file
+
+    def load(text: str) -> Any:
+        return load_config(text, source=path, endpoints=endpoints, **_config_options(args))
+
+    return path, load
 
 
 def _config_text(args: argparse.Namespace) -> tuple[str | None, str]:
@@ -50,16 +73,32 @@ def _load(
     endpoints: Callable[[], Any] | None = None,
     *,
     allow_experimental: bool = False,
+    log_warnings: bool = False,
+    feature_gates: Mapping[str, bool] | None = None,
+    compat_version: str = "",
 ) -> Any:
+    """Load a config or exit 2; its warnings go to stderr (as log events with ``log_warnings``)."""
     from epp.config import ConfigError, load_config
 
     try:
-        cfg = load_config(text, source=source, endpoints=endpoints, allow_experimental=allow_experimental)
+        cfg = load_config(
+            text,
+            source=source,
+            endpoints=endpoints,
+            allow_experimental=allow_experimental,
+            feature_gates=feature_gates,
+            compat_version=compat_version,
+        )
     except ConfigError as e:
         print(f"error: invalid configuration {source}: {e}", file=sys.stderr)
         raise SystemExit(2) from None
     for warning in cfg.warnings:
-        print(f"warning: {warning}", file=sys.stderr)
+        if log_warnings:
+            import structlog
+
+            structlog.get_logger("epp.config").warning("configuration warning", source=source, detail=warning)
+        else:
+            print(f"warning: {warning}", file=sys.stderr)
     return cfg
 
 
@@ -77,15 +116,19 @@ _DESCRIPTION = (
 
 def _add_serve(sub: Any) -> None:
     p = sub.add_parser("serve", help="run the Endpoint Picker (ext_proc gRPC server)")
-    p.add_argument("--grpc-port", type=int, default=9002, help="ext_proc gRPC port (default 9002)")
-    p.add_argument("--grpc-health-port", type=int, default=9003, help="gRPC health port (default 9003)")
+    p.add_argument("--grpc-port", type=parse_port, default=9002, help="ext_proc gRPC port (default 9002)")
+    p.add_argument(
+        "--grpc-health-port", type=parse_port, default=9003, help="gRPC health port (default 9003)"
+    )
     p.add_argument(
         "--grpc-socket",
         default="",
         metavar="PATH",
         help="also serve ext_proc on this Unix socket (a sidecar Envoy in the same pod: cheaper than TCP)",
     )
-    p.add_argument("--metrics-port", type=int, default=9090, help="Prometheus metrics port (default 9090)")
+    p.add_argument(
+        "--metrics-port", type=parse_port, default=9090, help="Prometheus metrics port (default 9090)"
+    )
     p.add_argument("--bind-address", default="0.0.0.0", help="address to listen on (default 0.0.0.0)")
     p.add_argument(
         "--objectives-file",
@@ -112,6 +155,13 @@ def _add_serve(sub: Any) -> None:
     add_bool(p, "--health-checking", False, "also serve gRPC health on the ext_proc port")
     p.add_argument("--config-file", default=None, help="EndpointPickerConfig YAML file")
     p.add_argument("--config-text", default=None, help="EndpointPickerConfig YAML text")
+    add_bool(
+        p,
+        "--watch-config-file",
+        False,
+        "apply changes of --config-file without a restart (profiles, scheduling plugin parameters, "
+        "flow-control bands); an invalid change keeps the running config and is logged",
+    )
     _add_allow_experimental(p)
     k = p.add_argument_group("Kubernetes discovery (one of --pool-name, --endpoint-selector)")
     k.add_argument(
@@ -132,7 +182,7 @@ def _add_serve(sub: Any) -> None:
     k.add_argument("--kubeconfig", default=None, help="kubeconfig file (default: in-cluster service account)")
     k.add_argument(
         "--model-server-metrics-port",
-        type=int,
+        type=parse_port,
         default=None,
         help="deprecated: scrape metrics from this pod port (only when the pool has one target port)",
     )
@@ -147,7 +197,7 @@ def _add_serve(sub: Any) -> None:
     )
     k.add_argument(
         "--ha-replication-port",
-        type=int,
+        type=parse_port,
         default=9004,
         help="port of the leader's state stream to the standbys (mutual TLS; default 9004)",
     )
@@ -554,9 +604,13 @@ def _serve(args: argparse.Namespace) -> int:
     _check_stream_limits(args)
     store = EndpointStore()
     cfg = _load(
-        *_config_text(args), endpoints=store.endpoints, allow_experimental=args.allow_experimental_plugins
+        *_config_text(args),
+        endpoints=store.endpoints,
+        log_warnings=True,
+        **_config_options(args),
     )
     kube_opts = _kube_options(args, file_discovery=cfg.discovery is not None)
+    watch = _config_watch(args, store.endpoints)
     pool_name = args.pool_name
     if not pool_name and args.endpoint_selector:
         pool_name = _standalone_pool_name(os.environ.get("POD_NAME", ""))
@@ -628,7 +682,7 @@ def _serve(args: argparse.Namespace) -> int:
                 )
             except KubeConfigError as e:
                 raise SystemExit(f"error: {e}") from None
-        await EppServer(cfg, opts, store, kube=kube, objectives=objectives).run()
+        await EppServer(cfg, opts, store, kube=kube, objectives=objectives, config_watch=watch).run()
 
     try:
         run_async(main)
@@ -657,6 +711,32 @@ def _add_allow_experimental(p: argparse.ArgumentParser) -> None:
         False,
         "load plugin types of alpha stability (`epp plugins` lists them); without it they are an error",
     )
+    p.add_argument(
+        "--feature-gates",
+        type=parse_feature_gates,
+        default=None,
+        metavar="GATES",
+        help="feature gates as name=true|false pairs, comma-separated (kubelet style); they override "
+        "the config's featureGates",
+    )
+    p.add_argument(
+        "--compat-version",
+        choices=("v0.11",),
+        default="",
+        help="refuse what that router version removed (v0.11: precise-prefix-cache-scorer, tokenizer, "
+        "by-label, by-label-selector, disagg-headers-handler, prefill-header-handler, "
+        "pd-profile-handler, the flat disagg-profile-handler parameters); default: load them with a "
+        "warning naming the replacement",
+    )
+
+
+def _config_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The loader options of the config flags (``_add_allow_experimental``)."""
+    return {
+        "allow_experimental": args.allow_experimental_plugins,
+        "feature_gates": args.feature_gates,
+        "compat_version": args.compat_version,
+    }
 
 
 def _add_check(sub: Any) -> None:
@@ -667,6 +747,13 @@ def _add_check(sub: Any) -> None:
         "output and nothing else; warnings, errors and plugin logs go to standard error.",
     )
     p.add_argument("file", help="config file ('-' for standard input)")
+    p.add_argument(
+        "--output",
+        "-o",
+        choices=("v1", "v1alpha1"),
+        default="v1",
+        help="layout of the printed config: v1 (llm-d.ai/v1, default) or the deprecated v1alpha1",
+    )
     _add_allow_experimental(p)
     p.set_defaults(func=_check)
 
@@ -679,11 +766,19 @@ def _check(args: argparse.Namespace) -> int:
     if text is None:
         try:
             text = Path(args.file).read_text()
-        except OSError as e:
-            print(f"error: {e}", file=sys.stderr)
+        except FileNotFoundError:
+            print(f"error: config file {args.file} does not exist", file=sys.stderr)
             return 2
-    cfg = _load(text, args.file, allow_experimental=args.allow_experimental_plugins)
-    sys.stdout.write(cfg.effective_yaml())
+        except (OSError, UnicodeDecodeError) as e:
+            print(
+                f"error: cannot read config file {args.file}: {getattr(e, 'strerror', None) or e}",
+                file=sys.stderr,
+            )
+            return 2
+    cfg = _load(text, args.file, **_config_options(args))
+    from epp.config.effective import OUTPUT_VERSIONS
+
+    sys.stdout.write(cfg.effective_yaml(OUTPUT_VERSIONS[args.output]))
     return 0
 
 

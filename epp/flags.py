@@ -36,6 +36,37 @@ def parse_bool(text: str) -> bool:
     raise argparse.ArgumentTypeError(f"invalid boolean {text!r}")
 
 
+def parse_port(text: str) -> int:
+    """A port number as the reference's uint16 flags take it: 0 (any free port) to 65535."""
+    try:
+        port = int(text.strip(), 10)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid port {text!r}: not an integer") from None
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"invalid port {port}: out of range 0-65535 (uint16)")
+    return port
+
+
+def parse_feature_gates(text: str) -> dict[str, bool]:
+    """``--feature-gates`` in kubelet style: ``a=true,b=false`` (a bare name means true)."""
+    gates: dict[str, bool] = {}
+    for raw in text.split(","):
+        item = raw.strip()
+        if not item:
+            continue
+        name, sep, value = item.partition("=")
+        name = name.strip()
+        if not name:
+            raise argparse.ArgumentTypeError(f"invalid feature gate {item!r}: missing name")
+        try:
+            gates[name] = parse_bool(value) if sep else True
+        except argparse.ArgumentTypeError:
+            raise argparse.ArgumentTypeError(
+                f"invalid value of feature gate {name}: {value!r} (expected true or false)"
+            ) from None
+    return gates
+
+
 def add_bool(parser: argparse.ArgumentParser, name: str, default: bool, help: str) -> None:
     """``--name``, ``--name=true`` and ``--name=false`` all work, as with Go flags."""
     parser.add_argument(
@@ -169,6 +200,14 @@ def add_reference_flags(p: argparse.ArgumentParser) -> None:
     )
     for name in _DEPRECATED_METRIC_FLAGS:
         g.add_argument(f"--{name}", default=None, help="refused as in the reference: use engineConfigs")
+    g.add_argument(
+        "--plugin-state-staleness-threshold",
+        type=parse_duration,
+        default=300.0,
+        metavar="DURATION",
+        help="router v0.11's reaper of per-request plugin state (default 5m); epp keeps that state in "
+        "the request's own cycle state, dropped when its stream ends, so there is nothing to reap",
+    )
 
 
 def _tls_cipher_list(text: str) -> str:
@@ -215,7 +254,17 @@ def check_reference_flags(args: argparse.Namespace) -> list[tuple[str, str]]:
         if "grpc" in sys.modules:  # in-process callers (tests): too late for this process
             raise SystemExit("error: --tls-cipher-suites must be applied before gRPC is loaded")
         os.environ["GRPC_SSL_CIPHER_SUITES"] = ciphers
+    if args.plugin_state_staleness_threshold <= 0:
+        raise SystemExit("error: --plugin-state-staleness-threshold must be positive")
     notes: list[tuple[str, str]] = []
+    if args.plugin_state_staleness_threshold != 300.0:
+        notes.append(
+            (
+                "--plugin-state-staleness-threshold",
+                "per-request plugin state is dropped with its stream (idle streams end after "
+                "--request-idle-timeout), never left to go stale",
+            )
+        )
     if args.tls_min_version in ("VersionTLS10", "VersionTLS11"):
         notes.append(("--tls-min-version", "TLS 1.0 and 1.1 are never served: the minimum is TLS 1.2"))
     if args.enable_pprof:

@@ -1,4 +1,7 @@
-"""Rendering the effective configuration as YAML (``epp check-config``): every default filled in."""
+"""Rendering the effective configuration as YAML (``epp check-config``): every default filled in.
+
+The internal form is rendered in the v1 layout, or in the deprecated v1alpha1 one on request.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +12,15 @@ from typing import Any
 
 import yaml
 
-from epp.config.schema import ConfigDocument, DataLayerSpec, FlowControlSpec, PriorityBandSpec, RefSpec
+from epp.config.schema import (
+    API_VERSION,
+    V1ALPHA1_API_VERSION,
+    ConfigDocument,
+    DataLayerSpec,
+    FlowControlSpec,
+    PriorityBandSpec,
+    RefSpec,
+)
 from epp.framework.interfaces import Plugin, Scorer
 from epp.framework.params import encode_params
 
@@ -45,6 +56,8 @@ def _band(band: PriorityBandSpec) -> dict[str, Any]:
         out["fairnessPolicyRef"] = band.fairness_policy_ref
     if band.ordering_policy_ref is not None:
         out["orderingPolicyRef"] = band.ordering_policy_ref
+    if band.default_request_ttl is not None:
+        out["defaultRequestTTL"] = band.default_request_ttl.text
     return out
 
 
@@ -70,16 +83,36 @@ def _flow_control(fc: FlowControlSpec) -> dict[str, Any]:
         out["saturationDetector"] = _ref(fc.saturation_detector)
     if fc.enable_eviction is not None:
         out["enableEviction"] = fc.enable_eviction
+    if fc.band_selection_policy_plugin_ref is not None:
+        out["bandSelectionPolicyPluginRef"] = fc.band_selection_policy_plugin_ref
     return out
 
 
-def _data_layer(dl: DataLayerSpec) -> dict[str, Any]:
+def _data_layer(dl: DataLayerSpec, v1: bool) -> dict[str, Any]:
     out: dict[str, Any] = {
         "injectDefaults": dl.inject_defaults,
         "sources": [
             {"pluginRef": s.plugin_ref, "extractors": [_ref(e) for e in s.extractors]} for s in dl.sources
         ],
     }
+    if v1:
+        discovery: dict[str, Any] = {}
+        if dl.discovery is not None:
+            discovery["endpoints"] = _ref(dl.discovery)
+        if dl.peer_discovery is not None:
+            discovery["peers"] = _ref(dl.peer_discovery)
+        if discovery:
+            out["discovery"] = discovery
+        cross: dict[str, Any] = {}
+        if dl.cross_replica_syncer_plugin_ref is not None:
+            cross["syncerPluginRef"] = dl.cross_replica_syncer_plugin_ref
+        if dl.cross_replica_sync_interval is not None:
+            cross["syncInterval"] = dl.cross_replica_sync_interval.text
+        if dl.cross_replica_publish_timeout is not None:
+            cross["publishTimeout"] = dl.cross_replica_publish_timeout.text
+        if cross:
+            out["crossReplica"] = cross
+        return out
     if dl.discovery is not None:
         out["discovery"] = _ref(dl.discovery)
     if dl.peer_discovery is not None:
@@ -88,13 +121,24 @@ def _data_layer(dl: DataLayerSpec) -> dict[str, Any]:
         out["crossReplicaSyncerPluginRef"] = dl.cross_replica_syncer_plugin_ref
     if dl.cross_replica_sync_interval is not None:
         out["crossReplicaSyncInterval"] = dl.cross_replica_sync_interval.text
+    if dl.cross_replica_publish_timeout is not None:
+        out["crossReplicaPublishTimeout"] = dl.cross_replica_publish_timeout.text
     return out
 
 
-def effective_document(doc: ConfigDocument, plugins: Mapping[str, Plugin]) -> dict[str, Any]:
-    """The effective configuration as a plain document (what ``render_effective`` dumps)."""
+OUTPUT_VERSIONS = {"v1": API_VERSION, "v1alpha1": V1ALPHA1_API_VERSION}
+
+
+def effective_document(
+    doc: ConfigDocument, plugins: Mapping[str, Plugin], api_version: str = API_VERSION
+) -> dict[str, Any]:
+    """The effective configuration as a plain document (what ``render_effective`` dumps) in the
+    layout of ``api_version`` (``llm-d.ai/v1`` or ``llm-d.ai/v1alpha1``)."""
+    if api_version not in OUTPUT_VERSIONS.values():
+        raise ValueError(f"cannot render apiVersion {api_version!r}")
+    v1 = api_version == API_VERSION
     out: dict[str, Any] = {
-        "apiVersion": doc.api_version,
+        "apiVersion": api_version,
         "kind": doc.kind,
         "featureGates": list(doc.feature_gates),
     }
@@ -116,20 +160,29 @@ def effective_document(doc: ConfigDocument, plugins: Mapping[str, Plugin]) -> di
             refs.append(item)
         profiles.append({"name": prof.name, "plugins": refs})
     out["schedulingProfiles"] = profiles
-    if doc.saturation_detector is not None:
+    if doc.saturation_detector is not None and not v1:
         out["saturationDetector"] = _ref(doc.saturation_detector)
-    out["dataLayer"] = _data_layer(doc.data_layer)
+    out["dataLayer"] = _data_layer(doc.data_layer, v1)
     if doc.flow_control is not None:
         out["flowControl"] = _flow_control(doc.flow_control)
-    if doc.parser is not None:
+    if doc.parser is not None and not v1:
         out["parser"] = _ref(doc.parser)
-    if doc.request_handler is not None:
-        out["requestHandler"] = {"parsers": [_ref(p) for p in doc.request_handler.parsers]}
+    rh = doc.request_handler
+    if rh is not None:
+        handler: dict[str, Any] = {"parsers": [_ref(p) for p in rh.parsers]}
+        if v1 or rh.propagate_priority:
+            handler["propagatePriority"] = rh.propagate_priority
+        out["requestHandler"] = handler
     return out
 
 
-def render_effective(doc: ConfigDocument, plugins: Mapping[str, Plugin]) -> str:
+def render_effective(
+    doc: ConfigDocument, plugins: Mapping[str, Plugin], api_version: str = API_VERSION
+) -> str:
     """The effective configuration as YAML text; loading it again yields the same configuration."""
     return yaml.safe_dump(
-        effective_document(doc, plugins), sort_keys=False, default_flow_style=False, allow_unicode=True
+        effective_document(doc, plugins, api_version),
+        sort_keys=False,
+        default_flow_style=False,
+        allow_unicode=True,
     )

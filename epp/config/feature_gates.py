@@ -7,6 +7,8 @@ on, and ``name=false`` for a default-on gate that was turned off.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from epp.config.context import LoadContext
 from epp.config.schema import (
     FEATURE_GATES,
@@ -42,12 +44,18 @@ def parse_gate(entry: str, where: str) -> tuple[str, bool]:
     )
 
 
-def resolve_feature_gates(ctx: LoadContext) -> frozenset[str]:
-    """The enabled gates; the document's list is rewritten to its normalized effective form."""
+def resolve_feature_gates(ctx: LoadContext, overrides: Mapping[str, bool] | None = None) -> frozenset[str]:
+    """The enabled gates; ``overrides`` (``--feature-gates``) win over the document's entries. The
+    document's list is rewritten to its normalized effective form."""
     values = dict(FEATURE_GATES)
     for i, entry in enumerate(ctx.doc.feature_gates):
         name, value = parse_gate(entry, f"featureGates[{i}]")
         values[name] = value  # a later entry wins, as in the reference
+    for name, value in (overrides or {}).items():
+        if name not in FEATURE_GATES:
+            hint = did_you_mean(name, list(FEATURE_GATES))
+            raise ConfigError("--feature-gates", f"feature gate '{name}' is unknown or unregistered{hint}")
+        values[name] = value
     if ctx.environ.get(FLOW_CONTROL_ENV, "").strip().lower() in _TRUE:
         ctx.warnings.append(f"{FLOW_CONTROL_ENV} is deprecated; add '{GATE_FLOW_CONTROL}' to featureGates")
         values[GATE_FLOW_CONTROL] = True

@@ -24,6 +24,8 @@ from epp.framework.interfaces import (
 )
 
 _DEFAULT_TTL = Duration(d.DEFAULT_REQUEST_TTL, 60.0)
+# epp dispatches bands highest priority first: the reference's default band selection policy.
+STRICT_BAND_SELECTION = "strict-band-selection-policy"
 
 
 def move_deprecated_saturation_detector(ctx: LoadContext) -> None:
@@ -137,6 +139,22 @@ def check_flow_control(ctx: LoadContext) -> None:
         _check_kind(plugin, UsageLimitPolicy, "a usage limit policy", where)
     if fc.enable_eviction is None:
         fc.enable_eviction = False
+    _check_band_selection(ctx, fc.band_selection_policy_plugin_ref)
+
+
+def _check_band_selection(ctx: LoadContext, ref: str | None) -> None:
+    """``bandSelectionPolicyPluginRef``: only strict priority order, epp's dispatch order, exists."""
+    if not ref or ref == STRICT_BAND_SELECTION:
+        return
+    where = "flowControl.bandSelectionPolicyPluginRef"
+    plugin = ctx.plugins.get(ref)
+    if plugin is not None and plugin.type_name == STRICT_BAND_SELECTION:
+        return
+    raise ConfigError(
+        where,
+        f"band selection policy '{ref}' is not available: epp offers bands dispatch in strict "
+        f"priority order only ('{STRICT_BAND_SELECTION}', the default)",
+    )
 
 
 def _global_limit(q: Quantity | None, where: str, name: str) -> Quantity:
@@ -157,6 +175,11 @@ def _check_band(ctx: LoadContext, band: PriorityBandSpec) -> None:
     """Per-band caps (omitted or ``0``: the system default) and policy references."""
     _non_negative(band.max_bytes, f"{band.path}.maxBytes", "maxBytes")
     _non_negative(band.max_requests, f"{band.path}.maxRequests", "maxRequests")
+    ttl = band.default_request_ttl
+    if ttl is not None and ttl.seconds < 0:
+        raise ConfigError(
+            f"{band.path}.defaultRequestTTL", f"DefaultRequestTTL cannot be negative, but got {ttl.text}"
+        )
     if band.max_bytes is None or band.max_bytes.value == 0:
         band.max_bytes = Quantity(str(d.DEFAULT_BAND_MAX_BYTES), d.DEFAULT_BAND_MAX_BYTES)
     if band.max_requests is None or band.max_requests.value == 0:

@@ -37,11 +37,11 @@ from epp.config.profiles import (
     warn_multi_endpoint_pickers,
     with_default_scheduling,
 )
+from epp.config.removed import COMPAT_VERSIONS, check_removed
 from epp.config.request_control import request_hooks
 from epp.config.request_handler import resolve_parsers
 from epp.config.schema import (
     API_VERSION,
-    DEPRECATED_API_VERSION,
     GATE_FLOW_CONTROL,
     GATE_LEGACY_METRICS,
     ConfigDocument,
@@ -102,9 +102,10 @@ class LoadedConfig:
     def flow_control_enabled(self) -> bool:
         return GATE_FLOW_CONTROL in self.feature_gates
 
-    def effective_yaml(self) -> str:
-        """The effective configuration as YAML: defaults filled in, effective plugin parameters."""
-        return render_effective(self.document, self.plugins)
+    def effective_yaml(self, api_version: str = API_VERSION) -> str:
+        """The effective configuration as YAML: defaults filled in, effective plugin parameters, in
+        the layout of ``api_version`` (v1 unless ``llm-d.ai/v1alpha1`` is asked for)."""
+        return render_effective(self.document, self.plugins, api_version)
 
 
 def load_config(
@@ -114,13 +115,16 @@ def load_config(
     endpoints: EndpointsFn | None = None,
     environ: Mapping[str, str] | None = None,
     allow_experimental: bool = True,
+    compat_version: str = "",
+    feature_gates: Mapping[str, bool] | None = None,
 ) -> LoadedConfig:
     """Load a configuration from YAML/JSON text; ``None``, empty or comment-only → the default one.
 
     ``endpoints`` is what plugin factories see as ``handle.endpoints()`` (default: none).
     ``environ`` defaults to ``os.environ`` (read for ``ENABLE_EXPERIMENTAL_FLOW_CONTROL_LAYER``).
     ``allow_experimental=False`` refuses alpha plugin types (the command line's default, unless
-    ``--allow-experimental-plugins``).
+    ``--allow-experimental-plugins``). ``compat_version="v0.11"`` refuses what router v0.11 removed.
+    ``feature_gates`` (``--feature-gates``) override the document's ``featureGates``.
     """
     raw: Any = None
     if text is not None and text.strip():
@@ -128,7 +132,13 @@ def load_config(
     if raw is None:
         raw = d.default_document()
     return load_document(
-        raw, source, endpoints=endpoints, environ=environ, allow_experimental=allow_experimental
+        raw,
+        source,
+        endpoints=endpoints,
+        environ=environ,
+        allow_experimental=allow_experimental,
+        compat_version=compat_version,
+        feature_gates=feature_gates,
     )
 
 
@@ -138,15 +148,27 @@ def load_config_file(
     endpoints: EndpointsFn | None = None,
     environ: Mapping[str, str] | None = None,
     allow_experimental: bool = True,
+    compat_version: str = "",
+    feature_gates: Mapping[str, bool] | None = None,
 ) -> LoadedConfig:
     """Load a configuration file (``--config-file``); error messages name the file."""
     try:
         with open(path, encoding="utf-8") as f:
             text = f.read()
+    except FileNotFoundError:
+        raise ConfigError("", f"config file {path} does not exist") from None
     except (OSError, UnicodeDecodeError) as e:
-        raise ConfigError("", f"cannot read config file {path}: {e}") from None
+        raise ConfigError(
+            "", f"cannot read config file {path}: {getattr(e, 'strerror', None) or e}"
+        ) from None
     return load_config(
-        text, path, endpoints=endpoints, environ=environ, allow_experimental=allow_experimental
+        text,
+        path,
+        endpoints=endpoints,
+        environ=environ,
+        allow_experimental=allow_experimental,
+        compat_version=compat_version,
+        feature_gates=feature_gates,
     )
 
 
@@ -157,25 +179,34 @@ def load_document(
     endpoints: EndpointsFn | None = None,
     environ: Mapping[str, str] | None = None,
     allow_experimental: bool = True,
+    compat_version: str = "",
+    feature_gates: Mapping[str, bool] | None = None,
 ) -> LoadedConfig:
     """Load an already parsed document (a dict as produced by YAML)."""
+    if compat_version not in COMPAT_VERSIONS:
+        raise ValueError(f"unknown compat version {compat_version!r}")
     doc = decode_document(with_default_scheduling(raw))
     env = os.environ if environ is None else environ
-    return _load(LoadContext(doc, source, endpoints, env, allow_experimental=allow_experimental))
+    ctx = LoadContext(doc, source, endpoints, env, allow_experimental=allow_experimental)
+    return _load(ctx, compat_version, feature_gates or {})
 
 
-def _load(ctx: LoadContext) -> LoadedConfig:
+def _load(ctx: LoadContext, compat_version: str, gate_overrides: Mapping[str, bool]) -> LoadedConfig:
     """Check and instantiate ``plugins`` (dependencies first, whatever the list order), validate
     the profiles, apply the system defaults (skipping types not registered in this build, except
     the parser), create missing producers, then build the scheduler, data layer, discovery and
     flow control. Request-control hooks keep ``plugins:`` order.
     """
     doc = ctx.doc
-    if doc.api_version == DEPRECATED_API_VERSION:
-        ctx.warnings.append(f"apiVersion '{DEPRECATED_API_VERSION}' is deprecated; use '{API_VERSION}'")
+    if doc.api_version != API_VERSION:
+        ctx.warnings.append(
+            f"apiVersion '{doc.api_version}' is deprecated; use '{API_VERSION}' "
+            "(`epp check-config` prints this configuration converted to it)"
+        )
         doc.api_version = API_VERSION
     move_deprecated_saturation_detector(ctx)
-    gates = resolve_feature_gates(ctx)
+    check_removed(ctx, compat_version)
+    gates = resolve_feature_gates(ctx, gate_overrides)
     legacy_metrics = GATE_LEGACY_METRICS in gates
     if legacy_metrics:
         ctx.instantiate_all(d.CORE_METRICS_EXTRACTOR, f"with feature gate '{GATE_LEGACY_METRICS}'")

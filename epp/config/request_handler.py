@@ -35,7 +35,9 @@ def _refs(ctx: LoadContext) -> list[RefSpec]:
         doc.parser = None
     if not refs:
         refs = [RefSpec(t, f"{_FIELD}[{i}]") for i, t in enumerate(DEFAULT_PARSERS)]
-    doc.request_handler = RequestHandlerSpec(refs)
+    if doc.request_handler is None:
+        doc.request_handler = RequestHandlerSpec()
+    doc.request_handler.parsers = refs
     return refs
 
 

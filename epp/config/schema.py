@@ -26,8 +26,10 @@ from epp.framework.decode import (
 from epp.framework.durations import parse_go_duration
 from epp.framework.errors import ConfigError
 
-API_VERSION = "llm-d.ai/v1alpha1"
-DEPRECATED_API_VERSION = "inference.networking.x-k8s.io/v1alpha1"
+API_VERSION = "llm-d.ai/v1"  # the current version: the internal form and the effective output
+V1ALPHA1_API_VERSION = "llm-d.ai/v1alpha1"  # deprecated: converted to v1 when decoded
+DEPRECATED_API_VERSION = "inference.networking.x-k8s.io/v1alpha1"  # the older group, as v1alpha1
+API_VERSIONS = (API_VERSION, V1ALPHA1_API_VERSION, DEPRECATED_API_VERSION)
 KIND = "EndpointPickerConfig"
 
 GATE_FLOW_CONTROL = "flowControl"
@@ -97,6 +99,7 @@ class RequestHandlerSpec:
     """``requestHandler``: the parsers, matched per request by path suffix."""
 
     parsers: list[RefSpec] = field(default_factory=list)
+    propagate_priority: bool = False
 
 
 @dataclass(slots=True)
@@ -114,6 +117,7 @@ class DataLayerSpec:
     peer_discovery: RefSpec | None = None
     cross_replica_syncer_plugin_ref: str | None = None
     cross_replica_sync_interval: Duration | None = None
+    cross_replica_publish_timeout: Duration | None = None
 
 
 @dataclass(slots=True, frozen=True)
@@ -141,6 +145,7 @@ class PriorityBandSpec:
     max_requests: Quantity | None = None
     fairness_policy_ref: str | None = None
     ordering_policy_ref: str | None = None
+    default_request_ttl: Duration | None = None  # None: flowControl.defaultRequestTTL
     path: str = ""
 
 
@@ -158,6 +163,7 @@ class FlowControlSpec:
     usage_limit_policy_plugin_ref: str | None = None
     saturation_detector: RefSpec | None = None
     enable_eviction: bool | None = None
+    band_selection_policy_plugin_ref: str | None = None
 
     def has_settings(self) -> bool:
         """Whether anything but the saturation detector (honoured with the gate off) is set."""
@@ -171,11 +177,17 @@ class FlowControlSpec:
             or bool(self.priority_bands)
             or bool(self.usage_limit_policy_plugin_ref)
             or bool(self.enable_eviction)
+            or bool(self.band_selection_policy_plugin_ref)
         )
 
 
 @dataclass(slots=True)
 class ConfigDocument:
+    """The internal form of a document of any accepted ``apiVersion`` (the v1 layout).
+
+    ``api_version`` is the version as written until the loader has reported a deprecated one.
+    """
+
     api_version: str = API_VERSION
     kind: str = KIND
     feature_gates: list[str] = field(default_factory=list)
@@ -329,19 +341,27 @@ def parse_duration(value: Any, path: str) -> Duration | None:
 
 # --- document decoding --------------------------------------------------------------------------
 
-_TOP_FIELDS = (
+# v1 has no top-level parser or saturationDetector (requestHandler.parsers and
+# flowControl.saturationDetector replace them).
+_TOP_FIELDS_V1 = (
     "apiVersion",
     "kind",
     "featureGates",
     "plugins",
     "schedulingProfiles",
-    "saturationDetector",
     "dataLayer",
     "flowControl",
-    "parser",
     "requestHandler",
 )
-_BAND_FIELDS = ("priority", "maxBytes", "maxRequests", "fairnessPolicyRef", "orderingPolicyRef")
+_TOP_FIELDS_V1ALPHA1 = (*_TOP_FIELDS_V1, "saturationDetector", "parser")
+_BAND_FIELDS = (
+    "priority",
+    "maxBytes",
+    "maxRequests",
+    "fairnessPolicyRef",
+    "orderingPolicyRef",
+    "defaultRequestTTL",
+)
 _FLOW_FIELDS = (
     "maxBytes",
     "maxRequests",
@@ -353,30 +373,48 @@ _FLOW_FIELDS = (
     "usageLimitPolicyPluginRef",
     "saturationDetector",
     "enableEviction",
+    "bandSelectionPolicyPluginRef",
 )
-_DATA_LAYER_FIELDS = (
+_DATA_LAYER_FIELDS_V1 = ("injectDefaults", "sources", "discovery", "crossReplica")
+_DATA_LAYER_FIELDS_V1ALPHA1 = (
     "injectDefaults",
     "sources",
     "discovery",
     "peerDiscovery",
     "crossReplicaSyncerPluginRef",
     "crossReplicaSyncInterval",
+    "crossReplicaPublishTimeout",
 )
+_CROSS_REPLICA_FIELDS = ("syncerPluginRef", "syncInterval", "publishTimeout")
+
+
+def _api_version(top: dict[str, Any]) -> str:
+    api_version = _str(top.get("apiVersion"), "apiVersion")
+    if api_version in API_VERSIONS:
+        return api_version
+    expected = f"expected '{API_VERSION}' or '{V1ALPHA1_API_VERSION}'"
+    if not api_version:
+        raise ConfigError("apiVersion", f"apiVersion missing ({expected})")
+    raise ConfigError("apiVersion", f"unknown apiVersion '{api_version}' ({expected})")
 
 
 def decode_document(raw: Any) -> ConfigDocument:
-    """Decode a parsed document strictly. ``apiVersion`` and ``kind`` are checked here.
+    """Decode a parsed document strictly into the internal (v1) form; ``apiVersion`` and ``kind``
+    are checked here.
 
-    An unknown top-level or structural field is an error; plugin ``parameters`` stay raw (a mapping
-    or ``None``) until each plugin's typed ``Params`` decodes them.
+    ``llm-d.ai/v1`` takes the v1 layout only; ``llm-d.ai/v1alpha1`` (and the older group) takes its
+    own layout, converted here: ``dataLayer.discovery.pluginRef`` and ``dataLayer.peerDiscovery``
+    become ``discovery.endpoints`` and ``discovery.peers`` (an explicit ``endpoints``/``peers`` wins),
+    ``crossReplica*`` become ``crossReplica``; the top-level ``parser`` and ``saturationDetector`` are
+    kept for the loader, which moves them with a warning. An unknown top-level or structural field is
+    an error; plugin ``parameters`` stay raw (a mapping or ``None``) until each plugin's typed
+    ``Params`` decodes them.
     """
     if not isinstance(raw, dict):
         raise ConfigError("", f"expected a mapping at the top level, got {kind_of(raw)}")
-    top = _mapping(raw, "", _TOP_FIELDS)
-    api_version = _str(top.get("apiVersion"), "apiVersion")
-    if api_version not in (API_VERSION, DEPRECATED_API_VERSION):
-        got = f"'{api_version}'" if api_version else "missing"
-        raise ConfigError("apiVersion", f"unknown apiVersion {got} (expected '{API_VERSION}')")
+    api_version = _api_version(raw)
+    v1 = api_version == API_VERSION
+    top = _mapping(raw, "", _TOP_FIELDS_V1 if v1 else _TOP_FIELDS_V1ALPHA1)
     kind = _str(top.get("kind"), "kind")
     if kind != KIND:
         got = f"'{kind}'" if kind else "missing"
@@ -384,6 +422,7 @@ def decode_document(raw: Any) -> ConfigDocument:
     gates = [
         _str(g, f"featureGates[{i}]") for i, g in enumerate(_list(top.get("featureGates"), "featureGates"))
     ]
+    data_layer = _data_layer_v1 if v1 else _data_layer_v1alpha1
     return ConfigDocument(
         api_version=api_version,
         kind=kind,
@@ -394,7 +433,7 @@ def decode_document(raw: Any) -> ConfigDocument:
             for i, p in enumerate(_list(top.get("schedulingProfiles"), "schedulingProfiles"))
         ],
         saturation_detector=_ref_section(top, "saturationDetector"),
-        data_layer=_data_layer(top.get("dataLayer"), "dataLayer"),
+        data_layer=data_layer(top.get("dataLayer"), "dataLayer"),
         flow_control=_flow_control(top["flowControl"], "flowControl") if "flowControl" in top else None,
         parser=_ref_section(top, "parser"),
         request_handler=_request_handler(top["requestHandler"]) if "requestHandler" in top else None,
@@ -439,17 +478,16 @@ def _ref_section(top: dict[str, Any], key: str) -> RefSpec | None:
 
 def _request_handler(raw: Any) -> RequestHandlerSpec:
     path = "requestHandler"
-    m = _mapping(raw, path, ("parsers",))
+    m = _mapping(raw, path, ("parsers", "propagatePriority"))
     return RequestHandlerSpec(
         parsers=[
             _ref(p, f"{path}.parsers[{i}]") for i, p in enumerate(_list(m.get("parsers"), f"{path}.parsers"))
-        ]
+        ],
+        propagate_priority=_opt_bool(m.get("propagatePriority"), f"{path}.propagatePriority") is True,
     )
 
 
-def _data_layer(raw: Any, path: str) -> DataLayerSpec:
-    m = _mapping(raw, path, _DATA_LAYER_FIELDS)
-    inject = _opt_bool(m.get("injectDefaults"), f"{path}.injectDefaults")
+def _sources(m: dict[str, Any], path: str) -> list[DataSourceSpec]:
     sources = []
     for i, s in enumerate(_list(m.get("sources"), f"{path}.sources")):
         spath = f"{path}.sources[{i}]"
@@ -463,16 +501,59 @@ def _data_layer(raw: Any, path: str) -> DataLayerSpec:
                 plugin_ref=_str(sm.get("pluginRef"), f"{spath}.pluginRef"), extractors=extractors, path=spath
             )
         )
+    return sources
+
+
+def _discovery(
+    raw: Any, path: str, *, bare_ref: bool
+) -> tuple[RefSpec | None, RefSpec | None, RefSpec | None]:
+    """``discovery``: ``(endpoints, peers, bare pluginRef)``; the bare form is v1alpha1's only."""
+    if raw is None:
+        return None, None, None
+    allowed = ("endpoints", "peers", "pluginRef") if bare_ref else ("endpoints", "peers")
+    m = _mapping(raw, path, allowed)
+    bare = None
+    if bare_ref and m.get("pluginRef") is not None:
+        bare = RefSpec(plugin_ref=_str(m["pluginRef"], f"{path}.pluginRef"), path=path)
+    return (
+        _opt_ref(m.get("endpoints"), f"{path}.endpoints"),
+        _opt_ref(m.get("peers"), f"{path}.peers"),
+        bare,
+    )
+
+
+def _data_layer_v1(raw: Any, path: str) -> DataLayerSpec:
+    m = _mapping(raw, path, _DATA_LAYER_FIELDS_V1)
+    endpoints, peers, _ = _discovery(m.get("discovery"), f"{path}.discovery", bare_ref=False)
+    cpath = f"{path}.crossReplica"
+    cross = _mapping(m.get("crossReplica"), cpath, _CROSS_REPLICA_FIELDS)
     return DataLayerSpec(
-        inject_defaults=inject is not False,
-        sources=sources,
-        discovery=_opt_ref(m.get("discovery"), f"{path}.discovery"),
-        peer_discovery=_opt_ref(m.get("peerDiscovery"), f"{path}.peerDiscovery"),
+        inject_defaults=_opt_bool(m.get("injectDefaults"), f"{path}.injectDefaults") is not False,
+        sources=_sources(m, path),
+        discovery=endpoints,
+        peer_discovery=peers,
+        cross_replica_syncer_plugin_ref=_opt_str(cross.get("syncerPluginRef"), f"{cpath}.syncerPluginRef"),
+        cross_replica_sync_interval=parse_duration(cross.get("syncInterval"), f"{cpath}.syncInterval"),
+        cross_replica_publish_timeout=parse_duration(cross.get("publishTimeout"), f"{cpath}.publishTimeout"),
+    )
+
+
+def _data_layer_v1alpha1(raw: Any, path: str) -> DataLayerSpec:
+    m = _mapping(raw, path, _DATA_LAYER_FIELDS_V1ALPHA1)
+    endpoints, peers, bare = _discovery(m.get("discovery"), f"{path}.discovery", bare_ref=True)
+    return DataLayerSpec(
+        inject_defaults=_opt_bool(m.get("injectDefaults"), f"{path}.injectDefaults") is not False,
+        sources=_sources(m, path),
+        discovery=endpoints or bare,
+        peer_discovery=peers or _opt_ref(m.get("peerDiscovery"), f"{path}.peerDiscovery"),
         cross_replica_syncer_plugin_ref=_opt_str(
             m.get("crossReplicaSyncerPluginRef"), f"{path}.crossReplicaSyncerPluginRef"
         ),
         cross_replica_sync_interval=parse_duration(
             m.get("crossReplicaSyncInterval"), f"{path}.crossReplicaSyncInterval"
+        ),
+        cross_replica_publish_timeout=parse_duration(
+            m.get("crossReplicaPublishTimeout"), f"{path}.crossReplicaPublishTimeout"
         ),
     )
 
@@ -489,6 +570,7 @@ def _band(raw: Any, path: str) -> PriorityBandSpec:
         max_requests=parse_quantity(m.get("maxRequests"), f"{path}.maxRequests"),
         fairness_policy_ref=_opt_str(m.get("fairnessPolicyRef"), f"{path}.fairnessPolicyRef"),
         ordering_policy_ref=_opt_str(m.get("orderingPolicyRef"), f"{path}.orderingPolicyRef"),
+        default_request_ttl=parse_duration(m.get("defaultRequestTTL"), f"{path}.defaultRequestTTL"),
         path=path,
     )
 
@@ -517,4 +599,7 @@ def _flow_control(raw: Any, path: str) -> FlowControlSpec:
         ),
         saturation_detector=_opt_ref(m.get("saturationDetector"), f"{path}.saturationDetector"),
         enable_eviction=_opt_bool(m.get("enableEviction"), f"{path}.enableEviction"),
+        band_selection_policy_plugin_ref=_opt_str(
+            m.get("bandSelectionPolicyPluginRef"), f"{path}.bandSelectionPolicyPluginRef"
+        ),
     )

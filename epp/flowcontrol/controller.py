@@ -206,6 +206,13 @@ class FlowController:
 
     # --- bands ---------------------------------------------------------------------------------
 
+    def reconfigure(self, settings: FlowControlSettings) -> None:
+        """New caps, TTLs and bands (a config reload); each band keeps its queue and policies, a
+        queued request keeps the TTL it was admitted with."""
+        self.settings = settings
+        for priority, band in self._bands.items():
+            band.settings = settings.band(priority)
+
     def _band(self, priority: int) -> Band:
         band = self._bands.get(priority)
         if band is None:
@@ -259,7 +266,7 @@ class FlowController:
             seq=next(self._seq),
             enqueued_at=now,
             received_at=received_at,
-            ttl=self.settings.request_ttl,
+            ttl=self.settings.request_ttl if band.settings.request_ttl is None else band.settings.request_ttl,
         )
         item.sort_key = band.ordering.sort_key(item)
         self._push(band, item)
@@ -640,6 +647,5 @@ class FlowController:
     @property
     def wait_budget(self) -> float:
         """The longest a request may wait here plus scheduling time, in seconds (Envoy's timer)."""
-        s = self.settings
-        longest = max(s.request_ttl, s.no_endpoint_ttl)
+        longest = self.settings.longest_ttl()
         return MAX_MESSAGE_TIMEOUT if longest <= 0 else min(MAX_MESSAGE_TIMEOUT, longest + 10.0)

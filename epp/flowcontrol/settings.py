@@ -11,12 +11,13 @@ from epp.framework.interfaces import FairnessPolicy, OrderingPolicy, Plugin, Usa
 
 @dataclass(slots=True, frozen=True)
 class BandSettings:
-    """One band's caps (0: unlimited) and policies."""
+    """One band's caps (0: unlimited), policies and queue-wait budget (None: the global one)."""
 
     max_requests: int
     max_bytes: int
     fairness: FairnessPolicy
     ordering: OrderingPolicy
+    request_ttl: float | None = None
 
 
 @dataclass(slots=True)
@@ -42,6 +43,14 @@ class FlowControlSettings:
             return self.negative_band
         return self.default_band
 
+    def longest_ttl(self) -> float:
+        """The longest queue-wait budget of any band (0 when one waits without limit)."""
+        ttls = [self.request_ttl, self.no_endpoint_ttl]
+        for b in (self.default_band, self.negative_band, *self.bands.values()):
+            if b is not None and b.request_ttl is not None:
+                ttls.append(b.request_ttl)
+        return 0.0 if any(t <= 0 for t in ttls) else max(ttls)
+
 
 def settings_from_spec(spec: FlowControlSpec, plugins: Mapping[str, Plugin]) -> FlowControlSettings:
     """Settings from a checked, defaults-filled ``flowControl`` section (``check_flow_control``)."""
@@ -56,6 +65,7 @@ def settings_from_spec(spec: FlowControlSpec, plugins: Mapping[str, Plugin]) -> 
             max_bytes=b.max_bytes.value if b.max_bytes is not None else 0,
             fairness=fairness,
             ordering=ordering,
+            request_ttl=b.default_request_ttl.seconds if b.default_request_ttl is not None else None,
         )
 
     assert spec.default_priority_band is not None

@@ -31,7 +31,7 @@ class Deprecation:
 
     def message(self, type_name: str) -> str:
         when = f" since {self.since}" if self.since else ""
-        until = f" and will be removed in {self.removal}" if self.removal else ""
+        until = f" (removed in router {self.removal})" if self.removal else ""
         return f"plugin type '{type_name}' is deprecated{when}{until}; use '{self.replacement}' instead"
 
 

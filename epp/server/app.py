@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import signal
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -23,6 +25,7 @@ from epp.framework import Endpoint, EndpointStateHolder, MetadataExtractor, Repl
 from epp.promlite import start_http_server
 from epp.scheduling import Scheduler
 from epp.server import h2grpc, heap
+from epp.server.config_reload import ConfigWatcher, Reload
 from epp.server.director import Director, DirectorHooks
 from epp.server.extproc import ExternalProcessor, StreamOptions, add_to_server
 from epp.server.health import Health
@@ -134,9 +137,11 @@ class EppServer:
         *,
         kube: KubeRuntime | None = None,
         objectives: ObjectiveStore | None = None,
+        config_watch: tuple[str, Callable[[str], LoadedConfig]] | None = None,
     ) -> None:
         """``objectives``: priorities from ``--objectives-file`` (without Kubernetes)."""
         self.cfg = cfg
+        self.config_watch = config_watch  # --watch-config-file: the file and how to load a candidate
         self.opts = opts
         self.store = store if store is not None else EndpointStore()  # an empty store is falsy
         self.kube = kube
@@ -156,14 +161,9 @@ class EppServer:
         self._hurry = asyncio.Event()
         scheduler = cfg.scheduler
         assert isinstance(scheduler, Scheduler)
-        scheduler.timer = metrics.observe_plugin
-        for profile in scheduler.profiles.values():
-            profile.timer = metrics.observe_plugin
-            profile.record_scores = opts.emit_endpoint_scores
-            profile.explain = logs.debug_enabled()
+        self._prepare(scheduler)
         if opts.grpc_stream_metrics:
             metrics.enable_grpc_stream_metrics()
-        tracing.instrument(scheduler.profiles)  # no-op unless --tracing
         self.flow_control = _flow_controller(cfg, self.store, opts.pool_name)
         promlite.configure_exposition(  # /metrics shows the families of what is loaded
             emit_deprecated=opts.emit_deprecated_metrics, loaded=_metric_owners(cfg, self.flow_control)
@@ -215,6 +215,28 @@ class EppServer:
             staleness=opts.metrics_staleness_threshold,
         )
         self.served_models = ServedModels(self.store)  # bounds the model_name metric labels
+
+    def _prepare(self, scheduler: Scheduler) -> None:
+        scheduler.timer = metrics.observe_plugin
+        for profile in scheduler.profiles.values():
+            profile.timer = metrics.observe_plugin
+            profile.record_scores = self.opts.emit_endpoint_scores
+            profile.explain = logs.debug_enabled()
+        tracing.instrument(scheduler.profiles)  # no-op unless --tracing
+
+    def apply_reload(self, candidate: LoadedConfig, plan: Reload) -> None:
+        """Install a checked config change (``config_reload.plan_reload``) between two requests."""
+        self._prepare(plan.scheduler)
+        if plan.flow_settings is not None and self.flow_control is not None:
+            self.flow_control.reconfigure(plan.flow_settings)
+        self.director.scheduler = plan.scheduler
+        self.cfg = dataclasses.replace(
+            self.cfg, document=candidate.document, scheduler=plan.scheduler, plugins=plan.plugins
+        )
+        promlite.configure_exposition(
+            emit_deprecated=self.opts.emit_deprecated_metrics,
+            loaded=_metric_owners(self.cfg, self.flow_control),
+        )
 
     def stop(self) -> None:
         """First call: graceful shutdown. A second call (Ctrl-C twice) skips the drain delay."""
@@ -346,7 +368,14 @@ class EppServer:
             loop = asyncio.get_running_loop()
             for sig in (signal.SIGINT, signal.SIGTERM):
                 loop.add_signal_handler(sig, self.stop)
+            watcher = None
+            if self.config_watch is not None:
+                path, load = self.config_watch
+                watch = ConfigWatcher(path, lambda: self.cfg, load, self.apply_reload)
+                watcher = asyncio.create_task(watch.run(self._stop), name="config-watch")
             await self._stop.wait()
+            if watcher is not None:
+                await watcher
 
             log.info("shutting down", drain_delay_s=opts.drain_delay, grace_s=opts.grace_period)
             await self.health.set_ready(False)

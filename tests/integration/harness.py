@@ -274,6 +274,7 @@ class Rig:
         labels: Mapping[str, Mapping[str, str]] | None = None,
         file_discovery: bool = True,
         wait_ready: bool = True,
+        config_file: Path | None = None,
     ) -> Epp:
         """The EPP over ``sims`` (file discovery), with an optional scheduling ``config`` document.
 
@@ -297,6 +298,7 @@ class Rig:
                 metrics_port=metrics_port,
                 config=document,
                 extra=["--log-level", "warning", "--grpc-socket", stack.epp_socket(grpc_port), *extra],
+                config_file=config_file,
             )
             epp = Epp(
                 child,

@@ -41,12 +41,12 @@ from tests.integration.harness import (
     marker,
     request,
 )
+from tests.llm_d_corpus import needs_corpus, project_config
 
 pytestmark = pytest.mark.integration
 
 DROPPED = "x-llm-d-request-dropped-reason"
 FAIRNESS = "x-llm-d-inference-fairness-id"
-CONFIGS = Path(__file__).resolve().parents[1] / "data" / "llm_d_configs"
 
 
 def flow_config(
@@ -228,9 +228,10 @@ def test_queued_requests_get_503_shutting_down_when_the_epp_stops(rig: Rig) -> N
     assert resp.headers.get(DROPPED) == "rejected-shutting-down"
 
 
+@needs_corpus
 @pytest.mark.parametrize("sample", ["wellknown_configs_test-6", "sim-program-aware-config"])
 def test_reference_flow_control_samples_serve_traffic(rig: Rig, sample: str) -> None:
-    document = yaml.safe_load((CONFIGS / f"{sample}.yaml").read_text())
+    document = yaml.safe_load(project_config(sample).read_text())
     assert "flowControl" in document.get("featureGates", [])
     sims = rig.start_sims(2)
     extra = ["--allow-experimental-plugins"]

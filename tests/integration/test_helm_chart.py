@@ -1,8 +1,8 @@
 """The EPP container of the llm-d Helm charts, with epp's image swapped in and nothing else changed.
 
 The args, ports, probes and env below are rendered by hand from the llm-d router's Helm library
-chart (its EPP deployment pod spec) with its default values (release ``qwen`` in namespace ``llm``),
-for three value sets: the ``llm-d-router-gateway`` chart as installed, the same with
+chart of router v0.11 (its EPP deployment pod spec) with its default values (release ``qwen`` in
+namespace ``llm``), for three value sets: the ``llm-d-router-gateway`` chart as installed, the same with
 ``router.epp.replicas: 2``, ``router.tracing.enabled: true``, ``router.epp.flags`` and
 ``router.monitoring.prometheus.auth.enabled: false``, and the ``llm-d-router-standalone`` chart with
 ``router.inferencePool.create: false``. Each runs the real ``epp serve`` with exactly those args
@@ -131,7 +131,8 @@ GATEWAY = Variant(
 GATEWAY_HA_TRACING = Variant(
     "gateway-ha-tracing",
     # router.epp.replicas: 2 (leader election, named probes), router.epp.flags {v: 2,
-    # drain-timeout: 5s} (rendered in key order as --key=value), router.tracing.enabled: true
+    # drain-timeout: 5s, and router v0.11's feature-gates and plugin-state-staleness-threshold}
+    # (rendered in key order as --key=value), router.tracing.enabled: true
     # (otelExporterEndpoint set to the test's collector), router.monitoring.prometheus.auth.enabled:
     # false.
     (
@@ -140,6 +141,8 @@ GATEWAY_HA_TRACING = Variant(
         "--grpc-health-port",
         "9003",
         "--drain-timeout=5s",
+        "--feature-gates=haPopulateNonLeaderDatastore=true",
+        "--plugin-state-staleness-threshold=5m",
         "--v=2",
         "--tracing=true",
         "--metrics-endpoint-auth=false",

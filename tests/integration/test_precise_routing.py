@@ -10,7 +10,6 @@ import json
 import re
 import time
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any
 
 import yaml
@@ -18,8 +17,9 @@ import yaml
 from epp.dev.stack import free_port, kv_events_labels, kv_events_sim_args
 from epp.tokenization import DEFAULT_TOKENIZER_DIR
 from tests.integration.harness import JSON_HEADERS, MODEL, SIM_ARGS, Envoy, Epp, Rig, Sim, request
+from tests.llm_d_corpus import needs_corpus, project_config
 
-REFERENCE_SAMPLE = Path(__file__).parents[1] / "data" / "llm_d_configs" / "precise-prefix.yaml"
+REFERENCE_SAMPLE = project_config("precise-prefix")
 PRODUCER = "precise-prefix-cache-producer"
 REPLAYS = "llm_d_epp_kv_cache_events_replays_total"
 CONFIG = {
@@ -178,6 +178,7 @@ def _reference_sample(sims: list[Sim]) -> dict[str, Any]:
     return config
 
 
+@needs_corpus
 def test_the_reference_precise_sample_runs_with_render_tokenization(rig: Rig) -> None:
     """token-producer rendering through vLLM's render endpoint, endpoint-notification-source, the
     reference's scorers and weights: requests still follow the reported blocks."""

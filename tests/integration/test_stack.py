@@ -33,7 +33,7 @@ def test_epp_config_injects_file_discovery(tmp_path: Path) -> None:
     (plugin,) = cfg["plugins"]
     assert plugin["type"] == "file-discovery"
     assert plugin["parameters"] == {"path": str(tmp_path / "endpoints.yaml"), "watchFile": True}
-    assert cfg["dataLayer"] == {"discovery": {"pluginRef": plugin["name"]}}
+    assert cfg["dataLayer"] == {"discovery": {"endpoints": {"pluginRef": plugin["name"]}}}  # v1
     assert cfg["kind"] == "EndpointPickerConfig"
 
 

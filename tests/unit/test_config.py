@@ -689,7 +689,8 @@ def test_effective_yaml_of_the_default_round_trips_and_fills_defaults() -> None:
             {"pluginRef": "anthropic-parser"},
             {"pluginRef": "vllmhttp-parser"},
             {"pluginRef": "passthrough-parser"},
-        ]
+        ],
+        "propagatePriority": False,
     }
     assert "saturationDetector" not in doc  # deprecated location
     assert doc["flowControl"] == {"saturationDetector": {"pluginRef": "utilization-detector"}}
@@ -981,7 +982,7 @@ def test_validation_error_names_the_field(body: str, field_path: str, reason: st
 @pytest.mark.parametrize(
     ("text", "field_path", "reason"),
     [
-        ("kind: EndpointPickerConfig\n", "apiVersion", "unknown apiVersion missing"),
+        ("kind: EndpointPickerConfig\n", "apiVersion", "apiVersion missing (expected 'llm-d.ai/v1' or"),
         ("apiVersion: v1\nkind: EndpointPickerConfig\n", "apiVersion", "unknown apiVersion 'v1'"),
         ("apiVersion: llm-d.ai/v1alpha1\n", "kind", "unknown kind missing"),
         ("apiVersion: llm-d.ai/v1alpha1\nkind: Pod\n", "kind", "unknown kind 'Pod'"),
@@ -1061,8 +1062,11 @@ def test_load_config_file_uses_the_path_as_source(tmp_path: Path) -> None:
     with pytest.raises(ConfigSyntaxError) as info:
         load_config_file(str(path), environ=NO_ENV)
     assert info.value.source == str(path)
-    with pytest.raises(ConfigError, match="cannot read config file"):
+    with pytest.raises(ConfigError) as missing:
         load_config_file(str(tmp_path / "missing.yaml"))
+    assert missing.value.reason == f"config file {tmp_path / 'missing.yaml'} does not exist"  # no [Errno 2]
+    with pytest.raises(ConfigError, match=r"cannot read config file .*: Is a directory"):
+        load_config_file(str(tmp_path))
 
 
 # --- defaults and assembly --------------------------------------------------------------------------
@@ -1072,8 +1076,10 @@ def test_deprecated_api_version_is_accepted_with_a_warning() -> None:
     cfg = load_config(
         "apiVersion: inference.networking.x-k8s.io/v1alpha1\nkind: EndpointPickerConfig\n", environ=NO_ENV
     )
-    assert any("inference.networking.x-k8s.io/v1alpha1" in w and "deprecated" in w for w in cfg.warnings)
-    assert cfg.effective_yaml().startswith("apiVersion: llm-d.ai/v1alpha1\n")
+    (line,) = [w for w in cfg.warnings if "apiVersion" in w]
+    assert "'inference.networking.x-k8s.io/v1alpha1' is deprecated; use 'llm-d.ai/v1'" in line
+    assert cfg.effective_yaml().startswith("apiVersion: llm-d.ai/v1\n")
+    assert cfg.effective_yaml("llm-d.ai/v1alpha1").startswith("apiVersion: llm-d.ai/v1alpha1\n")
 
 
 def test_no_profiles_builds_a_default_profile_with_every_filter_scorer_and_picker() -> None:
@@ -1181,7 +1187,7 @@ def test_handle_resolves_earlier_plugins_and_endpoints() -> None:
 def test_multi_endpoint_picker_warns_about_original_dst() -> None:
     cfg = load("plugins:\n- {type: max-score-picker, parameters: {maxNumOfEndpoints: 3}}\n")
     assert any("ORIGINAL_DST" in w and "plugins[0].parameters.maxNumOfEndpoints" in w for w in cfg.warnings)
-    assert not load("plugins:\n- {type: max-score-picker}\n").warnings
+    assert not [w for w in load("plugins:\n- {type: max-score-picker}\n").warnings if "apiVersion" not in w]
 
 
 def test_feature_gates_and_deprecated_environment_switch() -> None:

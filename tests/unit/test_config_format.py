@@ -428,10 +428,13 @@ def test_peer_discovery_and_cross_replica_syncer_must_name_declared_plugins() ->
         "dataLayer:\n  peerDiscovery: {pluginRef: peers}\n  crossReplicaSyncerPluginRef: sync\n"
         "  crossReplicaSyncInterval: 500ms\n"
     )
-    dl = effective(cfg)["dataLayer"]
-    assert dl["peerDiscovery"] == {"pluginRef": "peers"}
-    assert dl["crossReplicaSyncerPluginRef"] == "sync"
-    assert dl["crossReplicaSyncInterval"] == "500ms"
+    dl = effective(cfg)["dataLayer"]  # in the v1 layout
+    assert dl["discovery"] == {"peers": {"pluginRef": "peers"}}
+    assert dl["crossReplica"] == {"syncerPluginRef": "sync", "syncInterval": "500ms"}
+    old = yaml.safe_load(cfg.effective_yaml("llm-d.ai/v1alpha1"))["dataLayer"]
+    assert old["peerDiscovery"] == {"pluginRef": "peers"}
+    assert old["crossReplicaSyncerPluginRef"] == "sync"
+    assert old["crossReplicaSyncInterval"] == "500ms"
     (warning,) = [w for w in cfg.warnings if "peerDiscovery" in w]
     assert "no effect" in warning and "--ha-replication-port" in warning
     assert load_config(cfg.effective_yaml(), environ=NO_ENV).effective_yaml() == cfg.effective_yaml()

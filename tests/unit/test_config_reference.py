@@ -1,6 +1,6 @@
-"""What the reference's own tests check of some of its configurations (the copies in
-tests/data/llm_d_configs, whose first line names the source in llm-d/llm-d-router); and the
-``epp check-config`` / ``epp plugins`` commands around them."""
+"""What the reference's own tests check of some of its configurations (project-corpus/ of the
+reference's files under ../shared, see tests/llm_d_corpus.py, whose first line names the source in
+llm-d/llm-d-router); and the ``epp check-config`` / ``epp plugins`` commands around them."""
 
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ import pytest
 import yaml
 
 from epp.config import ConfigError, LoadedConfig, load_config_file
+from tests.llm_d_corpus import EXPECTED, needs_corpus, project_config
 
-CONFIGS = Path(__file__).resolve().parents[1] / "data" / "llm_d_configs"
 NO_ENV: dict[str, str] = {}
 
 
@@ -105,11 +105,11 @@ FAILS: dict[str, tuple[str, str]] = {
 
 
 def _path(name: str) -> str:
-    return str(CONFIGS / f"{name}.yaml")
+    return str(project_config(name))
 
 
 def test_every_named_config_is_in_the_corpus_with_that_outcome() -> None:
-    expected = yaml.safe_load((CONFIGS / "EXPECTED.yaml").read_text())
+    expected = {k.removeprefix("project-corpus/"): v for k, v in EXPECTED.items()}
     for name in LOADS:
         assert expected[name] == "load", name
     for name, (field_path, _) in FAILS.items():
@@ -117,14 +117,16 @@ def test_every_named_config_is_in_the_corpus_with_that_outcome() -> None:
         assert entry.get("reject", entry.get("reject-with-mocks")) == field_path, name
 
 
+@needs_corpus
 @pytest.mark.parametrize("name", sorted(LOADS))
 def test_reference_config_loads(name: str) -> None:
     cfg = load_config_file(_path(name), environ=NO_ENV, allow_experimental=False)
     LOADS[name](cfg)
     again = yaml.safe_load(cfg.effective_yaml())
-    assert again["apiVersion"] == "llm-d.ai/v1alpha1"
+    assert again["apiVersion"] == "llm-d.ai/v1"
 
 
+@needs_corpus
 @pytest.mark.parametrize("name", sorted(FAILS))
 def test_reference_error_config_is_rejected(name: str) -> None:
     field_path, reason = FAILS[name]

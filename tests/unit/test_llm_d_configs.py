@@ -1,6 +1,6 @@
-"""Every EndpointPickerConfig of the reference (tests/data/llm_d_configs) does in epp what
-EXPECTED.yaml there says: it loads, loads only with experimental plugins allowed, is rejected
-naming a field, or waits for a plugin type epp does not have yet.
+"""Every EndpointPickerConfig of the reference (the corpus under ../shared, see tests/llm_d_corpus.py)
+does in epp what tests/data/llm_d_configs/EXPECTED.yaml says: it loads, loads only with experimental
+plugins allowed, is rejected naming a field, or waits for a plugin type epp does not have yet.
 
 The reference's own loader tests register mock plugin types (``test-plugin``, ``test-scorer``...)
 and a ``test-feature-gate``; the ``*-with-mocks`` classes are loaded with equivalents registered
@@ -33,6 +33,7 @@ from epp.framework.interfaces import (
     Profile,
     ProfileHandler,
     Scorer,
+    Stability,
 )
 from epp.framework.request import LLMRequest
 from epp.framework.results import (
@@ -41,9 +42,9 @@ from epp.framework.results import (
     SchedulingOutcome,
     ScoredEndpoint,
 )
+from tests.llm_d_corpus import EXPECTED, EXPECTED_FILE, config_path, corpus_keys, needs_corpus
 
-CONFIGS = Path(__file__).resolve().parents[1] / "data" / "llm_d_configs"
-EXPECTED: dict[str, Any] = yaml.safe_load((CONFIGS / "EXPECTED.yaml").read_text())
+pytestmark = needs_corpus
 NO_ENV: dict[str, str] = {}
 FLAG = "--allow-experimental-plugins"
 SOURCE_LINE = "# source: llm-d/llm-d-router "
@@ -55,7 +56,8 @@ CLASSES = (
     "experimental-with-mocks",
     "reject",
     "reject-with-mocks",
-    "later",
+    "needs-type",
+    "conversion-pair-with-mocks",
 )
 
 
@@ -72,7 +74,7 @@ def _names(cls: str) -> list[str]:
 
 
 def _path(name: str) -> str:
-    return str(CONFIGS / f"{name}.yaml")
+    return str(config_path(name))
 
 
 # --- the reference's test-mock plugin types -----------------------------------------------------------
@@ -194,6 +196,37 @@ class _MockMetricsSource(DataSource):
     type_name = "mock-metrics-source"
 
 
+class _MockAlpha(Plugin):
+    """``alpha-test-plugin``: an alpha type, refused without --allow-experimental-plugins."""
+
+    type_name = "alpha-test-plugin"
+    stability = Stability.ALPHA
+
+
+class _MockAlphaAllowed(_MockAlpha):
+    type_name = "alpha-test-plugin-allowed"
+
+
+class _MockSyncer(Plugin):
+    """``local-syncer``: the in-process cross-replica syncer of the reference's conversion test."""
+
+    type_name = "local-syncer"
+
+
+class _MockOne(Plugin):
+    """``test-one`` and ``test-two``: plain plugins of the reference's config-loader test file."""
+
+    type_name = "test-one"
+
+    @dataclass(slots=True, frozen=True)
+    class Params:
+        threshold: int = 0
+
+
+class _MockTwo(_MockScorer):
+    type_name = "test-two"
+
+
 MOCKS: tuple[type[Plugin], ...] = (
     _MockPlugin,
     _MockScorer,
@@ -205,6 +238,11 @@ MOCKS: tuple[type[Plugin], ...] = (
     _MockSource,
     _MockExtractor,
     _MockMetricsSource,
+    _MockAlpha,
+    _MockAlphaAllowed,
+    _MockSyncer,
+    _MockOne,
+    _MockTwo,
 )
 TEST_GATE = "test-feature-gate"
 
@@ -228,14 +266,14 @@ def mocks(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 
 
 def test_every_config_has_exactly_one_expectation() -> None:
-    files = sorted(p.stem for p in CONFIGS.glob("*.yaml") if p.name != "EXPECTED.yaml")
+    files = corpus_keys()
     assert files == sorted(EXPECTED)
-    assert not list(CONFIGS.glob("*.yml"))
-    text = (CONFIGS / "EXPECTED.yaml").read_text()
+    text = EXPECTED_FILE.read_text()
     keys = [line.split(":", 1)[0] for line in text.splitlines() if line and not line.startswith(("#", " "))]
     assert len(keys) == len(set(keys)), "a config is listed twice"
     for name in files:
-        assert Path(_path(name)).read_text().startswith(SOURCE_LINE), name
+        if name.startswith("project-corpus/"):
+            assert Path(_path(name)).read_text().startswith(SOURCE_LINE), name
         _class_of(EXPECTED[name])
 
 
@@ -275,14 +313,18 @@ def _all_defaults(cfg: LoadedConfig) -> None:
 
 # What the reference's own loader tests check of these configurations (no mocks needed).
 LOAD_CHECKS: dict[str, Callable[[LoadedConfig], None]] = {
-    "testdata_test-successParserConfigText": _parsers("openai-parser"),
-    "testdata_test-successParserWithNameConfigText": _parsers("openaiParser"),
-    "testdata_test-successMultipleParsersConfigText": _parsers("openai-parser", "secondParser"),
-    "testdata_test-successExplicitPassthroughConfigText": _parsers("openai-parser", "myFallback"),
-    "testdata_test-successDeprecatedTopLevelParserText": _parsers("openai-parser"),
+    "project-corpus/testdata_test-successParserConfigText": _parsers("openai-parser"),
+    "project-corpus/testdata_test-successParserWithNameConfigText": _parsers("openaiParser"),
+    "project-corpus/testdata_test-successMultipleParsersConfigText": _parsers(
+        "openai-parser", "secondParser"
+    ),
+    "project-corpus/testdata_test-successExplicitPassthroughConfigText": _parsers(
+        "openai-parser", "myFallback"
+    ),
+    "project-corpus/testdata_test-successDeprecatedTopLevelParserText": _parsers("openai-parser"),
     # also the reference's successWithNoParserConfigText and successDataLayerAutoDefaultText (same text)
-    "testdata_test-successWithNoProfileHandlersText": _all_defaults,
-    "testdata_test-successDataLayerNoSourcesText": _defaults_injected,
+    "project-corpus/testdata_test-successWithNoProfileHandlersText": _all_defaults,
+    "project-corpus/testdata_test-successDataLayerNoSourcesText": _defaults_injected,
 }
 
 
@@ -353,18 +395,20 @@ def _needs(name: str, *deps: str) -> Callable[[LoadedConfig], None]:
 
 # What the reference's own tests check of these configurations.
 MOCK_CHECKS: dict[str, Callable[[LoadedConfig], None]] = {
-    "testdata_test-successConfigText": _full_config,
-    "testdata_test-successDeprecatedText": _deprecated_group,
-    "testdata_test-successNoProfilesText": _no_profiles,
-    "testdata_test-successSchedulerConfigText": _scheduler_config,
-    "testdata_test-successWithNoWeightText": _no_weight,
-    "testdata_test-successPickerBeforeScorerText": _picker_first,
-    "testdata_test-successFilterOrderConfigText": _filter_order,
-    "testdata_test-successDataLayerExplicitConfigText": _explicit_data_layer,
-    "testdata_test-pluginsInOrderText": _needs("test-with-dependencies", "test1"),
-    "testdata_test-pluginsOutOfOrderText": _needs("test-with-dependencies", "test1"),
-    "testdata_test-pluginsRefedByPointerText": _needs("test-with-dependencies", "test1", "test2"),
-    "testdata_test-pluginsRefedInNestedingText": _needs(
+    "project-corpus/testdata_test-successConfigText": _full_config,
+    "project-corpus/testdata_test-successDeprecatedText": _deprecated_group,
+    "project-corpus/testdata_test-successNoProfilesText": _no_profiles,
+    "project-corpus/testdata_test-successSchedulerConfigText": _scheduler_config,
+    "project-corpus/testdata_test-successWithNoWeightText": _no_weight,
+    "project-corpus/testdata_test-successPickerBeforeScorerText": _picker_first,
+    "project-corpus/testdata_test-successFilterOrderConfigText": _filter_order,
+    "project-corpus/testdata_test-successDataLayerExplicitConfigText": _explicit_data_layer,
+    "project-corpus/testdata_test-pluginsInOrderText": _needs("test-with-dependencies", "test1"),
+    "project-corpus/testdata_test-pluginsOutOfOrderText": _needs("test-with-dependencies", "test1"),
+    "project-corpus/testdata_test-pluginsRefedByPointerText": _needs(
+        "test-with-dependencies", "test1", "test2"
+    ),
+    "project-corpus/testdata_test-pluginsRefedInNestedingText": _needs(
         "test-with-nested-dependencies", "test1", "test4", "test3", "test2", "test2"
     ),
 }
@@ -431,7 +475,7 @@ def test_reference_error_config_is_rejected_for_its_reason(name: str, mocks: Non
     _check_rejected(name)
 
 
-@pytest.mark.parametrize("name", _names("later"))
+@pytest.mark.parametrize("name", _names("needs-type"))
 def test_config_waits_for_a_missing_plugin_type(name: str, request: pytest.FixtureRequest) -> None:
     """When the type is implemented this fails: move the file to ``load`` (or ``experimental``)."""
     entry = EXPECTED[name]
@@ -440,7 +484,7 @@ def test_config_waits_for_a_missing_plugin_type(name: str, request: pytest.Fixtu
         request.getfixturevalue("mocks")
     with pytest.raises(ConfigError) as info:
         load_config_file(_path(name), environ=NO_ENV, allow_experimental=True)
-    assert f"plugin type '{entry['later']}' is not registered" in info.value.reason, info.value
+    assert f"plugin type '{entry['needs-type']}' is not registered" in info.value.reason, info.value
 
 
 def test_check_config_command_loads_an_experimental_config_when_allowed() -> None:
@@ -456,3 +500,36 @@ def test_check_config_command_loads_an_experimental_config_when_allowed() -> Non
 def test_the_mocks_are_gone_after_a_test() -> None:
     assert all(registry.lookup(cls.type_name) is None for cls in MOCKS)
     assert TEST_GATE not in FEATURE_GATES
+
+
+@pytest.mark.parametrize("name", _names("conversion-pair-with-mocks"))
+def test_a_v1alpha1_file_and_its_v1_twin_give_one_effective_config(
+    name: str, mocks: None, tmp_path: Path
+) -> None:
+    twin = EXPECTED[name]["conversion-pair-with-mocks"]
+    assert EXPECTED[twin]["conversion-pair-with-mocks"] == name
+    loaded = {}
+    for key in (name, twin):
+        raw = yaml.safe_load(Path(_path(key)).read_text())
+        for plugin in raw["plugins"]:
+            if plugin["type"] == "file-discovery":  # created here, unlike in the reference's test
+                plugin["parameters"] = {"path": str(tmp_path / "endpoints.yaml")}
+        (tmp_path / "endpoints.yaml").write_text("endpoints: []\n")
+        loaded[raw["apiVersion"]] = load_config(yaml.safe_dump(raw), environ=NO_ENV)
+    old, new = loaded["llm-d.ai/v1alpha1"], loaded["llm-d.ai/v1"]
+    assert old.effective_yaml() == new.effective_yaml()
+    assert old.effective_yaml("llm-d.ai/v1alpha1") == new.effective_yaml("llm-d.ai/v1alpha1")
+    effective = yaml.safe_load(new.effective_yaml())
+    assert effective["dataLayer"]["crossReplica"] == {
+        "syncerPluginRef": "syncer",
+        "syncInterval": "500ms",
+        "publishTimeout": "2s",
+    }
+    assert effective["dataLayer"]["discovery"] == {"endpoints": {"pluginRef": "my-disc"}}
+    assert effective["requestHandler"]["propagatePriority"] is True
+    assert new.discovery is new.plugins["my-disc"] and old.discovery is old.plugins["my-disc"]
+    assert [w for w in old.warnings if "deprecated" in w] == [
+        "apiVersion 'llm-d.ai/v1alpha1' is deprecated; use 'llm-d.ai/v1' "
+        "(`epp check-config` prints this configuration converted to it)"
+    ]
+    assert not [w for w in new.warnings if "deprecated" in w]

@@ -148,7 +148,8 @@ def test_effective_config_round_trips_the_parser_list() -> None:
     cfg = load("requestHandler: {parsers: [{pluginRef: sglanghttp-parser}, {pluginRef: vllmhttp-parser}]}\n")
     doc = yaml.safe_load(cfg.effective_yaml())
     assert doc["requestHandler"] == {
-        "parsers": [{"pluginRef": "sglanghttp-parser"}, {"pluginRef": "vllmhttp-parser"}]
+        "parsers": [{"pluginRef": "sglanghttp-parser"}, {"pluginRef": "vllmhttp-parser"}],
+        "propagatePriority": False,
     }
     again = load_config(cfg.effective_yaml(), environ=NO_ENV)
     assert types(again) == ["sglanghttp-parser", "vllmhttp-parser"]

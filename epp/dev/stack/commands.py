@@ -34,7 +34,10 @@ def serve_argv(
     metrics_port: int,
     config_text: str,
     extra: Sequence[str] = (),
+    config_file: str = "",
 ) -> list[str]:
+    """``epp serve`` with ``config_text`` (or, when ``config_file`` is given, that file)."""
+    config = ["--config-file", config_file] if config_file else ["--config-text", config_text]
     return python_argv(
         "serve",
         "--bind-address=127.0.0.1",  # a local stack listens on loopback only (serve's default is 0.0.0.0)
@@ -42,7 +45,6 @@ def serve_argv(
         f"--grpc-port={grpc_port}",
         f"--grpc-health-port={health_port}",
         f"--metrics-port={metrics_port}",
-        "--config-text",
-        config_text,
+        *config,
         *extra,
     )

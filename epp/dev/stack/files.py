@@ -67,7 +67,7 @@ def epp_config(endpoints_file: Path, base: dict[str, Any] | None = None) -> dict
     pointed at ``endpoints_file``, otherwise one is added, and ``dataLayer.discovery`` refers to it.
     """
     cfg: dict[str, Any] = dict(base or {})
-    cfg.setdefault("apiVersion", "llm-d.ai/v1alpha1")
+    cfg.setdefault("apiVersion", "llm-d.ai/v1")
     cfg.setdefault("kind", "EndpointPickerConfig")
     plugins = [dict(p) for p in cfg.get("plugins") or []]
     discovery = next((p for p in plugins if p.get("type") == "file-discovery"), None)
@@ -81,7 +81,11 @@ def epp_config(endpoints_file: Path, base: dict[str, Any] | None = None) -> dict
     }
     cfg["plugins"] = plugins
     data_layer = dict(cfg.get("dataLayer") or {})
-    data_layer["discovery"] = {"pluginRef": discovery.get("name") or discovery["type"]}
+    ref = {"pluginRef": discovery.get("name") or discovery["type"]}
+    if cfg["apiVersion"] == "llm-d.ai/v1":
+        data_layer["discovery"] = {**(data_layer.get("discovery") or {}), "endpoints": ref}
+    else:
+        data_layer["discovery"] = ref
     cfg["dataLayer"] = data_layer
     return cfg
 

@@ -91,15 +91,20 @@ class Stack:
         metrics_port: int,
         config: Mapping[str, Any],
         extra: Sequence[str] = (),
+        config_file: Path | None = None,
     ) -> Child:
-        """``epp serve`` (plain-text ext_proc) with the EndpointPickerConfig document ``config``."""
+        """``epp serve`` (plain-text ext_proc) with the EndpointPickerConfig document ``config``
+        (written to ``config_file`` and passed as ``--config-file`` when that is given)."""
         config_text = yaml.safe_dump(dict(config), sort_keys=False)
+        if config_file is not None:
+            config_file.write_text(config_text)
         argv = serve_argv(
             grpc_port=grpc_port,
             health_port=health_port,
             metrics_port=metrics_port,
             config_text=config_text,
             extra=extra,
+            config_file=str(config_file) if config_file is not None else "",
         )
         return self.supervisor.start(name, argv)
 

@@ -58,7 +58,7 @@ class TokenProcessorConfig:
     block_size_tokens: int = 0  # 0: blockSize, else 16
     block_size: int = 0  # deprecated spelling of blockSizeTokens
     hash_seed: str = ""
-    hash_algorithm: str = ""
+    hash_algorithm: str = "cbor-fnv"  # "" is accepted as the same
 
     @property
     def effective_block_size(self) -> int:

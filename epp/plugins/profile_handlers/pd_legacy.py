@@ -119,4 +119,4 @@ class PdProfileHandler(ProfileHandler):
         return None
 
 
-deprecate(PdProfileHandler.type_name, "disagg-profile-handler", since="v0.7.0", removal="v0.9.0")
+deprecate(PdProfileHandler.type_name, "disagg-profile-handler", since="v0.7.0", removal="v0.11.0")
