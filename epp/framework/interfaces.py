@@ -387,6 +387,22 @@ class EndpointStateHolder(Protocol):
     def remove_endpoint(self, key: str) -> None: ...
 
 
+class UpstreamFailure(StrEnum):
+    """A request attempt that failed at the engine, as the data plane reports it."""
+
+    CONNECT = "connect"  # no connection to the engine (refused, timed out)
+    RESET = "reset"  # the connection was reset or closed before response headers
+    SERVER_ERROR = "server_error"  # the engine answered with a 5xx status
+
+
+@runtime_checkable
+class UpstreamFailureListener(Protocol):
+    """A plugin told of failed request attempts (passive health): ``hostport`` is the engine's
+    ``ip:port``, ``now`` is ``time.monotonic()``. Called on the event loop, off the request path."""
+
+    def upstream_failed(self, hostport: str, failure: UpstreamFailure, now: float) -> None: ...
+
+
 @runtime_checkable
 class ServingHooks(Protocol):
     """A plugin with work of its own while the EPP serves (a background thread, sockets).
