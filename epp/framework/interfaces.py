@@ -170,6 +170,13 @@ class Screener(Plugin, abc.ABC):
     @abc.abstractmethod
     def screen(self, request: LLMRequest, endpoints: list[Endpoint]) -> list[Endpoint]: ...
 
+    bodyless: ClassVar[bool] = False
+    """True for screeners that also narrow the random pick of requests without a parsed body (a
+    GET, a parser skip), through ``screen_bodyless``."""
+
+    def screen_bodyless(self, endpoints: list[Endpoint]) -> list[Endpoint]:
+        return endpoints
+
 
 class DataProducer(Plugin, abc.ABC):
     """Computes per-request data (e.g. prefix matches) before scheduling; errors are only logged.

@@ -221,6 +221,9 @@ class Director:
             if not self.store.endpoints():
                 raise no_endpoints("no pods available in datastore")
             raise no_endpoints(NO_CANDIDATES_MESSAGE)
+        for screener in self.hooks.screeners:
+            if screener.bodyless:  # e.g. dead engines are out for a GET too (never empties the list)
+                candidates = screener.screen_bodyless(candidates) or candidates
         endpoint = self._rng.choice(candidates)
         return Routing(
             destination=endpoint.hostport,

@@ -184,7 +184,15 @@ class EndpointHealthFilter(Screener):
     def upstream_failed(self, hostport: str, failure: UpstreamFailure, now: float) -> None:
         self.detector.failed(hostport, failure, now)
 
+    bodyless = True
+
+    def screen_bodyless(self, endpoints: list[Endpoint]) -> list[Endpoint]:
+        return self._healthy(endpoints)
+
     def screen(self, request: LLMRequest, endpoints: list[Endpoint]) -> list[Endpoint]:
+        return self._healthy(endpoints)
+
+    def _healthy(self, endpoints: list[Endpoint]) -> list[Endpoint]:
         p = self.params
         ejected = self.detector.ejected
         now = time.monotonic() if ejected else 0.0
