@@ -28,11 +28,15 @@ def _kill(sim: Sim) -> None:
 def test_killed_engine_fails_over_and_is_ejected(rig: Rig) -> None:
     # Scrapes every 10 s: only the data path (Envoy's retry and its failure log) can notice the death.
     sims = rig.start_sims(3)
-    epp = rig.start_epp(sims, extra=["--refresh-metrics-interval", "10s", "--metrics-staleness-threshold", "30s"])
+    epp = rig.start_epp(
+        sims, extra=["--refresh-metrics-interval", "10s", "--metrics-staleness-threshold", "30s"]
+    )
     envoy = rig.start_envoy(epp)
     _kill(sims[0])
     with ThreadPoolExecutor(4) as pool:
-        responses = list(pool.map(lambda _: envoy.post("/v1/chat/completions", chat_body(marker())), range(24)))
+        responses = list(
+            pool.map(lambda _: envoy.post("/v1/chat/completions", chat_body(marker())), range(24))
+        )
     assert [r.status for r in responses] == [200] * 24, [r for r in responses if r.status != 200][:1]
     assert {r.port for r in responses} <= {sims[1].port, sims[2].port}
     assert envoy.stat("cluster.fallback_destination_cluster.upstream_rq_total") >= 1  # failed over
