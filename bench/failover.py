@@ -38,7 +38,12 @@ SIM_ARGS = ["--time-to-first-token", "20", "--inter-token-latency", "20", "--max
 # "before": the health filter present (it is added to every configuration) but excluding nothing.
 _INERT_HEALTH = {
     "type": "endpoint-health-filter",
-    "parameters": {"excludeDown": False, "excludeNeverScraped": False, "connectFailures": 0, "serverErrors": 0},
+    "parameters": {
+        "excludeDown": False,
+        "excludeNeverScraped": False,
+        "connectFailures": 0,
+        "serverErrors": 0,
+    },
 }
 
 
@@ -73,13 +78,15 @@ async def _one(session: aiohttp.ClientSession, url: str, t0: float, rng: random.
                     seen_done = True
             if not seen_done:
                 out.kind, out.detail = "cut", "stream ended without [DONE]"
-    except (aiohttp.ClientError, asyncio.TimeoutError) as e:
+    except (TimeoutError, aiohttp.ClientError) as e:
         out.kind = "cut" if out.status == 200 else "client"
         out.detail = f"{type(e).__name__}: {e}"[:160]
     return out
 
 
-async def _drive(url: str, rate: float, duration: float, kill_at: float, kill: Any, seed: int) -> list[Outcome]:
+async def _drive(
+    url: str, rate: float, duration: float, kill_at: float, kill: Any, seed: int
+) -> list[Outcome]:
     rng = random.Random(seed)
     timeout = aiohttp.ClientTimeout(total=30)
     async with aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=0)) as session:
@@ -158,7 +165,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         print(json.dumps(results, indent=2))
         return 0
-    print(f"kill -9 of 1 of 3 simulators at {args.kill_at}s, {args.rate:g} streaming req/s for {args.duration:g}s")
+    print(
+        f"kill -9 of 1 of 3 simulators at {args.kill_at}s, "
+        f"{args.rate:g} streaming req/s for {args.duration:g}s"
+    )
     cols = ("run", "sent", "ok", "failed", "cut", "5xx", "client", "failed_sent_after_kill")
     print(" ".join(f"{c:>22}" if i else f"{c:<8}" for i, c in enumerate(cols)))
     for r in results:
