@@ -327,7 +327,7 @@ def test_collector_counts_endpoints_by_state() -> None:
     }
     families = {f.name: f for f in collector.collect()}
     samples = {s.labels["state"]: s.value for s in families["llm_d_epp_datalayer_endpoints"].samples}
-    assert samples == {"never": 1, "fresh": 1, "stale": 1, "failed": 1}
+    assert samples == {"never": 1, "fresh": 1, "stale": 1, "failed": 1, "down": 1}
     (threshold,) = families["llm_d_epp_datalayer_metrics_staleness_threshold_seconds"].samples
     assert threshold.value == 2.0
 
