@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 PYTHON := $(BIN)/python
 
-.PHONY: install run test test-unit test-integration lint bench-cpu bench-sched bench-routing bench-kube bench-kv-index bench-soak bench-tokenize bench-overload clean
+.PHONY: install run test test-unit test-integration lint bench-cpu bench-sched bench-routing bench-kube bench-kv-index bench-soak bench-tokenize bench-overload bench-failover clean
 
 install: $(VENV)/.installed
 
@@ -60,6 +60,10 @@ bench-soak: install
 # OVERLOAD_ARGS="--runs alone no-fc", "--fc-config my-flow-control.yaml", "--duration 60 --sims 3".
 bench-overload: install
 	$(PYTHON) bench/overload.py $(OVERLOAD_ARGS)
+
+# FAILOVER_ARGS="--rate 50 --duration 6 --kill-at 2", "--runs after".
+bench-failover: install
+	$(PYTHON) bench/failover.py $(FAILOVER_ARGS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache

@@ -16,6 +16,8 @@ METRICS_DATA_SOURCE = "metrics-data-source"
 CORE_METRICS_EXTRACTOR = "core-metrics-extractor"
 PREFIX_CACHE_SCORER = "prefix-cache-scorer"
 APPROX_PREFIX_PRODUCER = "approx-prefix-cache-producer"
+# Added to every configuration that declares none (epp.config.request_control.apply_health_default).
+ENDPOINT_HEALTH_FILTER = "endpoint-health-filter"
 
 DEFAULT_FAIRNESS_POLICY = "global-strict-fairness-policy"
 DEFAULT_ORDERING_POLICY = "fcfs-ordering-policy"

@@ -38,7 +38,7 @@ from epp.config.profiles import (
     with_default_scheduling,
 )
 from epp.config.removed import COMPAT_VERSIONS, check_removed
-from epp.config.request_control import request_hooks
+from epp.config.request_control import apply_health_default, request_hooks
 from epp.config.request_handler import resolve_parsers
 from epp.config.schema import (
     API_VERSION,
@@ -215,6 +215,7 @@ def _load(ctx: LoadContext, compat_version: str, gate_overrides: Mapping[str, bo
     validate_profiles(ctx)
     apply_scheduling_defaults(ctx)
     apply_flow_control_defaults(ctx)
+    apply_health_default(ctx)
     parsers = resolve_parsers(ctx)
     saturation_detector = resolve_saturation_detector(ctx)
     if not legacy_metrics:

@@ -9,6 +9,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from epp.config import defaults as d
+from epp.config.context import LoadContext
+from epp.framework import registry
 from epp.framework.interfaces import (
     Admitter,
     Plugin,
@@ -46,3 +49,13 @@ def request_hooks(plugins: Iterable[Plugin]) -> RequestHooks:
         request_header=[p for p in plugins if isinstance(p, RequestHeaderProcessor)],
         screeners=[p for p in plugins if isinstance(p, Screener)],
     )
+
+
+def apply_health_default(ctx: LoadContext) -> None:
+    """Add ``endpoint-health-filter`` with its defaults unless one is declared: a configuration
+    written without it (every reference one) still keeps dead engines out of scheduling."""
+    if registry.lookup(d.ENDPOINT_HEALTH_FILTER) is None:
+        return
+    if any(p.type_name == d.ENDPOINT_HEALTH_FILTER for p in ctx.plugins.values()):
+        return
+    ctx.add_default(d.ENDPOINT_HEALTH_FILTER, "endpoint health")

@@ -19,7 +19,7 @@ import structlog
 
 from epp.datalayer.freshness import COLLECTOR, FAILURE_REASONS, SCRAPE_FAILURES
 from epp.datalayer.store import EndpointStore
-from epp.framework.endpoint import Endpoint
+from epp.framework.endpoint import SCRAPE_CONNECT_FAILURE, Endpoint
 from epp.framework.interfaces import (
     AttributeExtractor,
     DataSource,
@@ -299,7 +299,7 @@ def _poll_failure(e: Exception) -> str:
     if isinstance(e, PollError):
         return e.reason if e.reason in FAILURE_REASONS else "poll_error"
     if isinstance(e, OSError | EOFError):
-        return "connect"
+        return SCRAPE_CONNECT_FAILURE
     return "poll_error"
 
 

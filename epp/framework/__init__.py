@@ -36,6 +36,8 @@ from epp.framework.interfaces import (
     ServingHooks,
     Stability,
     SupportsDisaggregate,
+    UpstreamFailure,
+    UpstreamFailureListener,
     UsageLimitPolicy,
 )
 from epp.framework.registry import register
@@ -103,6 +105,8 @@ __all__ = [
     "ServingHooks",
     "Stability",
     "SupportsDisaggregate",
+    "UpstreamFailure",
+    "UpstreamFailureListener",
     "UsageLimitPolicy",
     "register",
 ]

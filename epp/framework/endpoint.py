@@ -10,6 +10,10 @@ from typing import Any
 
 _EMPTY: Mapping[str, Any] = MappingProxyType({})
 
+SCRAPE_CONNECT_FAILURE = "connect"
+"""``Metrics.failure`` of a scrape whose connection was refused, reset or closed before a response:
+no server is listening there, so the endpoint is ``down`` at once."""
+
 KV_EVENTS_PORT_LABEL = "epp/kv-events-port"
 """Endpoint label: the port of the endpoint's KV-events PUB socket, when it is not the configured
 ``socketPort`` (+ rank), e.g. several engines on one host."""
@@ -55,6 +59,7 @@ class MetricsState(StrEnum):
     FRESH = "fresh"  # extracted within the staleness threshold
     STALE = "stale"  # older than the threshold while the last scrape attempt did not fail
     FAILED = "failed"  # older than the threshold (or never scraped) and the last attempt failed
+    DOWN = "down"  # the last attempt found no server (connection refused or reset): whatever its age
 
 
 @dataclass(slots=True, frozen=True)
@@ -92,7 +97,14 @@ class Metrics:
         """True while the snapshot is fresh (``now`` is ``time.monotonic()``)."""
         return now <= self.fresh_until
 
+    @property
+    def down(self) -> bool:
+        """True when the last scrape found no server listening (refused or reset connection)."""
+        return self.failure == SCRAPE_CONNECT_FAILURE
+
     def state(self, now: float) -> MetricsState:
+        if self.failure == SCRAPE_CONNECT_FAILURE:  # failure evidence beats metrics still fresh
+            return MetricsState.DOWN
         if now <= self.fresh_until:
             return MetricsState.FRESH
         if self.failure:

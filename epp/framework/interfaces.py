@@ -170,6 +170,13 @@ class Screener(Plugin, abc.ABC):
     @abc.abstractmethod
     def screen(self, request: LLMRequest, endpoints: list[Endpoint]) -> list[Endpoint]: ...
 
+    bodyless: ClassVar[bool] = False
+    """True for screeners that also narrow the random pick of requests without a parsed body (a
+    GET, a parser skip), through ``screen_bodyless``."""
+
+    def screen_bodyless(self, endpoints: list[Endpoint]) -> list[Endpoint]:
+        return endpoints
+
 
 class DataProducer(Plugin, abc.ABC):
     """Computes per-request data (e.g. prefix matches) before scheduling; errors are only logged.
@@ -385,6 +392,22 @@ class EndpointStateHolder(Protocol):
     """A plugin keeping per-endpoint state (an index, counters): told when an endpoint leaves."""
 
     def remove_endpoint(self, key: str) -> None: ...
+
+
+class UpstreamFailure(StrEnum):
+    """A request attempt that failed at the engine, as the data plane reports it."""
+
+    CONNECT = "connect"  # no connection to the engine (refused, timed out)
+    RESET = "reset"  # the connection was reset or closed before response headers
+    SERVER_ERROR = "server_error"  # the engine answered with a 5xx status
+
+
+@runtime_checkable
+class UpstreamFailureListener(Protocol):
+    """A plugin told of failed request attempts (passive health): ``hostport`` is the engine's
+    ``ip:port``, ``now`` is ``time.monotonic()``. Called on the event loop, off the request path."""
+
+    def upstream_failed(self, hostport: str, failure: UpstreamFailure, now: float) -> None: ...
 
 
 @runtime_checkable

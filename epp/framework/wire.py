@@ -10,6 +10,9 @@ from typing import Final
 
 # Routing: EPP -> Envoy.
 DESTINATION_HEADER: Final = "x-gateway-destination-endpoint"
+# epp's fail-over endpoint: the generated Envoy bootstraps send the one retry of a request whose
+# engine could not be reached there (an ORIGINAL_DST cluster cannot walk a GIE endpoint list).
+FALLBACK_HEADER: Final = "x-epp-fallback-endpoint"
 """The picked endpoint (``ip:port``), as a request header and as a key of ``LB_NAMESPACE``."""
 DESTINATION_SERVED_HEADER: Final = "x-gateway-destination-endpoint-served"
 LB_NAMESPACE: Final = "envoy.lb"

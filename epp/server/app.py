@@ -21,10 +21,17 @@ from epp.datalayer.runtime import DataLayer
 from epp.datalayer.served_models import ServedModels
 from epp.datalayer.store import EndpointStore
 from epp.flowcontrol import FlowController, settings_from_spec
-from epp.framework import Endpoint, EndpointStateHolder, MetadataExtractor, ReplicatedState, ServingHooks
+from epp.framework import (
+    Endpoint,
+    EndpointStateHolder,
+    MetadataExtractor,
+    ReplicatedState,
+    ServingHooks,
+    UpstreamFailureListener,
+)
 from epp.promlite import start_http_server
 from epp.scheduling import Scheduler
-from epp.server import h2grpc, heap
+from epp.server import h2grpc, heap, upstream_failures
 from epp.server.config_reload import ConfigWatcher, Reload
 from epp.server.director import Director, DirectorHooks
 from epp.server.extproc import ExternalProcessor, StreamOptions, add_to_server
@@ -349,6 +356,9 @@ class EppServer:
 
             server = _extproc_server(opts)
             add_to_server(self.processor, server)
+            listeners = [p for p in cfg.plugins.values() if isinstance(p, UpstreamFailureListener)]
+            if listeners:  # the bootstraps' upstream log of failed attempts (passive health)
+                upstream_failures.add_to_server(upstream_failures.UpstreamFailureLog(listeners), server)
             if opts.health_checking:
                 health_pb2_grpc.add_HealthServicer_to_server(self.health.servicer, server)
             _bind(server, f"{opts.bind_address}:{opts.grpc_port}", opts)

@@ -176,6 +176,7 @@ class Routing:
     result: SchedulingResult | None = None
     cycle: CycleState | None = None
     set_headers: dict[str, str] = field(default_factory=dict)  # headers added or changed by the EPP
+    fallback: str = ""  # "ip:port" for the data plane's one retry when the primary is unreachable
     permit: Permit | None = None  # flow control's hold until the request is on its endpoints
     victim: Victim | None = None  # flow control may revoke this in-flight request (eviction)
 
@@ -243,8 +244,16 @@ class Director:
             if not self.store.endpoints():
                 raise no_endpoints("no pods available in datastore")
             raise no_endpoints(NO_CANDIDATES_MESSAGE)
+        for screener in self.hooks.screeners:
+            if screener.bodyless:  # e.g. dead engines are out for a GET too (never empties the list)
+                candidates = screener.screen_bodyless(candidates) or candidates
         endpoint = self._rng.choice(candidates)
-        return Routing(destination=endpoint.hostport, endpoints=[endpoint], body=body)
+        return Routing(
+            destination=endpoint.hostport,
+            endpoints=[endpoint],
+            body=body,
+            fallback=self._fallback(candidates, [endpoint]),
+        )
 
     # --- the scheduled path ----------------------------------------------------------------
 
@@ -397,12 +406,37 @@ class Director:
         return Routing(
             destination=",".join(e.hostport for e in chosen),
             endpoints=list(chosen),
+            fallback=self._fallback(candidates, chosen),
             body=out,
             body_changed=changed,
             request=request,
             result=result,
             cycle=cycle,
         )
+
+    def _fallback(self, candidates: Sequence[Endpoint], chosen: Sequence[Endpoint]) -> str:
+        """The endpoint for the data plane's one retry when the chosen one cannot be reached.
+
+        A second endpoint of the picker when it returned several (the scheduler's own next
+        choice), else the screened candidate with the fewest requests in flight from this EPP
+        (random among equals): one pass, no second scheduling run for a retry that is rare.
+        ``""`` when there is no other candidate.
+        """
+        if len(chosen) > 1:
+            return chosen[1].hostport
+        primary = chosen[0]
+        best: Endpoint | None = None
+        ties = 0
+        for e in candidates:
+            if e is primary:
+                continue
+            if best is None or e.inflight < best.inflight:
+                best, ties = e, 1
+            elif e.inflight == best.inflight:
+                ties += 1
+                if self._rng.random() * ties < 1.0:
+                    best = e
+        return best.hostport if best is not None else ""
 
     def _request_header(self, request: LLMRequest) -> None:
         """Run the request-header processors in order; the first error rejects the request."""
@@ -428,7 +462,11 @@ class Director:
         for plugin in self.hooks.screeners:
             t0 = time.perf_counter()
             try:
-                allowed = {id(e) for e in plugin.screen(request, list(candidates))}
+                screened = plugin.screen(request, list(candidates))
+                if len(screened) == len(candidates):  # a subset as long as the input is all of it
+                    metrics.observe_plugin("Screener", plugin, time.perf_counter() - t0)
+                    continue
+                allowed = {id(e) for e in screened}
             except Exception as exc:
                 _plugin_failed("screener_failed", "screener failed", plugin, exc)
                 allowed = set()

@@ -34,6 +34,7 @@ from epp.framework.errors import DroppedReason, dropped
 from epp.framework.wire import (
     DEBUG_RESPONSE_HEADER,
     DESTINATION_HEADER,
+    FALLBACK_HEADER,
     MODEL_REWRITE_HEADERS,
     REQUEST_ID_HEADER,
 )
@@ -460,6 +461,8 @@ class _Stream:
                 if (client.get(k) != v or k in EPP_OWNED_HEADERS) and k not in _NEVER_ECHO and k[0] != ":":
                     set_headers[k] = v
         remove = [k for k in EPP_OWNED_HEADERS if k in client and k not in set_headers]
+        if FALLBACK_HEADER in client and not routing.fallback:  # a client's copy never steers a retry
+            remove.append(FALLBACK_HEADER)
         scores = self.opts.emit_endpoint_scores and routing.result is not None
         rewritten = routing.body_changed and request is not None
         reply = replies.routing_reply(
@@ -469,6 +472,7 @@ class _Stream:
             remove=remove,
             body=routing.body if self.req_mode == BUFFERED and routing.body_changed else None,
             private=scores or rewritten,
+            fallback=routing.fallback,
         )
         if rewritten:
             assert request is not None

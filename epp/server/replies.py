@@ -12,7 +12,13 @@ from envoy.type.v3.http_status_pb2 import HttpStatus
 from google.protobuf.struct_pb2 import Struct
 
 from epp.framework.errors import InferenceError
-from epp.framework.wire import DESTINATION_HEADER, ENDPOINT_SCORES_KEY, LB_NAMESPACE, REWRITE_METADATA_KEY
+from epp.framework.wire import (
+    DESTINATION_HEADER,
+    ENDPOINT_SCORES_KEY,
+    FALLBACK_HEADER,
+    LB_NAMESPACE,
+    REWRITE_METADATA_KEY,
+)
 
 BODY_PIECE_LIMIT = 62000
 
@@ -44,8 +50,8 @@ def routing_common(
     return common
 
 
-_ROUTED: dict[tuple[bool, str], ep.ProcessingResponse] = {}
-_ROUTED_LIMIT = 4096  # distinct destinations kept (endpoints, or comma-joined lists of them)
+_ROUTED: dict[tuple[bool, str, str], ep.ProcessingResponse] = {}
+_ROUTED_LIMIT = 4096  # distinct (destination, fallback) pairs kept
 
 
 def routing_reply(
@@ -56,19 +62,22 @@ def routing_reply(
     remove: Iterable[str] = (),
     body: bytes | None = None,
     private: bool = False,
+    fallback: str = "",
 ) -> ep.ProcessingResponse:
     """The reply that routes: ``clear_route_cache``, the destination header (first) and metadata,
-    then ``set_headers``, ``remove`` and a replaced ``body``; a request-body reply when ``on_body``.
+    the fail-over endpoint header when ``fallback``, then ``set_headers``, ``remove`` and a
+    replaced ``body``; a request-body reply when ``on_body``.
 
     The reply that only routes, by far the most common one, is built once per destination and
     shared: nobody may change it. Anything more, or ``private``, starts from a copy of it.
     """
-    key = (on_body, destination)
+    key = (on_body, destination, fallback)
     base = _ROUTED.get(key)
     if base is None:
         if len(_ROUTED) >= _ROUTED_LIMIT:
             _ROUTED.clear()
-        common = routing_common({DESTINATION_HEADER: destination}, ())
+        routed = {DESTINATION_HEADER: destination, FALLBACK_HEADER: fallback} if fallback else {}
+        common = routing_common(routed or {DESTINATION_HEADER: destination}, ())
         base = _ROUTED[key] = (
             request_body_reply(common, destination) if on_body else request_headers_reply(common, destination)
         )

@@ -107,7 +107,10 @@ def test_default_is_the_lean_sidecar_layout() -> None:
     }
     routes = _routes(b)
     assert [r["name"] for r in routes] == ["epp-rewritten", "epp-picked"]
-    assert {r["route"]["cluster"] for r in routes} == {"original_destination_cluster"}
+    assert {r["route"]["cluster"] for r in routes} == {"epp_destination"}  # the fail-over cluster
+    assert {r["route"]["cluster"] for r in _routes(ec.envoy_bootstrap(failover=False))} == {
+        "original_destination_cluster"
+    }
 
 
 def test_the_reference_layout_is_full_duplex_with_response_headers() -> None:
@@ -182,7 +185,7 @@ def test_a_frozen_epp_is_bounded() -> None:
 
 
 def test_clusters() -> None:
-    clusters = _clusters(ec.envoy_bootstrap())
+    clusters = _clusters(ec.envoy_bootstrap(failover=False))
     assert set(clusters) == {"ext_proc", "original_destination_cluster"}
     odst = clusters["original_destination_cluster"]
     assert odst["type"] == "ORIGINAL_DST"
@@ -212,7 +215,10 @@ def test_tls_to_the_epp() -> None:
 def test_client_destination_header_is_removed_before_routing() -> None:
     hcm = _hcm(ec.envoy_bootstrap())
     (mutation,) = hcm["early_header_mutation_extensions"]
-    assert mutation["typed_config"]["mutations"] == [{"remove": "x-gateway-destination-endpoint"}]
+    assert mutation["typed_config"]["mutations"] == [
+        {"remove": "x-gateway-destination-endpoint"},
+        {"remove": "x-epp-fallback-endpoint"},  # a client cannot steer the retry either
+    ]
 
 
 def test_buffered_mode_has_no_trailer_mode_and_a_large_body_limit() -> None:
@@ -236,8 +242,9 @@ def test_fail_open_routes_and_fallback_cluster() -> None:
     rewritten, first, second = _routes(b)
     assert rewritten["name"] == "epp-rewritten"
     assert first["match"]["headers"] == [{"name": "x-gateway-destination-endpoint", "present_match": True}]
-    assert first["route"]["cluster"] == "original_destination_cluster"
+    assert first["route"]["cluster"] == "epp_destination"
     assert "headers" not in second["match"]
+    assert "retry_policy" not in second["route"]  # the fallback cluster is not EPP-picked
     assert second["route"]["cluster"] == "fallback_cluster"
     fallback = _clusters(b)["fallback_cluster"]
     assert fallback["type"] == "STATIC"
@@ -448,3 +455,50 @@ def test_epp_run_turns_on_response_bodies_for_a_body_plugin(tmp_path: Path) -> N
     assert mode["request_body_mode"] == "BUFFERED"
     plain = _filters(LocalStack(StackOptions(), tmp_path).bootstrap())["envoy.filters.http.ext_proc"]
     assert plain["processing_mode"]["response_header_mode"] == "SKIP"
+
+
+def test_failover_retries_once_on_the_fallback_cluster_and_logs_failed_attempts() -> None:
+    b = ec.envoy_bootstrap()
+    clusters = _clusters(b)
+    composite = clusters[ec.FAILOVER_CLUSTER]
+    assert composite["cluster_type"]["name"] == "envoy.clusters.composite"
+    assert composite["cluster_type"]["typed_config"]["clusters"] == [
+        {"name": "original_destination_cluster"},
+        {"name": "fallback_destination_cluster"},
+    ]
+    fallback = clusters["fallback_destination_cluster"]
+    assert fallback["type"] == "ORIGINAL_DST"
+    assert fallback["original_dst_lb_config"]["http_header_name"] == "x-epp-fallback-endpoint"
+    for name in (ec.FAILOVER_CLUSTER, "fallback_destination_cluster", "original_destination_cluster"):
+        (threshold,) = clusters[name]["circuit_breakers"]["thresholds"]
+        assert threshold["max_retries"] == ec.CIRCUIT_BREAKER_LIMIT  # not Envoy's 3
+    for route in _routes(b):
+        assert route["route"]["retry_policy"] == {
+            "retry_on": "connect-failure,reset-before-request",  # never on a response
+            "num_retries": 1,
+        }
+    (log,) = _filters(b)["envoy.filters.http.router"]["upstream_log"]
+    common = log["typed_config"]["common_config"]
+    assert common["grpc_service"]["envoy_grpc"]["cluster_name"] == "ext_proc"
+    assert log["filter"]["or_filter"]["filters"][0]["response_flag_filter"]["flags"] == [
+        "UF",
+        "UC",
+        "UR",
+        "LR",
+        "URX",
+    ]
+    off = ec.envoy_bootstrap(failover=False)
+    assert "upstream_log" not in _filters(off)["envoy.filters.http.router"]
+    assert all("retry_policy" not in r["route"] for r in _routes(off))
+
+
+def test_upstream_failures_become_openai_errors_naming_the_endpoint() -> None:
+    mappers = _hcm(ec.envoy_bootstrap())["local_reply_config"]["mappers"]
+    flags = [m["filter"]["response_flag_filter"]["flags"] for m in mappers]
+    assert flags == [["UT"], ["UH"], ["UF", "URX"], ["UC", "UR", "LR", "UO"]]
+    for mapper in mappers:
+        error = mapper["body_format_override"]["json_format"]["error"]
+        assert set(error) == {"message", "type", "code"}
+        assert "status_code" not in mapper  # Envoy's status is kept
+        (header,) = mapper["headers_to_add"]
+        assert header["header"] == {"key": "x-epp-upstream-endpoint", "value": "%UPSTREAM_HOST%"}

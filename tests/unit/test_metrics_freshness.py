@@ -311,6 +311,7 @@ def test_collector_counts_endpoints_by_state() -> None:
             never("new"),
             ep("stale", update_time=now - 5, fresh_until=now - 3),
             ep("down", update_time=now - 5, fresh_until=now - 3, failure="timeout"),
+            ep("refused", update_time=now, fresh_until=now + 2, failure="connect"),
         ],
         staleness=2.0,
     )
@@ -322,10 +323,11 @@ def test_collector_counts_endpoints_by_state() -> None:
         MetricsState.FRESH: 1,
         MetricsState.STALE: 1,
         MetricsState.FAILED: 1,
+        MetricsState.DOWN: 1,
     }
     families = {f.name: f for f in collector.collect()}
     samples = {s.labels["state"]: s.value for s in families["llm_d_epp_datalayer_endpoints"].samples}
-    assert samples == {"never": 1, "fresh": 1, "stale": 1, "failed": 1}
+    assert samples == {"never": 1, "fresh": 1, "stale": 1, "failed": 1, "down": 1}
     (threshold,) = families["llm_d_epp_datalayer_metrics_staleness_threshold_seconds"].samples
     assert threshold.value == 2.0
 

@@ -220,7 +220,7 @@ async def test_unreachable_endpoint_is_stale_from_the_start() -> None:
         await until(lambda: _poll_errors() >= errors_before + 2)
         endpoint = _endpoint(store)
         assert endpoint.metrics == Metrics(failure="connect")  # no values, the reason recorded
-        assert endpoint.metrics.state(time.monotonic()) is MetricsState.FAILED
+        assert endpoint.metrics.state(time.monotonic()) is MetricsState.DOWN  # refused: no server there
         assert scraper.is_stale(endpoint, 1000.0)  # never extracted = stale at any threshold
     finally:
         await scraper.stop()

@@ -16,6 +16,7 @@ import yaml
 
 from epp.framework.wire import (
     DESTINATION_HEADER,
+    FALLBACK_HEADER,
     LB_NAMESPACE,
     REWRITE_METADATA_KEY,
     SUBSET_KEY,
@@ -27,6 +28,19 @@ EXT_PROC_CLUSTER = "ext_proc"
 REWRITE_FILTER = "epp-response-rewrite"
 REWRITE_STAT_PREFIX = "rewrite"
 ORIGINAL_DST_CLUSTER = "original_destination_cluster"
+# Fail-over (see failover_clusters): attempt 1 to the EPP's destination, the one retry to its fallback.
+FALLBACK_DST_CLUSTER = "fallback_destination_cluster"
+FAILOVER_CLUSTER = "epp_destination"
+# Retried once, only when the request cannot have reached an engine (no connection, or a reset
+# before any response byte); never on a response, so a generation is never run twice.
+FAILOVER_RETRY_ON = "connect-failure,reset-before-request"
+# The upstream access log of failed attempts, streamed to the EPP's AccessLogService (passive health).
+UPSTREAM_FAILURE_LOG = "epp-upstream-failures"
+# Envoy response flags of attempts that failed at the engine: connection failure, connection
+# termination, remote and local reset, retries exhausted.
+UPSTREAM_FAILURE_FLAGS = ("UF", "UC", "UR", "LR", "URX")
+# The response header naming the engine of an upstream failure's local reply.
+FAILED_ENDPOINT_HEADER = "x-epp-upstream-endpoint"
 FALLBACK_CLUSTER = "fallback_cluster"
 
 # The generated default (docs/deploy.md, "The Envoy exchange"): the whole body in one message, no
@@ -39,7 +53,7 @@ BodyMode = Literal["NONE", "STREAMED", "BUFFERED", "BUFFERED_PARTIAL", "FULL_DUP
 BODY_MODES: tuple[str, ...] = ("NONE", "STREAMED", "BUFFERED", "BUFFERED_PARTIAL", "FULL_DUPLEX_STREAMED")
 
 # Headers removed from every client request before ext_proc runs (see module docstring).
-DEFAULT_STRIPPED_HEADERS: tuple[str, ...] = (DESTINATION_HEADER,)
+DEFAULT_STRIPPED_HEADERS: tuple[str, ...] = (DESTINATION_HEADER, FALLBACK_HEADER)
 
 # The reference listener limit; it bounds chunk sizes in streamed modes (not the total body).
 CONNECTION_BUFFER_LIMIT = 32768
@@ -101,8 +115,13 @@ def envoy_bootstrap(
     listen_host: str = "127.0.0.1",
     stripped_headers: Sequence[str] = DEFAULT_STRIPPED_HEADERS,
     access_log: bool = False,
+    failover: bool = True,
 ) -> dict[str, Any]:
     """Build an Envoy bootstrap routing every request through the EPP's ext_proc service.
+
+    ``failover``: a request whose engine cannot be reached (connection refused, reset before any
+    response) is retried once on the EPP's fallback endpoint (``failover_clusters``), and each such
+    failed attempt is reported to the EPP's AccessLogService (passive health).
 
     ``fail_open`` requires ``fallback_endpoints`` (``"ip:port"`` strings): they serve the requests
     that pass through without an EPP decision. ``subset_hint_header`` names a request header whose
@@ -135,8 +154,10 @@ def envoy_bootstrap(
             health_port=extproc_health_port or None,
             socket=extproc_socket,
         ),
-        original_dst_cluster(),
+        original_dst_cluster(max_retries=CIRCUIT_BREAKER_LIMIT if failover else None),
     ]
+    if failover:
+        clusters.extend(failover_clusters())
     if fail_open:
         clusters.append(static_cluster(FALLBACK_CLUSTER, fallback_endpoints))
     filters = http_filters(
@@ -146,6 +167,7 @@ def envoy_bootstrap(
         fail_open=fail_open,
         subset_hint_header=subset_hint_header,
         authority=f"{extproc_host}:{extproc_port}",
+        failover=failover,
     )
     hcm = http_connection_manager(
         filters,
@@ -153,10 +175,12 @@ def envoy_bootstrap(
             fail_open=fail_open,
             buffered=body_mode in ("BUFFERED", "BUFFERED_PARTIAL", "STREAMED"),
             rewrite_route=needs_rewrite_filter(body_mode, response_body_mode, response_header_mode),
+            failover=failover,
         ),
         stripped_headers=stripped_headers,
         access_log=access_log,
     )
+    hcm["local_reply_config"] = local_reply_config()
     bootstrap: dict[str, Any] = {}
     if isinstance(tls, EppTls):
         bootstrap["node"] = {"id": "epp-envoy", "cluster": "epp"}  # file-based SDS requires a node
@@ -187,8 +211,10 @@ def http_filters(
     fail_open: bool,
     subset_hint_header: str | None,
     authority: str,
+    failover: bool = False,
 ) -> list[dict[str, Any]]:
-    """The HTTP filter chain: [subset hint], ext_proc, router."""
+    """The HTTP filter chain: [subset hint], ext_proc, router (with ``failover``, the router logs
+    every failed upstream attempt to the EPP)."""
     filters: list[dict[str, Any]] = []
     if subset_hint_header:
         filters.append(subset_hint_filter(subset_hint_header))
@@ -203,16 +229,42 @@ def http_filters(
     )
     if needs_rewrite_filter(body_mode, response_body_mode, response_header_mode):
         filters.append(rewrite_response_filter(fail_open=fail_open, authority=authority))
-    filters.append(
-        {
-            "name": "envoy.filters.http.router",
-            "typed_config": {
-                "@type": f"{_TYPE}.filters.http.router.v3.Router",
-                "suppress_envoy_headers": True,
-            },
-        }
-    )
+    router: dict[str, Any] = {
+        "@type": f"{_TYPE}.filters.http.router.v3.Router",
+        "suppress_envoy_headers": True,
+    }
+    if failover:
+        router["upstream_log"] = [upstream_failure_log(authority)]
+    filters.append({"name": "envoy.filters.http.router", "typed_config": router})
     return filters
+
+
+def upstream_failure_log(authority: str) -> dict[str, Any]:
+    """Per upstream attempt that failed at the engine (``UPSTREAM_FAILURE_FLAGS``, or a 5xx from
+    it): an entry streamed to the EPP's gRPC AccessLogService on the ext_proc cluster, which feeds
+    ``endpoint-health-filter``. Successful attempts are not logged, so healthy traffic costs nothing.
+    """
+    return {
+        "name": "envoy.access_loggers.http_grpc",
+        "filter": {
+            "or_filter": {
+                "filters": [
+                    {"response_flag_filter": {"flags": list(UPSTREAM_FAILURE_FLAGS)}},
+                    {"status_code_filter": {"comparison": {"op": "GE", "value": {"default_value": 500}}}},
+                ]
+            }
+        },
+        "typed_config": {
+            "@type": f"{_TYPE}.access_loggers.grpc.v3.HttpGrpcAccessLogConfig",
+            "common_config": {
+                "log_name": UPSTREAM_FAILURE_LOG,
+                "transport_api_version": "V3",
+                "grpc_service": {"envoy_grpc": {"cluster_name": EXT_PROC_CLUSTER, "authority": authority}},
+                "buffer_flush_interval": "0.05s",
+                "buffer_size_bytes": 4096,
+            },
+        },
+    }
 
 
 def strip_headers_extension(headers: Sequence[str]) -> dict[str, Any]:
@@ -366,8 +418,8 @@ def rewrite_response_filter(*, fail_open: bool, authority: str) -> dict[str, Any
     }
 
 
-def _rewritten_route() -> dict[str, Any]:
-    route = _route(ORIGINAL_DST_CLUSTER, name="epp-rewritten")
+def _rewritten_route(cluster: str = ORIGINAL_DST_CLUSTER) -> dict[str, Any]:
+    route = _route(cluster, name="epp-rewritten")
     route["match"]["dynamic_metadata"] = [
         {"filter": LB_NAMESPACE, "path": [{"key": REWRITE_METADATA_KEY}], "value": {"present_match": True}}
     ]
@@ -383,23 +435,31 @@ def _rewritten_route() -> dict[str, Any]:
 # ---------------------------------------------------------------------------------- listener, routes
 
 
-def route_config(*, fail_open: bool, buffered: bool, rewrite_route: bool = False) -> dict[str, Any]:
+def route_config(
+    *, fail_open: bool, buffered: bool, rewrite_route: bool = False, failover: bool = False
+) -> dict[str, Any]:
     """Routes: ORIGINAL_DST for EPP-picked requests; fail-open adds a catch-all to the fallback cluster.
 
     ``rewrite_route`` puts the ``epp-rewritten`` route (see ``rewrite_response_filter``) first.
+    ``failover``: EPP-picked routes go to the fail-over cluster with one retry (``FAILOVER_RETRY_ON``).
     """
-    routes: list[dict[str, Any]] = [_rewritten_route()] if rewrite_route else []
+    picked = FAILOVER_CLUSTER if failover else ORIGINAL_DST_CLUSTER
+    routes: list[dict[str, Any]] = [_rewritten_route(picked)] if rewrite_route else []
     if fail_open:
         routes.append(
             _route(
-                ORIGINAL_DST_CLUSTER,
+                picked,
                 headers=[{"name": DESTINATION_HEADER, "present_match": True}],
                 name="epp-picked",
             )
         )
         routes.append(_route(FALLBACK_CLUSTER, name="fallback"))
     else:
-        routes.append(_route(ORIGINAL_DST_CLUSTER, name="epp-picked"))
+        routes.append(_route(picked, name="epp-picked"))
+    if failover:
+        for route in routes:
+            if route["route"]["cluster"] == FAILOVER_CLUSTER:
+                route["route"]["retry_policy"] = {"retry_on": FAILOVER_RETRY_ON, "num_retries": 1}
     vhost: dict[str, Any] = {"name": "inference", "domains": ["*"], "routes": routes}
     if buffered:
         vhost["request_body_buffer_limit"] = BUFFERED_BODY_LIMIT
@@ -461,6 +521,57 @@ def http_connection_manager(
             }
         ]
     return hcm
+
+
+# (Envoy response flags, error type, error code, message) of the local replies rewritten to
+# OpenAI-style JSON, first match first; the status Envoy chose is kept.
+_UPSTREAM_REPLIES: tuple[tuple[tuple[str, ...], str, str, str], ...] = (
+    (("UT",), "timeout", "upstream_timeout", "the model server did not answer in time"),
+    (("UH",), "service_unavailable", "no_healthy_upstream", "no model server is available for the request"),
+    (
+        ("UF", "URX"),
+        "service_unavailable",
+        "upstream_connect_failure",
+        "the model server could not be reached",
+    ),
+    (
+        ("UC", "UR", "LR", "UO"),
+        "service_unavailable",
+        "upstream_reset",
+        "the connection to the model server was reset before a response",
+    ),
+)
+
+
+def local_reply_config() -> dict[str, Any]:
+    """Envoy's own replies to upstream failures as OpenAI-style errors, as the EPP's errors are:
+    ``{"error": {"message", "type", "code"}}`` (Envoy's detail appended to the message), the status
+    kept, and the engine tried last (when there was one) in ``x-epp-upstream-endpoint``. Replies
+    without an upstream failure flag (the EPP's ImmediateResponses among them) pass unchanged.
+    """
+    mappers = []
+    for flags, kind, code, message in _UPSTREAM_REPLIES:
+        mappers.append(
+            {
+                "filter": {"response_flag_filter": {"flags": list(flags)}},
+                "headers_to_add": [
+                    {
+                        "header": {"key": FAILED_ENDPOINT_HEADER, "value": "%UPSTREAM_HOST%"},
+                        "append_action": "OVERWRITE_IF_EXISTS_OR_ADD",
+                    }
+                ],
+                "body_format_override": {
+                    "json_format": {
+                        "error": {
+                            "message": f"{message} (%LOCAL_REPLY_BODY%)",
+                            "type": kind,
+                            "code": code,
+                        }
+                    },
+                },
+            }
+        )
+    return {"mappers": mappers}
 
 
 _ACCESS_LOG_FORMAT = {
@@ -654,16 +765,45 @@ def _add_health_check(cluster: dict[str, Any], health_port: int, *, tls: bool, h
             )
 
 
-def original_dst_cluster() -> dict[str, Any]:
+def original_dst_cluster(max_retries: int | None = None) -> dict[str, Any]:
     """ORIGINAL_DST cluster sending each request to the ``ip:port`` in the EPP's destination header."""
     return {
         "name": ORIGINAL_DST_CLUSTER,
         "type": "ORIGINAL_DST",
         "lb_policy": "CLUSTER_PROVIDED",
         "connect_timeout": "1000s",
-        "circuit_breakers": _circuit_breakers(),
+        "circuit_breakers": _circuit_breakers(max_retries),
         "original_dst_lb_config": {"use_http_header": True, "http_header_name": DESTINATION_HEADER},
     }
+
+
+def failover_clusters() -> list[dict[str, Any]]:
+    """The fail-over pair: an ORIGINAL_DST cluster reading the EPP's fallback header, and a
+    composite cluster whose attempt 1 goes to ``original_destination_cluster`` (the destination
+    header) and attempt 2 (the route's one retry) to the fallback. An ORIGINAL_DST cluster alone
+    retries to the same address; it cannot walk the GIE endpoint list either (measured on 1.40).
+    Without a fallback header (a pool of one) the retry finds no host: 503 ``no healthy upstream``.
+    """
+    fallback = original_dst_cluster()
+    fallback["name"] = FALLBACK_DST_CLUSTER
+    fallback["original_dst_lb_config"] = {"use_http_header": True, "http_header_name": FALLBACK_HEADER}
+    # Envoy allows 3 concurrent retries per cluster by default: an engine dying under load fails
+    # many requests at once, and each must get its retry (measured: the 4th of 4 at once did not).
+    fallback["circuit_breakers"] = _circuit_breakers(max_retries=CIRCUIT_BREAKER_LIMIT)
+    composite = {
+        "name": FAILOVER_CLUSTER,
+        "connect_timeout": "1000s",
+        "lb_policy": "CLUSTER_PROVIDED",
+        "circuit_breakers": _circuit_breakers(max_retries=CIRCUIT_BREAKER_LIMIT),
+        "cluster_type": {
+            "name": "envoy.clusters.composite",
+            "typed_config": {
+                "@type": f"{_TYPE}.clusters.composite.v3.ClusterConfig",
+                "clusters": [{"name": ORIGINAL_DST_CLUSTER}, {"name": FALLBACK_DST_CLUSTER}],
+            },
+        },
+    }
+    return [fallback, composite]
 
 
 def static_cluster(name: str, endpoints: Sequence[str]) -> dict[str, Any]:

@@ -105,6 +105,12 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m epp.dev.envoy
         default=None,
         help="EPP gRPC health port to health-check (default: ext_proc port + 1 when --fail-open; 0 = off)",
     )
+    parser.add_argument(
+        "--no-failover",
+        action="store_true",
+        help="no retry of a request whose engine cannot be reached on the EPP's fallback endpoint, "
+        "and no failed-attempt log to the EPP (passive health)",
+    )
     args = parser.parse_args(argv)
     if args.write:
         out = Path(args.write)
@@ -130,6 +136,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m epp.dev.envoy
                 listen_host=args.listen_host,
                 listen_port=args.listen_port,
                 access_log=args.access_log,
+                failover=not args.no_failover,
                 admin_port=args.admin_port,
                 extproc_host=args.extproc_host,
                 extproc_port=args.extproc_port,
