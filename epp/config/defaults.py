@@ -38,6 +38,7 @@ AUTO_PRODUCERS: dict[str, str] = {
     "LatencyPredictionInfoKey": "predicted-latency-producer",
     "LatencyPredictionInfo": "predicted-latency-producer",
     "TokenizedPrompt": "token-producer",
+    "MultiModalEncoderCacheMatchInfoKey": "mm-embeddings-cache-producer",
 }
 
 # (type, weight) of the default profile's scorers.

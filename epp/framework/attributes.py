@@ -14,6 +14,8 @@ INFLIGHT_LOAD_KEY = "InFlightLoadKey"
 LATENCY_PREDICTION_INFO_KEY = "LatencyPredictionInfoKey"
 TOKENIZED_PROMPT_KEY = "TokenizedPrompt"
 """Request data (``LLMRequest.body.tokenized``) written by a ``token-producer``: the prompt's token ids."""
+MM_EMBEDDINGS_MATCH_INFO_KEY = "MultiModalEncoderCacheMatchInfoKey"
+"""Per endpoint: an ``EncoderCacheMatchInfo`` (``mm-embeddings-cache-producer``)."""
 AGENT_IDENTITY_KEY = "agent-identity"
 """Request attribute (``LLMRequest.state``): the agent session identity of a request (a string)."""
 
@@ -44,6 +46,26 @@ class TokenizedPrompt:
     token_ids: Sequence[int]
     exact: bool = True
     mm_hashes: tuple[tuple[str, int, int], ...] = ()
+
+
+@dataclass(slots=True, frozen=True)
+class MMItem:
+    """One unique multimodal item of a request: its content hash and modality (image, video, ...)."""
+
+    hash: str
+    modality: str
+
+
+@dataclass(slots=True, frozen=True)
+class EncoderCacheMatchInfo:
+    """A request's unique multimodal items and those an endpoint likely holds embeddings of."""
+
+    matched: tuple[MMItem, ...]
+    items: tuple[MMItem, ...]
+
+    @property
+    def ratio(self) -> float:
+        return len(self.matched) / len(self.items) if self.items else 0.0
 
 
 @dataclass(slots=True, frozen=True)
