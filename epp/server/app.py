@@ -171,6 +171,7 @@ class EppServer:
                 cfg.request_done,
                 request_header=cfg.request_header,
                 screeners=cfg.screeners,
+                responders=cfg.responders,
             ),
             use_subset_hint=not opts.disable_endpoint_subset_filter,
             saturation_detector=cfg.saturation_detector,

@@ -30,11 +30,13 @@ from epp.framework import (
     ErrorCode,
     InferenceError,
     LLMRequest,
+    LocalResponse,
     Parser,
     Plugin,
     PreRequest,
     RequestDone,
     RequestHeaderProcessor,
+    Responder,
     SaturationDetector,
     SchedulingResult,
     Screener,
@@ -166,6 +168,7 @@ class DirectorHooks:
     request_done: Sequence[RequestDone] = ()
     request_header: Sequence[RequestHeaderProcessor] = ()
     screeners: Sequence[Screener] = ()
+    responders: Sequence[Responder] = ()
 
 
 class Director:
@@ -212,6 +215,18 @@ class Director:
         return list(endpoints)
 
     # --- requests without a body, parser skips ---------------------------------------------
+
+    def respond(self, headers: Mapping[str, str]) -> LocalResponse | None:
+        """A responder's own answer to a bodyless request, or None (route it). Only called when
+        responders are configured."""
+        method = headers.get(":method", "GET")
+        path = request_path(headers)
+        endpoints = self.store.endpoints()
+        for responder in self.hooks.responders:
+            answer = responder.respond(method, path, endpoints)
+            if answer is not None:
+                return answer
+        return None
 
     def route_random(self, metadata: dict[str, dict[str, Any]], body: bytes = b"") -> Routing:
         """A uniformly random candidate; the subset hint applies here too."""

@@ -304,6 +304,11 @@ class _Stream:
         if tracer is not None:
             self.span = tracing.start_request(tracer, headers)
         if msg.end_of_stream or self.req_mode == NONE:
+            if msg.end_of_stream and self.director.hooks.responders:
+                answer = self.director.respond(headers)  # e.g. GET /v1/models, from the data layer
+                if answer is not None:
+                    self._end_request_phase(DONE)
+                    return [replies.immediate_local(answer)]
             # No body will come (trailers may, in mode NONE): a random candidate, answered now.
             self._end_request_phase(ROUTED if msg.end_of_stream else TRAILERS)
             routing = self.director.route_random(self.metadata)

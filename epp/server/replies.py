@@ -12,6 +12,7 @@ from envoy.type.v3.http_status_pb2 import HttpStatus
 from google.protobuf.struct_pb2 import Struct
 
 from epp.framework.errors import InferenceError
+from epp.framework.interfaces import LocalResponse
 from epp.framework.wire import DESTINATION_HEADER, ENDPOINT_SCORES_KEY, LB_NAMESPACE, REWRITE_METADATA_KEY
 
 BODY_PIECE_LIMIT = 62000
@@ -275,6 +276,18 @@ def error_body(err: InferenceError) -> bytes:
                 "code": err.code.http_status,
             }
         }
+    )
+
+
+def immediate_local(answer: LocalResponse) -> ep.ProcessingResponse:
+    """A responder plugin's answer, sent instead of routing."""
+    return ep.ProcessingResponse(
+        immediate_response=ep.ImmediateResponse(
+            status=HttpStatus(code=answer.status),
+            headers=header_mutation(dict(answer.headers)),
+            body=answer.body,
+            details="epp_local_response",
+        )
     )
 
 
