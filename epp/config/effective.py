@@ -124,7 +124,10 @@ def effective_document(doc: ConfigDocument, plugins: Mapping[str, Plugin]) -> di
     if doc.parser is not None:
         out["parser"] = _ref(doc.parser)
     if doc.request_handler is not None:
-        out["requestHandler"] = {"parsers": [_ref(p) for p in doc.request_handler.parsers]}
+        handler: dict[str, Any] = {"parsers": [_ref(p) for p in doc.request_handler.parsers]}
+        if doc.request_handler.propagate_priority:
+            handler["propagatePriority"] = True
+        out["requestHandler"] = handler
     return out
 
 

@@ -93,6 +93,7 @@ class LoadedConfig:
     request_header: list[RequestHeaderProcessor] = field(default_factory=list)
     screeners: list[Screener] = field(default_factory=list)
     responders: list[Responder] = field(default_factory=list)
+    propagate_priority: bool = False  # requestHandler.propagatePriority
     warnings: list[str] = field(default_factory=list)
     source: str = "<config>"
 
@@ -221,6 +222,7 @@ def _load(ctx: LoadContext) -> LoadedConfig:
         request_header=hooks.request_header,
         screeners=hooks.screeners,
         responders=hooks.responders,
+        propagate_priority=doc.request_handler is not None and doc.request_handler.propagate_priority,
         warnings=ctx.warnings,
         source=ctx.source,
     )

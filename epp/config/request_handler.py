@@ -35,7 +35,8 @@ def _refs(ctx: LoadContext) -> list[RefSpec]:
         doc.parser = None
     if not refs:
         refs = [RefSpec(t, f"{_FIELD}[{i}]") for i, t in enumerate(DEFAULT_PARSERS)]
-    doc.request_handler = RequestHandlerSpec(refs)
+    propagate = doc.request_handler.propagate_priority if doc.request_handler is not None else False
+    doc.request_handler = RequestHandlerSpec(refs, propagate)
     return refs
 
 

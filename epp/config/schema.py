@@ -94,9 +94,11 @@ class RefSpec:
 
 @dataclass(slots=True)
 class RequestHandlerSpec:
-    """``requestHandler``: the parsers, matched per request by path suffix."""
+    """``requestHandler``: the parsers, matched per request by path suffix; ``propagatePriority``
+    writes the request's priority into the body's ``priority`` field (engine-native scheduling)."""
 
     parsers: list[RefSpec] = field(default_factory=list)
+    propagate_priority: bool = False
 
 
 @dataclass(slots=True)
@@ -439,11 +441,12 @@ def _ref_section(top: dict[str, Any], key: str) -> RefSpec | None:
 
 def _request_handler(raw: Any) -> RequestHandlerSpec:
     path = "requestHandler"
-    m = _mapping(raw, path, ("parsers",))
+    m = _mapping(raw, path, ("parsers", "propagatePriority"))
     return RequestHandlerSpec(
         parsers=[
             _ref(p, f"{path}.parsers[{i}]") for i, p in enumerate(_list(m.get("parsers"), f"{path}.parsers"))
-        ]
+        ],
+        propagate_priority=bool(_opt_bool(m.get("propagatePriority"), f"{path}.propagatePriority")),
     )
 
 

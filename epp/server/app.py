@@ -179,6 +179,7 @@ class EppServer:
             rewrites=kube.rewrites if kube is not None else None,
             client_model_rewrite=opts.allow_model_rewrite_header,
             flow_control=self.flow_control,
+            propagate_priority=cfg.propagate_priority,
         )
         self.stream_options = StreamOptions(
             max_body_bytes=opts.max_request_body_bytes,

@@ -466,7 +466,7 @@ class _Stream:
                     set_headers[k] = v
         remove = [k for k in EPP_OWNED_HEADERS if k in client and k not in set_headers]
         scores = self.opts.emit_endpoint_scores and routing.result is not None
-        rewritten = routing.body_changed and request is not None
+        rewritten = routing.model_changed and request is not None
         reply = replies.routing_reply(
             routing.destination,
             on_body=self.req_mode == BUFFERED and not on_headers,
@@ -527,7 +527,7 @@ class _Stream:
         if routing is None:
             return replies.rewrite_models(self.metadata)
         request = routing.request
-        if not routing.body_changed or request is None:
+        if not routing.model_changed or request is None:
             return None
         if self.resp_mode == NONE and self.req_mode != BUFFERED:
             return None
