@@ -16,6 +16,10 @@ TOKENIZED_PROMPT_KEY = "TokenizedPrompt"
 """Request data (``LLMRequest.body.tokenized``) written by a ``token-producer``: the prompt's token ids."""
 MM_EMBEDDINGS_MATCH_INFO_KEY = "MultiModalEncoderCacheMatchInfoKey"
 """Per endpoint: an ``EncoderCacheMatchInfo`` (``mm-embeddings-cache-producer``)."""
+OUTLEN_BUCKET_KEY = "outlen-bucket"
+"""Request attribute (``LLMRequest.state``): the predicted output length, ``"LONG"``, ``"SHORT"`` or
+``"UNKNOWN"`` (``outlen-bucket``); the in-flight load estimates ``OUTLEN_OUTPUT_TOKENS`` from it."""
+OUTLEN_OUTPUT_TOKENS: dict[str, int] = {"LONG": 4096, "SHORT": 100, "UNKNOWN": 1000}
 AGENT_IDENTITY_KEY = "agent-identity"
 """Request attribute (``LLMRequest.state``): the agent session identity of a request (a string)."""
 

@@ -58,6 +58,7 @@ from epp.plugins.request_control import agent_identity as agent_identity
 from epp.plugins.request_control import disaggregatedset_rollout_screener as disaggregatedset_rollout_screener
 from epp.plugins.request_control import latency_slo_admitter as latency_slo_admitter
 from epp.plugins.request_control import models_responder as models_responder
+from epp.plugins.request_control import outlen_bucket as outlen_bucket
 from epp.plugins.request_control import probabilistic_admitter as probabilistic_admitter
 from epp.plugins.request_control import request_attribute_reporter as request_attribute_reporter
 from epp.plugins.saturation import concurrency_detector as concurrency_detector
