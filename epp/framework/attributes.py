@@ -20,6 +20,9 @@ OUTLEN_BUCKET_KEY = "outlen-bucket"
 """Request attribute (``LLMRequest.state``): the predicted output length, ``"LONG"``, ``"SHORT"`` or
 ``"UNKNOWN"`` (``outlen-bucket``); the in-flight load estimates ``OUTLEN_OUTPUT_TOKENS`` from it."""
 OUTLEN_OUTPUT_TOKENS: dict[str, int] = {"LONG": 4096, "SHORT": 100, "UNKNOWN": 1000}
+SESSION_STATE_KEY = "SessionStateDataKey"
+"""Request attribute (``LLMRequest.state``, under ``SessionStateDataKey/<producer name>``): a
+``SessionState``."""
 AGENT_IDENTITY_KEY = "agent-identity"
 """Request attribute (``LLMRequest.state``): the agent session identity of a request (a string)."""
 
@@ -70,6 +73,17 @@ class EncoderCacheMatchInfo:
     @property
     def ratio(self) -> float:
         return len(self.matched) / len(self.items) if self.items else 0.0
+
+
+@dataclass(slots=True, frozen=True)
+class SessionState:
+    """A session's history before the current request (``session-state-producer``): turns
+    dispatched, seconds since the session was first seen, and when (``time.time()``) the previous
+    request was seen (the current request's time for a new session)."""
+
+    turns_taken: int
+    duration: float
+    last_seen_at: float
 
 
 @dataclass(slots=True, frozen=True)

@@ -47,6 +47,7 @@ from epp.plugins.producers import multicluster_approx_prefix_cache as multiclust
 from epp.plugins.producers import precise_prefix_cache as precise_prefix_cache
 from epp.plugins.producers import predicted_latency as predicted_latency
 from epp.plugins.producers import session_id as session_id
+from epp.plugins.producers import session_state as session_state
 from epp.plugins.producers import token_producer as token_producer
 from epp.plugins.profile_handlers import data_parallel as data_parallel
 from epp.plugins.profile_handlers import disagg as disagg
