@@ -12,6 +12,7 @@ from epp.config import defaults as d
 from epp.config.context import LoadContext
 from epp.config.schema import DataSourceSpec, RefSpec
 from epp.framework import registry
+from epp.framework.endpoint_attributes import MODELS_KEY
 from epp.framework.errors import ConfigError
 from epp.framework.interfaces import (
     AttributeExtractor,
@@ -43,6 +44,28 @@ def apply_data_layer_defaults(ctx: LoadContext) -> None:
             ctx.add_default(extractor, "data layer")
         source.extractors.append(RefSpec(extractor, f"{path}.extractors[0]"))
     dl.sources.append(source)
+
+
+def add_models_source(ctx: LoadContext) -> None:
+    """A plugin consuming the endpoints' ``/v1/models`` lists (``models-responder``) gets a
+    ``models-data-source`` with ``models-data-extractor`` when no configured source has one; a
+    declared ``models-data-source`` instance is used (its TLS settings win)."""
+    consumers = [p for p in ctx.plugins.values() if MODELS_KEY in getattr(p, "consumes", ())]
+    if not consumers:
+        return
+    dl = ctx.doc.data_layer
+    for src in dl.sources:
+        plugin = ctx.plugins.get(src.plugin_ref)
+        if plugin is not None and plugin.type_name == d.MODELS_DATA_SOURCE:
+            return
+    source_name = next((n for n, p in ctx.plugins.items() if p.type_name == d.MODELS_DATA_SOURCE), None)
+    if source_name is None:
+        source_name = ctx.add_default(d.MODELS_DATA_SOURCE, f"{consumers[0].type_name} data layer").name
+    extractor = next((n for n, p in ctx.plugins.items() if p.type_name == d.MODELS_DATA_EXTRACTOR), None)
+    if extractor is None:
+        extractor = ctx.add_default(d.MODELS_DATA_EXTRACTOR, f"{consumers[0].type_name} data layer").name
+    path = f"dataLayer.sources[{len(dl.sources)}]"
+    dl.sources.append(DataSourceSpec(source_name, [RefSpec(extractor, f"{path}.extractors[0]")], path))
 
 
 def build_data_layer(ctx: LoadContext) -> list[tuple[DataSource, list[Extractor]]]:

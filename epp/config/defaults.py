@@ -14,6 +14,8 @@ DEFAULT_PARSER = "openai-parser"
 DEFAULT_SATURATION_DETECTOR = "utilization-detector"  # epp.plugins.saturation.utilization_detector
 METRICS_DATA_SOURCE = "metrics-data-source"
 CORE_METRICS_EXTRACTOR = "core-metrics-extractor"
+MODELS_DATA_SOURCE = "models-data-source"
+MODELS_DATA_EXTRACTOR = "models-data-extractor"
 PREFIX_CACHE_SCORER = "prefix-cache-scorer"
 APPROX_PREFIX_PRODUCER = "approx-prefix-cache-producer"
 # Added to every configuration that declares none (epp.config.request_control.apply_health_default).
@@ -40,6 +42,7 @@ AUTO_PRODUCERS: dict[str, str] = {
     "LatencyPredictionInfoKey": "predicted-latency-producer",
     "LatencyPredictionInfo": "predicted-latency-producer",
     "TokenizedPrompt": "token-producer",
+    "MultiModalEncoderCacheMatchInfoKey": "mm-embeddings-cache-producer",
 }
 
 # (type, weight) of the default profile's scorers.

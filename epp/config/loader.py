@@ -15,6 +15,7 @@ import epp.plugins  # noqa: F401 - the composition root registers the built-in p
 from epp.config import defaults as d
 from epp.config.context import EndpointsFn, LoadContext
 from epp.config.data_layer import (
+    add_models_source,
     apply_data_layer_defaults,
     build_data_layer,
     check_cross_replica,
@@ -59,6 +60,7 @@ from epp.framework.interfaces import (
     PreRequest,
     RequestDone,
     RequestHeaderProcessor,
+    Responder,
     ResponseBodyProcessor,
     ResponseHeaderProcessor,
     SaturationDetector,
@@ -90,6 +92,8 @@ class LoadedConfig:
     request_done: list[RequestDone] = field(default_factory=list)
     request_header: list[RequestHeaderProcessor] = field(default_factory=list)
     screeners: list[Screener] = field(default_factory=list)
+    responders: list[Responder] = field(default_factory=list)
+    propagate_priority: bool = False  # requestHandler.propagatePriority
     warnings: list[str] = field(default_factory=list)
     source: str = "<config>"
 
@@ -220,6 +224,7 @@ def _load(ctx: LoadContext, compat_version: str, gate_overrides: Mapping[str, bo
     saturation_detector = resolve_saturation_detector(ctx)
     if not legacy_metrics:
         apply_data_layer_defaults(ctx)
+        add_models_source(ctx)
     create_missing_producers(ctx)
     scheduler = build_scheduler(ctx)
     data_sources = [] if legacy_metrics else build_data_layer(ctx)
@@ -248,6 +253,8 @@ def _load(ctx: LoadContext, compat_version: str, gate_overrides: Mapping[str, bo
         request_done=hooks.request_done,
         request_header=hooks.request_header,
         screeners=hooks.screeners,
+        responders=hooks.responders,
+        propagate_priority=doc.request_handler is not None and doc.request_handler.propagate_priority,
         warnings=ctx.warnings,
         source=ctx.source,
     )

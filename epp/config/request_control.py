@@ -18,6 +18,7 @@ from epp.framework.interfaces import (
     PreRequest,
     RequestDone,
     RequestHeaderProcessor,
+    Responder,
     ResponseBodyProcessor,
     ResponseHeaderProcessor,
     Screener,
@@ -35,6 +36,7 @@ class RequestHooks:
     request_done: list[RequestDone]
     request_header: list[RequestHeaderProcessor]
     screeners: list[Screener]
+    responders: list[Responder]
 
 
 def request_hooks(plugins: Iterable[Plugin]) -> RequestHooks:
@@ -48,6 +50,7 @@ def request_hooks(plugins: Iterable[Plugin]) -> RequestHooks:
         request_done=[p for p in plugins if isinstance(p, RequestDone)],
         request_header=[p for p in plugins if isinstance(p, RequestHeaderProcessor)],
         screeners=[p for p in plugins if isinstance(p, Screener)],
+        responders=[p for p in plugins if isinstance(p, Responder)],
     )
 
 

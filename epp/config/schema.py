@@ -96,7 +96,8 @@ class RefSpec:
 
 @dataclass(slots=True)
 class RequestHandlerSpec:
-    """``requestHandler``: the parsers, matched per request by path suffix."""
+    """``requestHandler``: the parsers, matched per request by path suffix; ``propagatePriority``
+    writes the request's priority into the body's ``priority`` field (engine-native scheduling)."""
 
     parsers: list[RefSpec] = field(default_factory=list)
     propagate_priority: bool = False

@@ -14,6 +14,15 @@ INFLIGHT_LOAD_KEY = "InFlightLoadKey"
 LATENCY_PREDICTION_INFO_KEY = "LatencyPredictionInfoKey"
 TOKENIZED_PROMPT_KEY = "TokenizedPrompt"
 """Request data (``LLMRequest.body.tokenized``) written by a ``token-producer``: the prompt's token ids."""
+MM_EMBEDDINGS_MATCH_INFO_KEY = "MultiModalEncoderCacheMatchInfoKey"
+"""Per endpoint: an ``EncoderCacheMatchInfo`` (``mm-embeddings-cache-producer``)."""
+OUTLEN_BUCKET_KEY = "outlen-bucket"
+"""Request attribute (``LLMRequest.state``): the predicted output length, ``"LONG"``, ``"SHORT"`` or
+``"UNKNOWN"`` (``outlen-bucket``); the in-flight load estimates ``OUTLEN_OUTPUT_TOKENS`` from it."""
+OUTLEN_OUTPUT_TOKENS: dict[str, int] = {"LONG": 4096, "SHORT": 100, "UNKNOWN": 1000}
+SESSION_STATE_KEY = "SessionStateDataKey"
+"""Request attribute (``LLMRequest.state``, under ``SessionStateDataKey/<producer name>``): a
+``SessionState``."""
 AGENT_IDENTITY_KEY = "agent-identity"
 """Request attribute (``LLMRequest.state``): the agent session identity of a request (a string)."""
 
@@ -44,6 +53,37 @@ class TokenizedPrompt:
     token_ids: Sequence[int]
     exact: bool = True
     mm_hashes: tuple[tuple[str, int, int], ...] = ()
+
+
+@dataclass(slots=True, frozen=True)
+class MMItem:
+    """One unique multimodal item of a request: its content hash and modality (image, video, ...)."""
+
+    hash: str
+    modality: str
+
+
+@dataclass(slots=True, frozen=True)
+class EncoderCacheMatchInfo:
+    """A request's unique multimodal items and those an endpoint likely holds embeddings of."""
+
+    matched: tuple[MMItem, ...]
+    items: tuple[MMItem, ...]
+
+    @property
+    def ratio(self) -> float:
+        return len(self.matched) / len(self.items) if self.items else 0.0
+
+
+@dataclass(slots=True, frozen=True)
+class SessionState:
+    """A session's history before the current request (``session-state-producer``): turns
+    dispatched, seconds since the session was first seen, and when (``time.time()``) the previous
+    request was seen (the current request's time for a new session)."""
+
+    turns_taken: int
+    duration: float
+    last_seen_at: float
 
 
 @dataclass(slots=True, frozen=True)

@@ -37,3 +37,8 @@ class ModelData:
     created: int = 0
     owned_by: str = ""
     parent: str = ""
+
+
+# Producer-agnostic pool aggregates of a peer cluster (``multicluster-metrics-extractor``); floats.
+MULTICLUSTER_KV_CACHE_UTILIZATION_KEY = "llm-d.ai/multicluster-kv-cache-utilization"
+MULTICLUSTER_QUEUE_SIZE_KEY = "llm-d.ai/multicluster-queue-size"

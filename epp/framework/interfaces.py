@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Callable, Iterator, Mapping, MutableMapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
+from types import MappingProxyType
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
 from epp.framework.endpoint import Endpoint, EndpointMetadata, Metrics
@@ -24,6 +25,8 @@ from epp.framework.results import (
     SchedulingResult,
     ScoredEndpoint,
 )
+
+_NO_HEADERS: Mapping[str, str] = MappingProxyType({})
 
 
 @dataclass(slots=True, frozen=True)
@@ -176,6 +179,27 @@ class Screener(Plugin, abc.ABC):
 
     def screen_bodyless(self, endpoints: list[Endpoint]) -> list[Endpoint]:
         return endpoints
+
+
+@dataclass(slots=True, frozen=True)
+class LocalResponse:
+    """An answer the EPP gives itself, without routing (``Responder``)."""
+
+    status: int
+    body: bytes
+    headers: Mapping[str, str] = field(default_factory=lambda: _NO_HEADERS)
+
+
+class Responder(Plugin, abc.ABC):
+    """Answers a request that has no body (``GET /v1/models``) itself instead of routing it.
+
+    Asked in ``plugins:`` order, only for requests whose headers end the stream; the first answer
+    wins, ``None`` declines. Raising ``InferenceError`` answers with that error. ``endpoints`` is
+    the whole pool. Must be cheap: it runs on the ext_proc stream's task.
+    """
+
+    @abc.abstractmethod
+    def respond(self, method: str, path: str, endpoints: Sequence[Endpoint]) -> LocalResponse | None: ...
 
 
 class DataProducer(Plugin, abc.ABC):

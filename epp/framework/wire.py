@@ -70,3 +70,8 @@ ENDPOINT_SCORES_KEY: Final = "x-gateway-destination-endpoint-scores"
 VIDEO_DURATION_HEADER: Final = "x-llm-d-video-duration-seconds"
 VIDEO_RESOLUTION_HEADER: Final = "x-llm-d-video-resolution"
 VIDEO_FPS_HEADER: Final = "x-llm-d-video-fps"
+
+# Pod labels.
+ENGINE_TYPE_LABEL: Final = "llm-d.ai/engine-type"
+"""The model server's engine (``vllm``, ``sglang``, ...)."""
+LEGACY_ENGINE_TYPE_LABEL: Final = "inference.networking.k8s.io/engine-type"

@@ -186,6 +186,7 @@ class EppServer:
                 cfg.request_done,
                 request_header=cfg.request_header,
                 screeners=cfg.screeners,
+                responders=cfg.responders,
             ),
             use_subset_hint=not opts.disable_endpoint_subset_filter,
             saturation_detector=cfg.saturation_detector,
@@ -193,6 +194,7 @@ class EppServer:
             rewrites=kube.rewrites if kube is not None else None,
             client_model_rewrite=opts.allow_model_rewrite_header,
             flow_control=self.flow_control,
+            propagate_priority=cfg.propagate_priority,
         )
         self.director.explain = logs.debug_enabled()
         self.stream_options = StreamOptions(

@@ -1,6 +1,7 @@
-"""Replace the top-level ``"model"`` value of a JSON body while keeping every other byte.
+"""Set top-level members of a JSON body (``model``, ``priority``) while keeping every other byte.
 
-Used when the target model differs from the requested one; only the model's string literal changes.
+Used when the target model differs from the requested one, and to propagate the request's priority
+(``requestHandler.propagatePriority``); only the members' value literals change.
 """
 
 from __future__ import annotations
@@ -62,11 +63,16 @@ def model_value_span(text: str) -> tuple[int, int] | None:
     object. Values are skipped with the C JSON scanner; one it cannot take (too deep, an integer too
     long for ``int``) is skipped by counting brackets outside string literals.
     """
+    return value_spans(text, ("model",)).get("model")
+
+
+def value_spans(text: str, keys: tuple[str, ...]) -> dict[str, tuple[int, int]]:
+    """``model_value_span`` for several top-level keys in one scan (the keys present)."""
     i = _skip_ws(text, 0)
     if text[i : i + 1] != "{":
         raise ValueError("not a JSON object")
     i = _skip_ws(text, i + 1)
-    span = None
+    spans: dict[str, tuple[int, int]] = {}
     while text[i : i + 1] != "}":
         m = _STRING.match(text, i)
         if m is None:
@@ -77,14 +83,14 @@ def model_value_span(text: str) -> tuple[int, int] | None:
             raise ValueError(f"expected ':' at {i}")
         start = _skip_ws(text, i + 1)
         end = _value_end(text, start)
-        if key == "model":
-            span = (start, end)
+        if key in keys:
+            spans[key] = (start, end)
         i = _skip_ws(text, end)
         if text[i : i + 1] == ",":
             i = _skip_ws(text, i + 1)
         elif text[i : i + 1] != "}":
             raise ValueError(f"expected ',' or '}}' at {i}")
-    return span
+    return spans
 
 
 def replace_existing_model(body: bytes, model: str) -> bytes:
@@ -111,12 +117,20 @@ def replace_model(body: bytes, model: str) -> bytes:
 
     ``ValueError`` (with the reason) when ``body`` is not a UTF-8 JSON object.
     """
+    return set_members(body, {"model": json.dumps(model, ensure_ascii=False)})
+
+
+def set_members(body: bytes, literals: dict[str, str]) -> bytes:
+    """``body`` with each top-level member ``key`` set to the JSON ``literal`` (added if absent),
+    in one scan; ``ValueError`` when ``body`` is not a UTF-8 JSON object."""
     text = body.decode("utf-8")
-    literal = json.dumps(model, ensure_ascii=False)
-    span = model_value_span(text)
-    if span is None:
+    spans = value_spans(text, tuple(literals))
+    edits = sorted(((spans[k], v) for k, v in literals.items() if k in spans), reverse=True)
+    for (start, end), literal in edits:  # from the end, so earlier spans stay valid
+        text = text[:start] + literal + text[end:]
+    missing = [f"{json.dumps(k)}:{v}" for k, v in literals.items() if k not in spans]
+    if missing:
         brace = text.index("{")
         sep = "" if text[brace + 1 :].lstrip(_WS).startswith("}") else ","
-        return (text[: brace + 1] + f'"model":{literal}{sep}' + text[brace + 1 :]).encode()
-    start, end = span
-    return (text[:start] + literal + text[end:]).encode()
+        text = text[: brace + 1] + ",".join(missing) + sep + text[brace + 1 :]
+    return text.encode()

@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import orjson
 import structlog
 
 from epp import metrics
@@ -30,12 +31,14 @@ from epp.framework import (
     ErrorCode,
     InferenceError,
     LLMRequest,
+    LocalResponse,
     Parser,
     Plugin,
     PreRequest,
     ProfileRunResult,
     RequestDone,
     RequestHeaderProcessor,
+    Responder,
     SaturationDetector,
     SchedulingResult,
     Screener,
@@ -48,7 +51,9 @@ from epp.framework.wire import (
     DEFAULT_FAIRNESS_ID,
     DESTINATION_SERVED_HEADER,
     ENCODERS_HEADER,
+    ENGINE_TYPE_LABEL,
     FAIRNESS_HEADERS,
+    LEGACY_ENGINE_TYPE_LABEL,
     MODEL_REWRITE_HEADERS,
     OBJECTIVE_HEADERS,
     PREFILL_HEADER,
@@ -63,7 +68,7 @@ from epp.scheduling import Scheduler
 from epp.scheduling.parser_router import ParserRouter
 from epp.scheduling.profile import EXPLANATIONS_KEY
 from epp.server import _eager
-from epp.server.body_rewrite import replace_model
+from epp.server.body_rewrite import replace_model, set_members
 from epp.server.subset import filter_by_subset, subset_entries
 
 log = structlog.get_logger("epp.director")
@@ -164,6 +169,27 @@ def _rewritten(raw: bytes, target: str) -> bytes:
         ) from None
 
 
+def engine_priority(priority: int, endpoint: Endpoint) -> int:
+    """The priority as the endpoint's engine reads the body's ``priority``: higher is more urgent
+    (SGLang, epp's objectives), except vLLM (lower first, label ``llm-d.ai/engine-type: vllm``)."""
+    labels = endpoint.metadata.labels
+    engine = labels.get(ENGINE_TYPE_LABEL) or labels.get(LEGACY_ENGINE_TYPE_LABEL)
+    return -priority if engine == "vllm" else priority
+
+
+def _with_priority(raw: bytes, priority: int, model: str | None) -> bytes:
+    """``raw`` with its ``priority`` (and, when given, its ``model``) set; 400 when not rewritable."""
+    literals = {"priority": str(priority)}
+    if model is not None:
+        literals["model"] = orjson.dumps(model).decode()
+    try:
+        return set_members(raw, literals)
+    except ValueError as e:
+        raise InferenceError(
+            ErrorCode.BAD_REQUEST, f"cannot set the priority of the request body: {e}"
+        ) from None
+
+
 @dataclass(slots=True)
 class Routing:
     """The outcome of routing one request."""
@@ -172,6 +198,7 @@ class Routing:
     endpoints: list[Endpoint]  # the primary endpoints (in-flight accounting)
     body: bytes  # the body to forward (original bytes unless the model was rewritten)
     body_changed: bool = False
+    model_changed: bool = False  # the target model differs from the requested one (body rewritten)
     request: LLMRequest | None = None  # None on the random (no body / skip) path
     result: SchedulingResult | None = None
     cycle: CycleState | None = None
@@ -189,6 +216,7 @@ class DirectorHooks:
     request_done: Sequence[RequestDone] = ()
     request_header: Sequence[RequestHeaderProcessor] = ()
     screeners: Sequence[Screener] = ()
+    responders: Sequence[Responder] = ()
 
 
 class Director:
@@ -206,6 +234,7 @@ class Director:
         rng: random.Random | None = None,
         client_model_rewrite: bool = True,
         flow_control: FlowController | None = None,
+        propagate_priority: bool = False,
     ) -> None:
         """``parsers``: the request handler's parser table (one ``Parser`` serves every path).
         ``client_model_rewrite``: honour a client's model-rewrite header (``epp serve
@@ -215,6 +244,7 @@ class Director:
         self.store = store
         self.parsers = parsers if isinstance(parsers, ParserRouter) else ParserRouter.only(parsers)
         self.scheduler = scheduler
+        self.propagate_priority = propagate_priority  # requestHandler.propagatePriority
         self.hooks = hooks or DirectorHooks()
         self.use_subset_hint = use_subset_hint
         self.saturation_detector = saturation_detector
@@ -236,6 +266,18 @@ class Director:
         return list(endpoints)
 
     # --- requests without a body, parser skips ---------------------------------------------
+
+    def respond(self, headers: Mapping[str, str]) -> LocalResponse | None:
+        """A responder's own answer to a bodyless request, or None (route it). Only called when
+        responders are configured."""
+        method = headers.get(":method", "GET")
+        path = request_path(headers)
+        endpoints = self.store.endpoints()
+        for responder in self.hooks.responders:
+            answer = responder.respond(method, path, endpoints)
+            if answer is not None:
+                return answer
+        return None
 
     def route_random(self, metadata: dict[str, dict[str, Any]], body: bytes = b"") -> Routing:
         """A uniformly random candidate; the subset hint applies here too."""
@@ -401,14 +443,20 @@ class Director:
             metrics.observe_plugin("PreRequest", plugin, time.perf_counter() - t0)
 
         request.body.settle()  # a lazily parsed body lets its parse buffers go
-        changed = target != incoming
-        out = _rewritten(raw, target) if changed else raw
+        model_changed = changed = target != incoming
+        if self.propagate_priority and request.body.rewritable:
+            prio = engine_priority(request.priority, chosen[0])
+            out = _with_priority(raw, prio, target if changed else None)
+            changed = True
+        else:
+            out = _rewritten(raw, target) if changed else raw
         return Routing(
             destination=",".join(e.hostport for e in chosen),
             endpoints=list(chosen),
             fallback=self._fallback(candidates, chosen),
             body=out,
             body_changed=changed,
+            model_changed=model_changed,
             request=request,
             result=result,
             cycle=cycle,

@@ -305,6 +305,11 @@ class _Stream:
         if tracer is not None:
             self.span = tracing.start_request(tracer, headers)
         if msg.end_of_stream or self.req_mode == NONE:
+            if msg.end_of_stream and self.director.hooks.responders:
+                answer = self.director.respond(headers)  # e.g. GET /v1/models, from the data layer
+                if answer is not None:
+                    self._end_request_phase(DONE)
+                    return [replies.immediate_local(answer)]
             # No body will come (trailers may, in mode NONE): a random candidate, answered now.
             self._end_request_phase(ROUTED if msg.end_of_stream else TRAILERS)
             routing = self.director.route_random(self.metadata)
@@ -464,7 +469,7 @@ class _Stream:
         if FALLBACK_HEADER in client and not routing.fallback:  # a client's copy never steers a retry
             remove.append(FALLBACK_HEADER)
         scores = self.opts.emit_endpoint_scores and routing.result is not None
-        rewritten = routing.body_changed and request is not None
+        rewritten = routing.model_changed and request is not None
         reply = replies.routing_reply(
             routing.destination,
             on_body=self.req_mode == BUFFERED and not on_headers,
@@ -526,7 +531,7 @@ class _Stream:
         if routing is None:
             return replies.rewrite_models(self.metadata)
         request = routing.request
-        if not routing.body_changed or request is None:
+        if not routing.model_changed or request is None:
             return None
         if self.resp_mode == NONE and self.req_mode != BUFFERED:
             return None

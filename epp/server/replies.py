@@ -12,6 +12,7 @@ from envoy.type.v3.http_status_pb2 import HttpStatus
 from google.protobuf.struct_pb2 import Struct
 
 from epp.framework.errors import InferenceError
+from epp.framework.interfaces import LocalResponse
 from epp.framework.wire import (
     DESTINATION_HEADER,
     ENDPOINT_SCORES_KEY,
@@ -290,6 +291,18 @@ def error_body(err: InferenceError) -> bytes:
 # A 429 or 503 of the EPP (saturation, flow control, no endpoint yet) tells clients when to retry.
 RETRY_AFTER_SECONDS = "1"
 _RETRY_STATUSES = frozenset((429, 503))
+
+
+def immediate_local(answer: LocalResponse) -> ep.ProcessingResponse:
+    """A responder plugin's answer, sent instead of routing."""
+    return ep.ProcessingResponse(
+        immediate_response=ep.ImmediateResponse(
+            status=HttpStatus(code=answer.status),
+            headers=header_mutation(dict(answer.headers)),
+            body=answer.body,
+            details="epp_local_response",
+        )
+    )
 
 
 def immediate_error(err: InferenceError) -> ep.ProcessingResponse:

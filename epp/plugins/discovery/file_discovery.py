@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import os
+import re
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -84,6 +85,7 @@ class FileDiscovery(EndpointDiscovery):
 
     type_name = "file-discovery"
     Params = FileDiscoveryParams
+    hostnames: bool = False  # addresses may be DNS names (multicluster-file-discovery), not only IPv4
 
     def __init__(self, name: str, params: FileDiscoveryParams, handle: Handle | None = None) -> None:
         super().__init__(name, params, handle)
@@ -111,7 +113,7 @@ class FileDiscovery(EndpointDiscovery):
         self._notifier = notifier
         signature = _stat(self.path)
         try:
-            content, result = await asyncio.to_thread(_load, self.path)
+            content, result = await asyncio.to_thread(_load, self.path, self.hostnames)
             self._log_invalid(result)
             if result.rejected:
                 raise _no_valid_entries(self.path, result)
@@ -215,7 +217,7 @@ class FileDiscovery(EndpointDiscovery):
         if content == self._rejected:
             return
         try:
-            result = await asyncio.to_thread(parse_endpoints, content, self.path)
+            result = await asyncio.to_thread(parse_endpoints, content, self.path, self.hostnames)
             self._log_invalid(result)
             if result.rejected:
                 raise _no_valid_entries(self.path, result)
@@ -259,14 +261,17 @@ def _read(path: str) -> bytes:
     return content
 
 
-def _load(path: str) -> tuple[bytes, LoadResult]:
+def _load(path: str, hostnames: bool = False) -> tuple[bytes, LoadResult]:
     """Read and validate the file (runs in a worker thread)."""
     content = _read(path)
-    return content, parse_endpoints(content, path)
+    return content, parse_endpoints(content, path, hostnames)
 
 
-def parse_endpoints(content: bytes, path: str = "<endpoints>") -> LoadResult:
-    """Decode an endpoints file; raises ``FileDiscoveryError`` on a file-level problem."""
+def parse_endpoints(content: bytes, path: str = "<endpoints>", hostnames: bool = False) -> LoadResult:
+    """Decode an endpoints file; raises ``FileDiscoveryError`` on a file-level problem.
+
+    ``hostnames``: an address may also be an IP of either family or an RFC 1123 DNS name, and the
+    labels ``metricsAddress`` / ``metricsPort`` set where the endpoint's metrics are scraped."""
     try:
         stripped = content.lstrip()
         if stripped[:1] in (b"{", b"["):
@@ -292,7 +297,7 @@ def parse_endpoints(content: bytes, path: str = "<endpoints>") -> LoadResult:
     invalid: list[str] = []
     for index, entry in enumerate(entries):
         try:
-            metadata = _endpoint(entry, index)
+            metadata = _endpoint(entry, index, hostnames)
         except ValueError as e:
             invalid.append(str(e))
             continue
@@ -301,7 +306,7 @@ def parse_endpoints(content: bytes, path: str = "<endpoints>") -> LoadResult:
     return LoadResult(endpoints=endpoints, invalid=tuple(invalid), entries=len(entries))
 
 
-def _endpoint(entry: Any, index: int) -> EndpointMetadata:
+def _endpoint(entry: Any, index: int, hostnames: bool = False) -> EndpointMetadata:
     """One validated entry; raises ``ValueError`` with the reference's message style."""
     if not isinstance(entry, dict):
         raise ValueError(f"endpoints[{index}]: expected a mapping, got {_kind(entry)}")
@@ -314,24 +319,52 @@ def _endpoint(entry: Any, index: int) -> EndpointMetadata:
     if not isinstance(namespace, str):
         raise ValueError(f"endpoint {name!r}: invalid namespace {namespace!r}")
     address = entry.get("address")
-    try:
-        ipaddress.IPv4Address(address)  # rejects hostnames, IPv6 and leading zeros
-    except (ipaddress.AddressValueError, ValueError):
-        raise ValueError(f'endpoint "{name}": invalid IPv4 address "{address}"') from None
+    if hostnames:
+        if not _host_or_ip(address):
+            raise ValueError(f'endpoint "{name}": invalid host "{address}"')
+    else:
+        try:
+            ipaddress.IPv4Address(address)  # rejects hostnames, IPv6 and leading zeros
+        except (ipaddress.AddressValueError, ValueError):
+            raise ValueError(f'endpoint "{name}": invalid IPv4 address "{address}"') from None
     port = _port(entry.get("port"))
     if port is None:
         raise ValueError(f'endpoint "{name}": invalid port "{entry.get("port")}"')
     labels = _labels(entry.get("labels"))
     if labels is None:
         raise ValueError(f'endpoint "{name}": labels must be a mapping of strings to scalars')
+    metrics_host = _join_host(str(address), str(port))
+    if hostnames and labels.get("metricsAddress"):
+        metrics_host = _join_host(labels["metricsAddress"], labels.get("metricsPort") or str(port))
     return EndpointMetadata(
         name=name,
         address=str(address),
         port=port,
         namespace=namespace,
         labels=labels,
-        metrics_host=f"{address}:{port}",
+        metrics_host=metrics_host,
     )
+
+
+_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+
+
+def _host_or_ip(address: Any) -> bool:
+    """An IP address of either family, or an RFC 1123 subdomain (lower case, at most 253 chars)."""
+    if not isinstance(address, str) or not address:
+        return False
+    try:
+        ipaddress.ip_address(address)
+        return True
+    except ValueError:
+        pass
+    return len(address) <= 253 and all(
+        len(part) <= 63 and _DNS_LABEL.fullmatch(part) for part in address.split(".")
+    )
+
+
+def _join_host(host: str, port: str) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 def _port(value: Any) -> int | None:

@@ -20,6 +20,8 @@ from epp.framework import (
 )
 from epp.framework.attributes import (
     INFLIGHT_LOAD_KEY,
+    OUTLEN_BUCKET_KEY,
+    OUTLEN_OUTPUT_TOKENS,
     PREFIX_CACHE_MATCH_INFO_KEY,
     InFlightLoad,
     PrefixCacheMatchInfo,
@@ -83,7 +85,17 @@ def _client_output_cap(request: LLMRequest) -> int | None:
 def estimate_output_tokens(
     request: LLMRequest, n_input: int, ratio: float = DEFAULT_OUTPUT_RATIO, cap: int | None = None
 ) -> int:
-    """``min(round(n_input * ratio), the client's output limit, cap)`` (limits only when set)."""
+    """``min(round(n_input * ratio), the client's output limit, cap)`` (limits only when set).
+
+    With an ``outlen-bucket`` attribute the estimate is the bucket's (LONG 4096, SHORT 100, UNKNOWN
+    1000 tokens) instead of the ratio's, and a client limit of 0 means none."""
+    bucket = request.state.get(OUTLEN_BUCKET_KEY)
+    if bucket is not None:
+        est = OUTLEN_OUTPUT_TOKENS.get(bucket, OUTLEN_OUTPUT_TOKENS["UNKNOWN"])
+        client = _client_output_cap(request)
+        if client is not None and 0 < client < est:
+            est = client
+        return est if cap is None or cap >= est else cap
     if n_input <= 0:
         return 0
     est = _round_half_up(n_input * ratio)
