@@ -39,6 +39,14 @@ lock:
 	$(BIN)/uv pip compile --quiet $(LOCK_PLATFORM) $(VENV)/build-requires.in -c requirements.lock -o requirements-build.lock
 	@echo "make lock: $$(grep -c '^[a-z0-9]' requirements.lock) packages in requirements.lock, $$(grep -c '^[a-z0-9]' requirements-image.lock) in the image"
 
+# The deployable image (podman on a local Debian base; see docs/deploy.md), then the image run as
+# deploy/kubernetes runs it, in a private network namespace.
+image:
+	@bash deploy/image/build.sh
+
+image-test: install
+	@bash deploy/image/test.sh
+
 run: install
 	$(BIN)/epp run
 
