@@ -10,5 +10,5 @@ NS=epp-image-$$
 ip netns add "$NS"
 trap 'ip netns delete "$NS"' EXIT
 ip -n "$NS" link set lo up
-ip netns exec "$NS" env EPP_IMAGE="$IMAGE" EPP_NETNS="$NS" PATH="$PWD/.venv/bin:$PATH" \
+EPP_IMAGE="$IMAGE" EPP_NETNS="$NS" PATH="$PWD/.venv/bin:$PATH" \
   .venv/bin/pytest -q -s -p no:cacheprovider tests/image

@@ -36,6 +36,22 @@ def manifest(layout: str, kind: str) -> dict:
     raise AssertionError(f"no {kind} in deploy/kubernetes/{layout}")
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _in_the_namespace() -> None:
+    """This process (and the threads and processes it starts) joins the private network namespace:
+    ``ip netns exec`` would also remount /sys, hiding the cgroups podman needs."""
+    if not os.environ.get("EPP_NETNS"):
+        return
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    fd = os.open(f"/run/netns/{os.environ['EPP_NETNS']}", os.O_RDONLY)
+    try:
+        assert libc.setns(fd, 0x40000000) == 0, os.strerror(ctypes.get_errno())  # CLONE_NEWNET
+    finally:
+        os.close(fd)
+
+
 @pytest.fixture
 def kube() -> Iterator[FakeKube]:
     with FakeKube(tls=True, bookmark_interval=0.5) as k:
@@ -59,7 +75,8 @@ def run_container(name: str, args: list[str], mounts: dict[str, Path], env: dict
         cmd += ["--volume", f"{source}:{target}:ro"]
     for key, value in env.items():
         cmd += ["--env", f"{key}={value}"]
-    subprocess.run([*cmd, IMAGE, *args], check=True, capture_output=True, timeout=60)
+    out = subprocess.run([*cmd, IMAGE, *args], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
 
 
 def logs(name: str) -> str:
