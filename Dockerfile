@@ -34,14 +34,6 @@ RUN cd /src && /opt/build/bin/pip wheel --no-deps --no-build-isolation --wheel-d
  && /opt/epp/bin/python -m compileall -q /opt/epp-app/lib
 
 FROM ${BASE}
-ARG VERSION=0.1.0
-ARG REVISION=unknown
-ARG SOURCE=unknown
-LABEL org.opencontainers.image.source="${SOURCE}" \
-      org.opencontainers.image.version="${VERSION}" \
-      org.opencontainers.image.revision="${REVISION}" \
-      org.opencontainers.image.title="epp" \
-      org.opencontainers.image.licenses="Apache-2.0"
 # uid/gid 65532 ("nonroot", as in distroless images); the Kubernetes manifests run as the same ids.
 # The base's pip, setuptools and wheel go; the standard library is byte-compiled (the slim base
 # ships no .pyc: every start would compile it again, and a read-only root cannot keep them).
@@ -63,4 +55,14 @@ USER 65532:65532
 # ext_proc (gRPC), gRPC health, Prometheus metrics
 EXPOSE 9002 9003 9090
 ENTRYPOINT ["epp", "serve"]
+# last: a new revision changes no layer above
+ARG VERSION=0.1.0
+ARG REVISION=unknown
+ARG SOURCE=unknown
+LABEL org.opencontainers.image.source="${SOURCE}" \
+      org.opencontainers.image.version="${VERSION}" \
+      org.opencontainers.image.revision="${REVISION}" \
+      org.opencontainers.image.title="epp" \
+      org.opencontainers.image.licenses="Apache-2.0"
+
 CMD ["--config-file", "/etc/epp/config.yaml"]

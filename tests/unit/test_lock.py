@@ -42,8 +42,10 @@ def test_the_locks_pin_every_dependency_of_pyproject() -> None:
     runtime = project["project"]["dependencies"]
     test = project["project"]["optional-dependencies"]["test"]
     build = project["build-system"]["requires"]
-    full, image, backend = pins("requirements.lock"), pins("requirements-image.lock"), pins(
-        "requirements-build.lock"
+    full, image, backend = (
+        pins("requirements.lock"),
+        pins("requirements-image.lock"),
+        pins("requirements-build.lock"),
     )
     hint = ": run `make lock`"
     assert unpinned([*runtime, *test, *build], full) == [], "requirements.lock" + hint
