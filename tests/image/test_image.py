@@ -12,6 +12,7 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -58,7 +59,9 @@ def kube() -> Iterator[FakeKube]:
         yield k
 
 
-def run_container(name: str, args: list[str], mounts: dict[str, Path], env: dict[str, str]) -> None:
+def run_container(
+    name: str, args: list[str], mounts: dict[str, tuple[Path, bool]], env: dict[str, str]
+) -> None:
     cmd = [
         "podman",
         "run",
@@ -71,8 +74,8 @@ def run_container(name: str, args: list[str], mounts: dict[str, Path], env: dict
         "--read-only-tmpfs=false",
     ]
     cmd += ["--user", "65532:65532", "--cap-drop=ALL", "--security-opt=no-new-privileges", "--memory=1g"]
-    for target, source in mounts.items():
-        cmd += ["--volume", f"{source}:{target}:ro"]
+    for target, (source, read_only) in mounts.items():
+        cmd += ["--volume", f"{source}:{target}" + (":ro" if read_only else "")]
     for key, value in env.items():
         cmd += ["--env", f"{key}={value}"]
     out = subprocess.run([*cmd, IMAGE, *args], capture_output=True, text=True, timeout=60)
@@ -84,12 +87,39 @@ def logs(name: str) -> str:
     return out.stdout + out.stderr
 
 
-def test_base_layout_serves_health_metrics_and_stops_cleanly_on_sigterm(
-    kube: FakeKube, tmp_path: Path
+def ext_proc_over_socket(socket: Path, certs: Path) -> Any:
+    """One ext_proc exchange on the Unix socket, with the sidecar Envoy's client certificate."""
+    import grpc
+    from envoy.config.core.v3 import base_pb2
+    from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
+    from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
+
+    envoy = certs / "envoy"
+    credentials = grpc.ssl_channel_credentials(
+        (envoy / "ca.crt").read_bytes(), (envoy / "tls.key").read_bytes(), (envoy / "tls.crt").read_bytes()
+    )
+    headers = [(":method", "GET"), (":path", "/v1/models"), (":authority", "x"), (":scheme", "http")]
+    message = ep.ProcessingRequest(
+        request_headers=ep.HttpHeaders(
+            headers=base_pb2.HeaderMap(
+                headers=[base_pb2.HeaderValue(key=k, raw_value=v.encode()) for k, v in headers]
+            ),
+            end_of_stream=True,
+        )
+    )
+    override = [("grpc.ssl_target_name_override", "epp")]
+    with grpc.secure_channel(f"unix:{socket}", credentials, override) as channel:
+        stub = ep_grpc.ExternalProcessorStub(channel)
+        return next(iter(stub.Process(iter([message]), timeout=10)))
+
+
+@pytest.mark.parametrize("layout", ["base", "standalone"])
+def test_layout_serves_health_metrics_and_stops_cleanly_on_sigterm(
+    kube: FakeKube, tmp_path: Path, layout: str
 ) -> None:
-    deployment = manifest("base", "Deployment")
+    deployment = manifest(layout, "Deployment")
     container = deployment["spec"]["template"]["spec"]["containers"][0]
-    config = manifest("base", "ConfigMap")["data"]
+    config = manifest(layout, "ConfigMap")["data"]
     (tmp_path / "config").mkdir()
     for key, text in config.items():
         (tmp_path / "config" / key).write_text(text)
@@ -105,11 +135,13 @@ def test_base_layout_serves_health_metrics_and_stops_cleanly_on_sigterm(
     kube.create(pool)
     labels = pool["spec"]["selector"]["matchLabels"]
     kube.create(objects.pod(NAMESPACE, "vllm-qwen-0", "127.0.0.2", labels=labels))
+    (tmp_path / "socket").mkdir()
+    (tmp_path / "socket").chmod(0o777)  # the emptyDir, writable by the pod's uid
+    volumes = {"config": tmp_path / "config", "tls": certs / "epp", "epp-socket": tmp_path / "socket"}
     mounts = {
-        m["mountPath"]: {"config": tmp_path / "config", "tls": certs / "epp"}[m["name"]]
-        for m in container["volumeMounts"]
+        m["mountPath"]: (volumes[m["name"]], bool(m.get("readOnly"))) for m in container["volumeMounts"]
     }
-    mounts[SA] = sa
+    mounts[SA] = (sa, True)
     env = {
         "NAMESPACE": NAMESPACE,
         "POD_NAME": "epp-0",
@@ -128,11 +160,16 @@ def test_base_layout_serves_health_metrics_and_stops_cleanly_on_sigterm(
             assert time.monotonic() < deadline, logs(name)
             time.sleep(0.1)
         ready = time.monotonic() - start
-        print(f"image-test: base layout ready {ready:.2f} s after podman run")
+        print(f"image-test: {layout} layout ready {ready:.2f} s after podman run")
         for service in HEALTH_NAMES:
             assert grpc_serving(health, service), service
         with urllib.request.urlopen(f"http://127.0.0.1:{metrics}/metrics", timeout=10) as r:
             assert r.status == 200 and b"llm_d_epp" in r.read()
+        socket_arg = next((a for a in container["args"] if a.startswith("--grpc-socket=")), None)
+        if socket_arg:  # the sidecar Envoy's way in: mutual TLS on the Unix socket of the emptyDir
+            socket = tmp_path / "socket" / Path(socket_arg.split("=", 1)[1]).name
+            reply = ext_proc_over_socket(socket, certs)
+            assert reply.HasField("request_headers") or reply.HasField("immediate_response"), reply
         stop = time.monotonic()
         subprocess.run(["podman", "kill", "--signal", "TERM", name], check=True, timeout=30)
         code = subprocess.run(["podman", "wait", name], capture_output=True, text=True, timeout=60)
