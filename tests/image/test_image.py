@@ -151,8 +151,8 @@ def test_layout_serves_health_metrics_and_stops_cleanly_on_sigterm(
     }
     name = f"epp-image-test-{os.getpid()}"
     start = time.monotonic()
-    run_container(name, container["args"], mounts, env)
     try:
+        run_container(name, container["args"], mounts, env)
         health = next(p["containerPort"] for p in container["ports"] if p["name"] == "grpc-health")
         metrics = next(p["containerPort"] for p in container["ports"] if p["name"] == "http-metrics")
         deadline = start + 60
