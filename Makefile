@@ -4,19 +4,48 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 PYTHON := $(BIN)/python
 
-.PHONY: install run test test-unit test-integration lint bench-cpu bench-sched bench-routing bench-kube bench-kv-index bench-soak bench-tokenize bench-overload bench-failover clean
+.PHONY: install lock image image-test run test test-unit test-integration lint bench-cpu bench-sched bench-routing bench-kube bench-kv-index bench-soak bench-tokenize bench-overload bench-failover clean
 
 install: $(VENV)/.installed
 
-$(VENV)/.installed: pyproject.toml
-	$(PY) -m venv $(VENV)
-	$(PYTHON) -m pip install --quiet --upgrade pip
-	$(PYTHON) -m pip install --quiet -e '.[test]'
-	# xds-protos ships an older copy of opentelemetry/proto/; whichever package pip installs last
-	# owns those files, so reinstall opentelemetry-proto to make the OTLP exporter's files win.
-	$(PYTHON) -m pip install --quiet --force-reinstall --no-deps \
-	  "opentelemetry-proto==$$($(PYTHON) -c 'from importlib.metadata import version; print(version("opentelemetry-proto"))')"
-	touch $@
+# One source of versions: requirements.lock (every dependency with the test extras and the build
+# backend, pinned with hashes), installed as it is; requirements-image.lock is its runtime subset
+# (the Dockerfile's) and requirements-build.lock its build backend. `make lock` refreshes all three.
+$(VENV)/.installed: pyproject.toml requirements.lock
+	@echo "make install: [1/4] virtual environment $(VENV)"
+	@$(PY) -m venv $(VENV)
+	@echo "make install: [2/4] pip"
+	@$(PYTHON) -m pip install --quiet --upgrade pip
+	@echo "make install: [3/4] $$(grep -c '^[a-z0-9]' requirements.lock) pinned packages of requirements.lock (hashes checked)"
+	@$(PYTHON) -m pip install --quiet --no-deps --require-hashes --only-binary=:all: -r requirements.lock
+	@# xds-protos ships an older copy of opentelemetry/proto/; whichever package pip installs last
+	@# owns those files, so reinstall opentelemetry-proto (its locked hashes) to make the OTLP exporter's files win.
+	@awk '/^opentelemetry-proto==/{p=1} p{print; if (!/\\$$/) exit}' requirements.lock > $(VENV)/otel-proto.txt
+	@$(PYTHON) -m pip install --quiet --no-deps --require-hashes --force-reinstall -r $(VENV)/otel-proto.txt
+	@echo "make install: [4/4] epp itself (editable)"
+	@$(PYTHON) -m pip install --quiet --no-deps --no-build-isolation -e .
+	@touch $@
+
+# Re-resolve pyproject.toml's dependencies (newest versions that satisfy them) into the three lock
+# files with uv (pinned here); lock-overrides.txt drops what epp never calls (huggingface-hub).
+UV_VERSION := 0.13.8
+LOCK_PLATFORM := --python-version 3.11 --python-platform x86_64-manylinux_2_36 --generate-hashes --override lock-overrides.txt
+lock:
+	@$(PY) -m venv $(VENV)
+	@$(PYTHON) -m pip install --quiet uv==$(UV_VERSION)
+	@$(PYTHON) -c "import tomllib; print(*tomllib.load(open('pyproject.toml', 'rb'))['build-system']['requires'], sep='\n')" > $(VENV)/build-requires.in
+	$(BIN)/uv pip compile --quiet $(LOCK_PLATFORM) pyproject.toml $(VENV)/build-requires.in --extra test -o requirements.lock
+	$(BIN)/uv pip compile --quiet $(LOCK_PLATFORM) pyproject.toml -c requirements.lock -o requirements-image.lock
+	$(BIN)/uv pip compile --quiet $(LOCK_PLATFORM) $(VENV)/build-requires.in -c requirements.lock -o requirements-build.lock
+	@echo "make lock: $$(grep -c '^[a-z0-9]' requirements.lock) packages in requirements.lock, $$(grep -c '^[a-z0-9]' requirements-image.lock) in the image"
+
+# The deployable image (podman on a local Debian base; see docs/deploy.md), then the image run as
+# deploy/kubernetes runs it, in a private network namespace.
+image:
+	@bash deploy/image/build.sh
+
+image-test: install
+	@bash deploy/image/test.sh
 
 run: install
 	$(BIN)/epp run

@@ -216,16 +216,9 @@ def server_ssl_context(
 def _ssl_context(pair: KeyPair) -> ssl.SSLContext:
     """A TLS 1.2+ server context for ``pair`` (a client certificate signed by ``pair.ca`` required
     when there is one) with the ``--tls-cipher-suites`` TLS 1.2 suites; ALPN offers h2."""
-    import tempfile
-
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.minimum_version = ssl.TLSVersion.TLSv1_2
-    with tempfile.TemporaryDirectory(prefix="epp-tls-") as tmp:  # the ssl module loads keys from files
-        cert, key = Path(tmp) / CERT_FILE, Path(tmp) / KEY_FILE
-        key.touch(0o600)
-        key.write_bytes(pair.key)
-        cert.write_bytes(pair.cert)
-        context.load_cert_chain(cert, key)
+    _load_chain(context, pair)
     if pair.ca is not None:
         context.load_verify_locations(cadata=pair.ca.decode())
         context.verify_mode = ssl.CERT_REQUIRED
@@ -234,6 +227,40 @@ def _ssl_context(pair: KeyPair) -> ssl.SSLContext:
         context.set_ciphers(ciphers)
     context.set_alpn_protocols(["h2"])
     return context
+
+
+def _load_chain(context: ssl.SSLContext, pair: KeyPair) -> None:
+    """``load_cert_chain`` of the bytes in ``pair``: the ssl module reads key pairs from paths only,
+    so on Linux they go to two anonymous in-memory files (``memfd_create``), read through
+    ``/proc/self/fd``: nothing is written to any file system, and the bytes loaded are the ones
+    checked (no race with a renewal of the mounted files). Elsewhere (no memfd: development hosts
+    only) a private temporary directory, removed at once."""
+    if not hasattr(os, "memfd_create"):
+        _load_chain_via_tmp(context, pair)
+        return
+    fds: list[int] = []
+    try:
+        for data in (pair.cert, pair.key):
+            fd = os.memfd_create("epp-tls", os.MFD_CLOEXEC)
+            fds.append(fd)
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+        context.load_cert_chain(f"/proc/self/fd/{fds[0]}", f"/proc/self/fd/{fds[1]}")
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
+def _load_chain_via_tmp(context: ssl.SSLContext, pair: KeyPair) -> None:
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="epp-tls-") as tmp:
+        cert, key = Path(tmp) / CERT_FILE, Path(tmp) / KEY_FILE
+        key.touch(0o600)
+        key.write_bytes(pair.key)
+        cert.write_bytes(pair.cert)
+        context.load_cert_chain(cert, key)
 
 
 def replica_server_credentials(cert_path: str, *, reload: bool = False) -> grpc.ServerCredentials:

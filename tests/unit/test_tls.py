@@ -135,3 +135,44 @@ async def test_without_reload_the_first_pair_stays(tmp_path: Path) -> None:
         assert await asyncio.to_thread(_served, port) == _der(first)
     finally:
         await server.stop(0)
+
+
+async def _served_by(context: ssl.SSLContext) -> tuple[asyncio.Server, int]:
+    async def close(_reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.close()
+
+    server = await asyncio.start_server(close, "127.0.0.1", 0, ssl=context)
+    return server, server.sockets[0].getsockname()[1]
+
+
+async def test_own_server_tls_starts_and_renews_with_no_temporary_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A read-only root has no writable /tmp: the key pairs (self-signed at start, mounted files and
+    their renewal) are loaded without writing a file anywhere."""
+    import tempfile
+
+    from epp.server.tls import server_ssl_context
+
+    ca = Authority.create()
+    first, second = ca.issue("epp"), ca.issue("epp")
+    directory = _write(tmp_path / "tls", first)
+    unusable = tmp_path / "no-tmp"  # does not exist: every temporary file or directory fails
+    monkeypatch.setenv("TMPDIR", str(unusable))
+    monkeypatch.setattr(tempfile, "tempdir", str(unusable))
+
+    self_signed, port = await _served_by(server_ssl_context(None))
+    try:
+        served = await asyncio.to_thread(_served, port)
+        assert b"epp" in served
+    finally:
+        self_signed.close()
+    renewing, port = await _served_by(server_ssl_context(str(directory), reload=True))
+    try:
+        assert await asyncio.to_thread(_served, port) == _der(first)
+        _write(directory, second)
+        before = sorted(p.name for p in tmp_path.rglob("*"))
+        await _until_served(port, second)
+    finally:
+        renewing.close()
+    assert sorted(p.name for p in tmp_path.rglob("*")) == before
