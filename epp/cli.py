@@ -186,6 +186,7 @@ def _add_serve(sub: Any) -> None:
         default=None,
         help="deprecated: scrape metrics from this pod port (only when the pool has one target port)",
     )
+    k = p.add_argument_group("high availability (several replicas; Kubernetes discovery)")
     add_bool(k, "--ha-enable-leader-election", False, "readiness only on the replica holding the Lease")
     k.add_argument("--ha-lease-duration", type=parse_duration, default=15.0, help="lease duration (15s)")
     k.add_argument("--ha-renew-deadline", type=parse_duration, default=10.0, help="renew deadline (10s)")
@@ -216,7 +217,12 @@ def _add_serve(sub: Any) -> None:
     p.add_argument(
         "--refresh-metrics-interval", type=parse_duration, default=0.05, help="scrape period (50ms)"
     )
-    p.add_argument("--refresh-prometheus-metrics-interval", type=parse_duration, default=5.0)
+    p.add_argument(
+        "--refresh-prometheus-metrics-interval",
+        type=parse_duration,
+        default=5.0,
+        help="how often the pool gauges (average queue size, KV-cache use, ...) are recomputed (5s)",
+    )
     p.add_argument(
         "--metrics-staleness-threshold",
         type=_positive_duration,
@@ -822,7 +828,12 @@ def _add_certs(sub: Any) -> None:
         "OUT/envoy/{tls.crt,tls.key,ca.crt} (client only), then prints the kubectl commands that create "
         "the Secrets epp-tls and epp-envoy-tls the manifests mount.",
     )
-    p.add_argument("--out", required=True, help="directory to write into (created; existing files are kept)")
+    p.add_argument(
+        "--out",
+        required=True,
+        help="directory to write into (created); the run writes nothing if any of the files exists "
+        "there already (remove them, or choose another directory)",
+    )
     p.add_argument(
         "--dns-name",
         action="append",
@@ -844,7 +855,11 @@ def _certs(args: argparse.Namespace) -> int:
     targets = [out / "ca.crt", out / "ca.key", out / "epp", out / "envoy"]
     existing = [str(t) for t in targets if t.exists()]
     if existing:
-        print(f"error: would overwrite {', '.join(existing)}", file=sys.stderr)
+        print(
+            f"error: would overwrite {', '.join(existing)}: nothing was written; remove them or choose "
+            "another --out directory",
+            file=sys.stderr,
+        )
         return 2
     ca = Authority.create()
     pairs: dict[str, KeyPair] = {

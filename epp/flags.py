@@ -129,13 +129,15 @@ def _choice(*values: str) -> Callable[[str], str]:
 
 
 def add_reference_flags(p: argparse.ArgumentParser) -> None:
-    g: Any = p.add_argument_group("llm-d EPP flags (accepted for drop-in compatibility; see docs/compat.md)")
+    o: Any = p.add_argument_group("observability")
     add_bool(
-        g,
+        o,
         "--tracing",
         False,
-        "emit OpenTelemetry traces, configured by the OTEL_* environment (default false)",
+        "emit OpenTelemetry traces, configured by the OTEL_* environment (default false; a local "
+        "recipe in docs/deploy.md, 'Tracing')",
     )
+    g: Any = p.add_argument_group("llm-d EPP flags (accepted for drop-in compatibility; see docs/compat.md)")
     g.add_argument(
         "--drain-timeout",
         dest="drain_delay",

@@ -16,6 +16,7 @@ While tracing is off, :data:`TRACER` is None and the request path costs one attr
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -93,7 +94,8 @@ def _exporter_from_env(environ: Mapping[str, str]) -> SpanExporter | None:
     if kind == "console":
         from opentelemetry.sdk.trace.export import ConsoleSpanExporter
 
-        return ConsoleSpanExporter()
+        # one JSON object per line on stdout (the log is on stderr), not the SDK's pretty-printed form
+        return ConsoleSpanExporter(out=sys.stdout, formatter=lambda span: span.to_json(indent=None) + "\n")
     if kind != "otlp":
         raise TracingConfigError(f"OTEL_TRACES_EXPORTER={kind!r}: supported are otlp, console and none")
     for var in ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL"):

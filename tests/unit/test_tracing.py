@@ -248,3 +248,23 @@ async def test_an_upstream_error_status_marks_the_request_span(harness: Harness)
     await until(lambda: any(s.name == "gateway.request" for s in exporter.get_finished_spans()))
     root = _by_name(exporter.get_finished_spans())["gateway.request"]
     assert root.status.status_code.name == "ERROR" and root.status.description == "503"
+
+
+def test_the_console_exporter_writes_one_json_object_per_line(capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+
+    from epp.tracing import _exporter_from_env
+
+    exporter = _exporter_from_env({"OTEL_TRACES_EXPORTER": "console"})
+    assert exporter is not None
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    for name in ("one", "two"):
+        with provider.get_tracer("t").start_as_current_span(name):
+            pass
+    provider.shutdown()
+    lines = capsys.readouterr().out.splitlines()
+    assert [json.loads(line)["name"] for line in lines] == ["one", "two"]
