@@ -88,6 +88,8 @@ def _data_layer(dl: DataLayerSpec) -> dict[str, Any]:
         out["crossReplicaSyncerPluginRef"] = dl.cross_replica_syncer_plugin_ref
     if dl.cross_replica_sync_interval is not None:
         out["crossReplicaSyncInterval"] = dl.cross_replica_sync_interval.text
+    if dl.cross_replica_publish_timeout is not None:
+        out["crossReplicaPublishTimeout"] = dl.cross_replica_publish_timeout.text
     return out
 
 

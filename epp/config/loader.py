@@ -15,6 +15,7 @@ import epp.plugins  # noqa: F401 - the composition root registers the built-in p
 from epp.config import defaults as d
 from epp.config.context import EndpointsFn, LoadContext
 from epp.config.data_layer import (
+    CrossReplicaSettings,
     apply_data_layer_defaults,
     build_data_layer,
     check_cross_replica,
@@ -92,6 +93,7 @@ class LoadedConfig:
     screeners: list[Screener] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     source: str = "<config>"
+    cross_replica: CrossReplicaSettings | None = None  # replicas share routing state (a syncer)
 
     @property
     def needs_response_body(self) -> bool:
@@ -192,7 +194,7 @@ def _load(ctx: LoadContext) -> LoadedConfig:
     scheduler = build_scheduler(ctx)
     data_sources = [] if legacy_metrics else build_data_layer(ctx)
     discovery = resolve_discovery(ctx)
-    check_cross_replica(ctx)
+    cross_replica = check_cross_replica(ctx)
     if GATE_FLOW_CONTROL in gates:
         check_flow_control(ctx)
     else:
@@ -218,4 +220,5 @@ def _load(ctx: LoadContext) -> LoadedConfig:
         screeners=hooks.screeners,
         warnings=ctx.warnings,
         source=ctx.source,
+        cross_replica=cross_replica,
     )

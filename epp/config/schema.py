@@ -114,6 +114,7 @@ class DataLayerSpec:
     peer_discovery: RefSpec | None = None
     cross_replica_syncer_plugin_ref: str | None = None
     cross_replica_sync_interval: Duration | None = None
+    cross_replica_publish_timeout: Duration | None = None
 
 
 @dataclass(slots=True, frozen=True)
@@ -361,6 +362,7 @@ _DATA_LAYER_FIELDS = (
     "peerDiscovery",
     "crossReplicaSyncerPluginRef",
     "crossReplicaSyncInterval",
+    "crossReplicaPublishTimeout",
 )
 
 
@@ -473,6 +475,9 @@ def _data_layer(raw: Any, path: str) -> DataLayerSpec:
         ),
         cross_replica_sync_interval=parse_duration(
             m.get("crossReplicaSyncInterval"), f"{path}.crossReplicaSyncInterval"
+        ),
+        cross_replica_publish_timeout=parse_duration(
+            m.get("crossReplicaPublishTimeout"), f"{path}.crossReplicaPublishTimeout"
         ),
     )
 
