@@ -30,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench._workdir import run_in_workdir
 from epp.dev import stack
 from epp.dev.envoy.bootstrap import envoy_bootstrap
+from epp.dev.stack.redis_server import RedisServer
 
 MODEL = "demo"
 LOADGEN = Path(__file__).with_name("_loadgen.py")
@@ -384,8 +385,43 @@ def run_config(
     sim_args: list[str],
     workdir: Path,
     gateways: int = 1,
+    *,
+    shared: bool = False,
 ) -> Result:
     kv_events = args.scenario == "cache-pressure"
+    redis_server: RedisServer | None = None
+    if shared:  # the gateways' EPPs share their routing state through one private redis-server
+        workdir.mkdir(parents=True, exist_ok=True)
+        redis_server = RedisServer(workdir).start()
+        config = with_syncer(config, redis_server.address)
+    try:
+        return _run_stack(label, config, args, sim_args, workdir, gateways, kv_events)
+    finally:
+        if redis_server is not None:
+            redis_server.stop()
+
+
+def with_syncer(config: dict[str, Any] | None, address: str) -> dict[str, Any]:
+    """``config`` (None: the default profile) with a ``redis-syncer`` at ``address`` wired in."""
+    out: dict[str, Any] = json.loads(json.dumps(config)) if config is not None else {}
+    out.setdefault("plugins", []).append(
+        {"name": "shared-state", "type": "redis-syncer", "parameters": {"address": address}}
+    )
+    data_layer = out.setdefault("dataLayer", {})
+    data_layer["crossReplicaSyncerPluginRef"] = "shared-state"
+    data_layer["crossReplicaSyncInterval"] = "100ms"
+    return out
+
+
+def _run_stack(
+    label: str,
+    config: dict[str, Any] | None,
+    args: argparse.Namespace,
+    sim_args: list[str],
+    workdir: Path,
+    gateways: int,
+    kv_events: bool,
+) -> Result:
     with Stack(workdir, args.sims, sim_args, config, kv_events=kv_events, gateways=gateways) as st:
         h0, q0 = scrape_cache(st.sim_ports)
         output = workdir / "loadgen.json"
@@ -529,6 +565,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         default=0.5,
         help="cache-pressure: the fleet's KV cache as a fraction of the working set (default 0.5)",
     )
+    add(
+        "--syncer",
+        choices=("off", "on", "both"),
+        default="off",
+        help="with --gateways above 1: the gateways' EPPs share state through a private redis-server "
+        "(redis-syncer): off, on, or both runs (default off)",
+    )
     add("--keep-logs", action="store_true", help="keep the work directory (logs, configs) on success")
     args = parser.parse_args(argv)
     if min(args.sims, args.groups, args.requests, args.prompt_tokens) < 1 or args.rate <= 0:
@@ -607,12 +650,17 @@ def main(argv: list[str] | None = None) -> int:
     results: list[Result] = []
 
     def run() -> int:
+        syncer_runs = {"off": [False], "on": [True], "both": [False, True]}[args.syncer]
         for gateways in args.gateways:
             for label in args.configs:
-                name = label if gateways == 1 else f"{label} x{gateways}"
-                safe = re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
-                config = config_for(label, args.scenario)
-                results.append(run_config(name, config, args, sim_args, workdir / safe, gateways))
+                for shared in syncer_runs if gateways > 1 else [False]:
+                    name = label if gateways == 1 else f"{label} x{gateways}"
+                    name += " +redis" if shared else ""
+                    safe = re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
+                    config = config_for(label, args.scenario)
+                    results.append(
+                        run_config(name, config, args, sim_args, workdir / safe, gateways, shared=shared)
+                    )
         return 0
 
     def report() -> None:

@@ -200,7 +200,8 @@ def _add_serve(sub: Any) -> None:
         "--ha-replication-port",
         type=parse_port,
         default=9004,
-        help="port of the leader's state stream to the standbys (mutual TLS; default 9004)",
+        help="deprecated (use a cross-replica syncer, redis-syncer): port of the leader's state "
+        "stream to the standbys (mutual TLS; default 9004)",
     )
     k.add_argument(
         "--ha-replication-cert-path",

@@ -1,11 +1,10 @@
-"""The data layer: the default metrics source and extractor, data sources, endpoint discovery.
-
-``peerDiscovery`` and ``crossReplicaSyncerPluginRef`` must name declared plugins but have no effect:
-epp's standbys mirror the leader over their own replication stream (``--ha-replication-*``).
+"""The data layer: the default metrics source and extractor, data sources, endpoint discovery,
+and the cross-replica syncer (``crossReplicaSyncerPluginRef``) with its cadence.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import cast
 
 from epp.config import defaults as d
@@ -13,6 +12,7 @@ from epp.config.context import LoadContext
 from epp.config.schema import DataSourceSpec, RefSpec
 from epp.framework import registry
 from epp.framework.endpoint_attributes import MODELS_KEY
+from epp.framework.cross_replica import CrossReplicaSyncer
 from epp.framework.errors import ConfigError
 from epp.framework.interfaces import (
     AttributeExtractor,
@@ -105,35 +105,56 @@ def build_data_layer(ctx: LoadContext) -> list[tuple[DataSource, list[Extractor]
     return out
 
 
-def check_cross_replica(ctx: LoadContext) -> None:
-    """``peerDiscovery``, ``crossReplicaSyncerPluginRef`` and ``crossReplicaSyncInterval``: checked,
-    then ignored with a warning (there is no such plugin in this build)."""
+@dataclass(slots=True, frozen=True)
+class CrossReplicaSettings:
+    """The syncer replicas share routing state through, and its cadence (seconds)."""
+
+    syncer: CrossReplicaSyncer
+    interval: float
+    publish_timeout: float | None
+
+
+def check_cross_replica(ctx: LoadContext) -> CrossReplicaSettings | None:
+    """``crossReplicaSyncerPluginRef`` (a ``CrossReplicaSyncer``), ``crossReplicaSyncInterval``,
+    the publish timeout and ``peerDiscovery`` (the syncer's own peer store, or a warning)."""
     dl = ctx.doc.data_layer
-    ignored: list[str] = []
-    if dl.peer_discovery is not None:
-        ctx.lookup_ref(dl.peer_discovery.plugin_ref, "dataLayer.peerDiscovery.pluginRef", "peer discovery")
-        ignored.append("dataLayer.peerDiscovery")
+    for field, name in (
+        (dl.cross_replica_sync_interval, "crossReplicaSyncInterval"),
+        (dl.cross_replica_publish_timeout, "crossReplicaPublishTimeout"),
+    ):
+        if field is not None and field.seconds < 0:
+            raise ConfigError(f"dataLayer.{name}", f"{name} cannot be negative, but got {field.text}")
+    syncer: CrossReplicaSyncer | None = None
     if dl.cross_replica_syncer_plugin_ref is not None:
-        ctx.lookup_ref(
-            dl.cross_replica_syncer_plugin_ref,
-            "dataLayer.crossReplicaSyncerPluginRef",
-            "cross-replica syncer",
-        )
-        ignored.append("dataLayer.crossReplicaSyncerPluginRef")
-    interval = dl.cross_replica_sync_interval
-    if interval is not None:
-        if interval.seconds < 0:
+        where = "dataLayer.crossReplicaSyncerPluginRef"
+        plugin = ctx.lookup_ref(dl.cross_replica_syncer_plugin_ref, where, "cross-replica syncer")
+        if not isinstance(plugin, CrossReplicaSyncer):
             raise ConfigError(
-                "dataLayer.crossReplicaSyncInterval",
-                f"crossReplicaSyncInterval cannot be negative, but got {interval.text}",
+                where, f"the plugin {dl.cross_replica_syncer_plugin_ref} is not a CrossReplicaSyncer"
             )
-        ignored.append("dataLayer.crossReplicaSyncInterval")
-    if ignored:
-        ctx.warnings.append(
-            f"{', '.join(ignored)}: no effect in epp, which has no peer discovery or cross-replica "
-            "syncer plugins; with --ha-enable-leader-election standbys mirror the leader's prefix index "
-            "over --ha-replication-port instead"
+        syncer = plugin
+    if dl.peer_discovery is not None:
+        peers = ctx.lookup_ref(
+            dl.peer_discovery.plugin_ref, "dataLayer.peerDiscovery.pluginRef", "peer discovery"
         )
+        if peers is not syncer:
+            ctx.warnings.append(
+                "dataLayer.peerDiscovery: no effect in epp unless it names the cross-replica syncer, "
+                "whose replica registry is the peer store"
+            )
+    if syncer is None:
+        if dl.cross_replica_sync_interval is not None or dl.cross_replica_publish_timeout is not None:
+            ctx.warnings.append(
+                "dataLayer.crossReplicaSyncInterval: no effect without crossReplicaSyncerPluginRef"
+            )
+        return None
+    interval = dl.cross_replica_sync_interval
+    timeout = dl.cross_replica_publish_timeout
+    return CrossReplicaSettings(
+        syncer,
+        interval.seconds if interval is not None and interval.seconds > 0 else d.CROSS_REPLICA_SYNC_INTERVAL,
+        timeout.seconds if timeout is not None and timeout.seconds > 0 else None,
+    )
 
 
 def _check_pair(source: DataSource, extractor: Extractor, earlier: list[Extractor], where: str) -> None:

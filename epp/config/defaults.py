@@ -90,3 +90,6 @@ def default_document() -> dict[str, Any]:
         ],
         "dataLayer": data_layer,
     }
+
+
+CROSS_REPLICA_SYNC_INTERVAL = 0.1  # seconds: dataLayer.crossReplicaSyncInterval when unset

@@ -16,6 +16,7 @@ from epp.config import defaults as d
 from epp.config.context import EndpointsFn, LoadContext
 from epp.config.data_layer import (
     add_models_source,
+    CrossReplicaSettings,
     apply_data_layer_defaults,
     build_data_layer,
     check_cross_replica,
@@ -96,6 +97,7 @@ class LoadedConfig:
     propagate_priority: bool = False  # requestHandler.propagatePriority
     warnings: list[str] = field(default_factory=list)
     source: str = "<config>"
+    cross_replica: CrossReplicaSettings | None = None  # replicas share routing state (a syncer)
 
     @property
     def needs_response_body(self) -> bool:
@@ -229,7 +231,7 @@ def _load(ctx: LoadContext, compat_version: str, gate_overrides: Mapping[str, bo
     scheduler = build_scheduler(ctx)
     data_sources = [] if legacy_metrics else build_data_layer(ctx)
     discovery = resolve_discovery(ctx)
-    check_cross_replica(ctx)
+    cross_replica = check_cross_replica(ctx)
     if GATE_FLOW_CONTROL in gates:
         check_flow_control(ctx)
     else:
@@ -257,4 +259,5 @@ def _load(ctx: LoadContext, compat_version: str, gate_overrides: Mapping[str, bo
         propagate_priority=doc.request_handler is not None and doc.request_handler.propagate_priority,
         warnings=ctx.warnings,
         source=ctx.source,
+        cross_replica=cross_replica,
     )

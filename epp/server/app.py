@@ -16,6 +16,7 @@ from grpc_health.v1 import health_pb2_grpc
 from epp import logs, metrics, promlite, tracing
 from epp.config import LoadedConfig
 from epp.datalayer.objectives import ObjectiveStore
+from epp.datalayer.cross_replica import CrossReplicaRuntime
 from epp.datalayer.pool_gauges import PoolGauges
 from epp.datalayer.runtime import DataLayer
 from epp.datalayer.served_models import ServedModels
@@ -29,6 +30,7 @@ from epp.framework import (
     ServingHooks,
     UpstreamFailureListener,
 )
+from epp.framework.cross_replica import CrossReplicaContributor
 from epp.promlite import start_http_server
 from epp.scheduling import Scheduler
 from epp.server import h2grpc, heap, upstream_failures
@@ -253,6 +255,32 @@ class EppServer:
             self._hurry.set()
         self._stop.set()
 
+    def _cross_replica(self) -> CrossReplicaRuntime | None:
+        """With a syncer (``dataLayer.crossReplicaSyncerPluginRef``): replicas share routing state."""
+        settings = self.cfg.cross_replica
+        if settings is None:
+            return None
+        specs = [
+            spec
+            for p in self.cfg.plugins.values()
+            if isinstance(p, CrossReplicaContributor)
+            for spec in p.cross_replica_specs()
+        ]
+        log.info(
+            "sharing routing state with the other replicas",
+            syncer=getattr(settings.syncer, "name", ""),
+            replica=settings.syncer.replica_id,
+            states=[s.state_key for s in specs],
+            interval_s=settings.interval,
+        )
+        return CrossReplicaRuntime(
+            settings.syncer,
+            specs,
+            pool=f"{self.opts.pool_namespace}/{self.opts.pool_name}",
+            interval=settings.interval,
+            publish_timeout=settings.publish_timeout,
+        )
+
     def _replication(self) -> tuple[ReplicationHub, ReplicationFollower] | None:
         """With leader election: standbys mirror the leader's learned plugin state (prefix index)."""
         leader = self.kube.leader if self.kube is not None else None
@@ -261,6 +289,14 @@ class EppServer:
         plugins = {n: p for n, p in self.cfg.plugins.items() if isinstance(p, ReplicatedState)}
         if not plugins:
             return None
+        if self.cfg.cross_replica is not None:
+            log.info("a cross-replica syncer shares the prefix index: no --ha-replication-port stream")
+            return None
+        log.warning(
+            "the leader/standby replication stream (--ha-replication-port) is deprecated: configure a "
+            "cross-replica syncer (redis-syncer, dataLayer.crossReplicaSyncerPluginRef), with which "
+            "every replica serves and shares its routing state"
+        )
         cert_path = self.opts.replication_cert_path
         if not cert_path:
             log.warning(
@@ -310,6 +346,7 @@ class EppServer:
         health_pb2_grpc.add_HealthServicer_to_server(self.health.servicer, health_server)
         health_server.add_insecure_port(f"{opts.bind_address}:{opts.grpc_health_port}")
         replication = self._replication()
+        cross_replica = self._cross_replica()
         replication_server: grpc.aio.Server | None = None
         if replication is not None and opts.replication_cert_path:
             # The leader's stream to the standbys: mutual TLS, replicas only.
@@ -353,6 +390,8 @@ class EppServer:
             if replication is not None:
                 for part in replication:
                     part.start()
+            if cross_replica is not None:
+                cross_replica.start()  # the first round runs in the background: never delays serving
             self.pool_gauges.start()
             self.served_models.start()
 
@@ -413,6 +452,8 @@ class EppServer:
                 except Exception as e:
                     log.error("plugin failed to stop", plugin=repr(started), error=repr(e))
             await self.data_layer.stop()
+            if cross_replica is not None:
+                await cross_replica.stop()
             await self.pool_gauges.stop()
             await self.served_models.stop()
             if replication is not None:

@@ -422,22 +422,36 @@ def test_default_metrics_source_is_added_to_other_sources() -> None:
     assert [e.name for e in models.data_sources[0][1]] == ["core-metrics-extractor"]
 
 
-def test_peer_discovery_and_cross_replica_syncer_must_name_declared_plugins() -> None:
+def test_cross_replica_syncer_is_wired_and_peer_discovery_names_it() -> None:
     cfg = load(
-        "plugins: [{name: peers, type: test-any}, {name: sync, type: test-any}]\n"
-        "dataLayer:\n  peerDiscovery: {pluginRef: peers}\n  crossReplicaSyncerPluginRef: sync\n"
-        "  crossReplicaSyncInterval: 500ms\n"
+        "plugins: [{name: sync, type: redis-syncer}]\n"
+        "dataLayer:\n  peerDiscovery: {pluginRef: sync}\n  crossReplicaSyncerPluginRef: sync\n"
+        "  crossReplicaSyncInterval: 500ms\n  crossReplicaPublishTimeout: 2s\n"
     )
     dl = effective(cfg)["dataLayer"]  # in the v1 layout
-    assert dl["discovery"] == {"peers": {"pluginRef": "peers"}}
-    assert dl["crossReplica"] == {"syncerPluginRef": "sync", "syncInterval": "500ms"}
+    assert dl["discovery"]["peers"] == {"pluginRef": "sync"}
+    assert dl["crossReplica"] == {"syncerPluginRef": "sync", "syncInterval": "500ms", "publishTimeout": "2s"}
     old = yaml.safe_load(cfg.effective_yaml("llm-d.ai/v1alpha1"))["dataLayer"]
-    assert old["peerDiscovery"] == {"pluginRef": "peers"}
+    assert old["peerDiscovery"] == {"pluginRef": "sync"}
     assert old["crossReplicaSyncerPluginRef"] == "sync"
     assert old["crossReplicaSyncInterval"] == "500ms"
-    (warning,) = [w for w in cfg.warnings if "peerDiscovery" in w]
-    assert "no effect" in warning and "--ha-replication-port" in warning
+    assert old["crossReplicaPublishTimeout"] == "2s"
+    assert cfg.cross_replica is not None
+    assert cfg.cross_replica.syncer is cfg.plugins["sync"]
+    assert (cfg.cross_replica.interval, cfg.cross_replica.publish_timeout) == (0.5, 2.0)
+    assert not [w for w in cfg.warnings if "peerDiscovery" in w]
     assert load_config(cfg.effective_yaml(), environ=NO_ENV).effective_yaml() == cfg.effective_yaml()
+
+
+def test_peer_discovery_other_than_the_syncer_warns_and_a_non_syncer_is_rejected() -> None:
+    cfg = load("plugins: [{name: peers, type: test-any}]\ndataLayer:\n  peerDiscovery: {pluginRef: peers}\n")
+    (warning,) = [w for w in cfg.warnings if "peerDiscovery" in w]
+    assert "no effect" in warning and cfg.cross_replica is None
+    err = load_error(
+        "plugins: [{name: sync, type: test-any}]\ndataLayer: {crossReplicaSyncerPluginRef: sync}\n"
+    )
+    assert err.field == "dataLayer.crossReplicaSyncerPluginRef"
+    assert "not a CrossReplicaSyncer" in err.reason
 
 
 @pytest.mark.parametrize(
@@ -467,6 +481,11 @@ def test_peer_discovery_and_cross_replica_syncer_must_name_declared_plugins() ->
         (
             "dataLayer: {crossReplicaSyncInterval: -1s}\n",
             "dataLayer.crossReplicaSyncInterval",
+            "cannot be negative",
+        ),
+        (
+            "dataLayer: {crossReplicaPublishTimeout: -1s}\n",
+            "dataLayer.crossReplicaPublishTimeout",
             "cannot be negative",
         ),
         ("dataLayer: {injectDefault: false}\n", "dataLayer.injectDefault", 'did you mean "injectDefaults"?'),

@@ -52,7 +52,7 @@ DOCS = REPO / "docs" / "deploy.md"
 DOCKERFILE = REPO / "Dockerfile"
 PYPROJECT = REPO / "pyproject.toml"
 
-KUSTOMIZATIONS = ("base", "vllm", "inferencepool", "ha", "standalone", "cert-manager")
+KUSTOMIZATIONS = ("base", "vllm", "inferencepool", "ha", "standalone", "cert-manager", "shared-state")
 # The oldest Kubernetes version docs/deploy.md supports, and the newest the validator bundles.
 K8S_VERSIONS = ("1.29", kubernetes_validate.latest_version())
 
@@ -519,7 +519,7 @@ def test_validation_is_meaningful() -> None:
 # ---------------------------------------------------------------------------- the EPP pods
 
 
-@pytest.mark.parametrize("name", ["base", "inferencepool", "ha", "standalone"])
+@pytest.mark.parametrize("name", ["base", "inferencepool", "ha", "standalone", "shared-state"])
 def test_epp_args_parse_with_the_serve_parser(name: str) -> None:
     for deployment in epp_deployments(name):
         args = serve_args(deployment)
@@ -528,7 +528,7 @@ def test_epp_args_parse_with_the_serve_parser(name: str) -> None:
         assert args.secure_serving is True  # Gateways and the sidecar Envoy speak TLS to the EPP
 
 
-@pytest.mark.parametrize("name", ["base", "inferencepool", "ha", "standalone"])
+@pytest.mark.parametrize("name", ["base", "inferencepool", "ha", "standalone", "shared-state"])
 def test_epp_config_maps_load(name: str) -> None:
     from epp.config import load_config
 
@@ -733,6 +733,28 @@ def test_ha_overlay() -> None:
     single = one("inferencepool", "Deployment", "epp")
     assert single["spec"]["replicas"] == 1
     assert not any(a.startswith("--ha-") for a in epp_container(single)["args"])
+
+
+def test_shared_state_overlay() -> None:
+    """Three replicas, all serving (no leader election), sharing state through the overlay's Redis."""
+    from epp.config import load_config
+
+    (deployment,) = epp_deployments("shared-state")
+    assert deployment["spec"]["replicas"] == 3
+    container = epp_container(deployment)
+    assert not any(a.startswith("--ha-") for a in container["args"])
+    env = {e["name"]: e for e in container.get("env", [])}
+    assert env["REDIS_PASSWORD"]["valueFrom"]["secretKeyRef"] == {"name": "epp-redis", "key": "password"}
+    one("shared-state", "Secret", "epp-redis")
+    service = one("shared-state", "Service", "epp-redis")
+    redis_deployment = one("shared-state", "Deployment", "epp-redis")
+    labels = redis_deployment["spec"]["template"]["metadata"]["labels"]
+    assert all(labels.get(k) == v for k, v in service["spec"]["selector"].items())
+    text = one("shared-state", "ConfigMap", "epp-config")["data"]["config.yaml"]
+    cfg = load_config(text, source="shared-state/epp-config")
+    assert cfg.cross_replica is not None and cfg.warnings == []
+    params = cfg.cross_replica.syncer.params  # type: ignore[attr-defined]
+    assert (params.address, params.password_env) == ("epp-redis:6379", "REDIS_PASSWORD")
 
 
 # -------------------------------------------------------------------------- standalone mode

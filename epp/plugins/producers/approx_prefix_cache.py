@@ -21,6 +21,7 @@ from epp.framework import (
     register,
 )
 from epp.framework.attributes import PREFIX_CACHE_MATCH_INFO_KEY, PrefixCacheMatchInfo
+from epp.framework.cross_replica import SharedLog
 from epp.plugins.producers import _prefix_metrics
 from epp.plugins.producers._prefix_index import PrefixIndex
 
@@ -124,6 +125,22 @@ def block_hashes(data: bytes, seed: int, block_chars: int, max_blocks: int | Non
         prev = _xxh64(data[i : i + block_chars] + prev.to_bytes(8, "little"))
         append(prev)
     return out
+
+
+def _valid_update(v: Any) -> bool:
+    """``[hashes, endpoint key, capacity]``: 64-bit hashes, a key, a positive capacity."""
+    if not (isinstance(v, list) and len(v) == 3):
+        return False
+    hashes, key, capacity = v
+    return (
+        isinstance(hashes, list)
+        and isinstance(key, str)
+        and bool(key)
+        and isinstance(capacity, int)
+        and not isinstance(capacity, bool)
+        and 0 < capacity < 1 << 32
+        and all(type(h) is int and 0 <= h < 1 << 64 for h in hashes)
+    )
 
 
 @dataclass(slots=True)
@@ -283,6 +300,20 @@ class ApproxPrefixCacheProducer(DataProducer, PreRequest):
     def snapshot_updates(self) -> Iterator[list[Any]]:
         for hashes, key, capacity in self.index.export():
             yield [[hashes, key, capacity]]
+
+    # --- shared with the other replicas (a cross-replica syncer) --------------------------------
+
+    def cross_replica_specs(self) -> list[SharedLog]:
+        """Every ``[hashes, endpoint key, capacity]`` a replica adds, applied by all the others."""
+        self.start_recording()
+        return [
+            SharedLog(
+                state_key=f"{self.type_name}/{self.name}",
+                take=self.take_updates,
+                apply=self.apply_updates,
+                valid=_valid_update,
+            )
+        ]
 
     def reset_replica(self) -> None:
         self.index.clear()

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from epp.framework import (
     CycleState,
@@ -26,6 +28,7 @@ from epp.framework.attributes import (
     InFlightLoad,
     PrefixCacheMatchInfo,
 )
+from epp.framework.cross_replica import SharedValue, fold_sum
 
 __all__ = [
     "DEFAULT_OUTPUT_RATIO",
@@ -55,6 +58,15 @@ class InFlightLoadParams:
         if self.max_estimated_output_tokens is not None and self.max_estimated_output_tokens < 0:
             return f"maxEstimatedOutputTokens: must be non-negative, got {self.max_estimated_output_tokens}"
         return None
+
+
+def _valid_load(v: Any) -> bool:
+    """``[requests, tokens]``, two non-negative ints."""
+    return (
+        isinstance(v, list)
+        and len(v) == 2
+        and all(isinstance(x, int) and not isinstance(x, bool) and 0 <= x < 1 << 53 for x in v)
+    )
 
 
 def _round_half_up(x: float) -> int:
@@ -217,6 +229,7 @@ class InFlightLoadProducer(DataProducer, PreRequest, ResponseHeaderProcessor, Re
         self._output_cap = params.max_estimated_output_tokens
         self._counters: dict[str, _Counter] = {}
         self._outstanding = 0  # unreleased charges; 0 means every counter is 0
+        self._peers: dict[str, InFlightLoad] = {}  # the other replicas' summed loads (a syncer)
         self._state_key = f"{self.type_name}/{name}"
         self._next_sweep = time.monotonic() + SWEEP_INTERVAL_SECONDS
 
@@ -226,14 +239,20 @@ class InFlightLoadProducer(DataProducer, PreRequest, ResponseHeaderProcessor, Re
         now = time.monotonic()
         if now >= self._next_sweep:
             self._sweep(now)
-        if self._outstanding <= 0:
+        peers = self._peers
+        if self._outstanding <= 0 and not peers:
             cycle[INFLIGHT_LOAD_KEY] = dict.fromkeys(endpoints, _ZERO)
             return
         counters = self._counters
         out: dict[Endpoint, InFlightLoad] = {}
         for e in endpoints:
-            c = counters.get(e.metadata.key)
-            out[e] = c.load if c is not None else _ZERO
+            key = e.metadata.key
+            c = counters.get(key)
+            local = c.load if c is not None else _ZERO
+            p = peers.get(key) if peers else None
+            out[e] = (
+                local if p is None else InFlightLoad(local.tokens + p.tokens, local.requests + p.requests)
+            )
         cycle[INFLIGHT_LOAD_KEY] = out
 
     def pre_request(self, cycle: CycleState, request: LLMRequest, result: SchedulingResult) -> None:
@@ -276,13 +295,35 @@ class InFlightLoadProducer(DataProducer, PreRequest, ResponseHeaderProcessor, Re
     # --- reads for other components -----------------------------------------------------------
 
     def load(self, key: str) -> InFlightLoad:
-        """The in-flight load of endpoint ``key`` (zero when unknown)."""
+        """The in-flight load of endpoint ``key`` (zero when unknown), other replicas' included."""
         c = self._counters.get(key)
-        return c.load if c is not None else _ZERO
+        local = c.load if c is not None else _ZERO
+        p = self._peers.get(key)
+        return local if p is None else InFlightLoad(local.tokens + p.tokens, local.requests + p.requests)
 
     def snapshot(self) -> dict[str, InFlightLoad]:
-        """Every tracked endpoint's in-flight load, by endpoint key."""
-        return {k: c.load for k, c in self._counters.items()}
+        """Every tracked endpoint's in-flight load, by endpoint key (other replicas' included)."""
+        return {k: self.load(k) for k in {**self._counters, **self._peers}}
+
+    # --- shared with the other replicas (a cross-replica syncer) --------------------------------
+
+    def cross_replica_specs(self) -> list[SharedValue]:
+        """``[requests, tokens]`` per endpoint, summed over the other replicas and added to ours."""
+        return [
+            SharedValue(
+                state_key=f"{self.type_name}/{self.name}",
+                supply=self._supply,
+                aggregate=fold_sum,
+                install=self._install_peers,
+                valid=_valid_load,
+            )
+        ]
+
+    def _supply(self) -> dict[str, list[int]]:
+        return {k: [c.requests, c.tokens] for k, c in self._counters.items() if c.requests or c.tokens}
+
+    def _install_peers(self, folded: Mapping[str, Any]) -> None:
+        self._peers = {k: InFlightLoad(tokens=v[1], requests=v[0]) for k, v in folded.items() if v[0] or v[1]}
 
     # --- helpers ------------------------------------------------------------------------------
 

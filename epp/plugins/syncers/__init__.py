@@ -1,0 +1,1 @@
+"""Built-in plugins of this kind; each module registers one plugin type."""

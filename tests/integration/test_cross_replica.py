@@ -1,0 +1,241 @@
+"""Three EPP replicas behind one Envoy share their routing state through a real ``redis-server``."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+from epp.dev import stack
+from epp.dev.envoy import bootstrap as envoy_config
+from epp.dev.stack.redis_server import RedisServer
+from epp.dev.stack.replicas import Replica, spread_ext_proc
+from tests.integration.harness import MODEL, SUBSET_HEADER, Envoy, Epp, Rig, request
+from tests.redis_fixture import require_redis_server
+
+pytestmark = pytest.mark.integration
+
+INTERVAL_S = 0.05
+STATE_TTL = "1s"
+PREFIX = "llm-d-epp:default/epp:"  # keyPrefix : pool namespace / pool name
+INFLIGHT_FIELD = "inflight-load-producer/inflight-load-producer|default/{}"
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[RedisServer]:
+    require_redis_server()
+    server = RedisServer(tmp_path).start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def _config(address: str) -> dict[str, Any]:
+    return {
+        "plugins": [
+            {
+                "name": "shared",
+                "type": "redis-syncer",
+                "parameters": {"address": address, "stateTTL": STATE_TTL},
+            },
+            {"type": "approx-prefix-cache-producer", "parameters": {"autoTune": False, "blockSizeTokens": 4}},
+            {"type": "inflight-load-producer"},
+            {"type": "prefix-cache-scorer"},
+            {"type": "active-request-scorer"},
+            {"type": "max-score-picker"},
+        ],
+        "schedulingProfiles": [
+            {
+                "name": "default",
+                "plugins": [
+                    {"pluginRef": "prefix-cache-scorer", "weight": 3},
+                    {"pluginRef": "active-request-scorer", "weight": 1},
+                    {"pluginRef": "max-score-picker"},
+                ],
+            }
+        ],
+        "dataLayer": {
+            "crossReplicaSyncerPluginRef": "shared",
+            "crossReplicaSyncInterval": f"{int(INTERVAL_S * 1000)}ms",
+            "peerDiscovery": {"pluginRef": "shared"},
+        },
+    }
+
+
+def _metric(epp: Epp, name: str) -> float:
+    for line in epp.metrics().splitlines():
+        if line.startswith(name + " ") or line.startswith(name + "{}"):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def _wait(what: str, condition: Callable[[], bool], timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"{what}: not within {timeout} s"
+        time.sleep(0.02)
+
+
+def _synced(epps: list[Epp], rounds: int = 2) -> None:
+    """Until every live replica has run ``rounds`` more sync rounds (it has read what is in Redis)."""
+    start = {e.grpc_port: _metric(e, "llm_d_epp_cross_replica_syncs_total") for e in epps}
+    _wait(
+        "sync rounds",
+        lambda: all(
+            _metric(e, "llm_d_epp_cross_replica_syncs_total") >= start[e.grpc_port] + rounds for e in epps
+        ),
+    )
+
+
+def _served_by(envoy: Envoy) -> dict[int, int]:
+    """ext_proc streams per replica port (Envoy's per-host ``rq_total``)."""
+    text = request(f"http://127.0.0.1:{envoy.admin_port}/clusters").body.decode()
+    out: dict[int, int] = {}
+    for line in text.splitlines():
+        parts = line.split("::")
+        if len(parts) == 4 and parts[0] == "ext_proc" and parts[2] == "rq_total":
+            out[int(parts[1].rsplit(":", 1)[1])] = int(parts[3])
+    return out
+
+
+def _chat(envoy: Envoy, text: str, *, max_tokens: int = 1, pin: str = "") -> tuple[int | None, int]:
+    """One chat request: (the sim port that answered, the EPP replica port that routed it)."""
+    before = _served_by(envoy)
+    body = json.dumps(
+        {"model": MODEL, "messages": [{"role": "user", "content": text}], "max_tokens": max_tokens}
+    )
+    resp = envoy.post("/v1/chat/completions", body.encode(), {SUBSET_HEADER: pin} if pin else None)
+    assert resp.status == 200, resp
+    after = _served_by(envoy)
+    (replica,) = [p for p, n in after.items() if n > before.get(p, 0)]
+    return resp.port, replica
+
+
+def _hold(envoy: Envoy, pin: str) -> threading.Thread:
+    """A long streamed request pinned (subset hint) to ``pin``, in flight until its replica dies."""
+    body = json.dumps(
+        {
+            "model": MODEL,
+            "messages": [{"role": "user", "content": f"hold {time.time()}"}],
+            "stream": True,
+            "max_tokens": 400,
+        }
+    ).encode()
+
+    def run() -> None:
+        try:
+            request(
+                envoy.url + "/v1/chat/completions",
+                "POST",
+                body,
+                {"content-type": "application/json", SUBSET_HEADER: pin},
+                60,
+            )
+        except (OSError, http.client.HTTPException):
+            pass  # its replica was killed, or the rig stopped
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    return t
+
+
+def _charged(raw: redis.Redis, sim_name: str) -> list[str]:
+    """The replica hashes in Redis holding an in-flight charge on ``sim_name``."""
+    keys = [k.decode() for k in raw.scan_iter(f"{PREFIX}v:*")]
+    field = INFLIGHT_FIELD.format(sim_name)
+    return [k for k in keys if raw.hexists(k, field)]
+
+
+def test_three_replicas_behind_one_envoy_share_prefix_index_and_in_flight_load(
+    rig: Rig, store: RedisServer
+) -> None:
+    # Output at 50 ms a token: a request of 1 token is quick, one of 400 stays in flight.
+    sims = rig.start_sims(2, extra=["--inter-token-latency", "50"])
+    config = _config(store.address)
+    epps = [rig.start_epp(sims, name=f"epp-{i}", config=config) for i in range(3)]
+    by_port = {e.grpc_port: e for e in epps}
+    base = envoy_config.envoy_bootstrap(
+        listen_port=stack.free_port(), admin_port=stack.free_port(), subset_hint_header=SUBSET_HEADER
+    )
+    spread = spread_ext_proc(base, [Replica("127.0.0.1", e.grpc_port, e.health_port) for e in epps])
+    listen = spread["static_resources"]["listeners"][0]["address"]["socket_address"]["port_value"]
+    admin = spread["admin"]["address"]["socket_address"]["port_value"]
+    child = rig.stack.start_envoy("envoy-replicas", spread, concurrency=1)
+    envoy = Envoy(child, listen, admin, envoy_config.DEFAULT_BODY_MODE, False)
+    rig.stack.wait_envoy(child, admin)
+    _wait("every replica healthy in Envoy", lambda: envoy.health_flags("ext_proc") == ["healthy"] * 3)
+    _wait(
+        "every replica sees its 2 peers",
+        lambda: all(_metric(e, "llm_d_epp_cross_replica_peers") == 2 for e in epps),
+    )
+    raw = redis.Redis(host="127.0.0.1", port=store.port)
+
+    # 1. A block routed by one replica steers the same prompt to the same endpoint through the others.
+    log_key = f"{PREFIX}log:approx-prefix-cache-producer/approx-prefix-cache-producer"
+    for n in range(3):
+        prompt = f"conversation {n}: " + "a long shared system prompt for the whole fleet " * 12
+        first_sim, first_replica = _chat(envoy, prompt)
+        _wait(
+            "the routed blocks in Redis",
+            lambda n=n: raw.xlen(log_key) > n,  # type: ignore[misc]
+        )
+        _synced(epps)
+        replicas = {first_replica}
+        for _ in range(2):
+            sim, replica = _chat(envoy, prompt)
+            assert sim == first_sim, (
+                f"prompt {n}: replica {replica} sent it elsewhere than {first_replica} did"
+            )
+            replicas.add(replica)
+        assert len(replicas) >= 2, "the repeats went through the replica that routed the first one"
+
+    # 2. In-flight counts are summed: one replica holds a long request on X, the others avoid X.
+    x, y = sims
+    _hold(envoy, x.address)
+    _wait("the charge on X in Redis", lambda: len(_charged(raw, x.name)) == 1)
+    (holder_key,) = _charged(raw, x.name)
+    _synced(epps)
+    (holder,) = [p for p, e in by_port.items() if _holds(e, x.name)]
+    others = 0
+    for i in range(12):
+        sim, replica = _chat(envoy, f"unique {i} {time.time()}")
+        if replica != holder:
+            others += 1
+            assert sim == y.port, f"replica {replica} ignored the request another replica holds on X"
+    assert others >= 6
+
+    # 3. A killed replica's charges expire within stateTTL; the survivors then count only their own.
+    by_port[holder].child.kill()  # SIGKILL: no goodbye, its hash just stops being refreshed
+    survivors = [e for p, e in by_port.items() if p != holder]
+    _wait(
+        "the dead replica unhealthy in Envoy",
+        lambda: sorted(envoy.health_flags("ext_proc")).count("healthy") == 2,
+    )
+    _hold(envoy, y.address)  # now Y has one request in flight, X none once the dead charge expires
+    _wait("the dead replica's hash expired", lambda: raw.exists(holder_key) == 0, timeout=5.0)
+    _wait(
+        "the survivors see 1 peer",
+        lambda: all(_metric(e, "llm_d_epp_cross_replica_peers") == 1 for e in survivors),
+    )
+    _wait("the charge on Y in Redis", lambda: len(_charged(raw, y.name)) == 1)
+    _synced(survivors)
+    for i in range(6):
+        sim, _ = _chat(envoy, f"after {i} {time.time()}")
+        assert sim == x.port, "a dead replica's charge on X still counts"
+    raw.close()
+
+
+def _holds(epp: Epp, sim_name: str) -> bool:
+    """Whether ``epp`` itself has a request in flight on ``sim_name`` (its endpoint in-flight gauge)."""
+    for line in epp.metrics().splitlines():
+        if line.startswith("llm_d_epp_endpoint_inflight_requests{") and f'name="{sim_name}"' in line:
+            return float(line.rsplit(" ", 1)[1]) > 0
+    return False
