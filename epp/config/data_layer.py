@@ -11,8 +11,8 @@ from epp.config import defaults as d
 from epp.config.context import LoadContext
 from epp.config.schema import DataSourceSpec, RefSpec
 from epp.framework import registry
-from epp.framework.endpoint_attributes import MODELS_KEY
 from epp.framework.cross_replica import CrossReplicaSyncer
+from epp.framework.endpoint_attributes import MODELS_KEY
 from epp.framework.errors import ConfigError
 from epp.framework.interfaces import (
     AttributeExtractor,

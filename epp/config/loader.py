@@ -15,8 +15,8 @@ import epp.plugins  # noqa: F401 - the composition root registers the built-in p
 from epp.config import defaults as d
 from epp.config.context import EndpointsFn, LoadContext
 from epp.config.data_layer import (
-    add_models_source,
     CrossReplicaSettings,
+    add_models_source,
     apply_data_layer_defaults,
     build_data_layer,
     check_cross_replica,

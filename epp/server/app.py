@@ -15,8 +15,8 @@ from grpc_health.v1 import health_pb2_grpc
 
 from epp import logs, metrics, promlite, tracing
 from epp.config import LoadedConfig
-from epp.datalayer.objectives import ObjectiveStore
 from epp.datalayer.cross_replica import CrossReplicaRuntime
+from epp.datalayer.objectives import ObjectiveStore
 from epp.datalayer.pool_gauges import PoolGauges
 from epp.datalayer.runtime import DataLayer
 from epp.datalayer.served_models import ServedModels
