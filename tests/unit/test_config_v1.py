@@ -110,7 +110,7 @@ def test_v1_logs_no_deprecation_and_v1alpha1_exactly_one() -> None:
 def test_check_config_prints_v1_or_v1alpha1(tmp_path: Path) -> None:
     path = tmp_path / "c.yaml"
     path.write_text(
-        V1ALPHA1 + "plugins: [{name: s, type: max-score-picker}]\n"
+        V1ALPHA1 + "plugins: [{name: s, type: redis-syncer}]\n"
         "dataLayer: {crossReplicaSyncerPluginRef: s, crossReplicaPublishTimeout: 2s}\n"
     )
     run = [sys.executable, "-m", "epp", "check-config", str(path)]

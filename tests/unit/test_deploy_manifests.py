@@ -1028,14 +1028,21 @@ def _dockerfile_stages() -> list[list[tuple[str, str]]]:
     """Instructions per stage as (INSTRUCTION, arguments), continuation lines joined."""
     text = re.sub(r"\\\n", " ", DOCKERFILE.read_text())
     stages: list[list[tuple[str, str]]] = []
+    global_args: dict[str, str] = {}
     for line in text.splitlines():
         line = line.strip()
         if not line or line.startswith("#"):
             continue
         instruction, _, rest = line.partition(" ")
         instruction = instruction.upper()
+        if not stages and instruction == "ARG":  # global build arguments (the pinned base)
+            name, _, default = rest.strip().partition("=")
+            global_args[name] = default
+            continue
         if instruction == "FROM":
             stages.append([])
+            for name, value in global_args.items():
+                rest = rest.replace(f"${{{name}}}", value)
         assert stages, "instructions before the first FROM"
         stages[-1].append((instruction, rest.strip()))
     return stages
@@ -1049,7 +1056,7 @@ def test_dockerfile_is_multi_stage_small_and_non_root() -> None:
     assert len(stages) >= 2
     final = stages[-1]
     froms = [rest.split()[0] for stage in stages for ins, rest in stage if ins == "FROM"]
-    assert froms[-1] == "python:3.11-slim"
+    assert re.fullmatch(r"python:3\.11\.\d+-slim-bookworm", froms[-1]), froms  # pinned by version
     assert len(set(froms)) == 1  # the venv built in stage 1 runs on the same Python in stage 2
     users = [rest for ins, rest in final if ins == "USER"]
     assert users, "the final stage sets no USER"
@@ -1070,8 +1077,11 @@ def test_dockerfile_is_multi_stage_small_and_non_root() -> None:
 
 
 def test_dockerignore_keeps_the_context_small() -> None:
-    ignored = (REPO / ".dockerignore").read_text().split()
-    assert {".git", ".venv", "tests"} <= set(ignored)
+    lines = (REPO / ".dockerignore").read_text().split()
+    assert lines[0] == "*"  # an allowlist: only what the build copies goes into the context
+    allowed = {line.removeprefix("!").rstrip("/") for line in lines if line.startswith("!")}
+    assert not allowed & {".git", ".venv", "tests", "bench", "deploy", ".image"}, allowed
+    assert {"Dockerfile", "pyproject.toml", "epp", "requirements-image.lock"} <= allowed
 
 
 # ------------------------------------------------------------------------------------ docs

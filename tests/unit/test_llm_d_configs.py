@@ -208,9 +208,47 @@ class _MockAlphaAllowed(_MockAlpha):
 
 
 class _MockSyncer(Plugin):
-    """``local-syncer``: the in-process cross-replica syncer of the reference's conversion test."""
+    """``local-syncer``: the in-process cross-replica syncer of the reference's conversion test (one
+    replica alone: it shares nothing, as ``CrossReplicaSyncer`` allows)."""
 
     type_name = "local-syncer"
+    replica_id = "local"
+
+    def bind(self, pool: str, publish_timeout: float) -> None:
+        pass
+
+    def skip(self, reason: str, n: int = 1) -> None:
+        pass
+
+    def set(self, key: str, endpoint: str, value: Any) -> None:
+        pass
+
+    def delete(self, key: str, endpoint: str) -> None:
+        pass
+
+    def get(self, key: str, endpoint: str, aggregate: Any, *, include_self: bool = True) -> Any:
+        return None
+
+    def peer_values(self, key: str) -> dict[str, list[Any]]:
+        return {}
+
+    def append(self, key: str, records: list[Any]) -> None:
+        pass
+
+    def subscribe(self, key: str) -> None:
+        pass
+
+    def take_records(self, key: str) -> list[Any]:
+        return []
+
+    def peers(self) -> frozenset[str]:
+        return frozenset()
+
+    async def sync(self) -> None:
+        pass
+
+    async def close(self) -> None:
+        pass
 
 
 class _MockOne(Plugin):
