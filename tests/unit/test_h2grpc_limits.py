@@ -306,7 +306,7 @@ async def test_data_beyond_the_stream_window_is_a_flow_control_error(peer: Calla
 async def test_a_message_in_one_byte_data_frames_costs_its_bytes(peer: Callable[..., Any]) -> None:
     """20,000 DATA frames of one byte each of a message still incomplete: the server holds about
     the bytes, not a memoryview per frame (the old server: 200 bytes per frame)."""
-    p: Peer = await peer(idle_frame_burst=0)
+    p: Peer = await peer()
     conn = await p.connect()
     conn.send(raw_frame(HEADERS, END_HEADERS, 1, request_block("/test.T/Hold")))
     conn.send(raw_frame(DATA, 0, 1, struct.pack(">BL", 0, 100_000)))
