@@ -319,6 +319,7 @@ def _add_serve(sub: Any) -> None:
         "costs about 3.5x less CPU per 1 KB request than on grpc.aio) or grpcio (grpc.aio); the "
         "health and replication ports always use grpcio",
     )
+    _add_h2_limits(p)
     p.add_argument(
         "--fairness-id-metric-label-limit",
         type=int,
@@ -328,6 +329,101 @@ def _add_serve(sub: Any) -> None:
     _add_log_flags(p)
     add_reference_flags(p)
     p.set_defaults(func=_serve)
+
+
+def _add_h2_limits(p: argparse.ArgumentParser) -> None:
+    """The limits of epp's own HTTP/2 server (``--extproc-server epp``) against abusive peers;
+    each one that triggers counts in llm_d_epp_extproc_h2_limit_total{limit} (docs/deploy.md)."""
+    g = p.add_argument_group("ext_proc HTTP/2 limits (--extproc-server epp)")
+    g.add_argument(
+        "--h2-max-concurrent-streams",
+        type=int,
+        default=500,
+        help="streams per connection, advertised in SETTINGS; beyond: RST_STREAM REFUSED_STREAM (500)",
+    )
+    g.add_argument(
+        "--h2-max-open-calls",
+        type=int,
+        default=10_000,
+        help="open calls across all connections; beyond: RST_STREAM REFUSED_STREAM (10000)",
+    )
+    g.add_argument(
+        "--h2-max-header-block-bytes",
+        type=int,
+        default=64 << 10,
+        help="largest request header block, advertised as MAX_HEADER_LIST_SIZE; beyond: GOAWAY "
+        "ENHANCE_YOUR_CALM (65536)",
+    )
+    g.add_argument(
+        "--h2-max-header-block-frames",
+        type=int,
+        default=16,
+        help="HEADERS + CONTINUATION frames per header block; beyond: GOAWAY ENHANCE_YOUR_CALM (16)",
+    )
+    g.add_argument(
+        "--h2-reset-burst",
+        type=int,
+        default=1000,
+        help="streams a connection may see reset by the client (or refused) before the server "
+        "answered, at once; then --h2-reset-rate per second; beyond: GOAWAY ENHANCE_YOUR_CALM "
+        "(Rapid Reset; 1000; 0: no limit)",
+    )
+    g.add_argument("--h2-reset-rate", type=float, default=100.0, help="see --h2-reset-burst (100 per second)")
+    g.add_argument(
+        "--h2-idle-frame-burst",
+        type=int,
+        default=1000,
+        help="frames that do no work (PING, SETTINGS, PRIORITY, empty DATA, unknown types, ...) a "
+        "connection may send at once; then --h2-idle-frame-rate per second; beyond: GOAWAY "
+        "ENHANCE_YOUR_CALM (1000; 0: no limit)",
+    )
+    g.add_argument(
+        "--h2-idle-frame-rate", type=float, default=100.0, help="see --h2-idle-frame-burst (100 per second)"
+    )
+    g.add_argument(
+        "--h2-write-buffer-high",
+        type=int,
+        default=1 << 20,
+        help="bytes queued to a connection's socket (replies, control frames, resets) above which "
+        "the server stops reading it (1048576)",
+    )
+    g.add_argument(
+        "--h2-write-buffer-low",
+        type=int,
+        default=256 << 10,
+        help="bytes queued below which reading resumes (262144)",
+    )
+    g.add_argument(
+        "--h2-write-stall-timeout",
+        type=parse_duration,
+        default=30.0,
+        help="a reply waiting this long for flow-control credit resets its stream (CANCEL); a socket "
+        "not drained this long, or a connection window left shut, closes the connection (30s; 0: never)",
+    )
+
+
+def _h2_limits(args: argparse.Namespace) -> Any:
+    """The ``--h2-*`` flags as the server's ``Limits`` (SystemExit naming a bad one)."""
+    from epp.server.h2grpc import Limits
+
+    limits = Limits(
+        max_concurrent_streams=args.h2_max_concurrent_streams,
+        max_open_calls=args.h2_max_open_calls,
+        max_header_block_bytes=args.h2_max_header_block_bytes,
+        max_header_block_frames=args.h2_max_header_block_frames,
+        reset_burst=args.h2_reset_burst,
+        reset_rate=args.h2_reset_rate,
+        idle_frame_burst=args.h2_idle_frame_burst,
+        idle_frame_rate=args.h2_idle_frame_rate,
+        write_buffer_high=args.h2_write_buffer_high,
+        write_buffer_low=args.h2_write_buffer_low,
+        write_stall_timeout=args.h2_write_stall_timeout,
+    )
+    try:
+        limits.check()
+    except ValueError as e:
+        raise SystemExit(f"error: --h2-{str(e).replace('_', '-')}") from None
+    return limits
 
 
 def _arg_type(parse: Callable[[str], str]) -> Callable[[str], str]:
@@ -656,6 +752,7 @@ def _serve(args: argparse.Namespace) -> int:
         grpc_stream_metrics=args.enable_grpc_stream_metrics,
         grpc_max_recv_msg_size=_msg_size_bytes(args.grpc_max_recv_msg_size),
         grpc_max_send_msg_size=_msg_size_bytes(args.grpc_max_send_msg_size),
+        h2_limits=_h2_limits(args),
     )
     if args.metrics_endpoint_auth and kube_opts is None:
         raise SystemExit(

@@ -6,7 +6,7 @@ import asyncio
 import dataclasses
 import signal
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import grpc
@@ -88,6 +88,7 @@ class ServeOptions:
     grpc_stream_metrics: bool = False
     grpc_max_recv_msg_size: int = 0  # 0: max_request_body_bytes + 1 MiB
     grpc_max_send_msg_size: int = 0
+    h2_limits: h2grpc.Limits = field(default_factory=h2grpc.Limits)  # --h2-* (epp's own server only)
 
 
 def _grpc_options(max_body: int, max_recv: int = 0, max_send: int = 0) -> list[tuple[str, int]]:
@@ -116,6 +117,7 @@ def _extproc_server(opts: ServeOptions) -> grpc.aio.Server | h2grpc.Server:
     return h2grpc.Server(
         max_receive_message_length=opts.grpc_max_recv_msg_size or limit,
         max_send_message_length=opts.grpc_max_send_msg_size or limit,
+        limits=opts.h2_limits,
     )
 
 

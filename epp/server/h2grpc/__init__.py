@@ -2,6 +2,7 @@
 ``grpc.aio`` costs (see docs/benchmarks.md), and it takes the same handlers."""
 
 from epp.server.h2grpc.call import Call
+from epp.server.h2grpc.limits import Limits
 from epp.server.h2grpc.server import Server
 
-__all__ = ["Call", "Server"]
+__all__ = ["Call", "Limits", "Server"]

@@ -60,6 +60,7 @@ class Call:
         "rx_parts",
         "send_window",
         "sid",
+        "started",
         "task",
         "unacked",
         "waiter",
@@ -94,10 +95,11 @@ class Call:
         self.headers_sent = False
         self.send_window = send_window
         self.unacked = 0  # DATA bytes received and not yet credited back (stream window)
-        self.rx_parts: list[memoryview] | None = None  # pieces of a message being received
+        self.rx_parts: list[memoryview | bytearray] | None = None  # pieces of a message being received
         self.rx_need = 0  # bytes that message still lacks
         self.rx_head = b""  # a message prefix split across DATA frames
         self.task: asyncio.Task[None] | None = None
+        self.started = False  # the task began running the handler
         self.code = grpc.StatusCode.OK
         self.details = ""
         self.deadline: asyncio.TimerHandle | None = None
@@ -224,8 +226,12 @@ class Call:
         self._cancel_task()
 
     def _cancel_task(self) -> None:
+        """Cancel the handler's task once it runs. One that has not run yet is left to see
+        ``reset`` and end at its first step: cancelling it would end it with a CancelledError
+        whose traceback holds the call that holds the task (a cycle only a full collection frees,
+        a Rapid Reset's worth per second)."""
         task = self.task
-        if task is not None and not task.done():
+        if task is not None and self.started and not task.done():
             task.cancel()
 
     def reset_by_client(self) -> None:

@@ -18,6 +18,7 @@ import structlog
 from epp.log_limit import LOGS
 from epp.server.h2grpc.call import AbortError, Call
 from epp.server.h2grpc.connection import Connection, _timeout
+from epp.server.h2grpc.limits import Limits
 
 log = structlog.get_logger("epp.h2grpc")
 
@@ -45,12 +46,13 @@ class Server:
         *,
         max_receive_message_length: int = 4 << 20,
         max_send_message_length: int = 64 << 20,
-        max_concurrent_streams: int = 100_000,
         preface_timeout: float = 20.0,
+        limits: Limits | None = None,
     ) -> None:
         self.max_receive_message_length = max_receive_message_length
         self.max_send_message_length = max_send_message_length
-        self.max_concurrent_streams = max_concurrent_streams
+        self.limits = limits = limits or Limits()
+        limits.check()
         self.preface_timeout = preface_timeout  # a connection silent this long after it opened is closed
         self.loop: asyncio.AbstractEventLoop = None  # type: ignore[assignment]  # set by start()
         self.connections: set[Connection] = set()
@@ -131,6 +133,10 @@ class Server:
 
     # --- calls ----------------------------------------------------------------------------------
 
+    def open_calls(self) -> int:
+        """Calls whose handler runs (or is about to), across connections."""
+        return len(self._calls)
+
     def start_call(
         self,
         conn: Connection,
@@ -175,6 +181,12 @@ class Server:
         task.add_done_callback(self._calls.discard)
 
     async def _run(self, call: Call, handler: grpc.RpcMethodHandler) -> None:
+        if call.reset or call.deadline_exceeded:  # ended before the task ran: see Call._cancel_task
+            call.task = None
+            code = grpc.StatusCode.DEADLINE_EXCEEDED if call.deadline_exceeded else grpc.StatusCode.CANCELLED
+            call.conn.end_call(call, code, "Deadline Exceeded" if call.deadline_exceeded else "")
+            return
+        call.started = True
         code, details = grpc.StatusCode.OK, ""
         try:
             if handler.stream_stream is not None:
