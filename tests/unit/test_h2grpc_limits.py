@@ -305,8 +305,9 @@ async def test_data_beyond_the_stream_window_is_a_flow_control_error(peer: Calla
 
 async def test_a_message_in_one_byte_data_frames_costs_its_bytes(peer: Callable[..., Any]) -> None:
     """20,000 DATA frames of one byte each of a message still incomplete: the server holds about
-    the bytes, not a memoryview per frame (the old server: 200 bytes per frame)."""
-    p: Peer = await peer()
+    the bytes, not a memoryview per frame (the old server: 200 bytes per frame); the no-work
+    budget, which would end the connection first, is off here."""
+    p: Peer = await peer(idle_frame_burst=0)
     conn = await p.connect()
     conn.send(raw_frame(HEADERS, END_HEADERS, 1, request_block("/test.T/Hold")))
     conn.send(raw_frame(DATA, 0, 1, struct.pack(">BL", 0, 100_000)))
@@ -325,6 +326,41 @@ async def test_a_message_in_one_byte_data_frames_costs_its_bytes(peer: Callable[
     assert call.rx_parts is not None and len(call.rx_parts) <= 2
     assert sum(map(len, call.rx_parts)) == 20_000
     assert held < 1 << 20, held
+
+
+async def test_a_message_in_one_byte_frames_is_cut_by_the_no_work_budget(peer: Callable[..., Any]) -> None:
+    """Parsing a frame costs the same whatever its size: slivers of a message still incomplete
+    count as frames that do no work, so a flood of them ends the connection (the old server
+    parsed millions of them and held the loop for seconds); a tenth of a PING each, a message may
+    still come in 10,000 slivers at once (as h2's tests split them)."""
+    p: Peer = await peer()
+    before = limit_count("idle_frames")
+    conn = await p.connect()
+    conn.send(raw_frame(HEADERS, END_HEADERS, 1, request_block("/test.T/Hold")))
+    conn.send(raw_frame(DATA, 0, 1, struct.pack(">BL", 0, 100_000)))
+    conn.send(b"".join(raw_frame(DATA, 0, 1, b"x") for _ in range(20_000)))  # the default: 10,000
+    # the connection ends (its GOAWAY may be lost to the reset of the unread rest) for this limit
+    assert goaway_codes(await conn.rest()) in ([], [ENHANCE_YOUR_CALM])
+    assert limit_count("idle_frames") == before + 1
+    await p.served()
+
+
+async def test_short_frames_that_complete_messages_are_work(peer: Callable[..., Any]) -> None:
+    """1,500 tiny messages, each whole in its own frame, and one message in a few short pieces:
+    all of it is work, nothing is cut."""
+    p: Peer = await peer()
+    conn = await p.connect()
+    conn.send(raw_frame(HEADERS, END_HEADERS, 1, request_block("/test.T/Unary")))
+    whole = grpc_frame(b"hello")
+    conn.send(raw_frame(DATA, 0, 1, whole[:3]) + raw_frame(DATA, 0, 1, whole[3:7]))
+    conn.send(raw_frame(DATA, END_STREAM, 1, whole[7:]))
+    fields, _ = await read_response(conn, 1)
+    assert fields["grpc-status"] == "0"
+    conn.send(raw_frame(HEADERS, END_HEADERS, 3, request_block("/test.T/Hold")))
+    conn.send(b"".join(raw_frame(DATA, 0, 3, grpc_frame(b"m")) for _ in range(1_500)))
+    conn.send(raw_frame(PING, 0, 0, b"arrived!"))
+    await conn.until(lambda fr: fr[0] == PING)
+    assert 3 in p.connection().calls  # still open: the connection was not cut
 
 
 # --- 6. HPACK table-size updates ----------------------------------------------------------------

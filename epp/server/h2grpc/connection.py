@@ -36,6 +36,12 @@ _REQUIRED_PSEUDO = frozenset((b":method", b":scheme", b":path"))
 _SELF_DEPENDENT = 0x100  # not a frame flag: the HEADERS frame's stream depends on itself
 
 
+# A DATA frame shorter than this that leaves its message incomplete counts as no work (a message in
+# 1-byte frames costs the parser per frame); a short frame that completes a message is work.
+SHORT_DATA = 64
+SHORT_DATA_COST = 0.1
+
+
 class _ConnectionError(Exception):
     """A connection error (RFC 9113 section 5.4.1): GOAWAY with ``code``, then close; ``limit``: the
     limit of ``limits.py`` the peer went beyond, if that is the cause."""
@@ -332,6 +338,13 @@ class Connection(asyncio.Protocol):
                 self._data_start(flags, sid, length)
                 if payload:
                     self._data_piece(self._unpad(flags, payload) if flags & f.PADDED else payload)
+                    if length < SHORT_DATA and not flags & f.END_STREAM:
+                        call = self._data_call
+                        if call is not None and (call.rx_parts is not None or call.rx_head):
+                            # a sliver of a message still incomplete: as cheap to send as a PING
+                            # and as costly to parse; legal (a peer may split a message anyhow), so
+                            # it costs a tenth of a frame that does no work: 10,000 at once
+                            self._idle_frame("short DATA inside a message", SHORT_DATA_COST)
                 elif not flags & f.END_STREAM:
                     self._idle_frame("empty DATA")
                 self._data_end()
@@ -381,11 +394,11 @@ class Connection(asyncio.Protocol):
 
     # --- frames ---------------------------------------------------------------------------------
 
-    def _idle_frame(self, what: str) -> None:
+    def _idle_frame(self, what: str, cost: float = 1.0) -> None:
         """A frame that does no work (nothing for a handler, nothing the server needed): within a
         budget per connection, as PINGs and SETTINGS from a healthy peer are; a flood of them
         ends the connection."""
-        if not self._idle_frames.take(self.loop.time()):
+        if not self._idle_frames.take(self.loop.time(), cost):
             raise _ConnectionError(
                 f.ENHANCE_YOUR_CALM, f"too many frames that do no work ({what})", lim.IDLE_FRAMES
             )

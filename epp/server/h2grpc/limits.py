@@ -92,18 +92,18 @@ class Bucket:
         self.tokens = float(burst)
         self.stamp = now
 
-    def take(self, now: float) -> bool:
-        """Count one event; False once the budget is spent."""
+    def take(self, now: float, cost: float = 1.0) -> bool:
+        """Count one event of ``cost`` tokens; False once the budget is spent."""
         if not self.burst:
             return True
         tokens = self.tokens + (now - self.stamp) * self.rate
         self.stamp = now
         if tokens > self.burst:
             tokens = self.burst
-        if tokens < 1.0:
+        if tokens < cost:
             self.tokens = tokens
             return False
-        self.tokens = tokens - 1.0
+        self.tokens = tokens - cost
         return True
 
 
