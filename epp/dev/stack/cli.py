@@ -35,7 +35,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--sims", type=int, default=3, help="number of simulated vLLM servers (default 3)")
     add("--sim-base-port", type=int, default=8000, help="port of the first simulator (default 8000)")
     add("--model", default="demo", help="model name the simulators serve (default demo)")
-    add("--sim-arg", action="append", default=[], metavar="ARG", help="extra flag for every simulator")
+    add(
+        "--sim-arg",
+        action="append",
+        default=[],
+        metavar="ARG",
+        help="an extra flag for every simulator, written with '=' (--sim-arg=--max-num-seqs=2); repeat it "
+        "for several",
+    )
     add("--port", type=int, default=8081, help="Envoy listener port (default 8081)")
     add("--admin-port", type=int, default=19000, help="Envoy admin port (default 19000)")
     add("--grpc-port", type=int, default=9002, help="EPP ext_proc port (default 9002)")
@@ -55,7 +62,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="EndpointPickerConfig for the EPP (the file-discovery plugin is injected)",
     )
-    add("--epp-arg", action="append", default=[], metavar="ARG", help="extra flag for epp serve")
+    add(
+        "--epp-arg",
+        action="append",
+        default=[],
+        metavar="ARG",
+        help="an extra flag for epp serve, written with '=' (--epp-arg=--log-level=debug); repeat it for several",
+    )
     add("--envoy-log-level", default="warning", help="Envoy --log-level (default warning)")
     add(
         "--sim-max-restarts",
