@@ -67,7 +67,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         metavar="ARG",
-        help="an extra flag for epp serve, written with '=' (--epp-arg=--log-level=debug); repeat it for several",
+        help="an extra flag for epp serve, written with '=' (--epp-arg=--log-level=debug); repeat it "
+        "for several",
     )
     add("--envoy-log-level", default="warning", help="Envoy --log-level (default warning)")
     add(
