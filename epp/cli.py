@@ -597,7 +597,13 @@ def _kube_options(args: argparse.Namespace, file_discovery: bool) -> Any:
             raise SystemExit("error: --ha-enable-leader-election needs Kubernetes discovery (--pool-name)")
         return None
     if bool(args.pool_name) == bool(args.endpoint_selector):
-        raise SystemExit("error: either pool-name or endpoint-selector must be set")
+        hint = (
+            ""
+            if args.pool_name
+            else " (Kubernetes discovery); without Kubernetes, list the endpoints in a file with the "
+            "file-discovery plugin (README.md, 'Endpoints without Kubernetes')"
+        )
+        raise SystemExit(f"error: either pool-name or endpoint-selector must be set{hint}")
     if not args.pool_namespace:
         raise SystemExit('error: "pool-namespace" must not be empty')
     port = args.model_server_metrics_port

@@ -126,6 +126,7 @@ def test_serve_names_the_endpoint_source_problems_before_serving() -> None:
     for args, message in cases:
         out = epp("serve", "--secure-serving=false", "--config-text", "", *args)
         assert out.returncode != 0 and message in out.stderr, (args, out.stderr[-500:])
+        assert ("file-discovery" in out.stderr) == (args == ()), out.stderr  # the way without Kubernetes
     out = epp("serve", "--config-text", FILE_DISCOVERY, "--endpoint-selector", "app=x")
     assert out.returncode != 0 and "use exactly one endpoint source" in out.stderr
     out = epp("serve", "--config-text", FILE_DISCOVERY, "--ha-enable-leader-election")
