@@ -235,7 +235,7 @@ class Wire:
         """Write the preface, read the server's SETTINGS (at most 2 s), acknowledge them."""
         until = min(self.budget.deadline, time.monotonic() + 2.0)
         while not self._got_settings and not self.closed and time.monotonic() < until:
-            self._pump(until, reading=True, stop_when_sent=False)
+            self._pump(until, reading=True, done=lambda: self._got_settings)
         if self._got_settings:
             self.queue(frame(SETTINGS, ACK, 0))
 
@@ -250,19 +250,21 @@ class Wire:
     def flush(self, until: float | None = None) -> bool:
         """Write the queued bytes (reading meanwhile when ``read``); False when the connection
         closed. Returns early at ``until`` (default: the budget's deadline) with bytes left."""
-        self._pump(self.budget.deadline if until is None else min(until, self.budget.deadline), self.read)
+        until = self.budget.deadline if until is None else min(until, self.budget.deadline)
+        self._pump(until, self.read, done=lambda: not self._out)
         return not self.closed
 
     def wait(self, seconds: float) -> bool:
         """Keep the connection (reading when ``read``) for ``seconds`` or until the deadline."""
         until = min(time.monotonic() + seconds, self.budget.deadline)
         while not self.closed and time.monotonic() < until:
-            self._pump(until, self.read, stop_when_sent=False)
+            self._pump(until, self.read, done=lambda: False)
         return not self.closed
 
-    def _pump(self, until: float, reading: bool, stop_when_sent: bool = True) -> None:
+    def _pump(self, until: float, reading: bool, done: Callable[[], bool]) -> None:
+        """Write and read (when ``reading``) until ``done()``, the connection closes or ``until``."""
         while not self.closed:
-            if stop_when_sent and not self._out:
+            if done():
                 return
             left = until - time.monotonic()
             if left <= 0:
