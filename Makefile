@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 PYTHON := $(BIN)/python
 
-.PHONY: install run test test-unit test-integration lint bench-cpu bench-sched bench-routing bench-kube bench-kv-index bench-soak bench-tokenize bench-overload clean
+.PHONY: install run test test-unit test-integration lint bench-cpu bench-sched bench-routing bench-kube bench-kv-index bench-soak bench-tokenize bench-overload bench-h2-attacks clean
 
 install: $(VENV)/.installed
 
@@ -60,6 +60,11 @@ bench-soak: install
 # OVERLOAD_ARGS="--runs alone no-fc", "--fc-config my-flow-control.yaml", "--duration 60 --sims 3".
 bench-overload: install
 	$(PYTHON) bench/overload.py $(OVERLOAD_ARGS)
+
+# H2_ATTACK_ARGS=--short for a smoke run; "--servers epp --attacks rapid-reset,slow-read",
+# "--epp-root ../other-checkout" (its .venv/bin/epp), "--duration 25 --json rows.json".
+bench-h2-attacks: install
+	$(PYTHON) bench/h2_attacks.py $(H2_ATTACK_ARGS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache
