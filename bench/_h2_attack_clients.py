@@ -176,6 +176,8 @@ class Budget:
     deadline: float
     max_frames: int
     max_connections: int = 2000
+    connect_interval: float = 0.0  # at least this between two connections: they last the duration
+    last_connect: float = 0.0
     frames: int = 0
     bytes: int = 0
     streams: int = 0
@@ -382,6 +384,11 @@ _KIND_NAMES = {
 def _reconnect(budget: Budget, port: int, **options: object) -> Wire | None:
     """A new connection, or None when the budget is spent or the server refuses (after a pause)."""
     while budget.more() and budget.connections < budget.max_connections:
+        wait = budget.last_connect + budget.connect_interval - time.monotonic()
+        if wait > 0:
+            time.sleep(min(wait, max(budget.deadline - time.monotonic(), 0.0)))
+            continue
+        budget.last_connect = time.monotonic()
         try:
             return Wire(port, budget, **options)  # type: ignore[arg-type]
         except OSError as e:
@@ -677,6 +684,7 @@ ATTACKS: dict[str, tuple[Attack, str]] = {
 
 def run(name: str, port: int, options: argparse.Namespace) -> Budget:
     budget = Budget(time.monotonic() + options.duration, options.max_frames)
+    budget.connect_interval = options.duration / budget.max_connections
     start = time.monotonic()
     try:
         ATTACKS[name][0](port, budget, options)
@@ -692,7 +700,7 @@ def main(argv: list[str] | None = None) -> int:
     add("attack", choices=list(ATTACKS))
     add("--port", type=int, required=True)
     add("--duration", type=float, default=15.0, help="seconds (default 15)")
-    add("--max-frames", type=int, default=200_000_000, help="frames at most (default 2e8)")
+    add("--max-frames", type=int, default=1_000_000_000, help="frames at most (default 1e9)")
     add("--streams", type=int, default=400_000, help="streams-held: streams to open (default 400000)")
     add("--connections", type=int, default=4, help="streams-held: connections (default 4)")
     add("--message-bytes", type=int, default=4 << 20, help="data-1byte: body per message (4 MiB)")
