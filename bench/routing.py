@@ -408,8 +408,11 @@ def with_syncer(config: dict[str, Any] | None, address: str) -> dict[str, Any]:
         {"name": "shared-state", "type": "redis-syncer", "parameters": {"address": address}}
     )
     data_layer = out.setdefault("dataLayer", {})
-    data_layer["crossReplicaSyncerPluginRef"] = "shared-state"
-    data_layer["crossReplicaSyncInterval"] = "100ms"
+    if out.get("apiVersion", "llm-d.ai/v1") == "llm-d.ai/v1":
+        data_layer["crossReplica"] = {"syncerPluginRef": "shared-state", "syncInterval": "100ms"}
+    else:
+        data_layer["crossReplicaSyncerPluginRef"] = "shared-state"
+        data_layer["crossReplicaSyncInterval"] = "100ms"
     return out
 
 

@@ -63,9 +63,8 @@ def _config(address: str) -> dict[str, Any]:
             }
         ],
         "dataLayer": {
-            "crossReplicaSyncerPluginRef": "shared",
-            "crossReplicaSyncInterval": f"{int(INTERVAL_S * 1000)}ms",
-            "peerDiscovery": {"pluginRef": "shared"},
+            "crossReplica": {"syncerPluginRef": "shared", "syncInterval": f"{int(INTERVAL_S * 1000)}ms"},
+            "discovery": {"peers": {"pluginRef": "shared"}},
         },
     }
 

@@ -116,6 +116,8 @@ def epp_run() -> Iterator[RunningStack]:
         for name in ("--port", "--admin-port", "--grpc-port", "--grpc-health-port", "--metrics-port")
     }
     kv_base = _consecutive_free_ports(4)
+    while {kv_base + i for i in range(4)} & {*ports.values(), base, base + 1}:  # not yet bound: pick apart
+        kv_base = _consecutive_free_ports(4)
     argv = [sys.executable, "-m", "epp", "run", "--sims", "2", "--sim-base-port", str(base)]
     argv += ["--kv-events", str(kv_base), "--response-phases"]
     for flag, port in ports.items():

@@ -96,7 +96,7 @@ def precise_config(block_size: int = 16) -> dict[str, Any]:
     own tokenizer (``epp-bpe-8k``) in place of the approximate index."""
     precise = "precise-prefix-cache-producer"
     return {
-        "apiVersion": "llm-d.ai/v1alpha1",
+        "apiVersion": "llm-d.ai/v1",
         "kind": "EndpointPickerConfig",
         "plugins": [
             {"type": "token-producer", "parameters": {"local": {"path": "epp-bpe-8k"}}},
