@@ -219,3 +219,25 @@ def test_lora_and_salted_requests_follow_their_blocks_in_a_pool_of_vllm_and_sgla
     fleet.seed(sim2, _chat(other, "seed"))
     assert fleet.routed([_chat(other, f"question {i}", model="ad") for i in range(3)]) == ["sim-1"] * 3
     assert fleet.metric("llm_d_epp_kv_cache_events_endpoint_clears_total") == 0  # no batch failed to decode
+
+
+def _sglang_engine_type(sims: list[Sim]) -> dict[str, Any]:
+    config: dict[str, Any] = json.loads(json.dumps(CONFIG))
+    config["plugins"][1]["parameters"]["kvEventsConfig"] = {"engineType": "sglang"}
+    return config
+
+
+def test_older_layouts_route_alike_under_engine_type_sglang(rig: Rig) -> None:
+    """vLLM 0.10 (arrays without a medium), SGLang 0.5.18 (arrays, the salt in a metadata map) and
+    vLLM 0.27 (maps with ``locality``) behind an EPP configured ``engineType: sglang``."""
+    layouts = ("vllm-0.10", "sglang-0.5.18", "vllm-0.27")
+    fleet = Fleet(
+        rig, config=_sglang_engine_type, extra=[["--kv-events-layout", layout] for layout in layouts]
+    )
+    prompts = [_system(topic) for topic in ("alpha", "beta", "gamma")]
+    for sim, prompt in zip(fleet.sims, prompts, strict=True):
+        fleet.seed(sim, _chat(prompt, "seed", salt="t1" if sim.name == "sim-1" else ""))
+    assert fleet.routed([_chat(prompts[0], f"q {i}") for i in range(2)]) == ["sim-0"] * 2
+    assert fleet.routed([_chat(prompts[1], f"q {i}", salt="t1") for i in range(2)]) == ["sim-1"] * 2
+    assert fleet.routed([_chat(prompts[2], f"q {i}") for i in range(2)]) == ["sim-2"] * 2
+    assert fleet.metric("llm_d_epp_kv_cache_events_endpoint_clears_total") == 0

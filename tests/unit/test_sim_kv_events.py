@@ -409,6 +409,19 @@ def test_kv_events_flags_parse_vllm_json_and_reject_bad_fields() -> None:
             parser.parse_args(["--kv-events-config", bad])
 
 
+def test_kv_events_layout_flag_picks_the_engine_version_and_its_hashing() -> None:
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    config = config_from_args(parser.parse_args(["--kv-events-layout", "vllm-0.20"]))
+    assert config.kv_events_layout == "vllm-0.20"
+    assert Engine(config).kv.hasher.version == (0, 20)
+    assert Engine(config_from_args(parser.parse_args([]))).kv.hasher.version == (0, 34)
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--kv-events-layout", "vllm-9.9"])
+    with pytest.raises(ValueError, match=r"kv_events_layout must be one of vllm-0\.10"):
+        SimConfig(kv_events_layout="trtllm")
+
+
 async def test_drop_hook_errors_are_precise() -> None:
     async with running(sim_config()) as (server, http, _):
         response = await http.post(f"{server.url}/sim/kv-events/drop", params={"count": "0"})
