@@ -23,7 +23,7 @@ $(VENV)/.installed: pyproject.toml requirements.lock
 	@awk '/^opentelemetry-proto==/{p=1} p{print; if (!/\\$$/) exit}' requirements.lock > $(VENV)/otel-proto.txt
 	@$(PYTHON) -m pip install --quiet --no-deps --require-hashes --force-reinstall -r $(VENV)/otel-proto.txt
 	@echo "make install: [4/4] epp itself (editable)"
-	@$(PYTHON) -m pip install --quiet --no-deps --no-build-isolation -e .
+	@PYTHONWARNINGS="ignore:Editable installation" $(PYTHON) -m pip install --quiet --no-deps --no-build-isolation -e .
 	@touch $@
 
 # Re-resolve pyproject.toml's dependencies (newest versions that satisfy them) into the three lock

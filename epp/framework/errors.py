@@ -11,18 +11,19 @@ from epp.framework.wire import REQUEST_DROPPED_REASON_HEADER
 class ErrorCode(enum.Enum):
     """Reference error codes with the HTTP status each one maps to."""
 
-    BAD_REQUEST = ("BadRequest", 400)
-    UNAUTHORIZED = ("Unauthorized", 401)
-    FORBIDDEN = ("Forbidden", 403)
-    NOT_FOUND = ("NotFound", 404)
-    PAYLOAD_TOO_LARGE = ("PayloadTooLarge", 413)
-    RESOURCE_EXHAUSTED = ("ResourceExhausted", 429)
-    INTERNAL = ("Internal", 500)
-    SERVICE_UNAVAILABLE = ("ServiceUnavailable", 503)
+    BAD_REQUEST = ("BadRequest", 400, "invalid_request_error")
+    UNAUTHORIZED = ("Unauthorized", 401, "authentication_error")
+    FORBIDDEN = ("Forbidden", 403, "permission_error")
+    NOT_FOUND = ("NotFound", 404, "not_found_error")
+    PAYLOAD_TOO_LARGE = ("PayloadTooLarge", 413, "request_too_large")
+    RESOURCE_EXHAUSTED = ("ResourceExhausted", 429, "rate_limit_error")
+    INTERNAL = ("Internal", 500, "server_error")
+    SERVICE_UNAVAILABLE = ("ServiceUnavailable", 503, "service_unavailable")
 
-    def __init__(self, text: str, http_status: int) -> None:
-        self.text = text
+    def __init__(self, text: str, http_status: int, error_type: str) -> None:
+        self.text = text  # the reference's code, in the message and the metrics' error_code label
         self.http_status = http_status
+        self.error_type = error_type  # the OpenAI-style ``type`` of the JSON error body
 
 
 class InferenceError(Exception):

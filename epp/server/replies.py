@@ -275,12 +275,13 @@ def response_trailers_reply() -> ep.ProcessingResponse:
 
 
 def error_body(err: InferenceError) -> bytes:
-    """OpenAI-style error JSON; ``message`` holds the reference text ``inference error: <Code> - <Msg>``."""
+    """OpenAI-style error JSON: ``message`` holds the reference text ``inference error: <Code> - <Msg>``,
+    ``type`` the OpenAI error type (``invalid_request_error``, ``rate_limit_error``, ...), ``code`` the status."""
     return orjson.dumps(
         {
             "error": {
                 "message": str(err),
-                "type": err.code.text,
+                "type": err.code.error_type,
                 "param": None,
                 "code": err.code.http_status,
             }

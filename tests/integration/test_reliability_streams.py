@@ -310,7 +310,7 @@ async def test_body_budget_answers_503_over_grpc(streams: Streams) -> None:
         assert reply.WhichOneof("response") == "immediate_response"
         assert reply.immediate_response.status.code == 503
         error = json.loads(reply.immediate_response.body)["error"]
-        assert error["code"] == 503 and error["type"] == "ServiceUnavailable"
+        assert error["code"] == 503 and error["type"] == "service_unavailable"
         assert "--max-buffered-request-body-bytes" in error["message"]
         assert (await _status(over))[0] == grpc.StatusCode.OK
         # The refused stream released nothing it did not hold; the holder still completes.
@@ -525,7 +525,7 @@ def test_bodies_with_a_model_rewrite(shared: Shared, body: bytes, message: str |
             continue
         assert resp.status == 400, (mode, resp)
         error = _error(resp)
-        assert error["code"] == 400 and error["type"] == "BadRequest", (mode, error)
+        assert error["code"] == 400 and error["type"] == "invalid_request_error", (mode, error)
         assert message in str(error["message"]), (mode, error)
     _all_released(shared.epp)
 

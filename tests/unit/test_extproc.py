@@ -118,7 +118,7 @@ async def test_large_body_is_resent_in_pieces_of_at_most_62000_bytes(harness: Ha
             b"{not json",
             "/v1/chat/completions",
             400,
-            "inference error: BadRequest - error unmarshaling request bodyMap",
+            "inference error: BadRequest - request body is not valid JSON",
         ),
         (
             b'{"messages":[{"role":"user","content":"hi"}]}',
@@ -128,7 +128,7 @@ async def test_large_body_is_resent_in_pieces_of_at_most_62000_bytes(harness: Ha
         ),
         (b'{"model":"demo"}', "/v1/completions", 400, "invalid completions request: must have prompt field"),
         (b'{"model":"demo","messages":[]}', "/v1/chat/completions", 400, "must have valid messages field"),
-        (b"[1,2]", "/v1/completions", 400, "expected a JSON object"),
+        (b"[1,2]", "/v1/completions", 400, "request body must be a JSON object, got an array"),
     ],
 )
 async def test_bad_bodies_get_openai_style_400(
@@ -141,6 +141,7 @@ async def test_bad_bodies_get_openai_style_400(
     err = json.loads(ir.body)["error"]
     assert text in err["message"]
     assert err["code"] == status
+    assert err["type"] == "invalid_request_error"  # OpenAI's type for a 400, not the Go code name
     assert {h.header.key: h.header.raw_value for h in ir.headers.set_headers}[
         "content-type"
     ] == b"application/json"
@@ -157,6 +158,7 @@ async def test_empty_pool_is_503_for_posts_and_gets() -> None:
     assert r1.immediate_response.status.code == 503
     assert "failed to find endpoint candidates" in json.loads(r1.immediate_response.body)["error"]["message"]
     assert r2.immediate_response.status.code == 503
+    assert json.loads(r1.immediate_response.body)["error"]["type"] == "service_unavailable"
     for reply in (r1, r2):
         sent = {h.header.key: h.header.raw_value for h in reply.immediate_response.headers.set_headers}
         assert sent["retry-after"] == b"1"

@@ -104,7 +104,7 @@ def test_bodies_simdjson_does_not_take_are_decided_by_the_eager_parser() -> None
     with pytest.raises(InferenceError) as bad:
         parse_json(b'{"model":"m","pad":"' + pad.encode() + b'",', CHAT)
     assert bad.value.code.http_status == 400
-    assert "error unmarshaling request bodyMap" in str(bad.value)
+    assert "request body is not valid JSON" in str(bad.value)
 
 
 def test_short_bodies_stay_eager() -> None:

@@ -31,6 +31,13 @@ def api_for_path(path: str) -> ApiKind:
     return ApiKind.COMPLETIONS
 
 
+_JSON_KINDS = {list: "an array", str: "a string", int: "a number", float: "a number", bool: "a boolean"}
+
+
+def _json_kind(value: object) -> str:
+    return "null" if value is None else _JSON_KINDS.get(type(value), type(value).__name__)
+
+
 def _bad(message: str) -> InferenceError:
     return InferenceError(ErrorCode.BAD_REQUEST, message)
 
@@ -90,11 +97,9 @@ def parse_json(body: bytes, api: ApiKind) -> RequestBody:
     try:
         payload = orjson.loads(body)
     except orjson.JSONDecodeError as e:
-        raise _bad(f"error unmarshaling request bodyMap: {e}") from None
+        raise _bad(f"request body is not valid JSON: {e}") from None
     if not isinstance(payload, dict):
-        raise _bad(
-            f"error unmarshaling request bodyMap: expected a JSON object, got {type(payload).__name__}"
-        )
+        raise _bad(f"request body must be a JSON object, got {_json_kind(payload)}")
     _validate(api, payload)
     return RequestBody(api=api, payload=payload, raw=body, stream=payload.get("stream") is True)
 
