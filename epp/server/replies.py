@@ -276,7 +276,8 @@ def response_trailers_reply() -> ep.ProcessingResponse:
 
 def error_body(err: InferenceError) -> bytes:
     """OpenAI-style error JSON: ``message`` holds the reference text ``inference error: <Code> - <Msg>``,
-    ``type`` the OpenAI error type (``invalid_request_error``, ``rate_limit_error``, ...), ``code`` the status."""
+    ``type`` the OpenAI error type (``invalid_request_error``, ``rate_limit_error``, ...), ``code``
+    the HTTP status."""
     return orjson.dumps(
         {
             "error": {
