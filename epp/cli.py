@@ -1046,10 +1046,33 @@ def _go_bool_flags(argv: Sequence[str]) -> list[str]:
     return [f"{flag}=true" if a == flag else a for a in argv]
 
 
+_PASS_THROUGH_FLAGS = frozenset(("--sim-arg",))
+
+
+def _pass_through_values(argv: Sequence[str]) -> list[str]:
+    """``--sim-arg --max-num-seqs=2`` means ``--sim-arg=--max-num-seqs=2``: a flag whose value is
+    another program's flag takes the next argument even when it starts with ``-``."""
+    out: list[str] = []
+    it = iter(argv)
+    for a in it:
+        if a == "--":
+            out.append(a)
+            out.extend(it)
+            break
+        if a in _PASS_THROUGH_FLAGS:
+            value = next(it, None)
+            out.append(a if value is None else f"{a}={value}")
+        else:
+            out.append(a)
+    return out
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["envoy-config"]:  # its own parser (flags and --help of python -m epp.dev.envoy)
         return _envoy_config(argparse.Namespace(args=argv[1:]))
+    if argv[:1] == ["run"]:
+        argv = _pass_through_values(argv)
     args = build_parser().parse_args(_go_bool_flags(argv))
     return int(args.func(args) or 0)
 

@@ -325,3 +325,14 @@ def test_check_config_writes_only_the_effective_config_to_stdout() -> None:
     assert "disagg-profile-handler" in {p["type"] for p in expected["plugins"]}
     assert "No deciders.prefill configured" in out.stderr  # the plugin's log line, on stderr
     assert "warning" in out.stderr and "inference.networking.x-k8s.io/v1alpha1" in out.stderr
+
+
+def test_run_sim_arg_takes_a_flag_as_its_value_with_or_without_equals() -> None:
+    from epp.cli import _go_bool_flags, _pass_through_values, build_parser
+
+    argv = ["run", "--sim-arg", "--max-num-seqs=2", "--sim-arg=--time-scale=0.5", "--sims", "2"]
+    args = build_parser().parse_args(_go_bool_flags(_pass_through_values(argv)))
+    assert args.sim_arg == ["--max-num-seqs=2", "--time-scale=0.5"]
+    assert args.sims == 2
+    # a trailing --sim-arg with no value is still argparse's own error
+    assert _pass_through_values(["run", "--sim-arg"]) == ["run", "--sim-arg"]
