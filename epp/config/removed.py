@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from epp.config.context import LoadContext
+from epp.config.renamed import migrate_renamed
 from epp.config.schema import PluginSpec
 from epp.framework.errors import ConfigError
 from epp.plugins.filters._roles import RoleFilter
@@ -50,6 +51,7 @@ REMOVED_DISAGG_PARAMETERS: dict[str, str] = {
 def check_removed(ctx: LoadContext, compat_version: str) -> None:
     """Refuse (``v0.11``) or migrate with a warning what v0.11 removed; before plugins are created."""
     strict = compat_version == COMPAT_V011
+    migrate_renamed(ctx, strict)
     for spec in list(ctx.doc.plugins):
         if spec.type in REMOVED_TYPES and strict:
             raise ConfigError(
