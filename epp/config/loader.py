@@ -39,7 +39,7 @@ from epp.config.profiles import (
     warn_multi_endpoint_pickers,
     with_default_scheduling,
 )
-from epp.config.removed import COMPAT_VERSIONS, check_removed
+from epp.config.removed import COMPAT_VERSIONS, apply_removed_roles, check_removed
 from epp.config.request_control import apply_health_default, request_hooks
 from epp.config.request_handler import resolve_parsers
 from epp.config.schema import (
@@ -228,6 +228,7 @@ def _load(ctx: LoadContext, compat_version: str, gate_overrides: Mapping[str, bo
         apply_data_layer_defaults(ctx)
         add_models_source(ctx)
     create_missing_producers(ctx)
+    apply_removed_roles(ctx, compat_version)
     scheduler = build_scheduler(ctx)
     data_sources = [] if legacy_metrics else build_data_layer(ctx)
     discovery = resolve_discovery(ctx)

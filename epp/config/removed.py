@@ -5,7 +5,8 @@ as v0.11 refuses it when the load asks for ``--compat-version v0.11``.
 ``precise-prefix-cache-producer`` (given the legacy parameters) read by a ``prefix-cache-scorer`` of
 the same name, so the effective configuration shows what to write instead. The other removed types
 are still registered (deprecated names); the flat ``disagg-profile-handler`` parameters are promoted
-by the plugin itself.
+by the plugin itself. The pod label ``llm-d.ai/role: both`` stays ``prefill-decode`` (the endpoint
+store warns once per endpoint); for v0.11 the role filters keep no such pod, as v0.11's do.
 """
 
 from __future__ import annotations
@@ -13,8 +14,10 @@ from __future__ import annotations
 from typing import Any
 
 from epp.config.context import LoadContext
+from epp.config.renamed import migrate_renamed
 from epp.config.schema import PluginSpec
 from epp.framework.errors import ConfigError
+from epp.plugins.filters._roles import RoleFilter
 
 COMPAT_V011 = "v0.11"
 COMPAT_VERSIONS = ("", COMPAT_V011)  # "": the most permissive (v0.10 files keep working)
@@ -48,6 +51,7 @@ REMOVED_DISAGG_PARAMETERS: dict[str, str] = {
 def check_removed(ctx: LoadContext, compat_version: str) -> None:
     """Refuse (``v0.11``) or migrate with a warning what v0.11 removed; before plugins are created."""
     strict = compat_version == COMPAT_V011
+    migrate_renamed(ctx, strict)
     for spec in list(ctx.doc.plugins):
         if spec.type in REMOVED_TYPES and strict:
             raise ConfigError(
@@ -59,6 +63,15 @@ def check_removed(ctx: LoadContext, compat_version: str) -> None:
             _check_flat_parameters(ctx, spec, strict)
     for spec in [s for s in ctx.doc.plugins if s.type == PRECISE_SCORER]:
         _migrate_precise_scorer(ctx, spec)
+
+
+def apply_removed_roles(ctx: LoadContext, compat_version: str) -> None:
+    """For v0.11, role filters treat the removed role ``both`` as unknown; after plugins exist."""
+    if compat_version != COMPAT_V011:
+        return
+    for plugin in ctx.plugins.values():
+        if isinstance(plugin, RoleFilter):
+            plugin.drop_removed_roles()
 
 
 def _check_flat_parameters(ctx: LoadContext, spec: PluginSpec, strict: bool) -> None:

@@ -433,7 +433,7 @@ def decode_document(raw: Any) -> ConfigDocument:
             _profile(p, f"schedulingProfiles[{i}]")
             for i, p in enumerate(_list(top.get("schedulingProfiles"), "schedulingProfiles"))
         ],
-        saturation_detector=_ref_section(top, "saturationDetector"),
+        saturation_detector=_detector_ref(top.get("saturationDetector"), "saturationDetector"),
         data_layer=data_layer(top.get("dataLayer"), "dataLayer"),
         flow_control=_flow_control(top["flowControl"], "flowControl") if "flowControl" in top else None,
         parser=_ref_section(top, "parser"),
@@ -559,6 +559,25 @@ def _data_layer_v1alpha1(raw: Any, path: str) -> DataLayerSpec:
     )
 
 
+# The thresholds a saturationDetector section held before the detector became a plugin (GIE #2704,
+# router v0.9.0): now the utilization-detector plugin's parameters of the same names.
+_OLD_DETECTOR_FIELDS = ("queueDepthThreshold", "kvCacheUtilThreshold", "metricsStalenessThreshold")
+
+
+def _detector_ref(raw: Any, path: str) -> RefSpec | None:
+    """A saturationDetector ``{pluginRef}``; a pre-v0.9 threshold is refused naming its new place."""
+    if isinstance(raw, dict):
+        for key in _OLD_DETECTOR_FIELDS:
+            if key in raw:
+                raise ConfigError(
+                    f"{path}.{key}",
+                    f'unknown field "{key}" (moved to the utilization-detector plugin\'s parameters '
+                    f"in llm-d-router v0.9.0: declare `{{type: utilization-detector, parameters: "
+                    f"{{{key}: ...}}}}` under plugins and set {path}.pluginRef to it)",
+                )
+    return _opt_ref(raw, path)
+
+
 def _opt_ref(raw: Any, path: str) -> RefSpec | None:
     return None if raw is None else _ref(raw, path)
 
@@ -598,7 +617,7 @@ def _flow_control(raw: Any, path: str) -> FlowControlSpec:
         usage_limit_policy_plugin_ref=_opt_str(
             m.get("usageLimitPolicyPluginRef"), f"{path}.usageLimitPolicyPluginRef"
         ),
-        saturation_detector=_opt_ref(m.get("saturationDetector"), f"{path}.saturationDetector"),
+        saturation_detector=_detector_ref(m.get("saturationDetector"), f"{path}.saturationDetector"),
         enable_eviction=_opt_bool(m.get("enableEviction"), f"{path}.enableEviction"),
         band_selection_policy_plugin_ref=_opt_str(
             m.get("bandSelectionPolicyPluginRef"), f"{path}.bandSelectionPolicyPluginRef"

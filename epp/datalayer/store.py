@@ -7,10 +7,22 @@ from collections.abc import Callable
 import structlog
 
 from epp.framework.endpoint import Endpoint, EndpointMetadata
+from epp.framework.roles import ROLE_BOTH, ROLE_LABEL, ROLE_PREFILL_DECODE
 
 log = structlog.get_logger("epp.store")
 
 Listener = Callable[[Endpoint], None]
+
+
+def _warn_role_both(metadata: EndpointMetadata) -> None:
+    """One warning when an endpoint arrives with (or changes to) the removed role value ``both``."""
+    if metadata.labels.get(ROLE_LABEL) == ROLE_BOTH:
+        log.warning(
+            f"pod label {ROLE_LABEL}: {ROLE_BOTH} is deprecated (removed in router v0.11.0) and read "
+            f"as {ROLE_PREFILL_DECODE} (with --compat-version v0.11, as in v0.11, no role filter keeps "
+            f"it); label the pod {ROLE_LABEL}: {ROLE_PREFILL_DECODE}",
+            endpoint=metadata.key,
+        )
 
 
 class EndpointStore:
@@ -36,6 +48,8 @@ class EndpointStore:
             if current.metadata == metadata:
                 return
             if current.metadata.metrics_hostport == metadata.metrics_hostport:
+                if current.metadata.labels.get(ROLE_LABEL) != ROLE_BOTH:
+                    _warn_role_both(metadata)
                 current.metadata = metadata  # labels or names changed: keep metrics and counters
                 self._snapshot = None
                 for listener in self._on_update:
@@ -43,6 +57,7 @@ class EndpointStore:
                 return
             self.delete(metadata.key)  # the address changed: it is a different server
         endpoint = Endpoint(metadata=metadata)
+        _warn_role_both(metadata)
         self._by_key[metadata.key] = endpoint
         self._snapshot = None
         log.info("endpoint added", endpoint=metadata.key, address=metadata.hostport)

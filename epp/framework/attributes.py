@@ -120,6 +120,17 @@ class LatencyPredictionInfo:
         return self.ttft_valid and self.tpot_valid
 
 
+SCOPED_DATA_KEYS = frozenset(
+    {
+        PREFIX_CACHE_MATCH_INFO_KEY,
+        INFLIGHT_LOAD_KEY,
+        LATENCY_PREDICTION_INFO_KEY,
+        MM_EMBEDDINGS_MATCH_INFO_KEY,
+    }
+)
+"""Per-request data keys confined to the plugins that declare them (``consumes``/``produces``): the
+framework counts an access by a filter, scorer or data producer that did not declare the key."""
+
 # data key -> the producer type created when some plugin consumes the key and none produces it
 DEFAULT_PRODUCERS: dict[str, str] = {
     PREFIX_CACHE_MATCH_INFO_KEY: "approx-prefix-cache-producer",

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
+from epp.framework.attributes import SCOPED_DATA_KEYS
 from epp.framework.endpoint import Endpoint
 
 
@@ -60,14 +61,48 @@ class SchedulingOutcome(NamedTuple):
         return cls(None, error)
 
 
+class ScopeCheck(Protocol):
+    """The data scope of the plugin running now: the keys it declared it reads and writes."""
+
+    reads: frozenset[str]
+    writes: frozenset[str]
+
+    def violation(self, access: str, key: str) -> None: ...
+
+
 class CycleState(dict[str, Any]):
     """Key/value store shared by all plugins of one request's scheduling cycle.
 
     Created once per request by the director (so it also serves producers and PreRequest plugins,
     the reference's PluginState), dropped with the request. ``read`` raises ``KeyError``.
+    While the framework runs a filter, scorer or data producer, ``scope`` is that plugin's: a read
+    (``get``, ``[]``) or write (``[]=``) of a ``SCOPED_DATA_KEYS`` key it did not declare is reported
+    to it (one set lookup per access; the access itself proceeds).
     """
 
-    __slots__ = ()
+    __slots__ = ("scope",)
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.scope: ScopeCheck | None = None
+
+    def get(self, key: str, default: Any = None) -> Any:
+        scope = self.scope
+        if scope is not None and key in SCOPED_DATA_KEYS and key not in scope.reads:
+            scope.violation("read", key)
+        return dict.get(self, key, default)
+
+    def __getitem__(self, key: str) -> Any:
+        scope = self.scope
+        if scope is not None and key in SCOPED_DATA_KEYS and key not in scope.reads:
+            scope.violation("read", key)
+        return dict.__getitem__(self, key)
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        scope = self.scope
+        if scope is not None and key in SCOPED_DATA_KEYS and key not in scope.writes:
+            scope.violation("write", key)
+        dict.__setitem__(self, key, value)
 
     def read(self, key: str) -> Any:
         return self[key]

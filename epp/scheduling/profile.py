@@ -12,6 +12,7 @@ from epp.framework.errors import FiltersDrainedError, SchedulingError
 from epp.framework.interfaces import Filter, Picker, Scorer
 from epp.framework.request import LLMRequest
 from epp.framework.results import CycleState, ProfileRunResult, ScoredEndpoint
+from epp.scheduling.data_scope import scope_of
 
 # (extension_point, plugin, seconds) -> None; set by the server to feed the plugin-duration metric.
 PluginTimer = Callable[[str, object, float], None]
@@ -88,7 +89,11 @@ class SchedulerProfile:
             spans.filters(request, candidates)
         for f in self.filters:
             t0 = time.perf_counter() if timer else 0.0
-            endpoints = f.filter(cycle, request, endpoints)
+            cycle.scope = scope_of("Filter", f)
+            try:
+                endpoints = f.filter(cycle, request, endpoints)
+            finally:
+                cycle.scope = None
             if timer:
                 timer("Filter", f, time.perf_counter() - t0)
             if not endpoints:
@@ -104,7 +109,11 @@ class SchedulerProfile:
             t0 = time.perf_counter() if timer else 0.0
             if spans is not None:
                 spans.scorer(ws.scorer.type_name, ws.scorer.name, ws.weight, endpoints)
-            scores = ws.scorer.score(cycle, request, endpoints)
+            cycle.scope = scope_of("Scorer", ws.scorer)
+            try:
+                scores = ws.scorer.score(cycle, request, endpoints)
+            finally:
+                cycle.scope = None
             if spans is not None:
                 spans.scorer_done(scores)
             if top is not None:

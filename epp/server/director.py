@@ -65,6 +65,7 @@ from epp.framework.wire import (
 )
 from epp.log_limit import LOGS
 from epp.scheduling import Scheduler
+from epp.scheduling.data_scope import scope_of
 from epp.scheduling.parser_router import ParserRouter
 from epp.scheduling.profile import EXPLANATIONS_KEY
 from epp.server import _eager
@@ -548,6 +549,7 @@ class Director:
         t_start = time.perf_counter()
         for producer in producers:
             t0 = time.perf_counter()
+            cycle.scope = scope_of("DataProducer", producer)
             try:
                 rest = _eager.start(producer.produce(cycle, request, candidates))
                 if rest is not None:
@@ -567,6 +569,8 @@ class Director:
                         return
             except Exception as e:  # a producer failure never fails the request
                 _plugin_failed("producer_failed", "data producer failed", producer, e)
+            finally:
+                cycle.scope = None
             metrics.observe_plugin("DataProducer", producer, time.perf_counter() - t0)
 
     # --- end of request ----------------------------------------------------------------------

@@ -189,7 +189,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         choices=ROLES,
         default=d.role,
         help="disaggregation role: prefill answers kv_transfer_params, decode skips remotely"
-        " prefilled prompts, both does both (default %(default)s)",
+        " prefilled prompts, prefill-decode (or its old name both) does both (default %(default)s)",
     )
     add(
         "--data-parallel-size",

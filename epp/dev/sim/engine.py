@@ -30,7 +30,7 @@ FINISH_STOP = "stop"
 FINISH_LENGTH = "length"
 FINISH_REASONS = (FINISH_STOP, FINISH_LENGTH)
 
-ROLES = ("both", "prefill", "decode")
+ROLES = ("prefill-decode", "prefill", "decode", "both")  # both: the pre-v0.11 name of prefill-decode
 FAILURE_TYPES = ("rate_limit", "server_error", "invalid_request", "model_not_found")
 # a broken /metrics (inference keeps working): 500 answers, no answer at all, or a 200 of non-metrics text
 METRICS_FAULTS = ("none", "error", "hang", "garbage")
@@ -70,7 +70,7 @@ class SimConfig:
     metrics_fault: str = "none"
     metrics_port: int = 0  # > 0: /metrics only on this port, not the serving port (Triton-like)
     dcgm_port: int = 0  # > 0: a DCGM-exporter-like GPU page on this port
-    role: str = "both"
+    role: str = "prefill-decode"
     data_parallel_size: int = 1
     data_parallel_rank: int = 0
     seed: int | None = None
