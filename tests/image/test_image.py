@@ -5,11 +5,13 @@ fake API server where Kubernetes mounts them. Skipped unless EPP_IMAGE names the
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
 import time
 import urllib.request
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,8 +19,10 @@ from typing import Any
 import pytest
 import yaml
 
+from epp.dev.stack import Stack
 from epp.dev.stack.probes import grpc_serving
 from tests.fakekube import FakeKube, objects
+from tests.integration.harness import SIM_ARGS, Response, request
 
 IMAGE = os.environ.get("EPP_IMAGE", "")
 ROOT = Path(__file__).resolve().parents[2]
@@ -26,6 +30,8 @@ pytestmark = pytest.mark.skipif(not IMAGE or not shutil.which("podman"), reason=
 NETWORK = f"ns:/run/netns/{os.environ['EPP_NETNS']}" if os.environ.get("EPP_NETNS") else "host"
 SA = "/var/run/secrets/kubernetes.io/serviceaccount"
 NAMESPACE = "llm"
+ENVOY_PORT, ENVOY_ADMIN_PORT = 8081, 19000  # the bootstraps' (the network namespace is private)
+REQUESTS = 40
 HEALTH_NAMES = ("liveness", "readiness", "", "envoy.service.ext_proc.v3.ExternalProcessor")
 
 
@@ -82,6 +88,100 @@ def run_container(
     assert out.returncode == 0, out.stderr
 
 
+def container_memory(name: str) -> tuple[int, int]:
+    """The container's memory cgroup: bytes in use now and at most so far (v2 memory.current and
+    memory.peak; v1 memory.usage_in_bytes and memory.max_usage_in_bytes)."""
+    out = subprocess.run(
+        ["podman", "inspect", "--format", "{{.State.CgroupPath}}", name], capture_output=True, text=True
+    )
+    path = out.stdout.strip()
+    v2, v1 = Path(f"/sys/fs/cgroup{path}"), Path(f"/sys/fs/cgroup/memory{path}")
+    if (v2 / "memory.current").exists():
+        return int((v2 / "memory.current").read_text()), int((v2 / "memory.peak").read_text())
+    return int((v1 / "memory.usage_in_bytes").read_text()), int(
+        (v1 / "memory.max_usage_in_bytes").read_text()
+    )
+
+
+def mb(value: int) -> str:
+    return f"{value / 1e6:.0f} MB"
+
+
+def model_servers(
+    stack: Stack, kube: FakeKube, labels: dict[str, str], port: int, model: str
+) -> dict[str, str]:
+    """Two simulators on their own loopback IPs at the manifests' target port, and a Ready pod for
+    each with the pool's labels: pod name -> ip:port."""
+    servers = {"vllm-qwen-0": "127.0.0.2", "vllm-qwen-1": "127.0.0.3"}
+    children = []
+    for pod, ip in servers.items():
+        kube.create(objects.pod(NAMESPACE, pod, ip, labels=labels))
+        extra = [*SIM_ARGS, "--host", ip, "--namespace", NAMESPACE]
+        children.append((stack.start_sim(pod, port, model=model, args=extra), ip))
+    for child, ip in children:
+        stack.wait_sim(child, f"http://{ip}:{port}")
+    return {pod: f"{ip}:{port}" for pod, ip in servers.items()}
+
+
+def envoy_bootstrap(layout: str, tmp_path: Path, certs: Path, socket_dir: Path) -> dict:
+    """standalone: the sidecar's envoy.yaml and SDS files of the manifests with their mount paths
+    moved to this test's directories; base: ``epp envoy-config`` with mutual TLS to port 9002."""
+    sds = tmp_path / "envoy"
+    sds.mkdir()
+    if layout == "standalone":
+        moves = {
+            "/etc/envoy-tls": str(certs / "envoy"),
+            "/etc/envoy/": f"{sds}/",
+            "/var/run/epp": str(socket_dir),
+        }
+        for name in ("envoy.yaml", "sds-epp-ca.yaml", "sds-epp-client-certificate.yaml"):
+            text = (ROOT / "deploy/kubernetes/standalone" / name).read_text()
+            for old, new in moves.items():
+                text = text.replace(old, new)
+            (sds / name).write_text(text)
+        return dict(yaml.safe_load((sds / "envoy.yaml").read_text()))
+    cmd = ["epp", "envoy-config", "--tls-cert-dir", str(certs / "envoy"), "--tls-sds-dir", str(sds)]
+    out = subprocess.run(
+        [*cmd, "--write-sds", str(sds)], capture_output=True, text=True, timeout=60, check=True
+    )
+    return dict(yaml.safe_load(out.stdout))
+
+
+def chat(model: str, text: str) -> bytes:
+    return json.dumps(
+        {"model": model, "messages": [{"role": "user", "content": text}], "max_tokens": 4}
+    ).encode()
+
+
+def post(body: bytes) -> Response:
+    headers = {"content-type": "application/json"}
+    return request(f"http://127.0.0.1:{ENVOY_PORT}/v1/chat/completions", "POST", body, headers)
+
+
+def through_envoy(servers: dict[str, str], model: str) -> int:
+    """Chat completions through Envoy: each answered by the simulator the EPP named in
+    x-gateway-destination-endpoint; a malformed body is the EPP's 400. Returns the requests sent."""
+    answered = set()
+    for i in range(REQUESTS):
+        text = f"image-test {i} {uuid.uuid4().hex} hello"
+        resp = post(chat(model, text))
+        assert resp.status == 200, resp
+        pod = resp.headers.get("x-inference-pod", "")
+        assert pod in servers, resp.headers
+        assert json.loads(resp.body)["choices"][0]["message"]["content"], resp.body
+        journal = request(f"http://{servers[pod]}/debug/requests").json()
+        entry = next(e for e in journal if text in e["body"])
+        headers = {k.lower(): v for k, v in dict(entry["headers"]).items()}
+        assert headers.get("x-gateway-destination-endpoint") == servers[pod], headers
+        answered.add(pod)
+    bad = post(b'{"model": "' + model.encode() + b'", "messages": [')
+    assert bad.status == 400, bad
+    assert "inference error: BadRequest" in json.loads(bad.body)["error"]["message"], bad.body
+    missing = post(json.dumps({"messages": [{"role": "user", "content": "x"}]}).encode())
+    assert missing.status == 400 and b"model" in missing.body, missing
+    return REQUESTS + 2
+
+
 def logs(name: str) -> str:
     out = subprocess.run(["podman", "logs", name], capture_output=True, text=True, timeout=30)
     return out.stdout + out.stderr
@@ -134,7 +234,13 @@ def test_layout_serves_health_metrics_and_stops_cleanly_on_sigterm(
     pool["metadata"]["namespace"] = NAMESPACE
     kube.create(pool)
     labels = pool["spec"]["selector"]["matchLabels"]
-    kube.create(objects.pod(NAMESPACE, "vllm-qwen-0", "127.0.0.2", labels=labels))
+    assert layout == "base" or f"--endpoint-selector=app={labels['app']}" in container["args"]
+    port = pool["spec"]["targetPorts"][0]["number"]
+    assert layout == "base" or f"--endpoint-target-ports={port}" in container["args"]
+    vllm = manifest("vllm", "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
+    model = next(a.split("=", 1)[1] for a in vllm if a.startswith("--model="))
+    stack = Stack(tmp_path / "stack")
+    servers = model_servers(stack, kube, labels, port, model)
     (tmp_path / "socket").mkdir()
     (tmp_path / "socket").chmod(0o777)  # the emptyDir, writable by the pod's uid
     volumes = {"config": tmp_path / "config", "tls": certs / "epp", "epp-socket": tmp_path / "socket"}
@@ -160,7 +266,8 @@ def test_layout_serves_health_metrics_and_stops_cleanly_on_sigterm(
             assert time.monotonic() < deadline, logs(name)
             time.sleep(0.1)
         ready = time.monotonic() - start
-        print(f"image-test: {layout} layout ready {ready:.2f} s after podman run")
+        at_ready = container_memory(name)
+        print(f"image-test: {layout} layout ready {ready:.2f} s after podman run, memory {mb(at_ready[0])}")
         for service in HEALTH_NAMES:
             assert grpc_serving(health, service), service
         with urllib.request.urlopen(f"http://127.0.0.1:{metrics}/metrics", timeout=10) as r:
@@ -170,6 +277,12 @@ def test_layout_serves_health_metrics_and_stops_cleanly_on_sigterm(
             socket = tmp_path / "socket" / Path(socket_arg.split("=", 1)[1]).name
             reply = ext_proc_over_socket(socket, certs)
             assert reply.HasField("request_headers") or reply.HasField("immediate_response"), reply
+        bootstrap = envoy_bootstrap(layout, tmp_path, certs, tmp_path / "socket")
+        envoy = stack.start_envoy("envoy", bootstrap, log_level="warning", concurrency=1)
+        stack.wait_envoy(envoy, ENVOY_ADMIN_PORT)
+        sent = through_envoy(servers, model)
+        now, peak = container_memory(name)
+        print(f"image-test: {layout} memory after {sent} requests through Envoy {mb(now)} (peak {mb(peak)})")
         stop = time.monotonic()
         subprocess.run(["podman", "kill", "--signal", "TERM", name], check=True, timeout=30)
         code = subprocess.run(["podman", "wait", name], capture_output=True, text=True, timeout=60)
@@ -179,3 +292,4 @@ def test_layout_serves_health_metrics_and_stops_cleanly_on_sigterm(
         assert "Traceback" not in text and "Read-only file system" not in text, text
     finally:
         subprocess.run(["podman", "rm", "-f", name], capture_output=True, timeout=60)
+        stack.stop()
