@@ -513,7 +513,7 @@ def _deep(depth: int) -> bytes:
         ),
         (b'{"model": "alias", "messages": [{"role": "user", "content": "hi\xff"}]}', "UTF-8"),
         (b'{"model": 7, "messages": [{"role": "user", "content": "hi"}]}', "invalid model in request body"),
-        (b'["model", "alias"]', "expected a JSON object"),
+        (b'["model", "alias"]', "must be a JSON object"),
         (b'{"model": "alias", "messages": [{"role": "user", "content": "\\ud800"}]}', "surrogate"),
     ],
 )
