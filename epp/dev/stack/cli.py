@@ -5,7 +5,9 @@ Starts N ``epp sim`` (127.0.0.1:8000..), ``epp serve`` (ext_proc on a Unix socke
 until ``GET /v1/models`` through Envoy answers 200, prints how to use it and supervises: a
 simulator that exits is restarted on its port (backoff, a bounded number of times); the EPP or
 Envoy exiting, or a simulator over its budget, stops everything (exit 1). Ctrl-C or SIGTERM stops
-every process it started (exit 0).
+every process it started (exit 0). ``--replicas N``: N ``epp serve`` (replica i on each port + 100i)
+sharing their routing state through a private ``redis-server`` on a free port, Envoy's ext_proc
+cluster spread over them with health checks; a replica or Redis that exits is restarted.
 """
 
 from __future__ import annotations
@@ -22,7 +24,6 @@ from typing import Any
 import yaml
 
 from epp.dev.envoy.bootstrap import DEFAULT_BODY_MODE
-from epp.dev.stack.commands import epp_socket
 from epp.dev.stack.files import precise_config, uses_kv_events
 from epp.dev.stack.local import LocalStack, StackOptions
 from epp.dev.stack.probes import Interrupted
@@ -48,6 +49,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--grpc-port", type=int, default=9002, help="EPP ext_proc port (default 9002)")
     add("--grpc-health-port", type=int, default=9003, help="EPP gRPC health port (default 9003)")
     add("--metrics-port", type=int, default=9090, help="EPP metrics port (default 9090)")
+    add(
+        "--replicas",
+        type=_positive_int,
+        default=1,
+        help="EPP replicas (default 1); above 1 they share their routing state through a private "
+        "redis-server (the redis-syncer, merged into --config-file) and Envoy's ext_proc cluster is "
+        "spread over them with health checks; replica i listens on --grpc-port, --grpc-health-port "
+        "and --metrics-port + 100i",
+    )
+    add(
+        "--redis-port",
+        type=_non_negative_int,
+        default=0,
+        help="with --replicas above 1: the private redis-server's port on 127.0.0.1 (default 0: a free one)",
+    )
     add(
         "--body-mode",
         choices=("BUFFERED", "FULL_DUPLEX_STREAMED", "STREAMED"),
@@ -110,7 +126,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "(0.5 s, doubling up to 8 s) while the others keep serving; each restart is logged on stderr. "
         "If one simulator exits more than --sim-max-restarts times within --sim-restart-window seconds, "
         "or if the EPP or Envoy exits (they are not restarted), every process is stopped and epp run "
-        "exits with status 1. Ctrl-C or SIGTERM stops everything (status 0)."
+        "exits with status 1. With --replicas above 1 an EPP replica or the redis-server that exits is "
+        "restarted like a simulator (the other replicas serve meanwhile; Redis comes back empty and "
+        "the replicas refill it). Ctrl-C or SIGTERM stops everything (status 0)."
     )
 
 
@@ -121,6 +139,16 @@ def _non_negative_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"{text!r} is not a non-negative integer") from None
     if value < 0:
         raise argparse.ArgumentTypeError(f"{text!r} is not a non-negative integer")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer")
     return value
 
 
@@ -172,6 +200,8 @@ def options_from_args(args: argparse.Namespace) -> StackOptions:
         sim_restart_window=args.sim_restart_window,
         kv_events_base_port=args.kv_events,
         response_phases=args.response_phases,
+        replicas=args.replicas,
+        redis_port=args.redis_port,
     )
 
 
@@ -196,14 +226,37 @@ class _Stop:
         self.event.set()
 
 
+def _epps(stack: LocalStack) -> str:
+    o = stack.opts
+    if o.replicas == 1:
+        (e,) = o.epps()
+        return f"""  EPP        ext_proc unix:{e.socket} (Envoy's) and 127.0.0.1:{e.grpc}
+             health 127.0.0.1:{e.health}, metrics http://127.0.0.1:{e.metrics}/metrics"""
+    lines = [
+        f"  EPPs       {o.replicas} replicas, all serving: Envoy spreads ext_proc streams over them "
+        "(health-checked)"
+    ]
+    for child, e in zip(stack.epps, o.epps(), strict=True):
+        lines.append(
+            f"    {child.name:<8} ext_proc unix:{e.socket} and 127.0.0.1:{e.grpc}, health "
+            f"127.0.0.1:{e.health}, metrics http://127.0.0.1:{e.metrics}/metrics"
+        )
+    lines.append(
+        f"  Redis      {stack.redis_address}  (private redis-server, no persistence: the replicas' "
+        "shared state, redis-syncer)"
+    )
+    return "\n".join(lines)
+
+
 def _usage(stack: LocalStack) -> str:
     o = stack.opts
     sims = ", ".join(f"127.0.0.1:{p}" for p in o.sim_ports)
+    restarted = "A simulator" if o.replicas == 1 else "A simulator, EPP replica or Redis"
+    fatal = "the EPP or Envoy exiting" if o.replicas == 1 else "Envoy exiting"
     return f"""
 epp stack ready ({o.body_mode}, fail-{"open" if o.fail_open else "closed"}{_routing(o)})
   Envoy      {stack.url}  (admin http://127.0.0.1:{o.admin_port})
-  EPP        ext_proc unix:{epp_socket(o.grpc_port)} (Envoy's) and 127.0.0.1:{o.grpc_port}
-             health 127.0.0.1:{o.health_port}, metrics http://127.0.0.1:{o.metrics_port}/metrics
+{_epps(stack)}
   simulators {sims}  (model {o.model!r})
   endpoints  {stack.endpoints_file}  (edit it to add or remove endpoints)
   logs       {stack.supervisor.log_dir}
@@ -214,8 +267,8 @@ Try:
   curl -s -N {stack.url}/v1/completions -H 'content-type: application/json' \\
        -d '{{"model":"{o.model}","prompt":"Hello","stream":true}}'
 
-A simulator that exits is restarted (at most {o.sim_max_restarts} times in {o.sim_restart_window:g} s); \
-the EPP or Envoy exiting stops the stack.
+{restarted} that exits is restarted (at most {o.sim_max_restarts} times in \
+{o.sim_restart_window:g} s); {fatal} stops the stack.
 Ctrl-C stops everything.
 """
 
@@ -242,14 +295,15 @@ def main(args: argparse.Namespace) -> int:
     failed = False
     try:
         try:
-            print(f"starting {opts.sims} simulators, the EPP and Envoy (work dir {workdir}) ...", flush=True)
+            epps = "the EPP" if opts.replicas == 1 else f"{opts.replicas} EPP replicas, Redis"
+            print(f"starting {opts.sims} simulators, {epps} and Envoy (work dir {workdir}) ...", flush=True)
             stack.start(abort=stop.event.is_set)
         except Interrupted:
             return 0
         except ChildExited as e:
             failed = True
             return _report_exit(e.child)
-        except (RuntimeError, TimeoutError, FileNotFoundError) as e:
+        except (RuntimeError, TimeoutError, FileNotFoundError, ValueError) as e:
             failed = True
             print(f"error: {e}", file=sys.stderr)
             _print_tails(stack)

@@ -1,7 +1,9 @@
-"""What the local stack writes for the EPP: the file-discovery endpoints file and its config."""
+"""What the local stack writes for the EPP: the file-discovery endpoints file and its config (with
+``epp run --replicas`` the ``redis-syncer`` the replicas share their routing state through)."""
 
 from __future__ import annotations
 
+import copy
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -10,6 +12,20 @@ from typing import Any
 import yaml
 
 DISCOVERY_PLUGIN_NAME = "epp-run-files"
+SYNCER_PLUGIN_NAME = "epp-run-redis"
+SYNCER_TYPES = ("redis-syncer", "redis-state-store")
+SYNC_INTERVAL = "100ms"
+# What the stack's private redis-server does not have: dropped from a user's syncer parameters.
+_SYNCER_CONNECTION_PARAMS = (
+    "address",
+    "username",
+    "passwordEnv",
+    "passwordFile",
+    "db",
+    "tls",
+    "caCertPath",
+    "insecureSkipVerify",
+)
 
 
 def endpoints_document(
@@ -124,3 +140,43 @@ def uses_kv_events(config: dict[str, Any]) -> bool:
     """Whether a config reads the engines' KV events (it has a ``precise-prefix-cache-producer``)."""
     plugins = config.get("plugins") or []
     return any(isinstance(p, dict) and p.get("type") == "precise-prefix-cache-producer" for p in plugins)
+
+
+def with_redis_syncer(config: dict[str, Any] | None, address: str) -> dict[str, Any]:
+    """``config`` (None: the default scheduling) with its replicas sharing state through the Redis at
+    ``address``.
+
+    A ``redis-syncer`` (or ``redis-state-store``) plugin of ``config`` is pointed at ``address`` (its
+    other connection parameters dropped: the stack's Redis has no password or TLS; ``stateTTL``,
+    ``keyPrefix`` and the like kept), otherwise one named ``epp-run-redis`` is added. It becomes the
+    cross-replica syncer (v1: ``dataLayer.crossReplica.syncerPluginRef``, the older layout:
+    ``crossReplicaSyncerPluginRef``; the user's interval and timeout kept, default 100ms) and the
+    peer store (``dataLayer.discovery.peers`` / ``peerDiscovery``). ``config`` is not modified.
+    """
+    cfg: dict[str, Any] = copy.deepcopy(dict(config or {}))
+    cfg.setdefault("apiVersion", "llm-d.ai/v1")
+    cfg.setdefault("kind", "EndpointPickerConfig")
+    plugins = [dict(p) for p in cfg.get("plugins") or []]
+    syncer = next((p for p in plugins if p.get("type") in SYNCER_TYPES), None)
+    if syncer is None:
+        syncer = {"name": SYNCER_PLUGIN_NAME, "type": "redis-syncer"}
+        plugins.append(syncer)
+    params = {k: v for k, v in (syncer.get("parameters") or {}).items() if k not in _SYNCER_CONNECTION_PARAMS}
+    syncer["parameters"] = {"address": address, **params}
+    cfg["plugins"] = plugins
+    name = syncer.get("name") or syncer["type"]
+    data_layer = dict(cfg.get("dataLayer") or {})
+    if cfg["apiVersion"] == "llm-d.ai/v1":
+        cross = dict(data_layer.get("crossReplica") or {})
+        cross["syncerPluginRef"] = name
+        cross.setdefault("syncInterval", SYNC_INTERVAL)
+        data_layer["crossReplica"] = cross
+        discovery = dict(data_layer.get("discovery") or {})
+        discovery["peers"] = {"pluginRef": name}
+        data_layer["discovery"] = discovery
+    else:
+        data_layer["crossReplicaSyncerPluginRef"] = name
+        data_layer.setdefault("crossReplicaSyncInterval", SYNC_INTERVAL)
+        data_layer["peerDiscovery"] = {"pluginRef": name}
+    cfg["dataLayer"] = data_layer
+    return cfg

@@ -2,13 +2,16 @@
 
 :class:`Stack` starts the pieces one by one (what each needs is written into its work directory)
 under one :class:`Supervisor`; :class:`LocalStack` is ``epp run``'s composition of them: N sims on
-consecutive ports, ``epp serve`` watching a file-discovery endpoints file and Envoy in front. The
-benchmarks and the integration tests use the same two classes.
+consecutive ports, ``epp serve`` watching a file-discovery endpoints file and Envoy in front; with
+``replicas`` above 1, that many ``epp serve`` sharing their routing state through a private
+``redis-server`` and Envoy's ext_proc cluster spread over them. The benchmarks and the integration
+tests use the same two classes.
 """
 
 from __future__ import annotations
 
 import json
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,12 +19,14 @@ from typing import Any
 
 import yaml
 
-from epp.dev.envoy.bootstrap import DEFAULT_BODY_MODE, envoy_bootstrap, render
+from epp.dev.envoy.bootstrap import DEFAULT_BODY_MODE, EXT_PROC_CLUSTER, envoy_bootstrap, render
 from epp.dev.envoy.exchange import RESPONSE_BODY_MODE, ResponseModes, modes_for_document
 from epp.dev.stack.commands import envoy_argv, epp_socket, serve_argv, sim_argv
-from epp.dev.stack.files import epp_config, write_endpoints
+from epp.dev.stack.files import epp_config, with_redis_syncer, write_endpoints
 from epp.dev.stack.probes import (
     READY_TIMEOUT,
+    envoy_hosts_healthy,
+    free_port,
     free_port_block,
     free_ports,
     grpc_serving,
@@ -29,6 +34,8 @@ from epp.dev.stack.probes import (
     port_in_use,
     wait_until,
 )
+from epp.dev.stack.redis_server import missing_message, redis_argv, redis_pong, redis_server_binary
+from epp.dev.stack.replicas import Replica, spread_ext_proc
 from epp.dev.stack.supervisor import SIM_MAX_RESTARTS, SIM_RESTART_WINDOW, Child, RestartPolicy, Supervisor
 from epp.framework.endpoint import KV_EVENTS_PORT_LABEL, KV_EVENTS_REPLAY_PORT_LABEL
 
@@ -92,9 +99,11 @@ class Stack:
         config: Mapping[str, Any],
         extra: Sequence[str] = (),
         config_file: Path | None = None,
+        restart: RestartPolicy | None = None,
     ) -> Child:
         """``epp serve`` (plain-text ext_proc) with the EndpointPickerConfig document ``config``
-        (written to ``config_file`` and passed as ``--config-file`` when that is given)."""
+        (written to ``config_file`` and passed as ``--config-file`` when that is given); ``restart``
+        makes the supervisor restart it."""
         config_text = yaml.safe_dump(dict(config), sort_keys=False)
         if config_file is not None:
             config_file.write_text(config_text)
@@ -106,7 +115,7 @@ class Stack:
             extra=extra,
             config_file=str(config_file) if config_file is not None else "",
         )
-        return self.supervisor.start(name, argv)
+        return self.supervisor.start(name, argv, restart=restart)
 
     def start_envoy(
         self,
@@ -167,6 +176,23 @@ class Stack:
         self.stop()
 
 
+# Replica i of ``epp run --replicas`` listens on each of the first replica's ports + i x this step.
+REPLICA_PORT_STEP = 100
+
+
+@dataclass(frozen=True, slots=True)
+class EppPorts:
+    """One EPP replica's ports: ext_proc (and its Unix socket), gRPC health, metrics."""
+
+    grpc: int
+    health: int
+    metrics: int
+
+    @property
+    def socket(self) -> str:
+        return epp_socket(self.grpc)
+
+
 @dataclass
 class StackOptions:
     """Everything ``epp run`` can vary."""
@@ -191,16 +217,26 @@ class StackOptions:
     sim_restart_window: float = SIM_RESTART_WINDOW
     kv_events_base_port: int = 0  # > 0: sim i publishes KV events on this + 2i, replay on + 2i + 1
     response_phases: bool = False  # Envoy sends the response headers and body (response metrics)
+    replicas: int = 1  # > 1: that many EPPs sharing state through a private redis-server
+    replica_ports: list[EppPorts] | None = None  # None: derived from grpc/health/metrics_port
+    redis_port: int = 0  # replicas > 1: the private redis-server's port (0: a free one)
 
     @classmethod
-    def on_free_ports(cls, sims: int, *, kv_events: bool = False, **options: Any) -> StackOptions:
-        """Options with every port (Envoy, admin, gRPC, health, metrics, the sims', with ``kv_events``
-        the sims' KV-events ports) a free one."""
-        port, admin, grpc, health, metrics = free_ports(5)
+    def on_free_ports(
+        cls, sims: int, *, kv_events: bool = False, replicas: int = 1, **options: Any
+    ) -> StackOptions:
+        """Options with every port (Envoy, admin, every replica's gRPC, health and metrics, the sims',
+        with ``kv_events`` the sims' KV-events ports, Redis) a free one."""
+        port, admin, *epps = free_ports(2 + 3 * replicas)
+        grpc, health, metrics = epps[:3]
         base = free_port_block(3 * sims if kv_events else sims)  # the sims' ports, then the KV-events ones
         if kv_events:
             options["kv_events_base_port"] = base + sims
+        if replicas > 1:
+            options["replica_ports"] = [EppPorts(*epps[3 * i : 3 * i + 3]) for i in range(replicas)]
+            options.setdefault("redis_port", free_port())
         return cls(
+            replicas=replicas,
             sims=sims,
             sim_base_port=base,
             port=port,
@@ -236,25 +272,46 @@ class StackOptions:
             return {}
         return {f"sim-{i}": kv_events_labels(*self.kv_events_ports(i)) for i in range(self.sims)}
 
+    def epps(self) -> list[EppPorts]:
+        """Every EPP replica's ports: ``replica_ports``, else replica i on the first one's + i x 100."""
+        if self.replica_ports is not None:
+            return list(self.replica_ports)
+        step = REPLICA_PORT_STEP
+        return [
+            EppPorts(self.grpc_port + step * i, self.health_port + step * i, self.metrics_port + step * i)
+            for i in range(self.replicas)
+        ]
+
     def all_ports(self) -> list[int]:
         kv = (
             [p for i in range(self.sims) for p in self.kv_events_ports(i)] if self.kv_events_base_port else []
         )
-        return [
-            *kv,
-            *self.sim_ports,
-            self.port,
-            self.admin_port,
-            self.grpc_port,
-            self.health_port,
-            self.metrics_port,
-        ]
+        epps = [p for e in self.epps() for p in (e.grpc, e.health, e.metrics)]
+        redis = [self.redis_port] if self.replicas > 1 and self.redis_port else []
+        return [*kv, *self.sim_ports, self.port, self.admin_port, *epps, *redis]
+
+    def check(self) -> None:
+        """Refuse what cannot run: no replica, a replica count that does not match ``replica_ports``,
+        or one port used twice."""
+        if self.replicas < 1:
+            raise ValueError(f"replicas: must be at least 1, got {self.replicas}")
+        if self.replica_ports is not None and len(self.replica_ports) != self.replicas:
+            raise ValueError(f"replica_ports: {len(self.replica_ports)} for {self.replicas} replicas")
+        twice = sorted(p for p, n in Counter(self.all_ports()).items() if n > 1)
+        if twice:
+            raise ValueError(f"ports used twice: {', '.join(map(str, twice))}")
+        if any(not 0 < p < 65536 for p in self.all_ports()):
+            raise ValueError("a port beyond 65535 (fewer --replicas, or lower base ports)")
 
 
 class LocalStack(Stack):
-    """``epp run``'s stack: sims + EPP + Envoy; ``start()`` returns once requests flow through Envoy.
+    """``epp run``'s stack: sims + EPP(s) + Envoy; ``start()`` returns once requests flow through Envoy.
 
-    Simulators restart under ``opts.sim_restart``; the EPP and Envoy are not restarted.
+    Simulators restart under ``opts.sim_restart``. One EPP and Envoy are not restarted. With
+    ``opts.replicas`` above 1 a private ``redis-server`` (on ``opts.redis_port``, else a free port)
+    starts first, every replica gets the ``redis-syncer`` pointed at it (merged into ``opts.config``),
+    Envoy's ext_proc cluster spreads streams over the replicas' Unix sockets with gRPC health checks,
+    and a replica or Redis that exits is restarted like a simulator (Redis empty: the replicas refill it).
     """
 
     def __init__(self, opts: StackOptions, workdir: Path) -> None:
@@ -263,19 +320,38 @@ class LocalStack(Stack):
         self.endpoints_file = workdir / "endpoints.yaml"
         self.envoy_file = workdir / "envoy.yaml"
         self.sims: list[Child] = []
-        self.epp: Child | None = None
+        self.epps: list[Child] = []
+        self.epp: Child | None = None  # the first replica
         self.envoy: Child | None = None
+        self.redis: Child | None = None
+        self.redis_port = 0
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.opts.port}"
 
+    @property
+    def redis_address(self) -> str:
+        return f"127.0.0.1:{self.redis_port}"
+
     def start(self, abort: Callable[[], bool] | None = None) -> None:
-        """Start every process and wait until requests flow; ``abort()`` true abandons the wait."""
+        """Start every process and wait until requests flow; ``abort()`` true abandons the wait.
+
+        Raises FileNotFoundError (naming the Debian package) when replicas need a ``redis-server``
+        that is not on PATH, ValueError for options that cannot run (see :meth:`StackOptions.check`).
+        """
         o = self.opts
+        o.check()
+        redis_binary = ""
+        if o.replicas > 1:
+            redis_binary = redis_server_binary() or ""
+            if not redis_binary:
+                raise FileNotFoundError(missing_message(f"--replicas {o.replicas}"))
         busy = [p for p in o.all_ports() if port_in_use(p)]
         if busy:
             raise RuntimeError(f"ports already in use: {', '.join(map(str, busy))}")
+        if redis_binary:
+            self.start_redis(redis_binary)
         for i, port in enumerate(o.sim_ports):
             self.sims.append(
                 self.start_sim(
@@ -283,18 +359,42 @@ class LocalStack(Stack):
                 )
             )
         write_endpoints(self.endpoints_file, o.sim_ports, labels=o.endpoint_labels())
-        self.epp = self.start_epp(
-            "epp",
-            grpc_port=o.grpc_port,
-            health_port=o.health_port,
-            metrics_port=o.metrics_port,
-            config=epp_config(self.endpoints_file, o.config),
-            extra=["--grpc-socket", epp_socket(o.grpc_port), *o.epp_args],
-        )
+        config = self.epp_document()
+        restart = o.sim_restart if o.replicas > 1 else None
+        for i, ports in enumerate(o.epps()):
+            self.epps.append(
+                self.start_epp(
+                    "epp" if o.replicas == 1 else f"epp-{i}",
+                    grpc_port=ports.grpc,
+                    health_port=ports.health,
+                    metrics_port=ports.metrics,
+                    config=config,
+                    extra=["--grpc-socket", ports.socket, *o.epp_args],
+                    restart=restart,
+                )
+            )
+        self.epp = self.epps[0]
         self.envoy = self.start_envoy(
             "envoy", self.bootstrap(), log_level=o.envoy_log_level, concurrency=o.envoy_concurrency
         )
         self.wait_ready(abort)
+
+    def start_redis(self, binary: str) -> Child:
+        """The replicas' private ``redis-server`` on 127.0.0.1 (restarted, empty, when it exits)."""
+        self.redis_port = self.opts.redis_port or free_port()
+        argv = redis_argv(binary, self.redis_port, self.workdir)
+        self.redis = self.supervisor.start("redis", argv, restart=self.opts.sim_restart)
+        self.wait(f"redis-server on {self.redis_address}", lambda: redis_pong(self.redis_port))
+        return self.redis
+
+    def epp_document(self) -> dict[str, Any]:
+        """Every replica's EndpointPickerConfig: ``opts.config`` with the endpoints file and, with
+        several replicas, the ``redis-syncer`` at the stack's Redis."""
+        o = self.opts
+        config = o.config
+        if o.replicas > 1:
+            config = with_redis_syncer(config, self.redis_address)
+        return epp_config(self.endpoints_file, config)
 
     def bootstrap(self) -> dict[str, Any]:
         """Envoy's bootstrap; the response phases follow the EPP config's plugins (``exchange``)."""
@@ -302,18 +402,23 @@ class LocalStack(Stack):
         modes = modes_for_document(epp_config(self.endpoints_file, o.config))
         if o.response_phases:
             modes = ResponseModes("SEND", RESPONSE_BODY_MODE)
-        return envoy_bootstrap(
+        first = o.epps()[0]
+        bootstrap = envoy_bootstrap(
             response_header_mode=modes.header,
             response_body_mode=modes.body,
             listen_port=o.port,
             admin_port=o.admin_port,
-            extproc_port=o.grpc_port,
-            extproc_socket=epp_socket(o.grpc_port),  # Envoy and the EPP side by side: a Unix socket
+            extproc_port=first.grpc,
+            extproc_socket=first.socket,  # Envoy and the EPP side by side: a Unix socket
             body_mode=o.body_mode,
             fail_open=o.fail_open,
             fallback_endpoints=[f"127.0.0.1:{p}" for p in o.sim_ports],
-            extproc_health_port=o.health_port if o.fail_open else 0,
+            extproc_health_port=first.health if o.fail_open else 0,
         )
+        if o.replicas == 1:
+            return bootstrap
+        replicas = [Replica("127.0.0.1", e.grpc, e.health, socket=e.socket) for e in o.epps()]
+        return spread_ext_proc(bootstrap, replicas, lb_policy="LEAST_REQUEST")
 
     def wait_ready(self, abort: Callable[[], bool] | None = None) -> None:
         o = self.opts
@@ -321,16 +426,23 @@ class LocalStack(Stack):
             (c.name, http_ok(f"http://127.0.0.1:{p}/health"))
             for c, p in zip(self.sims, o.sim_ports, strict=True)
         ]
-        checks += [
-            ("EPP readiness", lambda: grpc_serving(o.health_port)),
-            ("Envoy", http_ok(f"http://127.0.0.1:{o.admin_port}/ready")),
-            ("GET /v1/models through Envoy", http_ok(f"{self.url}/v1/models")),
-        ]
+        for child, ports in zip(self.epps, o.epps(), strict=True):
+            name = "EPP" if o.replicas == 1 else child.name
+            checks.append((f"{name} readiness", lambda h=ports.health: grpc_serving(h)))  # type: ignore[misc]
+        checks.append(("Envoy", http_ok(f"http://127.0.0.1:{o.admin_port}/ready")))
+        if o.replicas > 1:
+            checks.append(
+                (
+                    f"every replica healthy in Envoy's {EXT_PROC_CLUSTER} cluster",
+                    lambda: envoy_hosts_healthy(o.admin_port, EXT_PROC_CLUSTER, o.replicas),
+                )
+            )
+        checks.append(("GET /v1/models through Envoy", http_ok(f"{self.url}/v1/models")))
         for what, check in checks:
             self.wait(what, check, abort=abort)
 
     def poll(self) -> Child | None:
-        """Restart simulators that exited; the child whose exit ends the stack, if any."""
+        """Restart simulators (and replicas, Redis) that exited; the child whose exit ends the stack."""
         return self.supervisor.poll()
 
     def __enter__(self) -> LocalStack:

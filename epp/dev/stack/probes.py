@@ -80,6 +80,23 @@ def grpc_serving(port: int, service: str = "readiness", host: str = "127.0.0.1")
         return False
 
 
+def envoy_hosts_healthy(admin_port: int, cluster: str, count: int) -> bool:
+    """True when Envoy's ``cluster`` has ``count`` hosts, all passing their health checks (admin
+    ``/clusters``: each host's ``health_flags`` is ``healthy``)."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{admin_port}/clusters", timeout=2.0) as resp:
+            text = resp.read().decode()
+    except (OSError, ValueError):
+        return False
+    prefix = f"{cluster}::"
+    flags = [
+        line.rsplit("::", 1)[1]
+        for line in text.splitlines()
+        if line.startswith(prefix) and "::health_flags::" in line
+    ]
+    return len(flags) == count and all(f == "healthy" for f in flags)
+
+
 class Interrupted(Exception):
     """Start-up was abandoned (Ctrl-C or SIGTERM)."""
 

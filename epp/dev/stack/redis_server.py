@@ -21,6 +21,39 @@ def redis_server_binary() -> str | None:
     return shutil.which("redis-server")
 
 
+def missing_message(what: str) -> str:
+    """The error when ``redis-server`` is not on PATH: which package provides it."""
+    return (
+        f"{what} needs redis-server, which is not on PATH: install the Debian package {DEBIAN_PACKAGE} "
+        f"(apt-get install {DEBIAN_PACKAGE})"
+    )
+
+
+def redis_argv(binary: str, port: int, work_dir: Path, password: str = "") -> list[str]:
+    """``redis-server`` on 127.0.0.1:``port`` without persistence (its working directory ``work_dir``)."""
+    argv = [
+        binary,
+        "--port",
+        str(port),
+        "--bind",
+        "127.0.0.1",
+        "--save",
+        "",
+        "--appendonly",
+        "no",
+        "--dir",
+        str(work_dir),
+    ]
+    if password:
+        argv += ["--requirepass", password]
+    return argv
+
+
+def redis_pong(port: int) -> bool:
+    """True when the (password-less) Redis on 127.0.0.1:``port`` answers PING."""
+    return _pong(port)
+
+
 def _pong(port: int, timeout: float = 0.2) -> bool:
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
@@ -49,21 +82,7 @@ class RedisServer:
         return f"127.0.0.1:{self.port}"
 
     def start(self, timeout: float = 10.0) -> RedisServer:
-        argv = [
-            self.binary,
-            "--port",
-            str(self.port),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-            "--dir",
-            str(self.log_dir),
-        ]
-        if self.password:
-            argv += ["--requirepass", self.password]
+        argv = redis_argv(self.binary, self.port, self.log_dir, self.password)
         log = self.log_path.open("ab")
         try:
             self._proc = subprocess.Popen(

@@ -13,36 +13,39 @@ from epp.dev.envoy.bootstrap import EXT_PROC_CLUSTER, EXTPROC_HEALTH_SERVICE
 
 @dataclass(frozen=True, slots=True)
 class Replica:
-    """Where Envoy reaches one EPP replica: ext_proc on ``grpc_port``, gRPC health on ``health_port``."""
+    """Where Envoy reaches one EPP replica: ext_proc on ``grpc_port`` (or on the Unix socket
+    ``socket``, the replica's ``--grpc-socket``), gRPC health on ``host:health_port``."""
 
     host: str
     grpc_port: int
     health_port: int
+    socket: str = ""
+
+    def lb_endpoint(self) -> dict[str, Any]:
+        """The replica as an endpoint of Envoy's ext_proc cluster, health-checked on its health port."""
+        if self.socket:
+            address: dict[str, Any] = {"pipe": {"path": self.socket}}
+            check: dict[str, Any] = {
+                "address": {"socket_address": {"address": self.host, "port_value": self.health_port}}
+            }
+        else:
+            address = {"socket_address": {"address": self.host, "port_value": self.grpc_port}}
+            check = {"port_value": self.health_port}
+        return {"endpoint": {"address": address, "health_check_config": check}}
 
 
 def spread_ext_proc(
     bootstrap: Mapping[str, Any], replicas: Sequence[Replica], *, lb_policy: str = "ROUND_ROBIN"
 ) -> dict[str, Any]:
-    """A copy of ``bootstrap`` whose ext_proc cluster balances streams over ``replicas`` (TCP)."""
+    """A copy of ``bootstrap`` whose ext_proc cluster balances streams over ``replicas`` (TCP, or the
+    Unix socket of a replica that names one)."""
     out = copy.deepcopy(dict(bootstrap))
     clusters = out["static_resources"]["clusters"]
     cluster = next(c for c in clusters if c["name"] == EXT_PROC_CLUSTER)
     cluster["lb_policy"] = lb_policy
     cluster["load_assignment"] = {
         "cluster_name": EXT_PROC_CLUSTER,
-        "endpoints": [
-            {
-                "lb_endpoints": [
-                    {
-                        "endpoint": {
-                            "address": {"socket_address": {"address": r.host, "port_value": r.grpc_port}},
-                            "health_check_config": {"port_value": r.health_port},
-                        }
-                    }
-                    for r in replicas
-                ]
-            }
-        ],
+        "endpoints": [{"lb_endpoints": [r.lb_endpoint() for r in replicas]}],
     }
     cluster["health_checks"] = [
         {
