@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 PYTHON := $(BIN)/python
 
-.PHONY: install lock image image-test run test test-unit test-integration lint bench-cpu bench-sched bench-routing bench-kube bench-kv-index bench-soak bench-tokenize bench-overload bench-failover bench-h2-attacks clean
+.PHONY: install lock image image-test run test test-unit test-integration lint bench-cpu bench-sched bench-routing bench-kube bench-kv-index bench-soak bench-tokenize bench-overload bench-failover bench-replicas bench-h2-attacks clean
 
 install: $(VENV)/.installed
 
@@ -93,6 +93,10 @@ bench-overload: install
 # FAILOVER_ARGS="--rate 50 --duration 6 --kill-at 2", "--runs after".
 bench-failover: install
 	$(PYTHON) bench/failover.py $(FAILOVER_ARGS)
+
+# REPLICAS_ARGS="--runs syncer-off syncer-on --duration 5" for a shorter run
+bench-replicas: install
+	$(PYTHON) bench/replicas.py $(REPLICAS_ARGS)
 
 # H2_ATTACK_ARGS=--short for a smoke run; "--servers epp --attacks rapid-reset,slow-read",
 # "--epp-root ../other-checkout" (its .venv/bin/epp), "--duration 25 --json rows.json".

@@ -137,7 +137,10 @@ def test_envoy_spreads_ext_proc_over_every_replica_socket_with_health_checks(tmp
     assert checked == [{"address": "127.0.0.1", "port_value": p} for p in (9003, 9103)]
     (check,) = cluster["health_checks"]
     assert check["grpc_health_check"] == {"service_name": EXTPROC_HEALTH_SERVICE}
-    assert cluster["common_lb_config"] == {"healthy_panic_threshold": {"value": 0}}
+    assert cluster["common_lb_config"] == {
+        "healthy_panic_threshold": {"value": 0},
+        "update_merge_window": "0s",
+    }
     single = LocalStack(StackOptions(sims=2), tmp_path).bootstrap()["static_resources"]["clusters"][0]
     assert "health_checks" not in single  # one fail-closed EPP: as before
 

@@ -241,10 +241,11 @@ def _epps(stack: LocalStack) -> str:
             f"    {child.name:<8} ext_proc unix:{e.socket} and 127.0.0.1:{e.grpc}, health "
             f"127.0.0.1:{e.health}, metrics http://127.0.0.1:{e.metrics}/metrics"
         )
-    lines.append(
-        f"  Redis      {stack.redis_address}  (private redis-server, no persistence: the replicas' "
-        "shared state, redis-syncer)"
-    )
+    if o.shares_state:
+        lines.append(
+            f"  Redis      {stack.redis_address}  (private redis-server, no persistence: the replicas' "
+            "shared state, redis-syncer)"
+        )
     return "\n".join(lines)
 
 

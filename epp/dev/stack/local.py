@@ -220,6 +220,7 @@ class StackOptions:
     replicas: int = 1  # > 1: that many EPPs sharing state through a private redis-server
     replica_ports: list[EppPorts] | None = None  # None: derived from grpc/health/metrics_port
     redis_port: int = 0  # replicas > 1: the private redis-server's port (0: a free one)
+    share_state: bool = True  # replicas > 1: False runs them without Redis, each learning alone
 
     @classmethod
     def on_free_ports(
@@ -287,8 +288,13 @@ class StackOptions:
             [p for i in range(self.sims) for p in self.kv_events_ports(i)] if self.kv_events_base_port else []
         )
         epps = [p for e in self.epps() for p in (e.grpc, e.health, e.metrics)]
-        redis = [self.redis_port] if self.replicas > 1 and self.redis_port else []
+        redis = [self.redis_port] if self.shares_state and self.redis_port else []
         return [*kv, *self.sim_ports, self.port, self.admin_port, *epps, *redis]
+
+    @property
+    def shares_state(self) -> bool:
+        """Whether the replicas share their routing state (through the stack's Redis)."""
+        return self.replicas > 1 and self.share_state
 
     def check(self) -> None:
         """Refuse what cannot run: no replica, a replica count that does not match ``replica_ports``,
@@ -343,7 +349,7 @@ class LocalStack(Stack):
         o = self.opts
         o.check()
         redis_binary = ""
-        if o.replicas > 1:
+        if o.shares_state:
             redis_binary = redis_server_binary() or ""
             if not redis_binary:
                 raise FileNotFoundError(missing_message(f"--replicas {o.replicas}"))
@@ -392,7 +398,7 @@ class LocalStack(Stack):
         several replicas, the ``redis-syncer`` at the stack's Redis."""
         o = self.opts
         config = o.config
-        if o.replicas > 1:
+        if o.shares_state:
             config = with_redis_syncer(config, self.redis_address)
         return epp_config(self.endpoints_file, config)
 
@@ -418,7 +424,9 @@ class LocalStack(Stack):
         if o.replicas == 1:
             return bootstrap
         replicas = [Replica("127.0.0.1", e.grpc, e.health, socket=e.socket) for e in o.epps()]
-        return spread_ext_proc(bootstrap, replicas, lb_policy="LEAST_REQUEST")
+        # Round robin: a stream costs its replica CPU only while it is routed, not while it is open
+        # (least-request, Envoy's choice among equally idle hosts, sent sequential requests to one).
+        return spread_ext_proc(bootstrap, replicas)
 
     def wait_ready(self, abort: Callable[[], bool] | None = None) -> None:
         o = self.opts

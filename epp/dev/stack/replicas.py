@@ -58,6 +58,8 @@ def spread_ext_proc(
             "grpc_health_check": {"service_name": EXTPROC_HEALTH_SERVICE},
         }
     ]
-    # 0 %: with every replica unhealthy there is no host (fail-open bootstraps then pass through)
-    cluster["common_lb_config"] = {"healthy_panic_threshold": {"value": 0}}
+    # 0 %: with every replica unhealthy there is no host (fail-open bootstraps then pass through).
+    # No merge window: a health change reaches the workers at once (Envoy merges host updates for
+    # 1 s by default, so a dead replica kept getting streams for up to a second after its check failed).
+    cluster["common_lb_config"] = {"healthy_panic_threshold": {"value": 0}, "update_merge_window": "0s"}
     return out

@@ -1,0 +1,101 @@
+"""``epp run --replicas 2`` (its :class:`LocalStack`): two EPPs behind one Envoy share state through
+the stack's own ``redis-server``; a replica killed with SIGKILL leaves the other serving every
+request, and the supervisor brings it back."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from epp.dev import stack
+from epp.dev.envoy.bootstrap import EXT_PROC_CLUSTER
+from tests.integration.harness import request
+from tests.redis_fixture import require_redis_server
+
+pytestmark = pytest.mark.integration
+
+
+def _metric(port: int, name: str) -> float:
+    """Sum of every sample of ``name`` on the EPP's metrics page at ``port`` (-1 when unreachable)."""
+    try:
+        text = request(f"http://127.0.0.1:{port}/metrics", timeout=2).body.decode()
+    except OSError:
+        return -1.0
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith((name + " ", name + "{")):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def _wait(what: str, condition: Callable[[], bool], timeout: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"{what}: not within {timeout} s"
+        time.sleep(0.05)
+
+
+def _healthy(st: stack.LocalStack) -> int:
+    text = request(f"http://127.0.0.1:{st.opts.admin_port}/clusters").body.decode()
+    prefix = f"{EXT_PROC_CLUSTER}::"
+    return sum(
+        1
+        for line in text.splitlines()
+        if line.startswith(prefix) and line.endswith("::health_flags::healthy")
+    )
+
+
+def _chat(st: stack.LocalStack, i: int) -> int:
+    body = json.dumps(
+        {"model": "demo", "messages": [{"role": "user", "content": f"hello {i}"}], "max_tokens": 2}
+    ).encode()
+    resp = request(st.url + "/v1/chat/completions", "POST", body, {"content-type": "application/json"}, 10)
+    return resp.status
+
+
+@pytest.fixture
+def replicas(tmp_path: Path) -> Iterator[stack.LocalStack]:
+    require_redis_server()
+    opts = stack.StackOptions.on_free_ports(2, replicas=2, epp_args=["--log-level", "warning"])
+    st = stack.LocalStack(opts, tmp_path)
+    with st:
+        yield st
+
+
+REQUESTS = "llm_d_epp_request_total"
+PEERS = "llm_d_epp_cross_replica_peers"
+
+
+def test_two_replicas_share_redis_serve_streams_and_survive_a_sigkill(replicas: stack.LocalStack) -> None:
+    st = replicas
+    first, second = st.opts.epps()
+    assert st.redis is not None and st.redis.running()
+    assert [c.name for c in st.epps] == ["epp-0", "epp-1"]
+    _wait(
+        "each replica sees the other",
+        lambda: _metric(first.metrics, PEERS) == _metric(second.metrics, PEERS) == 1,
+    )
+
+    # Envoy spreads the streams: both replicas route requests (round robin per Envoy worker).
+    for i in range(16):
+        assert _chat(st, i) == 200
+    served = [_metric(e.metrics, REQUESTS) for e in (first, second)]
+    assert sum(served) == 16 and min(served) >= 4, served
+
+    # SIGKILL one: once Envoy's health check marks it down, every request goes through the other.
+    st.epps[1].kill()
+    _wait("the killed replica unhealthy in Envoy", lambda: _healthy(st) == 1, timeout=5)
+    before = _metric(first.metrics, REQUESTS)
+    for i in range(10):
+        assert _chat(st, 100 + i) == 200
+    assert _metric(first.metrics, REQUESTS) == before + 10
+    _wait("the survivor stops counting the dead peer", lambda: _metric(first.metrics, PEERS) == 0, timeout=5)
+
+    # The supervisor (epp run polls it) restarts the replica on its ports; it rejoins.
+    _wait("the replica restarted", lambda: st.poll() is None and st.epps[1].running(), timeout=5)
+    _wait("both healthy in Envoy again", lambda: _healthy(st) == 2, timeout=30)
+    _wait("peers again", lambda: _metric(first.metrics, PEERS) == _metric(second.metrics, PEERS) == 1)
