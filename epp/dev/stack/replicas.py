@@ -1,5 +1,6 @@
-"""Several EPP replicas behind one Envoy: a generated bootstrap's ext_proc cluster spread over them,
-each replica health-checked on its gRPC health port (an unready or dead one gets no new stream)."""
+"""Several EPP replicas behind one Envoy: a generated bootstrap's ext_proc cluster spread over them
+(listed, or the addresses of one DNS name), each replica health-checked on its gRPC health port (an
+unready or dead one gets no new stream)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from epp.dev.envoy.bootstrap import EXT_PROC_CLUSTER, EXTPROC_HEALTH_SERVICE
+
+DNS_REFRESH_RATE = "5s"
+_PLAINTEXT_HEALTH = {"epp-health": "plaintext"}
+_RAW_BUFFER = "type.googleapis.com/envoy.extensions.transport_sockets.raw_buffer.v3.RawBuffer"
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,29 +40,53 @@ class Replica:
 
 
 def spread_ext_proc(
-    bootstrap: Mapping[str, Any], replicas: Sequence[Replica], *, lb_policy: str = "ROUND_ROBIN"
+    bootstrap: Mapping[str, Any],
+    replicas: Sequence[Replica],
+    *,
+    lb_policy: str = "ROUND_ROBIN",
+    dns: bool = False,
 ) -> dict[str, Any]:
     """A copy of ``bootstrap`` whose ext_proc cluster balances streams over ``replicas`` (TCP, or the
-    Unix socket of a replica that names one)."""
+    Unix socket of a replica that names one), each health-checked with gRPC on its health port.
+
+    ``dns``: a ``STRICT_DNS`` cluster: every address a replica's ``host`` resolves to is one
+    endpoint (a headless Kubernetes Service names every Ready EPP pod), re-resolved every 5 s. With
+    TLS to the EPP (the cluster has a transport socket) the health checks stay plain text.
+    """
     out = copy.deepcopy(dict(bootstrap))
     clusters = out["static_resources"]["clusters"]
     cluster = next(c for c in clusters if c["name"] == EXT_PROC_CLUSTER)
     cluster["lb_policy"] = lb_policy
+    if dns:
+        cluster["type"] = "STRICT_DNS"
+        cluster["dns_lookup_family"] = "V4_PREFERRED"
+        cluster["dns_refresh_rate"] = DNS_REFRESH_RATE
     cluster["load_assignment"] = {
         "cluster_name": EXT_PROC_CLUSTER,
         "endpoints": [{"lb_endpoints": [r.lb_endpoint() for r in replicas]}],
     }
-    cluster["health_checks"] = [
-        {
-            "timeout": "1s",
-            "interval": "0.5s",
-            "no_traffic_interval": "0.5s",
-            "unhealthy_threshold": 1,
-            "healthy_threshold": 1,
-            "reuse_connection": True,
-            "grpc_health_check": {"service_name": EXTPROC_HEALTH_SERVICE},
-        }
-    ]
+    check: dict[str, Any] = {
+        "timeout": "1s",
+        "interval": "0.5s",
+        "no_traffic_interval": "0.5s",
+        "unhealthy_threshold": 1,
+        "healthy_threshold": 1,
+        "reuse_connection": True,
+        "grpc_health_check": {"service_name": EXTPROC_HEALTH_SERVICE},
+    }
+    if "transport_socket" in cluster:  # TLS to the EPP; its health port is plain text
+        cluster["transport_socket_matches"] = [
+            {
+                "name": "plaintext-health",
+                "match": dict(_PLAINTEXT_HEALTH),
+                "transport_socket": {
+                    "name": "envoy.transport_sockets.raw_buffer",
+                    "typed_config": {"@type": _RAW_BUFFER},
+                },
+            }
+        ]
+        check["transport_socket_match_criteria"] = dict(_PLAINTEXT_HEALTH)
+    cluster["health_checks"] = [check]
     # 0 %: with every replica unhealthy there is no host (fail-open bootstraps then pass through).
     # No merge window: a health change reaches the workers at once (Envoy merges host updates for
     # 1 s by default, so a dead replica kept getting streams for up to a second after its check failed).
