@@ -155,3 +155,23 @@ def test_replicas_without_redis_server_name_the_debian_package(
     ):
         stack.start()
     assert stack.children == []  # nothing was started
+
+
+def test_banner_lists_every_replica_and_redis(tmp_path: Path) -> None:
+    from epp.dev.stack.cli import _usage
+    from epp.dev.stack.supervisor import Child
+
+    opts = StackOptions(sims=2, replicas=2, grpc_port=9002, health_port=9003, metrics_port=9090)
+    st = LocalStack(opts, tmp_path)
+    st.epps = [Child(f"epp-{i}", [], tmp_path / f"epp-{i}.log") for i in range(2)]
+    st.redis_port = 6399
+    text = _usage(st)
+    assert "2 replicas, all serving" in text
+    for e in opts.epps():
+        assert f"ext_proc unix:{e.socket} and 127.0.0.1:{e.grpc}, health 127.0.0.1:{e.health}" in text
+        assert f"http://127.0.0.1:{e.metrics}/metrics" in text
+    assert "Redis      127.0.0.1:6399" in text
+    assert "EPP replica or Redis that exits is restarted" in text
+    unshared = LocalStack(StackOptions(sims=2, replicas=2, share_state=False), tmp_path)
+    unshared.epps = st.epps
+    assert "Redis" not in _usage(unshared).split("simulators")[0]
