@@ -128,6 +128,7 @@ class Result:
     epp_cpu_idle: float | None = None  # CPU seconds per second, the three replicas, before the load
     epp_cpu: float | None = None  # CPU seconds during the load, the three replicas
     redis: dict[str, float] = field(default_factory=dict)  # INFO deltas during the load
+    redis_idle: dict[str, float] = field(default_factory=dict)  # INFO deltas per second, before the load
     lag_p99: float | None = None
     sync_p99: float | None = None
     wall: float = 0.0  # seconds of the load
@@ -213,8 +214,10 @@ def run_cost(name: str, workdir: Path, args: argparse.Namespace, sim_args: list[
         pids = [c.pid for c in st.epps]
         time.sleep(1.0)  # settle after start-up
         c0 = sum(map(_cpu_seconds, pids))
+        redis_idle0 = _redis_info(st.redis_port) if on else {}
         time.sleep(args.idle)
         idle = (sum(map(_cpu_seconds, pids)) - c0) / args.idle
+        redis_idle1 = _redis_info(st.redis_port) if on else {}
         pages0 = _metrics_pages(st)
         redis0 = _redis_info(st.redis_port) if on else {}
         c1 = sum(map(_cpu_seconds, pids))
@@ -226,6 +229,7 @@ def run_cost(name: str, workdir: Path, args: argparse.Namespace, sim_args: list[
     result = Result(name, data["requests"], epp_cpu_idle=idle, epp_cpu=cpu, streams=streams)
     result.wall = float(data["wall_seconds"])
     result.redis = {k: redis1[k] - redis0.get(k, 0.0) for k in redis1}
+    result.redis_idle = {k: (redis_idle1[k] - redis_idle0.get(k, 0.0)) / args.idle for k in redis_idle1}
     lag = "llm_d_epp_cross_replica_sync_lag_seconds"
     duration = "llm_d_epp_cross_replica_sync_duration_seconds"
     result.lag_p99 = _bucket_quantile(_buckets(pages0, lag), _buckets(pages1, lag), 0.99)
@@ -344,6 +348,13 @@ def print_report(results: Sequence[Result], args: argparse.Namespace) -> None:
                 f"  Redis: CPU {cpu / n[r.run] * 1e6:.0f} us per request, in "
                 f"{r.redis['total_net_input_bytes'] / n[r.run]:.0f} B / out "
                 f"{r.redis['total_net_output_bytes'] / n[r.run]:.0f} B per request"
+            )
+        if r.redis_idle:
+            cpu = r.redis_idle["used_cpu_sys"] + r.redis_idle["used_cpu_user"]
+            print(
+                f"  Redis idle (the sync rounds alone): CPU {cpu * 1000:.1f} ms/s, in "
+                f"{r.redis_idle['total_net_input_bytes'] / 1000:.1f} kB/s / out "
+                f"{r.redis_idle['total_net_output_bytes'] / 1000:.1f} kB/s"
             )
         if r.lag_p99 is not None or r.sync_p99 is not None:
             print(

@@ -14,6 +14,7 @@ from epp.dev.envoy.bootstrap import EXT_PROC_CLUSTER, EXTPROC_HEALTH_SERVICE
 from epp.dev.stack import EppPorts, LocalStack, StackOptions, epp_config, with_redis_syncer
 from epp.dev.stack import local as local_module
 from epp.dev.stack.cli import add_arguments, options_from_args
+from epp.dev.stack.replicas import EXT_PROC_RETRY_ON, ext_proc_services
 
 ADDRESS = "127.0.0.1:6399"
 
@@ -141,6 +142,11 @@ def test_envoy_spreads_ext_proc_over_every_replica_socket_with_health_checks(tmp
         "healthy_panic_threshold": {"value": 0},
         "update_merge_window": "0s",
     }
+    services = ext_proc_services(stack.bootstrap())
+    assert services and all(s["retry_policy"]["retry_on"] == EXT_PROC_RETRY_ON for s in services)
+    assert all(
+        s["retry_policy"]["retry_host_predicate"][0]["name"].endswith("previous_hosts") for s in services
+    )
     single = LocalStack(StackOptions(sims=2), tmp_path).bootstrap()["static_resources"]["clusters"][0]
     assert "health_checks" not in single  # one fail-closed EPP: as before
 

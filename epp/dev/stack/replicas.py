@@ -14,6 +14,9 @@ from epp.dev.envoy.bootstrap import EXT_PROC_CLUSTER, EXTPROC_HEALTH_SERVICE
 DNS_REFRESH_RATE = "5s"
 _PLAINTEXT_HEALTH = {"epp-health": "plaintext"}
 _RAW_BUFFER = "type.googleapis.com/envoy.extensions.transport_sockets.raw_buffer.v3.RawBuffer"
+_PREVIOUS_HOSTS = "type.googleapis.com/envoy.extensions.retry.host.previous_hosts.v3.PreviousHostsPredicate"
+# Only failures before the EPP saw the stream: a retried stream never runs the director twice.
+EXT_PROC_RETRY_ON = "connect-failure,refused-stream,reset-before-request"
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,4 +94,37 @@ def spread_ext_proc(
     # No merge window: a health change reaches the workers at once (Envoy merges host updates for
     # 1 s by default, so a dead replica kept getting streams for up to a second after its check failed).
     cluster["common_lb_config"] = {"healthy_panic_threshold": {"value": 0}, "update_merge_window": "0s"}
+    for service in ext_proc_services(out):
+        service["retry_policy"] = _retry_policy()
+    return out
+
+
+def _retry_policy() -> dict[str, Any]:
+    """An ext_proc stream that could not reach its replica (refused connection, or reset before
+    the replica saw it: a dead replica its health check has not caught yet) is opened again on
+    another replica; a stream the EPP has seen is never retried."""
+    return {
+        "retry_on": EXT_PROC_RETRY_ON,
+        "num_retries": 2,
+        "retry_back_off": {"base_interval": "0.005s", "max_interval": "0.05s"},
+        "retry_host_predicate": [
+            {
+                "name": "envoy.retry_host_predicates.previous_hosts",
+                "typed_config": {"@type": _PREVIOUS_HOSTS},
+            }
+        ],
+        "host_selection_retry_max_attempts": 5,
+    }
+
+
+def ext_proc_services(bootstrap: dict[str, Any]) -> list[dict[str, Any]]:
+    """The ``grpc_service`` of every HTTP filter (ext_proc, the failure log) calling the EPP."""
+    out = []
+    for listener in bootstrap["static_resources"]["listeners"]:
+        for chain in listener.get("filter_chains", []):
+            for network_filter in chain.get("filters", []):
+                for http_filter in network_filter.get("typed_config", {}).get("http_filters", []):
+                    service = http_filter.get("typed_config", {}).get("grpc_service")
+                    if service and service.get("envoy_grpc", {}).get("cluster_name") == EXT_PROC_CLUSTER:
+                        out.append(service)
     return out
