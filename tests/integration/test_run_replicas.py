@@ -14,6 +14,7 @@ import pytest
 from epp.dev import stack
 from epp.dev.envoy.bootstrap import EXT_PROC_CLUSTER
 from tests.integration.harness import request
+from tests.integration.test_stack import _listen_addresses
 from tests.redis_fixture import require_redis_server
 
 pytestmark = pytest.mark.integration
@@ -66,6 +67,8 @@ def replicas(tmp_path: Path) -> Iterator[stack.LocalStack]:
         yield st
 
 
+# 127.0.0.1, ::1 and ::ffff:127.0.0.1 as /proc/net/tcp* write them
+LOOPBACK = {"0100007F", "00000000000000000000000001000000", "0000000000000000FFFF00000100007F"}
 REQUESTS = "llm_d_epp_request_total"
 PEERS = "llm_d_epp_cross_replica_peers"
 
@@ -75,6 +78,12 @@ def test_two_replicas_share_redis_serve_streams_and_survive_a_sigkill(replicas: 
     first, second = st.opts.epps()
     assert st.redis is not None and st.redis.running()
     assert [c.name for c in st.epps] == ["epp-0", "epp-1"]
+    # Everything (Envoy, the replicas' ports, Redis, the sims) listens on the loopback only.
+    ports = [*st.opts.all_ports(), st.redis_port]
+    listening = _listen_addresses(ports)
+    assert st.redis_port and all(a and a <= LOOPBACK for a in listening.values()), {
+        p: a for p, a in listening.items() if not (a and a <= LOOPBACK)
+    }
     _wait(
         "each replica sees the other",
         lambda: _metric(first.metrics, PEERS) == _metric(second.metrics, PEERS) == 1,
