@@ -77,8 +77,9 @@ def _load(
     feature_gates: Mapping[str, bool] | None = None,
     compat_version: str = "",
 ) -> Any:
-    """Load a config or exit 2; its warnings go to stderr (as log events with ``log_warnings``)."""
-    from epp.config import ConfigError, load_config
+    """Load a config or exit 2, listing every error; its warnings go to stderr (as log events with
+    ``log_warnings``)."""
+    from epp.config import ConfigError, ConfigErrors, load_config
 
     try:
         cfg = load_config(
@@ -89,6 +90,10 @@ def _load(
             feature_gates=feature_gates,
             compat_version=compat_version,
         )
+    except ConfigErrors as e:
+        lines = "".join(f"\n  {error}" for error in e.errors)
+        print(f"error: invalid configuration {source}: {len(e.errors)} errors:{lines}", file=sys.stderr)
+        raise SystemExit(2) from None
     except ConfigError as e:
         print(f"error: invalid configuration {source}: {e}", file=sys.stderr)
         raise SystemExit(2) from None

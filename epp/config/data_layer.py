@@ -207,7 +207,7 @@ def resolve_discovery(ctx: LoadContext) -> EndpointDiscovery | None:
     where = f"{ref.path}.pluginRef"
     if not ref.plugin_ref:
         raise ConfigError(where, "discovery plugin reference is empty")
-    plugin = ctx.plugins.get(ref.plugin_ref)
+    plugin = ctx.get(ref.plugin_ref)
     if plugin is None:
         raise ConfigError(
             where, f'no plugin found with name "{ref.plugin_ref}"{ctx.did_you_mean(ref.plugin_ref)}'

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from epp.config import defaults as d
-from epp.config.context import LoadContext
+from epp.config.context import DependentError, LoadContext
 from epp.config.schema import ProfilePluginSpec, ProfileSpec
 from epp.framework import registry
 from epp.framework.errors import ConfigError
@@ -48,27 +48,40 @@ def with_default_scheduling(raw: Any) -> Any:
 
 
 def validate_profiles(ctx: LoadContext) -> None:
-    """Profiles have unique names and every ``pluginRef`` names a declared plugin."""
+    """Profiles have unique names and every ``pluginRef`` names a declared plugin.
+
+    Every problem is reported; an entry that names no loaded plugin is then dropped, so the later
+    phases see only loaded plugins (a reference to a plugin that failed to load is not reported
+    again: its own error is the cause).
+    """
     seen: set[str] = set()
     for i, prof in enumerate(ctx.doc.scheduling_profiles):
         if not prof.name:
-            raise ConfigError(f"{prof.path}.name", f"schedulingProfiles[{i}] is missing a name")
-        if prof.name in seen:
-            raise ConfigError(
-                f"{prof.path}.name", f"schedulingProfiles[{i}] has duplicate name '{prof.name}'"
+            ctx.report(ConfigError(f"{prof.path}.name", f"schedulingProfiles[{i}] is missing a name"))
+        elif prof.name in seen:
+            ctx.report(
+                ConfigError(f"{prof.path}.name", f"schedulingProfiles[{i}] has duplicate name '{prof.name}'")
             )
         seen.add(prof.name)
+        kept = []
         for j, ref in enumerate(prof.plugins):
             if not ref.plugin_ref:
-                raise ConfigError(
-                    f"{ref.path}.pluginRef",
-                    f"schedulingProfiles[{prof.name}].plugins[{j}] is missing a 'pluginRef'",
+                ctx.report(
+                    ConfigError(
+                        f"{ref.path}.pluginRef",
+                        f"schedulingProfiles[{prof.name}].plugins[{j}] is missing a 'pluginRef'",
+                    )
                 )
-            if ref.plugin_ref not in ctx.plugins:
-                raise ConfigError(
-                    f"{ref.path}.pluginRef",
-                    f"schedulingProfiles[{prof.name}] references undefined plugin '{ref.plugin_ref}'",
+            elif ref.plugin_ref in ctx.plugins:
+                kept.append(ref)
+            elif ref.plugin_ref not in ctx.failed:
+                ctx.report(
+                    ConfigError(
+                        f"{ref.path}.pluginRef",
+                        f"schedulingProfiles[{prof.name}] references undefined plugin '{ref.plugin_ref}'",
+                    )
                 )
+        prof.plugins[:] = kept
 
 
 def apply_scheduling_defaults(ctx: LoadContext) -> None:
@@ -113,6 +126,9 @@ def build_scheduler(ctx: LoadContext) -> Scheduler:
             ctx.specs[b].path, f"multiple profile handlers found ('{a}', '{b}'); only one is allowed"
         )
     if not handlers:
+        failed = [n for n, cls in ctx.failed.items() if cls is not None and issubclass(cls, ProfileHandler)]
+        if failed:  # the declared handler failed to load: its error says why
+            raise DependentError("schedulingProfiles", f"profile handler '{failed[0]}' failed to load")
         raise ConfigError(
             "schedulingProfiles",
             f"no profile handler configured ({len(profiles)} scheduling profiles need one, "
