@@ -180,7 +180,9 @@ def test_check_config_prints_every_error(tmp_path: Path) -> None:
     assert out.stdout == ""
     assert f"invalid configuration {path}: 3 errors" in out.stderr
     for field, reason in THREE_FIELDS:
-        assert any(line.strip().startswith(f"{field}: ") and reason in line for line in out.stderr.splitlines())
+        assert any(
+            line.strip().startswith(f"{field}: ") and reason in line for line in out.stderr.splitlines()
+        )
 
 
 def test_serve_lists_every_error_before_serving() -> None:
