@@ -22,6 +22,7 @@ import orjson
 import xxhash
 
 from epp.framework import ApiKind, RequestBody
+from epp.framework.params import OMIT_UNSET
 from epp.framework.wire import VIDEO_DURATION_HEADER, VIDEO_FPS_HEADER, VIDEO_RESOLUTION_HEADER
 
 BYTES_PER_TOKEN = 4
@@ -140,8 +141,8 @@ class VideoEstimate:
 class EstimateParams:
     """``estimate``: multimodal placeholder estimation; empty uses the built-in defaults."""
 
-    image: ImageEstimate | None = None
-    video: VideoEstimate | None = None
+    image: ImageEstimate | None = field(default=None, metadata=OMIT_UNSET)
+    video: VideoEstimate | None = field(default=None, metadata=OMIT_UNSET)
 
 
 # --- placeholder counts ---------------------------------------------------------------------------

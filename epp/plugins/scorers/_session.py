@@ -27,6 +27,7 @@ from epp.framework import (
     SchedulingResult,
     Stability,
 )
+from epp.framework.params import OMIT_UNSET
 from epp.framework.wire import SESSION_TOKEN_HEADER
 from epp.plugins.producers.session_id import request_attribute_key
 
@@ -71,9 +72,9 @@ class SessionIdSource:
     """One place a session identifier is read from: a request ``header`` or a request ``attribute``
     (published by ``producer``, empty for a producer-agnostic attribute)."""
 
-    header: str = ""
-    attribute: str = ""
-    producer: str = ""
+    header: str = field(default="", metadata=OMIT_UNSET)
+    attribute: str = field(default="", metadata=OMIT_UNSET)
+    producer: str = field(default="", metadata=OMIT_UNSET)
 
     def validate(self) -> str | None:
         if bool(self.header) == bool(self.attribute):

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from epp.framework import (
     CycleState,
@@ -16,6 +17,7 @@ from epp.framework import (
     register,
 )
 from epp.framework.attributes import PREFIX_CACHE_MATCH_INFO_KEY, PrefixCacheMatchInfo
+from epp.framework.params import OMIT_UNSET
 from epp.plugins.scorers._data_keys import check_producers
 
 DEFAULT_LRU_SIZE = 1024
@@ -25,9 +27,13 @@ PREFILL_PROFILE = "prefill"
 @dataclass(slots=True, frozen=True)
 class NoHitLRUParams:
     lru_size: int = DEFAULT_LRU_SIZE
-    prefix_plugin_type: str = ""
-    prefix_plugin_name: str = ""
+    prefix_plugin_type: str = field(default="", metadata=OMIT_UNSET)  # accepted, not used
+    prefix_plugin_name: str = field(default="", metadata=OMIT_UNSET)  # accepted, not used
     prefix_match_info_producer_name: str = ""
+
+    def effective(self) -> NoHitLRUParams:
+        """With the LRU size used (≤ 0 means the default)."""
+        return dataclasses.replace(self, lru_size=self.effective_lru_size)
 
     @property
     def effective_lru_size(self) -> int:
