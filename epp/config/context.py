@@ -89,6 +89,7 @@ class LoadContext:
     __slots__ = (
         "_creating",
         "allow_experimental",
+        "dependencies",
         "doc",
         "environ",
         "errors",
@@ -120,6 +121,7 @@ class LoadContext:
             name: registry.lookup(type_name) for name, type_name in doc.invalid_plugins.items()
         }
         self.plugins: dict[str, Plugin] = {}
+        self.dependencies: set[str] = set()  # plugins another plugin's factory asked for
         self.specs: dict[str, PluginSpec] = {}
         self._creating: list[str] = []  # names under construction, outermost first
         self.handle = _Handle(self, endpoints or _no_endpoints)
@@ -212,6 +214,7 @@ class LoadContext:
     def resolve_dependency(self, name: str) -> Plugin | None:
         """``resolve`` for a factory asking for another plugin: a failure of that plugin is reported
         here, once, and the asking plugin fails with a ``DependentError``."""
+        self.dependencies.add(name)
         try:
             return self.resolve(name)
         except DependentError:
@@ -219,6 +222,15 @@ class LoadContext:
         except ConfigError as e:
             self.report(e)
             raise DependentError(e.field, e.reason) from e
+
+    def plugin_warnings(self) -> None:
+        """Each plugin's ``config_warnings``, prefixed with the field path of its parameters."""
+        for name, plugin in self.plugins.items():
+            spec = self.specs.get(name)
+            path = spec.path if spec is not None else "plugins"
+            for where, reason in plugin.config_warnings(self.plugins):
+                field = f"{path}.parameters.{where}" if where else path
+                self.warnings.append(f"{field}: plugin '{name}' ({plugin.type_name}): {reason}")
 
     def get(self, name: str) -> Plugin | None:
         """The loaded plugin ``name`` (None if undeclared); one that failed raises ``DependentError``."""

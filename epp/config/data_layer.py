@@ -217,6 +217,17 @@ def resolve_discovery(ctx: LoadContext) -> EndpointDiscovery | None:
     return plugin
 
 
+def warn_unused_data_sources(ctx: LoadContext) -> None:
+    """Warn about a data source no ``dataLayer.sources`` entry names: it is created and never runs."""
+    used = {src.plugin_ref for src in ctx.doc.data_layer.sources}
+    for name, plugin in ctx.plugins.items():
+        if isinstance(plugin, DataSource) and name not in used and name not in ctx.dependencies:
+            ctx.warnings.append(
+                f"{ctx.specs[name].path}: plugin '{name}' ({plugin.type_name}) is in no dataLayer.sources "
+                "entry and never runs; add `{pluginRef: " + name + ", extractors: [...]}` there or remove it"
+            )
+
+
 def _is_metrics_source(ctx: LoadContext, src: DataSourceSpec) -> bool:
     # The reference checks the source name only; a renamed metrics-data-source instance counts too.
     plugin = ctx.plugins.get(src.plugin_ref)

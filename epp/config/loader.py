@@ -21,6 +21,7 @@ from epp.config.data_layer import (
     build_data_layer,
     check_cross_replica,
     resolve_discovery,
+    warn_unused_data_sources,
 )
 from epp.config.effective import render_effective
 from epp.config.feature_gates import resolve_feature_gates
@@ -37,6 +38,7 @@ from epp.config.profiles import (
     build_scheduler,
     validate_profiles,
     warn_multi_endpoint_pickers,
+    warn_unused_scheduling_plugins,
     with_default_scheduling,
 )
 from epp.config.removed import COMPAT_VERSIONS, apply_removed_roles, check_removed
@@ -245,6 +247,10 @@ def _load(ctx: LoadContext, compat_version: str, gate_overrides: Mapping[str, bo
         ctx.attempt(ignore_flow_control, ctx)
     if scheduler is not None:
         ctx.attempt(warn_multi_endpoint_pickers, ctx, scheduler)
+    ctx.attempt(warn_unused_scheduling_plugins, ctx)
+    if not legacy_metrics:
+        ctx.attempt(warn_unused_data_sources, ctx)
+    ctx.attempt(ctx.plugin_warnings)
     producers = ctx.attempt(ordered_producers, ctx)
     ctx.raise_errors()
     assert scheduler is not None and parsers is not None and data_sources is not None

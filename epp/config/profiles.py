@@ -12,7 +12,25 @@ from epp.config.context import DependentError, LoadContext
 from epp.config.schema import ProfilePluginSpec, ProfileSpec
 from epp.framework import registry
 from epp.framework.errors import ConfigError
-from epp.framework.interfaces import DataProducer, Filter, Picker, ProfileHandler, SaturationDetector, Scorer
+from epp.framework.interfaces import (
+    Admitter,
+    DataProducer,
+    DataSource,
+    Extractor,
+    Filter,
+    Picker,
+    PreRequest,
+    ProfileHandler,
+    RequestDone,
+    RequestHeaderProcessor,
+    Responder,
+    ResponseBodyProcessor,
+    ResponseHeaderProcessor,
+    SaturationDetector,
+    Scorer,
+    Screener,
+    SupportsDisaggregate,
+)
 from epp.scheduling import Scheduler, SchedulerProfile, WeightedScorer
 
 
@@ -156,6 +174,43 @@ def warn_multi_endpoint_pickers(ctx: LoadContext, scheduler: Scheduler) -> None:
                 f"returns up to {n} endpoints as a comma-separated destination list, which Envoy's "
                 "ORIGINAL_DST cluster cannot parse (it answers 503); use 1 unless the proxy "
                 "implements fallback lists"
+            )
+
+
+# Kinds a plugin is used as outside scheduling profiles: a filter, scorer or picker that is also one
+# of these does something even when no profile names it.
+_USED_OUTSIDE_PROFILES: tuple[type, ...] = (
+    SaturationDetector,
+    ProfileHandler,
+    DataProducer,
+    DataSource,
+    Extractor,
+    PreRequest,
+    RequestDone,
+    RequestHeaderProcessor,
+    ResponseHeaderProcessor,
+    ResponseBodyProcessor,
+    Admitter,
+    Screener,
+    Responder,
+    SupportsDisaggregate,
+)
+
+
+def warn_unused_scheduling_plugins(ctx: LoadContext) -> None:
+    """Warn about a filter, scorer or picker that no scheduling profile names and nothing else uses:
+    it is created and then does nothing (the usual cause: a ``pluginRef`` forgotten in a profile)."""
+    referenced = {ref.plugin_ref for prof in ctx.doc.scheduling_profiles for ref in prof.plugins}
+    for name, plugin in ctx.plugins.items():
+        if (
+            isinstance(plugin, Filter | Scorer | Picker)
+            and not isinstance(plugin, _USED_OUTSIDE_PROFILES)
+            and name not in referenced
+            and name not in ctx.dependencies
+        ):
+            ctx.warnings.append(
+                f"{ctx.specs[name].path}: plugin '{name}' ({plugin.type_name}) is in no scheduling "
+                "profile and does nothing; reference it from a profile's plugins (pluginRef) or remove it"
             )
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import structlog
@@ -37,7 +37,7 @@ from epp.framework.attributes import (
 )
 from epp.framework.durations import parse_go_duration
 from epp.framework.endpoint import KV_EVENTS_PORT_LABEL, KV_EVENTS_REPLAY_PORT_LABEL
-from epp.framework.interfaces import EndpointEvent, EventType
+from epp.framework.interfaces import EndpointEvent, EventType, Plugin
 from epp.framework.params import OMIT_UNSET
 from epp.kvcache import HASH_ALGORITHMS, BlockKeyer, KVBlockIndex, PrefixKeyCache, block_extras
 from epp.kvevents import EventApplier, KVEventsIngester, Target
@@ -284,6 +284,24 @@ class PrecisePrefixCacheProducer(DataProducer, PreRequest):
         if extras is None:
             return self._recent_keys.keys(ids, namespace)
         return self.keyer.keys(ids, namespace=namespace, extras=extras)
+
+    def config_warnings(self, plugins: Mapping[str, Plugin]) -> Sequence[tuple[str, str]]:
+        """Matching needs exact token ids: warn when every token producer only estimates them."""
+        producers = [
+            p for p in plugins.values() if isinstance(p, DataProducer) and TOKENIZED_PROMPT_KEY in p.produces
+        ]
+        if not producers or any(getattr(p, "exact_tokens", True) for p in producers):
+            return ()
+        names = ", ".join(f"'{p.name}'" for p in producers)
+        return (
+            (
+                "",
+                f"the token producer ({names}) only estimates token ids, so only requests that carry "
+                "their token ids get a prefix match (the others are routed as if no endpoint held "
+                "their prefix): give the token-producer a tokenizer (`local: {path: <tokenizer "
+                "directory>}`, or `modelName` with `vllm: {url: <render server>}`)",
+            ),
+        )
 
     async def produce(self, cycle: CycleState, request: LLMRequest, endpoints: list[Endpoint]) -> None:
         prompt = request.body.tokenized

@@ -188,6 +188,8 @@ class TokenProducer(DataProducer):
         params = params if params is not None else TokenProducerParams()
         super().__init__(name, params, handle)
         self.backend = params.backend
+        # Whether the token ids are the model's (what precise-prefix-cache-producer needs).
+        self.exact_tokens = self.backend != "estimate"
         self._estimator: Estimator | None = None
         self._render: RenderClient | None = None
         self._local: _LocalBackend | None = None
