@@ -101,8 +101,3 @@ class ConfigErrors(ConfigError):
 
     def __str__(self) -> str:
         return "\n".join(str(e) for e in self.errors)
-
-
-def config_error_of(errors: Sequence[ConfigError]) -> ConfigError:
-    """The error to raise for ``errors``: the one error itself, else a ``ConfigErrors`` of them all."""
-    return errors[0] if len(errors) == 1 else ConfigErrors(errors)
