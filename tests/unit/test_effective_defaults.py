@@ -174,3 +174,32 @@ def test_token_producer_prints_its_backend_only() -> None:
         "modelName": "m",
         "vllm": {"url": "http://localhost:8000", "timeout": "5s", "mmTimeout": "30s"},
     }
+
+
+def test_token_producer_estimate_prints_its_built_in_defaults() -> None:
+    text = HEAD + "plugins:\n- type: token-producer\n  parameters: {estimate: {image: {mode: static}}}\n"
+    estimate = _effective_plugin(text, "token-producer")["estimate"]
+    assert estimate["image"] == {
+        "mode": "static",
+        "defaultResolution": {"width": 640, "height": 360},
+        "static": {"staticToken": 1},
+    }
+    assert estimate["video"]["tokensPerFrame"] == {"mode": "dynamic", "dynamic": {"factor": 1024}}
+    assert estimate["video"]["frames"]["sampled"] == {"sampleFPS": 2.0, "temporalPatchSize": 0}
+
+
+def test_the_printed_estimate_estimates_as_the_default_does() -> None:
+    from epp.plugins.producers._token_estimate import (
+        EstimateParams,
+        ImageEstimator,
+        VideoEstimator,
+        VideoMeta,
+    )
+
+    printed = decode_params(EstimateParams, effective_params(EstimateParams()), "estimate")
+    image, image_again = ImageEstimator(None), ImageEstimator(printed.image)
+    for size in (None, (1280, 720), (10, 10)):
+        assert image.count(size) == image_again.count(size)
+    video, video_again = VideoEstimator(None), VideoEstimator(printed.video)
+    for meta in (VideoMeta(), VideoMeta(duration=3.0, fps=30.0, width=320, height=240)):
+        assert video.count(meta) == video_again.count(meta)
