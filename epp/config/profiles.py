@@ -9,6 +9,7 @@ from typing import Any
 
 from epp.config import defaults as d
 from epp.config.context import DependentError, LoadContext
+from epp.config.removed import PRECISE_SCORER
 from epp.config.schema import ProfilePluginSpec, ProfileSpec
 from epp.framework import registry
 from epp.framework.errors import ConfigError
@@ -51,6 +52,8 @@ def with_default_scheduling(raw: Any) -> Any:
         return raw  # malformed: let strict decoding report it
     scheduling_kinds = (Filter, Scorer, Picker, ProfileHandler)
     for p in plugins:
+        if p.get("type") == PRECISE_SCORER:
+            return raw  # not registered, but loaded as a prefix-cache-scorer (epp.config.removed)
         cls = registry.lookup(str(p.get("type", "")))
         # A saturation detector (also a Filter) declared to tune admission is not scheduling.
         if cls is not None and issubclass(cls, scheduling_kinds) and not issubclass(cls, SaturationDetector):

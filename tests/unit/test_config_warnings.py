@@ -118,3 +118,12 @@ def test_check_config_prints_warnings_on_stderr_and_succeeds(tmp_path: Path) -> 
     assert out.returncode == 0, out.stderr
     assert "warning: plugins[0].parameters.path: " in out.stderr
     assert "does not exist" not in out.stdout
+
+
+def test_a_lone_removed_precise_scorer_schedules_in_the_implicit_profile() -> None:
+    # The removed type is loaded as a prefix-cache-scorer: a file with no profile gets the implicit
+    # profile of its own scorers (not the default profile, where that scorer would do nothing).
+    cfg = load_config(HEAD + "plugins:\n- type: precise-prefix-cache-scorer\n", environ=NO_ENV)
+    scorers = [w.scorer.name for w in cfg.scheduler.profiles["default"].scorers]
+    assert scorers == ["precise-prefix-cache-scorer"]
+    assert not [w for w in cfg.warnings if "in no scheduling profile" in w]
