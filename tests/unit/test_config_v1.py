@@ -12,6 +12,7 @@ import yaml
 
 from epp.config import ConfigError, load_config
 from epp.flowcontrol import settings_from_spec
+from epp.framework import registry
 from epp.server.config_reload import ReloadRefused, plan_reload
 
 NO_ENV: dict[str, str] = {}
@@ -214,6 +215,7 @@ REMOVED_SAMPLES = {
 @pytest.mark.parametrize("removed", sorted(REMOVED_SAMPLES))
 def test_every_removed_type_loads_with_one_warning_and_is_refused_for_v011(removed: str) -> None:
     body, replacement = REMOVED_SAMPLES[removed]
+    registry._WARNED.discard(removed)  # deprecated names warn once per process
     cfg = load_config(V1ALPHA1 + body, environ=NO_ENV)
     (warning,) = [w for w in cfg.warnings if f"'{removed}'" in w]
     assert warning.startswith("plugins[0].type: ") and "removed in router v0.11.0" in warning
