@@ -249,6 +249,20 @@ def test_feature_gates_flag_overrides_the_config() -> None:
     assert err.field == "--feature-gates" and 'did you mean "flowControl"' in err.reason
 
 
+def test_check_config_applies_the_feature_gates_flag_over_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text(V1 + "featureGates: [flowControl]\n")
+    run = [sys.executable, "-m", "epp", "check-config"]
+
+    def gates(*flags: str) -> list[str]:
+        out = subprocess.run([*run, *flags, str(path)], capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        return list(yaml.safe_load(out.stdout)["featureGates"])
+
+    assert "flowControl" in gates()
+    assert "flowControl" not in gates("--feature-gates", "flowControl=false")
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [

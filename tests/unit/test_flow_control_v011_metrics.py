@@ -74,3 +74,23 @@ async def test_pool_saturation_is_reported_per_stage_and_effective_is_the_busier
     assert fcm.POOL_SATURATION.labels("stage-pool", "decode").value == 0.8
     assert fcm.POOL_SATURATION.labels("stage-pool", "effective").value == 0.8
     rig.fc.close()
+
+
+async def test_a_reload_changes_band_caps_and_keeps_what_is_queued() -> None:
+    """``reconfigure`` (a config reload of the flowControl section): the new cap applies to the next
+    request, the queued one stays and is dispatched when the pool frees."""
+    rig = Rig(FlowControlSettings(default_band=band(max_requests=1)), Detector(value=1.0))
+    first = rig.start(request("queued"))
+    await settle()
+    assert rig.fc.queued == 1
+    await rig.start(request("over-cap"))
+    assert reason(rig.errors["over-cap"]) == "rejected-saturated"  # the band holds one
+    rig.fc.reconfigure(FlowControlSettings(default_band=band(max_requests=3)))
+    second = rig.start(request("fits-now"))
+    await settle()
+    assert rig.fc.queued == 2 and "fits-now" not in rig.errors
+    assert fcm.CAPACITY_REQUESTS.labels("0", "pool").value == 2 / 3  # measured against the new cap
+    rig.detector.value = 0.0
+    await asyncio.wait_for(asyncio.gather(first, second), 1)
+    assert rig.order == ["queued", "fits-now"]
+    rig.fc.close()
