@@ -629,3 +629,25 @@ def test_the_e2e_precise_configs_load_and_check_config_refuses_them_for_v011() -
         assert "plugin type 'precise-prefix-cache-scorer' is not registered (removed in router v0.11.0" in (
             refused.stderr
         )
+
+
+LOADING_CLASSES = {"load", "experimental", "load-with-mocks", "experimental-with-mocks"}
+
+
+def _index_notes() -> dict[str, str]:
+    """head/INDEX.tsv: the EXPECTED key of each file and the collector's note on it."""
+    index = config_path("head/INDEX").with_suffix(".tsv")
+    rows = [line.split("\t") for line in index.read_text().splitlines()[1:] if line]
+    return {f"head/{row[0].removesuffix('.yaml')}": row[2] for row in rows if row[0].endswith(".yaml")}
+
+
+def test_what_the_reference_loads_epp_loads_and_what_it_rejects_epp_rejects() -> None:
+    """The head/ index notes which files the reference loads ("valid...", "in-tree types") and which
+    its tests expect the loader to reject; EXPECTED.yaml agrees with each."""
+    notes = _index_notes()
+    assert notes and set(notes) <= set(EXPECTED)
+    loads = [k for k, note in notes.items() if note.startswith(("valid", "in-tree types"))]
+    rejects = [k for k, note in notes.items() if note.startswith("reference test expects")]
+    assert len(loads) >= 35 and len(rejects) >= 25
+    assert [k for k in loads if _class_of(EXPECTED[k]) not in LOADING_CLASSES] == []
+    assert [k for k in rejects if not _class_of(EXPECTED[k]).startswith("reject")] == []
