@@ -36,7 +36,7 @@ from epp.plugins.scorers.session_affinity import SessionAffinityScorer
 from epp.plugins.syncers import _metrics
 from epp.plugins.syncers.redis_syncer import RedisSyncer, RedisSyncerParams
 from tests.redis_fixture import redis_server as redis_server
-from tests.unit.factories import StubHandle, endpoint, request
+from tests.unit.factories import StubHandle, config, endpoint, request
 from tests.unit.test_flow_controller import FIFO, Slots
 from tests.unit.test_flow_controller import request as fc_request
 
@@ -438,3 +438,48 @@ async def test_the_four_states_cross_a_real_redis_and_malformed_entries_are_coun
         await runtime.stop()
     for _, _, _, fc, _ in replicas:
         fc.close()
+
+
+# --- what epp serve registers -----------------------------------------------------------------
+
+_SERVE_CONFIG = """
+featureGates: [flowControl]
+plugins:
+- {name: shared, type: redis-syncer, parameters: {address: "127.0.0.1:6379"}}
+- {name: sa, type: session-affinity-scorer, parameters: {strategy: session_id}}
+- {name: lru, type: no-hit-lru-scorer}
+- {type: max-score-picker}
+schedulingProfiles:
+- name: default
+  plugins: [{pluginRef: sa}, {pluginRef: lru}, {pluginRef: max-score-picker}]
+"""
+
+
+def _server(body: str) -> Any:
+    from epp.server.app import EppServer, ServeOptions
+
+    cfg = config(body)
+    return cfg, EppServer(cfg, ServeOptions())
+
+
+def test_epp_serve_shares_plugins_the_default_detector_and_flow_control() -> None:
+    cfg, server = _server(
+        _SERVE_CONFIG + "dataLayer: {crossReplicaSyncerPluginRef: shared, crossReplicaSyncInterval: 50ms}\n"
+    )
+    runtime = server._cross_replica()
+    assert runtime is not None
+    keys = {s.state_key for s in (*runtime.values, *runtime.logs)}
+    assert keys == {
+        "session-affinity-scorer/sa",
+        "no-hit-lru-scorer/lru",
+        "utilization-detector/utilization-detector",  # created by the loader, not declared
+        SHARED_STATE_KEY,  # the flow controller: runtime, not a plugin
+        "approx-prefix-cache-producer/approx-prefix-cache-producer",  # the LRU's match producer
+    }, (keys, sorted(cfg.plugins))
+
+
+def test_without_a_syncer_nothing_records_or_registers() -> None:
+    cfg, server = _server(_SERVE_CONFIG)
+    assert server._cross_replica() is None
+    assert cfg.plugins["sa"].affinity.store._outbox is None
+    assert cfg.plugins["lru"]._mine is None
