@@ -170,6 +170,8 @@ class LoadContext:
         declaration order. ``forbidden_type`` is refused with ``forbidden_why``. Every plugin that
         fails is reported and left out."""
         for spec in self.doc.plugins:
+            if spec.name in self.failed:
+                continue  # refused before (epp.config.removed), already reported
             try:
                 self._check_spec(spec, forbidden_type, forbidden_why)
             except ConfigError as e:
