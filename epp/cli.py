@@ -188,8 +188,12 @@ def _add_serve(sub: Any) -> None:
     )
     k = p.add_argument_group("high availability (several replicas; Kubernetes discovery)")
     add_bool(k, "--ha-enable-leader-election", False, "readiness only on the replica holding the Lease")
-    k.add_argument("--ha-lease-duration", type=parse_duration, default=15.0, help="lease duration (default 15s)")
-    k.add_argument("--ha-renew-deadline", type=parse_duration, default=10.0, help="renew deadline (default 10s)")
+    k.add_argument(
+        "--ha-lease-duration", type=parse_duration, default=15.0, help="lease duration (default 15s)"
+    )
+    k.add_argument(
+        "--ha-renew-deadline", type=parse_duration, default=10.0, help="renew deadline (default 10s)"
+    )
     k.add_argument("--ha-retry-period", type=parse_duration, default=2.0, help="retry period (default 2s)")
     k.add_argument(
         "--ha-lease-name",
@@ -261,7 +265,9 @@ def _add_serve(sub: Any) -> None:
         "DEADLINE_EXCEEDED (default 60s; 0: never; the response phase is never timed)",
     )
     add_bool(p, "--debug-response-header", True, "add x-went-into-resp-headers: true (reference behaviour)")
-    p.add_argument("--grace-period", type=parse_duration, default=5.0, help="drain time on shutdown (default 5s)")
+    p.add_argument(
+        "--grace-period", type=parse_duration, default=5.0, help="drain time on shutdown (default 5s)"
+    )
     p.add_argument(
         "--drain-delay",
         type=parse_duration,
@@ -324,7 +330,8 @@ def _add_serve(sub: Any) -> None:
         "--fairness-id-metric-label-limit",
         type=int,
         default=1000,
-        help="distinct fairness_id metric label values before the rest record as 'other' (default 1000; 0: all)",
+        help="distinct fairness_id metric label values before the rest record as 'other' "
+        "(default 1000; 0: all)",
     )
     _add_log_flags(p)
     add_reference_flags(p)
@@ -339,7 +346,8 @@ def _add_h2_limits(p: argparse.ArgumentParser) -> None:
         "--h2-max-concurrent-streams",
         type=int,
         default=500,
-        help="streams per connection, advertised in SETTINGS; beyond: RST_STREAM REFUSED_STREAM (default 500)",
+        help="streams per connection, advertised in SETTINGS; beyond: RST_STREAM REFUSED_STREAM "
+        "(default 500)",
     )
     g.add_argument(
         "--h2-max-open-calls",
@@ -368,7 +376,9 @@ def _add_h2_limits(p: argparse.ArgumentParser) -> None:
         "answered, at once; then --h2-reset-rate per second; beyond: GOAWAY ENHANCE_YOUR_CALM "
         "(Rapid Reset; default 1000; 0: no limit)",
     )
-    g.add_argument("--h2-reset-rate", type=float, default=100.0, help="see --h2-reset-burst (default 100 per second)")
+    g.add_argument(
+        "--h2-reset-rate", type=float, default=100.0, help="see --h2-reset-burst (default 100 per second)"
+    )
     g.add_argument(
         "--h2-idle-frame-burst",
         type=int,
@@ -378,7 +388,10 @@ def _add_h2_limits(p: argparse.ArgumentParser) -> None:
         "ENHANCE_YOUR_CALM (default 1000; 0: no limit)",
     )
     g.add_argument(
-        "--h2-idle-frame-rate", type=float, default=100.0, help="see --h2-idle-frame-burst (default 100 per second)"
+        "--h2-idle-frame-rate",
+        type=float,
+        default=100.0,
+        help="see --h2-idle-frame-burst (default 100 per second)",
     )
     g.add_argument(
         "--h2-write-buffer-high",
@@ -398,7 +411,8 @@ def _add_h2_limits(p: argparse.ArgumentParser) -> None:
         type=parse_duration,
         default=30.0,
         help="a reply waiting this long for flow-control credit resets its stream (CANCEL); a socket "
-        "not drained this long, or a connection window left shut, closes the connection (default 30s; 0: never)",
+        "not drained this long, or a connection window left shut, closes the connection "
+        "(default 30s; 0: never)",
     )
 
 
@@ -944,7 +958,9 @@ def _add_certs(sub: Any) -> None:
         default=[],
         help="another name the EPP's certificate carries, e.g. epp.NAMESPACE.svc (repeatable)",
     )
-    p.add_argument("--days", type=int, default=365, help="validity of the EPP and Envoy certificates (default 365)")
+    p.add_argument(
+        "--days", type=int, default=365, help="validity of the EPP and Envoy certificates (default 365)"
+    )
     p.set_defaults(func=_certs)
 
 
