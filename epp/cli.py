@@ -1062,12 +1062,13 @@ def _go_bool_flags(argv: Sequence[str]) -> list[str]:
     return [f"{flag}=true" if a == flag else a for a in argv]
 
 
-_PASS_THROUGH_FLAGS = frozenset(("--sim-arg",))
+_PASS_THROUGH_FLAGS = frozenset(("--sim-arg", "--epp-arg"))
 
 
 def _pass_through_values(argv: Sequence[str]) -> list[str]:
-    """``--sim-arg --max-num-seqs=2`` means ``--sim-arg=--max-num-seqs=2``: a flag whose value is
-    another program's flag takes the next argument even when it starts with ``-``."""
+    """``--sim-arg --max-num-seqs=2`` means ``--sim-arg=--max-num-seqs=2`` (``--epp-arg`` alike): a
+    flag whose value is another program's flag takes the next argument even when it starts with
+    ``-``."""
     out: list[str] = []
     it = iter(argv)
     for a in it:

@@ -40,8 +40,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         metavar="ARG",
-        help="an extra flag for every simulator, written with '=' (--sim-arg=--max-num-seqs=2); repeat it "
-        "for several",
+        help="an extra flag for every simulator (--sim-arg --max-num-seqs=2, or --sim-arg=--max-num-seqs=2); "
+        "repeat it for several",
     )
     add("--port", type=int, default=8081, help="Envoy listener port (default 8081)")
     add("--admin-port", type=int, default=19000, help="Envoy admin port (default 19000)")
@@ -67,8 +67,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         metavar="ARG",
-        help="an extra flag for epp serve, written with '=' (--epp-arg=--log-level=debug); repeat it "
-        "for several",
+        help="an extra flag for epp serve (--epp-arg --log-level=debug, or --epp-arg=--log-level=debug); "
+        "repeat it for several",
     )
     add("--envoy-log-level", default="warning", help="Envoy --log-level (default warning)")
     add(
