@@ -278,7 +278,7 @@ def main(args: argparse.Namespace) -> int:
     finally:
         stack.stop()
         stop.restore()
-        if failed or args.keep_workdir:
+        if (failed and stack.supervisor.children) or args.keep_workdir:  # logs of what ran
             print(f"logs kept in {stack.supervisor.log_dir}", file=sys.stderr)
         else:
             shutil.rmtree(workdir, ignore_errors=True)
