@@ -237,18 +237,28 @@ class StackOptions:
         return {f"sim-{i}": kv_events_labels(*self.kv_events_ports(i)) for i in range(self.sims)}
 
     def all_ports(self) -> list[int]:
-        kv = (
-            [p for i in range(self.sims) for p in self.kv_events_ports(i)] if self.kv_events_base_port else []
-        )
+        return [port for port, _ in self.port_flags()]
+
+    def port_flags(self) -> list[tuple[int, str]]:
+        """Every port the stack listens on, with the ``epp run`` flag that moves it."""
+        kv = [(p, "--kv-events") for i in range(self.sims) for p in self.kv_events_ports(i)]
         return [
-            *kv,
-            *self.sim_ports,
-            self.port,
-            self.admin_port,
-            self.grpc_port,
-            self.health_port,
-            self.metrics_port,
+            *(kv if self.kv_events_base_port else []),
+            *((p, "--sim-base-port") for p in self.sim_ports),
+            (self.port, "--port"),
+            (self.admin_port, "--admin-port"),
+            (self.grpc_port, "--grpc-port"),
+            (self.health_port, "--grpc-health-port"),
+            (self.metrics_port, "--metrics-port"),
         ]
+
+    def busy_ports(self) -> str:
+        """The ports another process holds, each group with the flag that moves it ("" if none)."""
+        by_flag: dict[str, list[int]] = {}
+        for port, flag in self.port_flags():
+            if port_in_use(port):
+                by_flag.setdefault(flag, []).append(port)
+        return ", ".join(f"{', '.join(map(str, ports))} ({flag})" for flag, ports in by_flag.items())
 
 
 class LocalStack(Stack):
@@ -273,9 +283,9 @@ class LocalStack(Stack):
     def start(self, abort: Callable[[], bool] | None = None) -> None:
         """Start every process and wait until requests flow; ``abort()`` true abandons the wait."""
         o = self.opts
-        busy = [p for p in o.all_ports() if port_in_use(p)]
+        busy = o.busy_ports()
         if busy:
-            raise RuntimeError(f"ports already in use: {', '.join(map(str, busy))}")
+            raise RuntimeError(f"ports already in use: {busy}; move them with those epp run flags")
         for i, port in enumerate(o.sim_ports):
             self.sims.append(
                 self.start_sim(
