@@ -77,8 +77,9 @@ def _load(
     feature_gates: Mapping[str, bool] | None = None,
     compat_version: str = "",
 ) -> Any:
-    """Load a config or exit 2; its warnings go to stderr (as log events with ``log_warnings``)."""
-    from epp.config import ConfigError, load_config
+    """Load a config or exit 2, listing every error; its warnings go to stderr (as log events with
+    ``log_warnings``)."""
+    from epp.config import ConfigError, ConfigErrors, load_config
 
     try:
         cfg = load_config(
@@ -89,6 +90,10 @@ def _load(
             feature_gates=feature_gates,
             compat_version=compat_version,
         )
+    except ConfigErrors as e:
+        lines = "".join(f"\n  {error}" for error in e.errors)
+        print(f"error: invalid configuration {source}: {len(e.errors)} errors:{lines}", file=sys.stderr)
+        raise SystemExit(2) from None
     except ConfigError as e:
         print(f"error: invalid configuration {source}: {e}", file=sys.stderr)
         raise SystemExit(2) from None
@@ -188,9 +193,13 @@ def _add_serve(sub: Any) -> None:
     )
     k = p.add_argument_group("high availability (several replicas; Kubernetes discovery)")
     add_bool(k, "--ha-enable-leader-election", False, "readiness only on the replica holding the Lease")
-    k.add_argument("--ha-lease-duration", type=parse_duration, default=15.0, help="lease duration (15s)")
-    k.add_argument("--ha-renew-deadline", type=parse_duration, default=10.0, help="renew deadline (10s)")
-    k.add_argument("--ha-retry-period", type=parse_duration, default=2.0, help="retry period (2s)")
+    k.add_argument(
+        "--ha-lease-duration", type=parse_duration, default=15.0, help="lease duration (default 15s)"
+    )
+    k.add_argument(
+        "--ha-renew-deadline", type=parse_duration, default=10.0, help="renew deadline (default 10s)"
+    )
+    k.add_argument("--ha-retry-period", type=parse_duration, default=2.0, help="retry period (default 2s)")
     k.add_argument(
         "--ha-lease-name",
         default="",
@@ -216,20 +225,20 @@ def _add_serve(sub: Any) -> None:
         "host's address, and --ha-replication-port)",
     )
     p.add_argument(
-        "--refresh-metrics-interval", type=parse_duration, default=0.05, help="scrape period (50ms)"
+        "--refresh-metrics-interval", type=parse_duration, default=0.05, help="scrape period (default 50ms)"
     )
     p.add_argument(
         "--refresh-prometheus-metrics-interval",
         type=parse_duration,
         default=5.0,
-        help="how often the pool gauges (average queue size, KV-cache use, ...) are recomputed (5s)",
+        help="how often the pool gauges (average queue size, KV-cache use, ...) are recomputed (default 5s)",
     )
     p.add_argument(
         "--metrics-staleness-threshold",
         type=_positive_duration,
         default=2.0,
         help="scraped metrics older than this (or never scraped) are unknown: metric-based scorers "
-        "score the endpoint neutrally and the pool gauges leave it out (2s)",
+        "score the endpoint neutrally and the pool gauges leave it out (default 2s)",
     )
     add_bool(p, "--disable-endpoint-subset-filter", False, "ignore Envoy's subset hint")
     add_bool(
@@ -258,15 +267,17 @@ def _add_serve(sub: Any) -> None:
         type=parse_duration,
         default=60.0,
         help="end an ext_proc stream whose request is incomplete and silent this long with gRPC "
-        "DEADLINE_EXCEEDED (60s; 0: never; the response phase is never timed)",
+        "DEADLINE_EXCEEDED (default 60s; 0: never; the response phase is never timed)",
     )
     add_bool(p, "--debug-response-header", True, "add x-went-into-resp-headers: true (reference behaviour)")
-    p.add_argument("--grace-period", type=parse_duration, default=5.0, help="drain time on shutdown (5s)")
+    p.add_argument(
+        "--grace-period", type=parse_duration, default=5.0, help="drain time on shutdown (default 5s)"
+    )
     p.add_argument(
         "--drain-delay",
         type=parse_duration,
         default=1.0,
-        help="on shutdown, keep serving this long after readiness turns NOT_SERVING (1s)",
+        help="on shutdown, keep serving this long after readiness turns NOT_SERVING (default 1s)",
     )
     add_bool(
         p,
@@ -324,7 +335,8 @@ def _add_serve(sub: Any) -> None:
         "--fairness-id-metric-label-limit",
         type=int,
         default=1000,
-        help="distinct fairness_id metric label values before the rest record as 'other' (1000; 0: all)",
+        help="distinct fairness_id metric label values before the rest record as 'other' "
+        "(default 1000; 0: all)",
     )
     _add_log_flags(p)
     add_reference_flags(p)
@@ -339,26 +351,27 @@ def _add_h2_limits(p: argparse.ArgumentParser) -> None:
         "--h2-max-concurrent-streams",
         type=int,
         default=500,
-        help="streams per connection, advertised in SETTINGS; beyond: RST_STREAM REFUSED_STREAM (500)",
+        help="streams per connection, advertised in SETTINGS; beyond: RST_STREAM REFUSED_STREAM "
+        "(default 500)",
     )
     g.add_argument(
         "--h2-max-open-calls",
         type=int,
         default=10_000,
-        help="open calls across all connections; beyond: RST_STREAM REFUSED_STREAM (10000)",
+        help="open calls across all connections; beyond: RST_STREAM REFUSED_STREAM (default 10000)",
     )
     g.add_argument(
         "--h2-max-header-block-bytes",
         type=int,
         default=64 << 10,
         help="largest request header block, advertised as MAX_HEADER_LIST_SIZE; beyond: GOAWAY "
-        "ENHANCE_YOUR_CALM (65536)",
+        "ENHANCE_YOUR_CALM (default 65536)",
     )
     g.add_argument(
         "--h2-max-header-block-frames",
         type=int,
         default=16,
-        help="HEADERS + CONTINUATION frames per header block; beyond: GOAWAY ENHANCE_YOUR_CALM (16)",
+        help="HEADERS + CONTINUATION frames per header block; beyond: GOAWAY ENHANCE_YOUR_CALM (default 16)",
     )
     g.add_argument(
         "--h2-reset-burst",
@@ -366,39 +379,45 @@ def _add_h2_limits(p: argparse.ArgumentParser) -> None:
         default=1000,
         help="streams a connection may see reset by the client (or refused) before the server "
         "answered, at once; then --h2-reset-rate per second; beyond: GOAWAY ENHANCE_YOUR_CALM "
-        "(Rapid Reset; 1000; 0: no limit)",
+        "(Rapid Reset; default 1000; 0: no limit)",
     )
-    g.add_argument("--h2-reset-rate", type=float, default=100.0, help="see --h2-reset-burst (100 per second)")
+    g.add_argument(
+        "--h2-reset-rate", type=float, default=100.0, help="see --h2-reset-burst (default 100 per second)"
+    )
     g.add_argument(
         "--h2-idle-frame-burst",
         type=int,
         default=1000,
         help="frames that do no work (PING, SETTINGS, PRIORITY, empty DATA, unknown types, ...) a "
         "connection may send at once; then --h2-idle-frame-rate per second; beyond: GOAWAY "
-        "ENHANCE_YOUR_CALM (1000; 0: no limit)",
+        "ENHANCE_YOUR_CALM (default 1000; 0: no limit)",
     )
     g.add_argument(
-        "--h2-idle-frame-rate", type=float, default=100.0, help="see --h2-idle-frame-burst (100 per second)"
+        "--h2-idle-frame-rate",
+        type=float,
+        default=100.0,
+        help="see --h2-idle-frame-burst (default 100 per second)",
     )
     g.add_argument(
         "--h2-write-buffer-high",
         type=int,
         default=1 << 20,
         help="bytes queued to a connection's socket (replies, control frames, resets) above which "
-        "the server stops reading it (1048576)",
+        "the server stops reading it (default 1048576)",
     )
     g.add_argument(
         "--h2-write-buffer-low",
         type=int,
         default=256 << 10,
-        help="bytes queued below which reading resumes (262144)",
+        help="bytes queued below which reading resumes (default 262144)",
     )
     g.add_argument(
         "--h2-write-stall-timeout",
         type=parse_duration,
         default=30.0,
         help="a reply waiting this long for flow-control credit resets its stream (CANCEL); a socket "
-        "not drained this long, or a connection window left shut, closes the connection (30s; 0: never)",
+        "not drained this long, or a connection window left shut, closes the connection "
+        "(default 30s; 0: never)",
     )
 
 
@@ -944,7 +963,9 @@ def _add_certs(sub: Any) -> None:
         default=[],
         help="another name the EPP's certificate carries, e.g. epp.NAMESPACE.svc (repeatable)",
     )
-    p.add_argument("--days", type=int, default=365, help="validity of the EPP and Envoy certificates (365)")
+    p.add_argument(
+        "--days", type=int, default=365, help="validity of the EPP and Envoy certificates (default 365)"
+    )
     p.set_defaults(func=_certs)
 
 
@@ -1046,12 +1067,13 @@ def _go_bool_flags(argv: Sequence[str]) -> list[str]:
     return [f"{flag}=true" if a == flag else a for a in argv]
 
 
-_PASS_THROUGH_FLAGS = frozenset(("--sim-arg",))
+_PASS_THROUGH_FLAGS = frozenset(("--sim-arg", "--epp-arg"))
 
 
 def _pass_through_values(argv: Sequence[str]) -> list[str]:
-    """``--sim-arg --max-num-seqs=2`` means ``--sim-arg=--max-num-seqs=2``: a flag whose value is
-    another program's flag takes the next argument even when it starts with ``-``."""
+    """``--sim-arg --max-num-seqs=2`` means ``--sim-arg=--max-num-seqs=2`` (``--epp-arg`` alike): a
+    flag whose value is another program's flag takes the next argument even when it starts with
+    ``-``."""
     out: list[str] = []
     it = iter(argv)
     for a in it:

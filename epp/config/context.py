@@ -1,21 +1,25 @@
-"""The state the loading phases share: the document, the plugin instances, warnings.
+"""The state the loading phases share: the document, the plugin instances, warnings, errors.
 
 Every ``plugins:`` entry is checked first (type registered, name unique, stability allowed), then
 created in list order; a factory that asks the handle for another declared plugin gets it created
 on demand, whatever its place in the list, so dependencies are always created first. A reference
 cycle is an error naming the loop. System defaults are appended to the document under their type
 name.
+
+Errors are collected, not raised at the first: each plugin that fails is recorded in ``failed`` and
+its error in ``errors``; a later reference to it (from a factory, a profile or a section) raises
+``DependentError``, which is not reported again, so one root cause gives one error.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from epp.config.schema import ConfigDocument, PluginSpec
 from epp.framework import registry
 from epp.framework.endpoint import Endpoint
-from epp.framework.errors import ConfigError
+from epp.framework.errors import ConfigError, ConfigErrors
 from epp.framework.interfaces import Plugin, Stability
 from epp.framework.params import decode_params
 
@@ -33,6 +37,14 @@ class PluginCycleError(PluginLoadError):
     """Plugins that reference each other in a loop."""
 
 
+class DependentError(PluginLoadError):
+    """Follows from an error already reported (a reference to a plugin that failed to load): it
+    stops what depends on that plugin and is not reported again."""
+
+
+_T = TypeVar("_T")
+
+
 class _Handle:
     """The factory handle: any declared plugin (created on demand) and the live endpoints."""
 
@@ -43,7 +55,7 @@ class _Handle:
         self._endpoints = endpoints
 
     def plugin(self, name: str) -> Plugin | None:
-        return self._ctx.resolve(name)
+        return self._ctx.resolve_dependency(name)
 
     def endpoints(self) -> Sequence[Endpoint]:
         return self._endpoints()
@@ -77,8 +89,11 @@ class LoadContext:
     __slots__ = (
         "_creating",
         "allow_experimental",
+        "dependencies",
         "doc",
         "environ",
+        "errors",
+        "failed",
         "handle",
         "plugins",
         "source",
@@ -100,30 +115,93 @@ class LoadContext:
         self.environ = environ
         self.allow_experimental = allow_experimental
         self.warnings: list[str] = []
+        self.errors: list[ConfigError] = []  # in the order found; the first is what one error said
+        # plugins that did not load: name -> type
+        self.failed: dict[str, type[Plugin] | None] = {
+            name: registry.lookup(type_name) for name, type_name in doc.invalid_plugins.items()
+        }
         self.plugins: dict[str, Plugin] = {}
+        self.dependencies: set[str] = set()  # plugins another plugin's factory asked for
         self.specs: dict[str, PluginSpec] = {}
         self._creating: list[str] = []  # names under construction, outermost first
         self.handle = _Handle(self, endpoints or _no_endpoints)
 
     # --- the plugins: section ----------------------------------------------------------------------
 
+    # --- errors ------------------------------------------------------------------------------------
+
+    def report(self, error: ConfigError) -> None:
+        """Record ``error`` (each of a ``ConfigErrors``); a ``DependentError`` is already reported."""
+        if isinstance(error, ConfigErrors):
+            for e in error.errors:
+                self.report(e)
+        elif not isinstance(error, DependentError) and not any(
+            e.field == error.field and e.reason == error.reason for e in self.errors
+        ):
+            self.errors.append(error)
+
+    def attempt(self, phase: Callable[..., _T], *args: Any) -> _T | None:
+        """Run one loading phase; its ``ConfigError`` is recorded and None returned.
+
+        Once an error is recorded, a later phase works on an incomplete configuration (plugins
+        missing): any failure of it is taken as a consequence of the errors already recorded.
+        """
+        earlier = bool(self.errors)
+        try:
+            return phase(*args)
+        except ConfigError as e:
+            self.report(e)
+        except Exception:
+            if not earlier:
+                raise
+        return None
+
+    def raise_errors(self) -> None:
+        """Raise what was recorded: the one error itself, or a ``ConfigErrors`` of them all."""
+        if len(self.errors) == 1:
+            raise self.errors[0]
+        if self.errors:
+            raise ConfigErrors(self.errors)
+
+    # --- the plugins: section ----------------------------------------------------------------------
+
     def instantiate_all(self, forbidden_type: str = "", forbidden_why: str = "") -> None:
         """Check every declared plugin, then create them (dependencies first); ``plugins`` keeps
-        declaration order. ``forbidden_type`` is refused with ``forbidden_why``."""
+        declaration order. ``forbidden_type`` is refused with ``forbidden_why``. Every plugin that
+        fails is reported and left out."""
         for spec in self.doc.plugins:
-            self._check_spec(spec, forbidden_type, forbidden_why)
+            if spec.name in self.failed:
+                continue  # refused before (epp.config.removed), already reported
+            try:
+                self._check_spec(spec, forbidden_type, forbidden_why)
+            except ConfigError as e:
+                self.report(e)
+                if spec.name not in self.specs:
+                    self.failed[spec.name] = registry.lookup(spec.type)
+                continue
             self.specs[spec.name] = spec
         for spec in self.doc.plugins:
-            self.resolve(spec.name)
-        ordered = {spec.name: self.plugins[spec.name] for spec in self.doc.plugins}
+            if spec.name in self.failed or spec.name in self.plugins:
+                continue
+            try:
+                self.resolve(spec.name)
+            except ConfigError as e:
+                self.report(e)
+        ordered = {
+            spec.name: self.plugins[spec.name] for spec in self.doc.plugins if spec.name in self.plugins
+        }
         self.plugins.clear()
         self.plugins.update(ordered)
 
     def resolve(self, name: str) -> Plugin | None:
-        """The plugin declared as ``name``, created now if it was not yet; None if undeclared."""
+        """The plugin declared as ``name``, created now if it was not yet; None if undeclared.
+
+        A plugin that failed to load raises ``DependentError``."""
         plugin = self.plugins.get(name)
         if plugin is not None:
             return plugin
+        if name in self.failed:
+            raise DependentError(self._where(name), f"plugin '{name}' failed to load")
         spec = self.specs.get(name)
         if spec is None:
             return None
@@ -134,6 +212,38 @@ class LoadContext:
                 f"plugins reference each other in a loop: {' -> '.join(loop)}",
             )
         return self._create(spec)
+
+    def resolve_dependency(self, name: str) -> Plugin | None:
+        """``resolve`` for a factory asking for another plugin: a failure of that plugin is reported
+        here, once, and the asking plugin fails with a ``DependentError``."""
+        self.dependencies.add(name)
+        try:
+            return self.resolve(name)
+        except DependentError:
+            raise
+        except ConfigError as e:
+            self.report(e)
+            raise DependentError(e.field, e.reason) from e
+
+    def plugin_warnings(self) -> None:
+        """Each plugin's ``config_warnings``, prefixed with the field path of its parameters."""
+        for name, plugin in self.plugins.items():
+            spec = self.specs.get(name)
+            path = spec.path if spec is not None else "plugins"
+            for where, reason in plugin.config_warnings(self.plugins):
+                field = f"{path}.parameters.{where}" if where else path
+                self.warnings.append(f"{field}: plugin '{name}' ({plugin.type_name}): {reason}")
+
+    def get(self, name: str) -> Plugin | None:
+        """The loaded plugin ``name`` (None if undeclared); one that failed raises ``DependentError``."""
+        plugin = self.plugins.get(name)
+        if plugin is None and name in self.failed:
+            raise DependentError(self._where(name), f"plugin '{name}' failed to load")
+        return plugin
+
+    def _where(self, name: str) -> str:
+        spec = self.specs.get(name)
+        return spec.path if spec is not None else "plugins"
 
     def _check_spec(self, spec: PluginSpec, forbidden_type: str, forbidden_why: str) -> None:
         if not spec.type:
@@ -164,13 +274,16 @@ class LoadContext:
         try:
             params = decode_params(cls.Params, spec.parameters, f"{spec.path}.parameters")
         except ConfigError as e:
+            self.failed[spec.name] = cls
             raise PluginLoadError(e.field, e.reason) from e
         self._creating.append(spec.name)
         try:
             plugin = cls(spec.name, params, self.handle)
         except PluginLoadError:
+            self.failed[spec.name] = cls
             raise
         except (ConfigError, ValueError) as e:
+            self.failed[spec.name] = cls
             wrapped = _factory_error(spec, e)
             raise PluginLoadError(wrapped.field, wrapped.reason) from e
         finally:
@@ -189,6 +302,8 @@ class LoadContext:
         spec = PluginSpec(
             type=type_name, name=type_name, parameters=parameters, path=f"plugins[{len(self.doc.plugins)}]"
         )
+        if spec.name in self.failed:  # a declared plugin of that name failed: no second error
+            raise DependentError(self._where(spec.name), f"plugin '{spec.name}' failed to load")
         if spec.name in self.specs:
             raise ConfigError(f"{spec.path}.name", f"duplicate plugin name '{spec.name}'")
         self.doc.plugins.append(spec)
@@ -204,7 +319,7 @@ class LoadContext:
         """The plugin a ``pluginRef`` names; empty or undefined references are errors at ``where``."""
         if not ref:
             raise ConfigError(where, f"{what} plugin reference is empty")
-        plugin = self.plugins.get(ref)
+        plugin = self.get(ref)
         if plugin is None:
             raise ConfigError(where, f"references undefined plugin '{ref}'{self.did_you_mean(ref)}")
         return plugin

@@ -207,7 +207,7 @@ def resolve_discovery(ctx: LoadContext) -> EndpointDiscovery | None:
     where = f"{ref.path}.pluginRef"
     if not ref.plugin_ref:
         raise ConfigError(where, "discovery plugin reference is empty")
-    plugin = ctx.plugins.get(ref.plugin_ref)
+    plugin = ctx.get(ref.plugin_ref)
     if plugin is None:
         raise ConfigError(
             where, f'no plugin found with name "{ref.plugin_ref}"{ctx.did_you_mean(ref.plugin_ref)}'
@@ -215,6 +215,17 @@ def resolve_discovery(ctx: LoadContext) -> EndpointDiscovery | None:
     if not isinstance(plugin, EndpointDiscovery):
         raise ConfigError(where, f'plugin "{ref.plugin_ref}" does not implement EndpointDiscovery')
     return plugin
+
+
+def warn_unused_data_sources(ctx: LoadContext) -> None:
+    """Warn about a data source no ``dataLayer.sources`` entry names: it is created and never runs."""
+    used = {src.plugin_ref for src in ctx.doc.data_layer.sources}
+    for name, plugin in ctx.plugins.items():
+        if isinstance(plugin, DataSource) and name not in used and name not in ctx.dependencies:
+            ctx.warnings.append(
+                f"{ctx.specs[name].path}: plugin '{name}' ({plugin.type_name}) is in no dataLayer.sources "
+                "entry and never runs; add `{pluginRef: " + name + ", extractors: [...]}` there or remove it"
+            )
 
 
 def _is_metrics_source(ctx: LoadContext, src: DataSourceSpec) -> bool:

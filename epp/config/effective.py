@@ -21,8 +21,49 @@ from epp.config.schema import (
     PriorityBandSpec,
     RefSpec,
 )
+from epp.framework.decode import yaml_key
 from epp.framework.interfaces import Plugin, Scorer
-from epp.framework.params import encode_params
+from epp.framework.params import OMIT_UNSET, encode_params
+
+
+def effective_params(params: Any) -> dict[str, Any]:
+    """A plugin's parameters as ``check-config`` prints them: the values the plugin uses.
+
+    Each Params dataclass's ``effective()`` is applied (the defaults it resolves, written out) and a
+    field marked ``OMIT_UNSET`` is left out while it holds its default (``epp.framework.params``).
+    """
+    if not dataclasses.is_dataclass(params) or isinstance(params, type):
+        return {}
+    resolve = getattr(params, "effective", None)
+    if callable(resolve):
+        params = resolve()
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(params):
+        value = getattr(params, f.name)
+        if _omit_unset(f) and value == _default(f):
+            continue
+        out[yaml_key(f)] = _effective_value(value)
+    return out
+
+
+def _omit_unset(f: dataclasses.Field[Any]) -> bool:
+    return all(f.metadata.get(k) == v for k, v in OMIT_UNSET.items())
+
+
+def _default(f: dataclasses.Field[Any]) -> Any:
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    return dataclasses.MISSING
+
+
+def _effective_value(value: Any) -> Any:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return effective_params(value)
+    if isinstance(value, list | tuple):
+        return [_effective_value(v) for v in value]
+    return yaml_safe(value)
 
 
 def yaml_safe(value: Any) -> Any:
@@ -145,7 +186,7 @@ def effective_document(
     entries = []
     for spec in doc.plugins:
         entry: dict[str, Any] = {"name": spec.name, "type": spec.type}
-        params = yaml_safe(encode_params(plugins[spec.name].params))
+        params = effective_params(plugins[spec.name].params)
         if params:
             entry["parameters"] = params
         entries.append(entry)

@@ -49,12 +49,19 @@ def resolve_feature_gates(ctx: LoadContext, overrides: Mapping[str, bool] | None
     document's list is rewritten to its normalized effective form."""
     values = dict(FEATURE_GATES)
     for i, entry in enumerate(ctx.doc.feature_gates):
-        name, value = parse_gate(entry, f"featureGates[{i}]")
+        try:
+            name, value = parse_gate(entry, f"featureGates[{i}]")
+        except ConfigError as e:
+            ctx.report(e)  # reported; the gate keeps its default
+            continue
         values[name] = value  # a later entry wins, as in the reference
     for name, value in (overrides or {}).items():
         if name not in FEATURE_GATES:
             hint = did_you_mean(name, list(FEATURE_GATES))
-            raise ConfigError("--feature-gates", f"feature gate '{name}' is unknown or unregistered{hint}")
+            ctx.report(
+                ConfigError("--feature-gates", f"feature gate '{name}' is unknown or unregistered{hint}")
+            )
+            continue
         values[name] = value
     if ctx.environ.get(FLOW_CONTROL_ENV, "").strip().lower() in _TRUE:
         ctx.warnings.append(f"{FLOW_CONTROL_ENV} is deprecated; add '{GATE_FLOW_CONTROL}' to featureGates")

@@ -68,7 +68,7 @@ def resolve_saturation_detector(ctx: LoadContext) -> SaturationDetector | None:
     if not ref.plugin_ref:
         ref.plugin_ref = d.DEFAULT_SATURATION_DETECTOR
     where = f"{ref.path}.pluginRef"
-    plugin = ctx.plugins.get(ref.plugin_ref)
+    plugin = ctx.get(ref.plugin_ref)
     if plugin is None and ref.plugin_ref == d.DEFAULT_SATURATION_DETECTOR:
         if registry.lookup(ref.plugin_ref) is None:
             fc.saturation_detector = None
@@ -133,7 +133,7 @@ def check_flow_control(ctx: LoadContext) -> None:
             d.DEFAULT_USAGE_LIMIT_POLICY if d.DEFAULT_USAGE_LIMIT_POLICY in ctx.plugins else None
         )
     else:
-        plugin = ctx.plugins.get(ref)
+        plugin = ctx.get(ref)
         if plugin is None:
             raise ConfigError(where, f"usage limit policy plugin '{ref}' not found{ctx.did_you_mean(ref)}")
         _check_kind(plugin, UsageLimitPolicy, "a usage limit policy", where)
@@ -147,7 +147,7 @@ def _check_band_selection(ctx: LoadContext, ref: str | None) -> None:
     if not ref or ref == STRICT_BAND_SELECTION:
         return
     where = "flowControl.bandSelectionPolicyPluginRef"
-    plugin = ctx.plugins.get(ref)
+    plugin = ctx.get(ref)
     if plugin is not None and plugin.type_name == STRICT_BAND_SELECTION:
         return
     raise ConfigError(
@@ -202,7 +202,7 @@ def _policy_ref(ctx: LoadContext, ref: str | None, default: str, where: str, kin
     """The policy a band uses: ``ref`` (a declared policy of that kind) or the default when it exists."""
     if not ref:
         return default if default in ctx.plugins else None
-    plugin = ctx.plugins.get(ref)
+    plugin = ctx.get(ref)
     if plugin is None:
         raise ConfigError(where, f'no {kind} policy registered for name "{ref}"{ctx.did_you_mean(ref)}')
     _check_kind(plugin, *_POLICY_KINDS[kind], where)

@@ -21,6 +21,7 @@ from epp.config.data_layer import (
     build_data_layer,
     check_cross_replica,
     resolve_discovery,
+    warn_unused_data_sources,
 )
 from epp.config.effective import render_effective
 from epp.config.feature_gates import resolve_feature_gates
@@ -37,6 +38,7 @@ from epp.config.profiles import (
     build_scheduler,
     validate_profiles,
     warn_multi_endpoint_pickers,
+    warn_unused_scheduling_plugins,
     with_default_scheduling,
 )
 from epp.config.removed import COMPAT_VERSIONS, apply_removed_roles, check_removed
@@ -191,9 +193,12 @@ def load_document(
     """Load an already parsed document (a dict as produced by YAML)."""
     if compat_version not in COMPAT_VERSIONS:
         raise ValueError(f"unknown compat version {compat_version!r}")
-    doc = decode_document(with_default_scheduling(raw))
+    errors: list[ConfigError] = []
+    doc = decode_document(with_default_scheduling(raw), errors)
     env = os.environ if environ is None else environ
     ctx = LoadContext(doc, source, endpoints, env, allow_experimental=allow_experimental)
+    for error in errors:
+        ctx.report(error)
     return _load(ctx, compat_version, feature_gates or {})
 
 
@@ -202,6 +207,9 @@ def _load(ctx: LoadContext, compat_version: str, gate_overrides: Mapping[str, bo
     the profiles, apply the system defaults (skipping types not registered in this build, except
     the parser), create missing producers, then build the scheduler, data layer, discovery and
     flow control. Request-control hooks keep ``plugins:`` order.
+
+    Every phase runs even after an error, so that one run reports every independent error
+    (``ctx.attempt``); the errors are raised at the end, the first one as a single error said.
     """
     doc = ctx.doc
     if doc.api_version != API_VERSION:
@@ -210,34 +218,43 @@ def _load(ctx: LoadContext, compat_version: str, gate_overrides: Mapping[str, bo
             "(`epp check-config` prints this configuration converted to it)"
         )
         doc.api_version = API_VERSION
-    move_deprecated_saturation_detector(ctx)
-    check_removed(ctx, compat_version)
-    gates = resolve_feature_gates(ctx, gate_overrides)
+    ctx.attempt(move_deprecated_saturation_detector, ctx)
+    ctx.attempt(check_removed, ctx, compat_version)
+    gates = ctx.attempt(resolve_feature_gates, ctx, gate_overrides) or frozenset()
     legacy_metrics = GATE_LEGACY_METRICS in gates
     if legacy_metrics:
         ctx.instantiate_all(d.CORE_METRICS_EXTRACTOR, f"with feature gate '{GATE_LEGACY_METRICS}'")
     else:
         ctx.instantiate_all()
     validate_profiles(ctx)
-    apply_scheduling_defaults(ctx)
-    apply_flow_control_defaults(ctx)
-    apply_health_default(ctx)
-    parsers = resolve_parsers(ctx)
-    saturation_detector = resolve_saturation_detector(ctx)
+    ctx.attempt(apply_scheduling_defaults, ctx)
+    ctx.attempt(apply_flow_control_defaults, ctx)
+    ctx.attempt(apply_health_default, ctx)
+    parsers = ctx.attempt(resolve_parsers, ctx)
+    saturation_detector = ctx.attempt(resolve_saturation_detector, ctx)
     if not legacy_metrics:
-        apply_data_layer_defaults(ctx)
-        add_models_source(ctx)
-    create_missing_producers(ctx)
-    apply_removed_roles(ctx, compat_version)
-    scheduler = build_scheduler(ctx)
-    data_sources = [] if legacy_metrics else build_data_layer(ctx)
-    discovery = resolve_discovery(ctx)
-    cross_replica = check_cross_replica(ctx)
+        ctx.attempt(apply_data_layer_defaults, ctx)
+        ctx.attempt(add_models_source, ctx)
+    ctx.attempt(create_missing_producers, ctx)
+    ctx.attempt(apply_removed_roles, ctx, compat_version)
+    scheduler = ctx.attempt(build_scheduler, ctx)
+    data_sources = [] if legacy_metrics else ctx.attempt(build_data_layer, ctx)
+    discovery = ctx.attempt(resolve_discovery, ctx)
+    cross_replica = ctx.attempt(check_cross_replica, ctx)
     if GATE_FLOW_CONTROL in gates:
-        check_flow_control(ctx)
+        ctx.attempt(check_flow_control, ctx)
     else:
-        ignore_flow_control(ctx)
-    warn_multi_endpoint_pickers(ctx, scheduler)
+        ctx.attempt(ignore_flow_control, ctx)
+    if scheduler is not None:
+        ctx.attempt(warn_multi_endpoint_pickers, ctx, scheduler)
+    ctx.attempt(warn_unused_scheduling_plugins, ctx)
+    if not legacy_metrics:
+        ctx.attempt(warn_unused_data_sources, ctx)
+    ctx.attempt(ctx.plugin_warnings)
+    producers = ctx.attempt(ordered_producers, ctx)
+    ctx.raise_errors()
+    assert scheduler is not None and parsers is not None and data_sources is not None
+    assert producers is not None
     hooks = request_hooks(ctx.plugins.values())
     return LoadedConfig(
         document=doc,
@@ -249,7 +266,7 @@ def _load(ctx: LoadContext, compat_version: str, gate_overrides: Mapping[str, bo
         feature_gates=gates,
         saturation_detector=saturation_detector,
         pre_request=hooks.pre_request,
-        producers=ordered_producers(ctx),
+        producers=producers,
         admitters=hooks.admitters,
         response_header=hooks.response_header,
         response_body=hooks.response_body,

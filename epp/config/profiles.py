@@ -8,11 +8,30 @@ from __future__ import annotations
 from typing import Any
 
 from epp.config import defaults as d
-from epp.config.context import LoadContext
+from epp.config.context import DependentError, LoadContext
+from epp.config.removed import PRECISE_SCORER
 from epp.config.schema import ProfilePluginSpec, ProfileSpec
 from epp.framework import registry
 from epp.framework.errors import ConfigError
-from epp.framework.interfaces import DataProducer, Filter, Picker, ProfileHandler, SaturationDetector, Scorer
+from epp.framework.interfaces import (
+    Admitter,
+    DataProducer,
+    DataSource,
+    Extractor,
+    Filter,
+    Picker,
+    PreRequest,
+    ProfileHandler,
+    RequestDone,
+    RequestHeaderProcessor,
+    Responder,
+    ResponseBodyProcessor,
+    ResponseHeaderProcessor,
+    SaturationDetector,
+    Scorer,
+    Screener,
+    SupportsDisaggregate,
+)
 from epp.scheduling import Scheduler, SchedulerProfile, WeightedScorer
 
 
@@ -33,6 +52,8 @@ def with_default_scheduling(raw: Any) -> Any:
         return raw  # malformed: let strict decoding report it
     scheduling_kinds = (Filter, Scorer, Picker, ProfileHandler)
     for p in plugins:
+        if p.get("type") == PRECISE_SCORER:
+            return raw  # not registered, but loaded as a prefix-cache-scorer (epp.config.removed)
         cls = registry.lookup(str(p.get("type", "")))
         # A saturation detector (also a Filter) declared to tune admission is not scheduling.
         if cls is not None and issubclass(cls, scheduling_kinds) and not issubclass(cls, SaturationDetector):
@@ -48,27 +69,40 @@ def with_default_scheduling(raw: Any) -> Any:
 
 
 def validate_profiles(ctx: LoadContext) -> None:
-    """Profiles have unique names and every ``pluginRef`` names a declared plugin."""
+    """Profiles have unique names and every ``pluginRef`` names a declared plugin.
+
+    Every problem is reported; an entry that names no loaded plugin is then dropped, so the later
+    phases see only loaded plugins (a reference to a plugin that failed to load is not reported
+    again: its own error is the cause).
+    """
     seen: set[str] = set()
     for i, prof in enumerate(ctx.doc.scheduling_profiles):
         if not prof.name:
-            raise ConfigError(f"{prof.path}.name", f"schedulingProfiles[{i}] is missing a name")
-        if prof.name in seen:
-            raise ConfigError(
-                f"{prof.path}.name", f"schedulingProfiles[{i}] has duplicate name '{prof.name}'"
+            ctx.report(ConfigError(f"{prof.path}.name", f"schedulingProfiles[{i}] is missing a name"))
+        elif prof.name in seen:
+            ctx.report(
+                ConfigError(f"{prof.path}.name", f"schedulingProfiles[{i}] has duplicate name '{prof.name}'")
             )
         seen.add(prof.name)
+        kept = []
         for j, ref in enumerate(prof.plugins):
             if not ref.plugin_ref:
-                raise ConfigError(
-                    f"{ref.path}.pluginRef",
-                    f"schedulingProfiles[{prof.name}].plugins[{j}] is missing a 'pluginRef'",
+                ctx.report(
+                    ConfigError(
+                        f"{ref.path}.pluginRef",
+                        f"schedulingProfiles[{prof.name}].plugins[{j}] is missing a 'pluginRef'",
+                    )
                 )
-            if ref.plugin_ref not in ctx.plugins:
-                raise ConfigError(
-                    f"{ref.path}.pluginRef",
-                    f"schedulingProfiles[{prof.name}] references undefined plugin '{ref.plugin_ref}'",
+            elif ref.plugin_ref in ctx.plugins:
+                kept.append(ref)
+            elif ref.plugin_ref not in ctx.failed:
+                ctx.report(
+                    ConfigError(
+                        f"{ref.path}.pluginRef",
+                        f"schedulingProfiles[{prof.name}] references undefined plugin '{ref.plugin_ref}'",
+                    )
                 )
+        prof.plugins[:] = kept
 
 
 def apply_scheduling_defaults(ctx: LoadContext) -> None:
@@ -113,6 +147,9 @@ def build_scheduler(ctx: LoadContext) -> Scheduler:
             ctx.specs[b].path, f"multiple profile handlers found ('{a}', '{b}'); only one is allowed"
         )
     if not handlers:
+        failed = [n for n, cls in ctx.failed.items() if cls is not None and issubclass(cls, ProfileHandler)]
+        if failed:  # the declared handler failed to load: its error says why
+            raise DependentError("schedulingProfiles", f"profile handler '{failed[0]}' failed to load")
         raise ConfigError(
             "schedulingProfiles",
             f"no profile handler configured ({len(profiles)} scheduling profiles need one, "
@@ -140,6 +177,43 @@ def warn_multi_endpoint_pickers(ctx: LoadContext, scheduler: Scheduler) -> None:
                 f"returns up to {n} endpoints as a comma-separated destination list, which Envoy's "
                 "ORIGINAL_DST cluster cannot parse (it answers 503); use 1 unless the proxy "
                 "implements fallback lists"
+            )
+
+
+# Kinds a plugin is used as outside scheduling profiles: a filter, scorer or picker that is also one
+# of these does something even when no profile names it.
+_USED_OUTSIDE_PROFILES: tuple[type, ...] = (
+    SaturationDetector,
+    ProfileHandler,
+    DataProducer,
+    DataSource,
+    Extractor,
+    PreRequest,
+    RequestDone,
+    RequestHeaderProcessor,
+    ResponseHeaderProcessor,
+    ResponseBodyProcessor,
+    Admitter,
+    Screener,
+    Responder,
+    SupportsDisaggregate,
+)
+
+
+def warn_unused_scheduling_plugins(ctx: LoadContext) -> None:
+    """Warn about a filter, scorer or picker that no scheduling profile names and nothing else uses:
+    it is created and then does nothing (the usual cause: a ``pluginRef`` forgotten in a profile)."""
+    referenced = {ref.plugin_ref for prof in ctx.doc.scheduling_profiles for ref in prof.plugins}
+    for name, plugin in ctx.plugins.items():
+        if (
+            isinstance(plugin, Filter | Scorer | Picker)
+            and not isinstance(plugin, _USED_OUTSIDE_PROFILES)
+            and name not in referenced
+            and name not in ctx.dependencies
+        ):
+            ctx.warnings.append(
+                f"{ctx.specs[name].path}: plugin '{name}' ({plugin.type_name}) is in no scheduling "
+                "profile and does nothing; reference it from a profile's plugins (pluginRef) or remove it"
             )
 
 

@@ -16,6 +16,7 @@ from typing import Any
 from epp.config.context import LoadContext
 from epp.config.renamed import migrate_renamed
 from epp.config.schema import PluginSpec
+from epp.framework import registry
 from epp.framework.errors import ConfigError
 from epp.plugins.filters._roles import RoleFilter
 
@@ -53,14 +54,18 @@ def check_removed(ctx: LoadContext, compat_version: str) -> None:
     strict = compat_version == COMPAT_V011
     migrate_renamed(ctx, strict)
     for spec in list(ctx.doc.plugins):
-        if spec.type in REMOVED_TYPES and strict:
-            raise ConfigError(
-                f"{spec.path}.type",
-                f"plugin type '{spec.type}' is not registered (removed in router v0.11.0; use "
-                f"{REMOVED_TYPES[spec.type]})",
-            )
-        if spec.type == DISAGG_HANDLER:
-            _check_flat_parameters(ctx, spec, strict)
+        try:
+            if spec.type in REMOVED_TYPES and strict:
+                raise ConfigError(
+                    f"{spec.path}.type",
+                    f"plugin type '{spec.type}' is not registered (removed in router v0.11.0; use "
+                    f"{REMOVED_TYPES[spec.type]})",
+                )
+            if spec.type == DISAGG_HANDLER:
+                _check_flat_parameters(ctx, spec, strict)
+        except ConfigError as e:
+            ctx.report(e)  # the plugin is left out; references to it are not reported again
+            ctx.failed[spec.name] = registry.lookup(spec.type)
     for spec in [s for s in ctx.doc.plugins if s.type == PRECISE_SCORER]:
         _migrate_precise_scorer(ctx, spec)
 

@@ -46,7 +46,7 @@ def _parser(ctx: LoadContext, ref: RefSpec) -> Parser:
     name = ref.plugin_ref
     if not name:
         raise ConfigError(where, "parser plugin reference is empty")
-    plugin = ctx.plugins.get(name)
+    plugin = ctx.get(name)
     if plugin is None:
         if registry.lookup(name) is None:
             raise ConfigError(

@@ -8,6 +8,7 @@ Every element carries ``path``, the dotted path of its YAML node, so that errors
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from decimal import ROUND_CEILING, Decimal, InvalidOperation
 from typing import Any
@@ -199,6 +200,8 @@ class ConfigDocument:
     flow_control: FlowControlSpec | None = None
     parser: RefSpec | None = None  # deprecated: requestHandler.parsers
     request_handler: RequestHandlerSpec | None = None
+    # plugins: entries that could not be decoded (their error is reported): name -> type
+    invalid_plugins: dict[str, str] = field(default_factory=dict)
 
 
 # --- YAML ----------------------------------------------------------------------------------------
@@ -251,7 +254,7 @@ def parse_yaml(text: str, source: str = "<config>") -> Any:
 # --- optional values: an absent (null) field is Go's zero value ----------------------------------
 
 
-def _mapping(value: Any, path: str, allowed: tuple[str, ...]) -> dict[str, Any]:
+def _mapping(value: Any, path: str, allowed: tuple[str, ...] | None) -> dict[str, Any]:
     """A mapping with only ``allowed`` keys; ``None`` (an empty YAML node) is an empty mapping."""
     return {} if value is None else decode_mapping(value, path, allowed)
 
@@ -399,7 +402,7 @@ def _api_version(top: dict[str, Any]) -> str:
     raise ConfigError("apiVersion", f"unknown apiVersion '{api_version}' ({expected})")
 
 
-def decode_document(raw: Any) -> ConfigDocument:
+def decode_document(raw: Any, errors: list[ConfigError] | None = None) -> ConfigDocument:
     """Decode a parsed document strictly into the internal (v1) form; ``apiVersion`` and ``kind``
     are checked here.
 
@@ -410,35 +413,97 @@ def decode_document(raw: Any) -> ConfigDocument:
     kept for the loader, which moves them with a warning. An unknown top-level or structural field is
     an error; plugin ``parameters`` stay raw (a mapping or ``None``) until each plugin's typed
     ``Params`` decodes them.
+
+    With ``errors``, every independent problem (an unknown top-level field, a plugin entry, a
+    profile entry, a section) is appended there and decoding goes on without that part (a plugin
+    entry left out is named in ``invalid_plugins``); only a document that is not a mapping or has
+    no known ``apiVersion`` still raises. Without it, the first problem is raised.
     """
+    if errors is None:
+        found: list[ConfigError] = []
+        doc = decode_document(raw, found)
+        if found:
+            raise found[0]
+        return doc
     if not isinstance(raw, dict):
         raise ConfigError("", f"expected a mapping at the top level, got {kind_of(raw)}")
     api_version = _api_version(raw)
     v1 = api_version == API_VERSION
-    top = _mapping(raw, "", _TOP_FIELDS_V1 if v1 else _TOP_FIELDS_V1ALPHA1)
-    kind = _str(top.get("kind"), "kind")
+    top = _known(raw, "", _TOP_FIELDS_V1 if v1 else _TOP_FIELDS_V1ALPHA1, errors)
+    kind = _attempt(errors, "", _str, top.get("kind"), "kind")
     if kind != KIND:
         got = f"'{kind}'" if kind else "missing"
-        raise ConfigError("kind", f"unknown kind {got} (expected '{KIND}')")
+        errors.append(ConfigError("kind", f"unknown kind {got} (expected '{KIND}')"))
     gates = [
-        _str(g, f"featureGates[{i}]") for i, g in enumerate(_list(top.get("featureGates"), "featureGates"))
+        gate
+        for i, raw_gate in enumerate(_attempt(errors, [], _list, top.get("featureGates"), "featureGates"))
+        if (gate := _attempt(errors, None, _str, raw_gate, f"featureGates[{i}]")) is not None
+    ]
+    plugins: list[PluginSpec] = []
+    invalid: dict[str, str] = {}
+    for i, p in enumerate(_attempt(errors, [], _list, top.get("plugins"), "plugins")):
+        try:
+            plugins.append(_plugin(p, f"plugins[{i}]"))
+        except ConfigError as e:
+            errors.append(e)
+            if isinstance(p, dict):
+                type_name = p.get("type") if isinstance(p.get("type"), str) else ""
+                name = p.get("name") if isinstance(p.get("name"), str) and p.get("name") else type_name
+                invalid[str(name)] = str(type_name)
+    profiles = [
+        prof
+        for i, p in enumerate(
+            _attempt(errors, [], _list, top.get("schedulingProfiles"), "schedulingProfiles")
+        )
+        if (prof := _attempt(errors, None, _profile, p, f"schedulingProfiles[{i}]", errors)) is not None
     ]
     data_layer = _data_layer_v1 if v1 else _data_layer_v1alpha1
     return ConfigDocument(
         api_version=api_version,
-        kind=kind,
+        kind=kind or "",
         feature_gates=gates,
-        plugins=[_plugin(p, f"plugins[{i}]") for i, p in enumerate(_list(top.get("plugins"), "plugins"))],
-        scheduling_profiles=[
-            _profile(p, f"schedulingProfiles[{i}]")
-            for i, p in enumerate(_list(top.get("schedulingProfiles"), "schedulingProfiles"))
-        ],
-        saturation_detector=_detector_ref(top.get("saturationDetector"), "saturationDetector"),
-        data_layer=data_layer(top.get("dataLayer"), "dataLayer"),
-        flow_control=_flow_control(top["flowControl"], "flowControl") if "flowControl" in top else None,
-        parser=_ref_section(top, "parser"),
-        request_handler=_request_handler(top["requestHandler"]) if "requestHandler" in top else None,
+        plugins=plugins,
+        scheduling_profiles=profiles,
+        saturation_detector=_attempt(
+            errors, None, _detector_ref, top.get("saturationDetector"), "saturationDetector"
+        ),
+        data_layer=_attempt(errors, None, data_layer, top.get("dataLayer"), "dataLayer") or DataLayerSpec(),
+        flow_control=(
+            _attempt(errors, None, _flow_control, top["flowControl"], "flowControl")
+            if "flowControl" in top
+            else None
+        ),
+        parser=_attempt(errors, None, _ref_section, top, "parser"),
+        request_handler=(
+            _attempt(errors, None, _request_handler, top["requestHandler"])
+            if "requestHandler" in top
+            else None
+        ),
+        invalid_plugins=invalid,
     )
+
+
+def _attempt(errors: list[ConfigError], failed: Any, decode: Callable[..., Any], *args: Any) -> Any:
+    """``decode(*args)``; on a ``ConfigError`` the error goes to ``errors`` and ``failed`` is returned."""
+    try:
+        return decode(*args)
+    except ConfigError as e:
+        errors.append(e)
+        return failed
+
+
+def _known(value: Any, path: str, allowed: tuple[str, ...], errors: list[ConfigError]) -> dict[str, Any]:
+    """A mapping reduced to its ``allowed`` keys; each other key is an error in ``errors``."""
+    m = _mapping(value, path, None)
+    kept: dict[str, Any] = {}
+    for key, item in m.items():
+        try:
+            _mapping({key: item}, path, allowed)
+        except ConfigError as e:
+            errors.append(e)
+            continue
+        kept[key] = item
+    return kept
 
 
 def _plugin(raw: Any, path: str) -> PluginSpec:
@@ -451,20 +516,27 @@ def _plugin(raw: Any, path: str) -> PluginSpec:
     return PluginSpec(type=type_name, name=name, parameters=params, path=path)
 
 
-def _profile(raw: Any, path: str) -> ProfileSpec:
-    m = _mapping(raw, path, ("name", "plugins"))
+def _profile(raw: Any, path: str, errors: list[ConfigError]) -> ProfileSpec:
+    """A profile; an unknown field or a malformed ``plugins`` entry is an error in ``errors`` and
+    left out, the rest of the profile is kept."""
+    m = _known(raw, path, ("name", "plugins"), errors)
     refs = []
-    for j, r in enumerate(_list(m.get("plugins"), f"{path}.plugins")):
+    for j, r in enumerate(_attempt(errors, [], _list, m.get("plugins"), f"{path}.plugins")):
         rpath = f"{path}.plugins[{j}]"
-        rm = _mapping(r, rpath, ("pluginRef", "weight"))
-        refs.append(
-            ProfilePluginSpec(
-                plugin_ref=_str(rm.get("pluginRef"), f"{rpath}.pluginRef"),
-                weight=_opt_weight(rm.get("weight"), f"{rpath}.weight"),
-                path=rpath,
+        try:
+            rm = _mapping(r, rpath, ("pluginRef", "weight"))
+            refs.append(
+                ProfilePluginSpec(
+                    plugin_ref=_str(rm.get("pluginRef"), f"{rpath}.pluginRef"),
+                    weight=_opt_weight(rm.get("weight"), f"{rpath}.weight"),
+                    path=rpath,
+                )
             )
-        )
-    return ProfileSpec(name=_str(m.get("name"), f"{path}.name"), plugins=refs, path=path)
+        except ConfigError as e:
+            errors.append(e)
+    return ProfileSpec(
+        name=_attempt(errors, "", _str, m.get("name"), f"{path}.name"), plugins=refs, path=path
+    )
 
 
 def _ref(raw: Any, path: str) -> RefSpec:

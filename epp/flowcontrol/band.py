@@ -12,15 +12,22 @@ from epp.framework.interfaces import FairnessPolicy, OrderingPolicy
 
 
 class Band:
-    """The flows of one priority. Only non-empty flows are kept, in the order they became so."""
+    """The flows of one priority. Only non-empty flows are kept, in the order they became so.
+
+    In-flight shares are the fleet's when a cross-replica syncer is configured: ``set_peers``
+    installs the other replicas' in-flight requests by flow, which ``inflight_of``,
+    ``inflight_total`` and ``active_flows`` then include.
+    """
 
     __slots__ = (
         "_flows",
         "_inflight",
+        "_peers",
         "bytes",
         "fairness",
         "inflight_total",
         "length",
+        "local_total",
         "ordering",
         "policy_state",
         "priority",
@@ -39,7 +46,9 @@ class Band:
         self.length = 0
         self.bytes = 0
         self._inflight: dict[str, int] = {}  # dispatched and not finished, by flow id
-        self.inflight_total = 0
+        self.local_total = 0  # this replica's
+        self._peers: dict[str, int] = {}  # the other replicas' (a syncer), by flow id
+        self.inflight_total = 0  # the fleet's: local_total plus the peers'
 
     def flows(self) -> Iterator[FlowQueue]:
         return iter(list(self._flows.values()))
@@ -94,6 +103,7 @@ class Band:
 
     def started(self, flow_id: str) -> None:
         self._inflight[flow_id] = self._inflight.get(flow_id, 0) + 1
+        self.local_total += 1
         self.inflight_total += 1
 
     def finished(self, flow_id: str) -> None:
@@ -103,14 +113,28 @@ class Band:
         else:
             self._inflight[flow_id] = n - 1
         if n:
+            self.local_total -= 1
             self.inflight_total -= 1
 
     def inflight_of(self, flow_id: str) -> int:
-        return self._inflight.get(flow_id, 0)
+        n = self._inflight.get(flow_id, 0)
+        peers = self._peers
+        return n + peers.get(flow_id, 0) if peers else n
+
+    def local_inflight(self) -> dict[str, int]:
+        """This replica's in-flight requests by flow id (a copy)."""
+        return dict(self._inflight)
+
+    def set_peers(self, peers: dict[str, int]) -> None:
+        """The other replicas' in-flight requests by flow id (positive counts)."""
+        self._peers = peers
+        self.inflight_total = self.local_total + sum(peers.values())
 
     def active_flows(self) -> int:
-        """Flows with requests queued or in flight."""
-        flows, inflight = self._flows, self._inflight
+        """Flows with requests queued or in flight (here or, with a syncer, at another replica)."""
+        flows, inflight, peers = self._flows, self._inflight, self._peers
+        if peers:
+            return len(flows) + len({f for f in (*inflight, *peers) if f not in flows})
         if not inflight:
             return len(flows)
         return len(flows) + sum(1 for f in inflight if f not in flows)

@@ -5,6 +5,10 @@ cycle compares the pool's saturation (the detector's, counting the requests rele
 yet) with each band's ceiling (the usage-limit policy's), highest priority first, stops at the first
 gated band, and otherwise dispatches the head of the flow the band's fairness policy picks. Cycles
 run when a request arrives, when one finishes (``kick``) and on a short tick while anything waits.
+
+With a cross-replica syncer the controller is a contributor (``cross_replica_specs``): each band's
+in-flight requests by flow are summed over the replicas, so in-flight fairness shares are the
+fleet's; the detector shares its own credit.
 """
 
 from __future__ import annotations
@@ -12,8 +16,9 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import structlog
 
@@ -21,6 +26,7 @@ from epp.flowcontrol import metrics as m
 from epp.flowcontrol.band import Band
 from epp.flowcontrol.queue import FlowQueue, Queued
 from epp.flowcontrol.settings import FlowControlSettings
+from epp.framework.cross_replica import SharedValue, fold_sum, valid_count
 from epp.framework.endpoint import Endpoint
 from epp.framework.errors import DroppedReason, ErrorCode, InferenceError, dropped
 from epp.framework.flow import FlowKey
@@ -45,6 +51,9 @@ REVOCATION_TIMEOUT = 5.0  # a revoked stream that has not ended by then no longe
 _MAX_CYCLES_PER_PUMP = 512  # then yield to the event loop and go on
 _REFRESH_DELAY = 0.05  # seconds from a request's end to the idle saturation gauges' refresh
 _MAX_PUSH_OUTS = 64  # queued items pushed out for one arrival (more only when their bytes differ)
+SHARED_STATE_KEY = "flow-control/inflight"
+MAX_SHARED_FLOW_ID = 1024  # characters; a longer fairness id's share stays with its replica
+MAX_SHARED_FLOWS = 100_000  # per band and replica
 
 
 class Permit:
@@ -156,6 +165,15 @@ def _stages(pool: Sequence[Endpoint]) -> tuple[list[Endpoint], list[Endpoint]] |
     return prefill, decode
 
 
+def _valid_flows(v: Any) -> bool:
+    """``{flow id: in-flight requests}``: bounded string keys, counts."""
+    return (
+        isinstance(v, dict)
+        and len(v) <= MAX_SHARED_FLOWS
+        and all(isinstance(k, str) and len(k) <= MAX_SHARED_FLOW_ID and valid_count(n) for k, n in v.items())
+    )
+
+
 @dataclass(slots=True, eq=False)
 class Victim:
     """An in-flight sheddable request that eviction may revoke (``revoke`` ends its stream with 429)."""
@@ -203,6 +221,7 @@ class FlowController:
         self._next_reclaim = 0.0
         self._reclaim_target = m.RECLAIM_TARGET.labels(pool_name)
         self._pending_reclaim = m.PENDING_RECLAIM.labels(pool_name)
+        self._peer_inflight: dict[int, dict[str, int]] = {}  # priority -> flow -> the peers' (a syncer)
 
     # --- bands ---------------------------------------------------------------------------------
 
@@ -219,7 +238,50 @@ class FlowController:
             s = self.settings.band(priority)
             band = self._bands[priority] = Band(priority, s, s.fairness, s.ordering)
             self._order = sorted(self._bands.values(), key=lambda b: -b.priority)
+            peers = self._peer_inflight.get(priority)
+            if peers:
+                band.set_peers(peers)
         return band
+
+    # --- shared with the other replicas (a cross-replica syncer) -------------------------------
+
+    def cross_replica_specs(self) -> list[SharedValue]:
+        """Per priority band, ``{flow id: in-flight requests}``, summed over the other replicas."""
+        return [
+            SharedValue(
+                state_key=SHARED_STATE_KEY,
+                supply=self._supply_inflight,
+                aggregate=fold_sum,
+                install=self._install_peers,
+                valid=_valid_flows,
+            )
+        ]
+
+    def _supply_inflight(self) -> dict[str, dict[str, int]]:
+        out: dict[str, dict[str, int]] = {}
+        for band in self._order:
+            if band.local_total:
+                flows = {f: n for f, n in band.local_inflight().items() if len(f) <= MAX_SHARED_FLOW_ID}
+                if flows:
+                    out[str(band.priority)] = flows
+        return out
+
+    def _install_peers(self, folded: Mapping[str, Any]) -> None:
+        peers: dict[int, dict[str, int]] = {}
+        for key, flows in folded.items():
+            try:
+                priority = int(key)
+            except ValueError:
+                continue  # not a band key: nothing here reads it
+            counts = {f: n for f, n in flows.items() if n > 0}
+            if counts:
+                peers[priority] = counts
+        if not peers and not self._peer_inflight:
+            return
+        self._peer_inflight = peers
+        for band in self._order:
+            band.set_peers(peers.get(band.priority, {}))
+        self.kick()  # a peer's requests that finished may leave room for a flow held back
 
     def _fits(self, band: Band, size: int) -> bool:
         s = self.settings

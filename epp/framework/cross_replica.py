@@ -11,6 +11,8 @@ installs them every ``crossReplicaSyncInterval``; a contributor never sees the s
 
 from __future__ import annotations
 
+import math
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
@@ -19,11 +21,22 @@ Fold = Callable[[Sequence[Any]], Any]
 """Folds the values replicas published for one (state key, endpoint) into one value."""
 
 
+MAX_CLOCK_SKEW_SECONDS = 3600.0
+"""How far ahead of this replica's clock a peer's wall-clock time may be before it is rejected."""
+
+
 def fold_sum(values: Sequence[Any]) -> Any:
-    """Element-wise sum of numbers or of equal-length lists of numbers (in-flight counters)."""
+    """Element-wise sum of numbers, of equal-length lists of numbers (in-flight counters), or of
+    mappings of numbers (summed by key: counts per flow)."""
     if not values:
         return None
     first = values[0]
+    if isinstance(first, dict):
+        total: dict[Any, Any] = {}
+        for v in values:
+            for k, x in v.items():
+                total[k] = total.get(k, 0) + x
+        return total
     if isinstance(first, list):
         out = [0] * len(first)
         for v in values:
@@ -44,6 +57,18 @@ def fold_union(values: Sequence[Any]) -> Any:
     for v in values:
         out.update(v)
     return sorted(out)
+
+
+def valid_count(v: Any) -> bool:
+    """A non-negative int below 2**53 (a JSON number every replica reads exactly), not a bool."""
+    return type(v) is int and 0 <= v < 1 << 53
+
+
+def valid_time(v: Any) -> bool:
+    """A wall-clock time (seconds since the epoch, ``time.time()``): a positive finite number at
+    most ``MAX_CLOCK_SKEW_SECONDS`` ahead of this replica's clock (a time far in the future would
+    win every comparison for as long as it is kept)."""
+    return type(v) in (int, float) and math.isfinite(v) and 0 < v <= time.time() + MAX_CLOCK_SKEW_SECONDS
 
 
 @dataclass(frozen=True, slots=True)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from epp.framework.wire import REQUEST_DROPPED_REASON_HEADER
 
@@ -84,3 +84,20 @@ class ConfigError(Exception):
         super().__init__(f"{field}: {reason}" if field else reason)
         self.field = field
         self.reason = reason
+
+
+class ConfigErrors(ConfigError):
+    """Several independent configuration errors found in one load, in the order found.
+
+    ``field`` and ``reason`` are the first error's (what a single error would have said); ``errors``
+    holds them all and the text lists them one per line.
+    """
+
+    def __init__(self, errors: Sequence[ConfigError]) -> None:
+        if not errors:
+            raise ValueError("ConfigErrors needs at least one error")
+        super().__init__(errors[0].field, errors[0].reason)
+        self.errors: tuple[ConfigError, ...] = tuple(errors)
+
+    def __str__(self) -> str:
+        return "\n".join(str(e) for e in self.errors)

@@ -76,6 +76,16 @@ class Plugin:
     def typed_name(self) -> str:
         return f"{self.name}/{self.type_name}"
 
+    def config_warnings(self, plugins: Mapping[str, Plugin]) -> Sequence[tuple[str, str]]:
+        """What in this plugin's configuration loads but probably does not do what the user meant
+        (a file that does not exist, a plugin that gets nothing to work on): ``(field, reason)``
+        pairs, ``field`` relative to the plugin's ``parameters`` ("" = the plugin itself).
+
+        Called once when the configuration has loaded, with every plugin by name; ``epp
+        check-config`` and ``epp serve`` print the warnings. The default has none.
+        """
+        return ()
+
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.typed_name}>"
 

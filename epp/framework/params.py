@@ -1,6 +1,13 @@
 """Typed plugin parameters: frozen dataclasses with snake_case fields, written in camelCase in YAML.
 
 Decoding is ``epp.framework.decode``'s, the same strict decoder as the configuration document's.
+
+What ``epp check-config`` prints as a plugin's effective parameters are the values the plugin uses:
+a Params dataclass (at any depth) whose unset fields stand for defaults resolved later may define
+``effective()``, returning a copy with those defaults written out; a field marked ``OMIT_UNSET``
+(``field(default=..., metadata=OMIT_UNSET)``) is left out while it holds its default: keys kept only
+to migrate older configurations, settings of an alternative that is not chosen, and values that come
+from outside the configuration (a command-line flag, the pool) when unset.
 """
 
 from __future__ import annotations
@@ -11,7 +18,10 @@ from typing import Any
 from epp.framework.decode import decode_dataclass, kind_of, yaml_key
 from epp.framework.errors import ConfigError
 
-__all__ = ["decode_params", "encode_params", "ensure_valid", "yaml_key"]
+__all__ = ["OMIT_UNSET", "decode_params", "encode_params", "ensure_valid", "yaml_key"]
+
+# Field metadata: check-config leaves the field out while it holds its default (see the docstring).
+OMIT_UNSET: dict[str, bool] = {"omit_unset": True}
 
 
 def ensure_valid(params: Any) -> None:

@@ -262,12 +262,7 @@ class EppServer:
         settings = self.cfg.cross_replica
         if settings is None:
             return None
-        specs = [
-            spec
-            for p in self.cfg.plugins.values()
-            if isinstance(p, CrossReplicaContributor)
-            for spec in p.cross_replica_specs()
-        ]
+        specs = [spec for c in self._contributors() for spec in c.cross_replica_specs()]
         log.info(
             "sharing routing state with the other replicas",
             syncer=getattr(settings.syncer, "name", ""),
@@ -282,6 +277,15 @@ class EppServer:
             interval=settings.interval,
             publish_timeout=settings.publish_timeout,
         )
+
+    def _contributors(self) -> list[CrossReplicaContributor]:
+        """What shares state: the plugins that declare it, the saturation detector (also when the
+        loader created it), and the flow controller, which is runtime, not a plugin."""
+        found: list[CrossReplicaContributor] = []
+        for c in (*self.cfg.plugins.values(), self.cfg.saturation_detector, self.flow_control):
+            if isinstance(c, CrossReplicaContributor) and not any(c is f for f in found):
+                found.append(c)
+        return found
 
     def _replication(self) -> tuple[ReplicationHub, ReplicationFollower] | None:
         """With leader election: standbys mirror the leader's learned plugin state (prefix index)."""

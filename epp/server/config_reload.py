@@ -25,6 +25,7 @@ from epp import promlite
 from epp.config import ConfigError, LoadedConfig
 from epp.config.effective import effective_document
 from epp.flowcontrol import settings_from_spec
+from epp.framework.cross_replica import CrossReplicaContributor
 from epp.framework.interfaces import (
     Admitter,
     DataProducer,
@@ -90,7 +91,13 @@ _NOT_ONLY_SCHEDULING = (
     Screener,
     UsageLimitPolicy,
 )
-_STATEFUL = (EndpointStateHolder, MetadataExtractor, ReplicatedState, ServingHooks)  # protocols
+_STATEFUL = (  # protocols
+    CrossReplicaContributor,  # the sync loop holds its specs: a new instance would not be shared
+    EndpointStateHolder,
+    MetadataExtractor,
+    ReplicatedState,
+    ServingHooks,
+)
 _LIVE_SECTIONS = ("schedulingProfiles", "flowControl", "plugins")
 
 

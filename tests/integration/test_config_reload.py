@@ -48,6 +48,12 @@ def _metric(epp: Epp, series: str) -> float:
     return 0.0
 
 
+def _log_reasons(epp: Epp) -> list[str]:
+    """The reasons of the EPP's "not applied" log lines, oldest first."""
+    lines = epp.child.log_path.read_text(errors="replace").splitlines()
+    return [line for line in lines if "configuration change not applied" in line]
+
+
 def _wait(what: str, cond: Callable[[], bool], timeout: float = 20.0) -> None:
     deadline = time.monotonic() + timeout
     while not cond():
@@ -114,6 +120,8 @@ def test_config_file_edits_apply_live_and_bad_ones_keep_the_running_config(rig: 
             lambda: _metric(epp, 'llm_d_epp_config_reloads_total{result="invalid"}') == 1,
         )
         assert _metric(epp, "llm_d_epp_config_reload_last_success") == 0
+        _wait("the invalid edit logged", lambda: len(_log_reasons(epp)) == 1)
+        assert "weigth" in _log_reasons(epp)[0]  # the log says why: the misspelt field
         assert traffic.last_ports(10) == {sims[1].port}
 
         # A valid edit of what cannot change live (the data layer): refused, the running config stays.
@@ -124,6 +132,8 @@ def test_config_file_edits_apply_live_and_bad_ones_keep_the_running_config(rig: 
             "the refused edit seen",
             lambda: _metric(epp, 'llm_d_epp_config_reloads_total{result="refused"}') == 1,
         )
+        _wait("the refused edit logged", lambda: len(_log_reasons(epp)) == 2)
+        assert "dataLayer cannot change" in _log_reasons(epp)[1]  # names what cannot change live
         assert traffic.last_ports(10) == {sims[1].port}
 
         # Back to group a: applied again.

@@ -1,4 +1,6 @@
-"""Three EPP replicas behind one Envoy share their routing state through a real ``redis-server``."""
+"""Three EPP replicas behind one Envoy share their routing state through a real ``redis-server``:
+the approximate prefix index, in-flight load and a dead replica's expiry; session pins and the
+utilization detector's in-flight credit (flow control gating on what every replica dispatched)."""
 
 from __future__ import annotations
 
@@ -26,6 +28,9 @@ INTERVAL_S = 0.05
 STATE_TTL = "1s"
 PREFIX = "llm-d-epp:default/epp:"  # keyPrefix : pool namespace / pool name
 INFLIGHT_FIELD = "inflight-load-producer/inflight-load-producer|default/{}"
+DETECTOR_FIELD = "utilization-detector/utilization-detector|default/{}"
+SESSION_LOG = "log:session-affinity-scorer/session-affinity-scorer"
+SESSION_HEADER = "x-session-id"
 
 
 @pytest.fixture
@@ -105,27 +110,33 @@ def _served_by(envoy: Envoy) -> dict[int, int]:
     return out
 
 
-def _chat(envoy: Envoy, text: str, *, max_tokens: int = 1, pin: str = "") -> tuple[int | None, int]:
+def _chat(
+    envoy: Envoy, text: str, *, max_tokens: int = 1, pin: str = "", session: str = ""
+) -> tuple[int | None, int]:
     """One chat request: (the sim port that answered, the EPP replica port that routed it)."""
     before = _served_by(envoy)
     body = json.dumps(
         {"model": MODEL, "messages": [{"role": "user", "content": text}], "max_tokens": max_tokens}
     )
-    resp = envoy.post("/v1/chat/completions", body.encode(), {SUBSET_HEADER: pin} if pin else None)
+    headers = {SUBSET_HEADER: pin} if pin else {}
+    if session:
+        headers[SESSION_HEADER] = session
+    resp = envoy.post("/v1/chat/completions", body.encode(), headers or None)
     assert resp.status == 200, resp
     after = _served_by(envoy)
     (replica,) = [p for p, n in after.items() if n > before.get(p, 0)]
     return resp.port, replica
 
 
-def _hold(envoy: Envoy, pin: str) -> threading.Thread:
-    """A long streamed request pinned (subset hint) to ``pin``, in flight until its replica dies."""
+def _hold(envoy: Envoy, pin: str, max_tokens: int = 400) -> threading.Thread:
+    """A long streamed request pinned (subset hint) to ``pin``, in flight until its replica dies
+    or its ``max_tokens`` are out (50 ms each)."""
     body = json.dumps(
         {
             "model": MODEL,
             "messages": [{"role": "user", "content": f"hold {time.time()}"}],
             "stream": True,
-            "max_tokens": 400,
+            "max_tokens": max_tokens,
         }
     ).encode()
 
@@ -146,11 +157,11 @@ def _hold(envoy: Envoy, pin: str) -> threading.Thread:
     return t
 
 
-def _charged(raw: redis.Redis, sim_name: str) -> list[str]:
+def _charged(raw: redis.Redis, sim_name: str, field: str = INFLIGHT_FIELD) -> list[str]:
     """The replica hashes in Redis holding an in-flight charge on ``sim_name``."""
     keys = [k.decode() for k in raw.scan_iter(f"{PREFIX}v:*")]
-    field = INFLIGHT_FIELD.format(sim_name)
-    return [k for k in keys if raw.hexists(k, field)]
+    name = field.format(sim_name)
+    return [k for k in keys if raw.hexists(k, name)]
 
 
 def test_three_replicas_behind_one_envoy_share_prefix_index_and_in_flight_load(
@@ -238,3 +249,120 @@ def _holds(epp: Epp, sim_name: str) -> bool:
         if line.startswith("llm_d_epp_endpoint_inflight_requests{") and f'name="{sim_name}"' in line:
             return float(line.rsplit(" ", 1)[1]) > 0
     return False
+
+
+def _session_config(address: str) -> dict[str, Any]:
+    """Routing by session alone (unbound sessions: a random endpoint), and flow control gated by
+    the utilization detector: one request queued per endpoint saturates it."""
+    return {
+        "featureGates": ["flowControl"],
+        "plugins": [
+            {
+                "name": "shared",
+                "type": "redis-syncer",
+                "parameters": {"address": address, "stateTTL": STATE_TTL},
+            },
+            {"type": "session-affinity-scorer", "parameters": {"strategy": "session_id"}},
+            {"type": "utilization-detector", "parameters": {"queueDepthThreshold": 1}},
+            {"type": "max-score-picker"},
+        ],
+        "schedulingProfiles": [
+            {
+                "name": "default",
+                "plugins": [{"pluginRef": "session-affinity-scorer"}, {"pluginRef": "max-score-picker"}],
+            }
+        ],
+        "flowControl": {"saturationDetector": {"pluginRef": "utilization-detector"}},
+        "dataLayer": {
+            "crossReplica": {"syncerPluginRef": "shared", "syncInterval": f"{int(INTERVAL_S * 1000)}ms"}
+        },
+    }
+
+
+def _queued(epp: Epp) -> float:
+    total = 0.0
+    for line in epp.metrics().splitlines():
+        if line.startswith("llm_d_epp_flow_control_queue_size{"):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def _started(envoy: Envoy, before: dict[int, int]) -> int:
+    """The replica port whose ext_proc stream count rose since ``before`` (exactly one)."""
+    changed: list[int] = []
+
+    def one() -> bool:
+        changed[:] = [p for p, n in _served_by(envoy).items() if n > before.get(p, 0)]
+        return len(changed) == 1
+
+    _wait("one new ext_proc stream", one)
+    return changed[0]
+
+
+def test_three_replicas_share_session_pins_and_the_detectors_credit(rig: Rig, store: RedisServer) -> None:
+    sims = rig.start_sims(2, extra=["--inter-token-latency", "50"])
+    config = _session_config(store.address)
+    # one scrape at start-up, then none for 30 s: the detector works on the in-flight credit
+    extra = ["--refresh-metrics-interval", "30s", "--allow-experimental-plugins"]
+    epps = [rig.start_epp(sims, name=f"epp-{i}", config=config, extra=extra) for i in range(3)]
+    by_port = {e.grpc_port: e for e in epps}
+    base = envoy_config.envoy_bootstrap(
+        listen_port=stack.free_port(), admin_port=stack.free_port(), subset_hint_header=SUBSET_HEADER
+    )
+    spread = spread_ext_proc(base, [Replica("127.0.0.1", e.grpc_port, e.health_port) for e in epps])
+    listen = spread["static_resources"]["listeners"][0]["address"]["socket_address"]["port_value"]
+    admin = spread["admin"]["address"]["socket_address"]["port_value"]
+    child = rig.stack.start_envoy("envoy-sessions", spread, concurrency=1)
+    envoy = Envoy(child, listen, admin, envoy_config.DEFAULT_BODY_MODE, False)
+    rig.stack.wait_envoy(child, admin)
+    _wait("every replica healthy in Envoy", lambda: envoy.health_flags("ext_proc") == ["healthy"] * 3)
+    _wait(
+        "every replica sees its 2 peers",
+        lambda: all(_metric(e, "llm_d_epp_cross_replica_peers") == 2 for e in epps),
+    )
+    raw = redis.Redis(host="127.0.0.1", port=store.port)
+
+    # 1. A session pinned through one replica is routed to the same endpoint through the others
+    # (without sharing each of them would pick at random: 10 coin flips).
+    first_sims = set()
+    for n in range(5):
+        session = f"conversation-{n}-{time.time()}"
+        first_sim, first_replica = _chat(envoy, f"turn 0 of {n}", session=session)
+        first_sims.add(first_sim)
+        _wait("the binding in Redis", lambda n=n: raw.xlen(PREFIX + SESSION_LOG) > n)  # type: ignore[misc]
+        _synced(epps)
+        replicas = {first_replica}
+        for turn in (1, 2):
+            sim, replica = _chat(envoy, f"turn {turn} of {n}", session=session)
+            assert sim == first_sim, f"session {n}: replica {replica} did not honour {first_replica}'s pin"
+            replicas.add(replica)
+        assert replicas == set(by_port), "the turns did not go through every replica"
+
+    # 2. Requests dispatched by two replicas saturate the pool for the third: its detector counts
+    # them (their in-flight credit since its scrape), so it queues a request until one ends.
+    x, y = sims
+    holds = []
+    holders = []
+    for sim in (x, y):
+        before = _served_by(envoy)
+        holds.append(_hold(envoy, sim.address, max_tokens=60))  # 3 s in flight
+        holders.append(_started(envoy, before))
+        _wait(
+            "the charge in Redis",
+            lambda sim=sim: len(_charged(raw, sim.name, DETECTOR_FIELD)) == 1,  # type: ignore[misc]
+        )
+    _synced(epps)
+    before = _served_by(envoy)
+    answers: list[tuple[int | None, int]] = []
+    probe = threading.Thread(target=lambda: answers.append(_chat(envoy, "probe")), daemon=True)
+    probe.start()
+    prober = _started(envoy, before)
+    assert prober not in holders, f"round robin sent the probe to a holder ({prober} in {holders})"
+    _wait("the probe queued by the third replica", lambda: _queued(by_port[prober]) >= 1, timeout=2.5)
+    assert all(h.is_alive() for h in holds) and probe.is_alive()
+    probe.join(timeout=15)
+    assert answers and answers[0][1] == prober, "the probe was not answered"
+    assert not all(h.is_alive() for h in holds), "the probe went before the holds let it"
+    for h in holds:
+        h.join(timeout=10)
+    raw.close()

@@ -12,6 +12,7 @@ import yaml
 
 from epp.config import ConfigError, load_config
 from epp.flowcontrol import settings_from_spec
+from epp.framework import registry
 from epp.server.config_reload import ReloadRefused, plan_reload
 
 NO_ENV: dict[str, str] = {}
@@ -187,6 +188,50 @@ def test_compat_v011_refuses_what_v011_removed(body: str, field_path: str, reaso
     assert reason in err.reason and "removed in router v0.11.0" in err.reason
 
 
+_PD_PROFILES = (
+    "- {type: max-score-picker}\nschedulingProfiles:\n"
+    "- {name: prefill, plugins: [{pluginRef: max-score-picker}]}\n"
+    "- {name: decode, plugins: [{pluginRef: max-score-picker}]}\n"
+)
+REMOVED_SAMPLES = {
+    "tokenizer": ("plugins:\n- {type: tokenizer}\n", "'token-producer'"),
+    "by-label": (
+        "plugins:\n- {type: by-label, parameters: {label: x, validValues: [a]}}\n",
+        "'label-selector-filter'",
+    ),
+    "by-label-selector": (
+        "plugins:\n- {type: by-label-selector, parameters: {matchLabels: {a: b}}}\n",
+        "'label-selector-filter'",
+    ),
+    "disagg-headers-handler": ("plugins:\n- {type: disagg-headers-handler}\n", "'disagg-profile-handler'"),
+    "prefill-header-handler": ("plugins:\n- {type: prefill-header-handler}\n", "'disagg-profile-handler'"),
+    "pd-profile-handler": (
+        "plugins:\n- {type: pd-profile-handler}\n- {type: prefix-based-pd-decider}\n" + _PD_PROFILES,
+        "'disagg-profile-handler'",
+    ),
+}
+
+
+@pytest.mark.parametrize("removed", sorted(REMOVED_SAMPLES))
+def test_every_removed_type_loads_with_one_warning_and_is_refused_for_v011(removed: str) -> None:
+    body, replacement = REMOVED_SAMPLES[removed]
+    registry._WARNED.discard(removed)  # deprecated names warn once per process
+    cfg = load_config(V1ALPHA1 + body, environ=NO_ENV)
+    (warning,) = [w for w in cfg.warnings if f"'{removed}'" in w]
+    assert warning.startswith("plugins[0].type: ") and "removed in router v0.11.0" in warning
+    assert replacement in warning
+    err = error(V1ALPHA1 + body, compat_version="v0.11")
+    assert err.field == "plugins[0].type"
+    assert err.reason.startswith(f"plugin type '{removed}' is not registered")  # v0.11's own words
+    assert replacement in err.reason
+
+
+def test_the_samples_cover_every_removed_type() -> None:
+    from epp.config.removed import PRECISE_SCORER, REMOVED_TYPES
+
+    assert set(REMOVED_SAMPLES) | {PRECISE_SCORER} == set(REMOVED_TYPES)
+
+
 def test_flat_disagg_parameters_warn_naming_the_nested_form() -> None:
     cfg = v1(
         "plugins:\n- {type: max-score-picker}\n"
@@ -204,11 +249,33 @@ def test_feature_gates_flag_overrides_the_config() -> None:
     assert err.field == "--feature-gates" and 'did you mean "flowControl"' in err.reason
 
 
+def test_check_config_applies_the_feature_gates_flag_over_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text(V1 + "featureGates: [flowControl]\n")
+    run = [sys.executable, "-m", "epp", "check-config"]
+
+    def gates(*flags: str) -> list[str]:
+        out = subprocess.run([*run, *flags, str(path)], capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        return list(yaml.safe_load(out.stdout)["featureGates"])
+
+    assert "flowControl" in gates()
+    assert "flowControl" not in gates("--feature-gates", "flowControl=false")
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
         (["--grpc-port", "70000"], "out of range 0-65535"),
         (["--metrics-port", "-1"], "out of range 0-65535"),
+        (["--grpc-health-port", "65536"], "out of range 0-65535"),
+        (["--ha-replication-port", "70000"], "out of range 0-65535"),
+        (["--model-server-metrics-port", "65536"], "out of range 0-65535"),
+        (["--grpc-port", "9x"], "not an integer"),
+        (
+            ["--endpoint-selector", "app=x", "--endpoint-target-ports", "8000,70000"],
+            'invalid port number 70000 in "endpoint-target-ports"',
+        ),
         (["--feature-gates", "flowControl=maybe"], "invalid value of feature gate flowControl"),
         (["--plugin-state-staleness-threshold", "0s"], "must be positive"),
     ],

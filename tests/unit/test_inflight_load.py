@@ -238,7 +238,7 @@ def test_inflight_parameters() -> None:
     p = decode_params(InFlightLoadParams, {}, "p")
     assert (p.add_estimated_output_tokens, p.output_ratio, p.max_estimated_output_tokens) == (
         False,
-        None,
+        1.5,  # the ratio used (an explicit null means the same)
         None,
     )
     for key, bad in (("outputRatio", -0.1), ("maxEstimatedOutputTokens", -1)):

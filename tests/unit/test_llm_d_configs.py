@@ -571,3 +571,83 @@ def test_a_v1alpha1_file_and_its_v1_twin_give_one_effective_config(
         "(`epp check-config` prints this configuration converted to it)"
     ]
     assert not [w for w in new.warnings if "deprecated" in w]
+
+
+@pytest.fixture
+def fresh_warnings() -> Iterator[None]:
+    """Deprecated type names warn once per process: this test sees them afresh."""
+    saved = set(registry._WARNED)
+    registry._WARNED.clear()
+    try:
+        yield
+    finally:
+        registry._WARNED.clear()
+        registry._WARNED.update(saved)
+
+
+def _loads_for_v011(name: str) -> ConfigError | None:
+    try:
+        load_config_file(_path(name), environ=NO_ENV, allow_experimental=True, compat_version="v0.11")
+    except ConfigError as e:
+        return e
+    return None
+
+
+@pytest.mark.parametrize("name", [*_names("load"), *_names("experimental")])
+def test_a_loading_config_is_refused_for_v011_only_for_what_v011_removed(
+    name: str, fresh_warnings: None
+) -> None:
+    """``--compat-version v0.11`` refuses a file that loads only for what v0.11 removed (naming the
+    replacement), and the default load warned about exactly that field."""
+    refused = _loads_for_v011(name)
+    if refused is None:
+        return
+    assert "removed in router v0.11.0; use " in refused.reason or "was replaced by" in refused.reason, refused
+    cfg = load_config_file(_path(name), environ=NO_ENV, allow_experimental=True)
+    field_path = refused.field.rsplit(".parameters.", 1)[0].removesuffix(".type")
+    assert any(w.startswith(field_path + ".") for w in cfg.warnings), (refused, cfg.warnings)
+
+
+def test_the_e2e_precise_configs_load_and_check_config_refuses_them_for_v011() -> None:
+    precise = [
+        name
+        for name in _names("load")
+        if name.startswith("snapshot/test__e2e__")
+        and "type: precise-prefix-cache-scorer" in Path(_path(name)).read_text()
+    ]
+    assert len(precise) == 2, precise  # the two configs of the reference's e2e suite
+    run = [sys.executable, "-m", "epp", "check-config"]
+    for name in precise:
+        ok = subprocess.run([*run, _path(name)], capture_output=True, text=True, timeout=60)
+        assert ok.returncode == 0, ok.stderr
+        warned = [line for line in ok.stderr.splitlines() if "'precise-prefix-cache-scorer'" in line]
+        assert len(warned) == 1 and "removed in router v0.11.0" in warned[0], ok.stderr
+        refused = subprocess.run(
+            [*run, "--compat-version", "v0.11", _path(name)], capture_output=True, text=True, timeout=60
+        )
+        assert refused.returncode == 2
+        assert "plugin type 'precise-prefix-cache-scorer' is not registered (removed in router v0.11.0" in (
+            refused.stderr
+        )
+
+
+LOADING_CLASSES = {"load", "experimental", "load-with-mocks", "experimental-with-mocks"}
+
+
+def _index_notes() -> dict[str, str]:
+    """head/INDEX.tsv: the EXPECTED key of each file and the collector's note on it."""
+    index = config_path("head/INDEX").with_suffix(".tsv")
+    rows = [line.split("\t") for line in index.read_text().splitlines()[1:] if line]
+    return {f"head/{row[0].removesuffix('.yaml')}": row[2] for row in rows if row[0].endswith(".yaml")}
+
+
+def test_what_the_reference_loads_epp_loads_and_what_it_rejects_epp_rejects() -> None:
+    """The head/ index notes which files the reference loads ("valid...", "in-tree types") and which
+    its tests expect the loader to reject; EXPECTED.yaml agrees with each."""
+    notes = _index_notes()
+    assert notes and set(notes) <= set(EXPECTED)
+    loads = [k for k, note in notes.items() if note.startswith(("valid", "in-tree types"))]
+    rejects = [k for k, note in notes.items() if note.startswith("reference test expects")]
+    assert len(loads) >= 35 and len(rejects) >= 25
+    assert [k for k in loads if _class_of(EXPECTED[k]) not in LOADING_CLASSES] == []
+    assert [k for k in rejects if not _class_of(EXPECTED[k]).startswith("reject")] == []

@@ -105,3 +105,33 @@ def test_the_reference_runner_config_loads() -> None:
     assert loaded.discovery is not None and loaded.discovery.type_name == "multicluster-file-discovery"
     with pytest.raises(Exception, match=r"alpha|experimental"):
         config(text.split("kind: EndpointPickerConfig\n", 1)[1], allow_experimental=False)
+
+
+SNAPSHOT = HEAD.parent / "snapshot"
+
+
+@pytest.mark.skipif(
+    not SNAPSHOT.is_dir(), reason="../shared/reference/llm-d-configs is absent (data from outside)"
+)
+def test_the_plugins_readme_config_loads_where_its_files_exist(tmp_path: Path) -> None:
+    """The plugins README's multicluster sample (EXPECTED.yaml: refused here only because its CA file
+    is not on this machine) loads once its discovery file and CA bundle exist."""
+    from epp.server.tls import Authority
+
+    text = (SNAPSHOT / "pkg__epp__framework__plugins__README.md.1.yaml").read_text()
+    assert "/etc/epp/tls/ca.crt" in text and "/etc/epp/clusters.yaml" in text
+    (tmp_path / "ca.crt").write_bytes(Authority.create().cert)
+    (tmp_path / "clusters.yaml").write_bytes(CLUSTERS)
+    text = text.replace("/etc/epp/tls/ca.crt", str(tmp_path / "ca.crt"))
+    text = text.replace("/etc/epp/clusters.yaml", str(tmp_path / "clusters.yaml"))
+    body = text.split("kind: EndpointPickerConfig\n", 1)[1]
+    loaded = config(body, allow_experimental=True)
+    assert loaded.discovery is not None and loaded.discovery.type_name == "multicluster-file-discovery"
+    types = {p.type_name for p in loaded.plugins.values()}
+    assert {
+        "multicluster-session-affinity-filter",
+        "multicluster-kv-cache-utilization-scorer",
+        "multicluster-queue-scorer",
+    } <= types
+    with pytest.raises(Exception, match=r"alpha|experimental"):
+        config(body, allow_experimental=False)

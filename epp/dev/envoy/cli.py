@@ -27,7 +27,9 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m epp.dev.envoy
     """CLI: print a bootstrap, or regenerate the checked-in reference files with ``--write DIR``."""
     parser = argparse.ArgumentParser(prog=prog, description=_DESCRIPTION)
     parser.add_argument("--write", metavar="DIR", help="write the reference bootstraps into DIR")
-    parser.add_argument("--listen-host", default="127.0.0.1", help="listener address (0.0.0.0 in a pod)")
+    parser.add_argument(
+        "--listen-host", default="127.0.0.1", help="listener address (default 127.0.0.1; 0.0.0.0 in a pod)"
+    )
     parser.add_argument("--listen-port", type=int, default=8081, help="listener port (default 8081)")
     parser.add_argument("--admin-port", type=int, default=19000, help="Envoy admin port (default 19000)")
     parser.add_argument("--extproc-host", default="127.0.0.1", help="the EPP address (default 127.0.0.1)")

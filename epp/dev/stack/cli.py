@@ -17,7 +17,7 @@ import shutil
 import signal
 import sys
 import tempfile
-import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -41,8 +41,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         metavar="ARG",
-        help="an extra flag for every simulator, written with '=' (--sim-arg=--max-num-seqs=2); repeat it "
-        "for several",
+        help="an extra flag for every simulator (--sim-arg --max-num-seqs=2, or --sim-arg=--max-num-seqs=2); "
+        "repeat it for several",
     )
     add("--port", type=int, default=8081, help="Envoy listener port (default 8081)")
     add("--admin-port", type=int, default=19000, help="Envoy admin port (default 19000)")
@@ -83,8 +83,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         metavar="ARG",
-        help="an extra flag for epp serve, written with '=' (--epp-arg=--log-level=debug); repeat it "
-        "for several",
+        help="an extra flag for epp serve (--epp-arg --log-level=debug, or --epp-arg=--log-level=debug); "
+        "repeat it for several",
     )
     add("--envoy-log-level", default="warning", help="Envoy --log-level (default warning)")
     add(
@@ -206,12 +206,26 @@ def options_from_args(args: argparse.Namespace) -> StackOptions:
 
 
 class _Stop:
-    """SIGINT/SIGTERM set a flag instead of raising inside the supervision loop."""
+    """SIGINT/SIGTERM set a flag instead of raising inside the supervision loop.
+
+    The handler only assigns an attribute: it takes no lock. CPython runs a handler at the next
+    bytecode boundary, also inside a running handler, so a second signal (Ctrl-C twice, or
+    ``timeout`` signalling both the process and its group) that arrived while a handler held a
+    ``threading.Event``'s lock would deadlock ``epp run`` with its children still up.
+    """
 
     def __init__(self) -> None:
-        self.event = threading.Event()
         self.signal: int | None = None
         self._previous: dict[int, Any] = {}
+
+    def is_set(self) -> bool:
+        return self.signal is not None
+
+    def wait(self, timeout: float) -> bool:
+        """Whether a stop signal came, sleeping up to ``timeout`` first if none has yet."""
+        if self.signal is None:
+            time.sleep(timeout)
+        return self.signal is not None
 
     def install(self) -> None:
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -223,7 +237,6 @@ class _Stop:
 
     def _handle(self, signum: int, _frame: object) -> None:
         self.signal = signum
-        self.event.set()
 
 
 def _epps(stack: LocalStack) -> str:
@@ -298,7 +311,7 @@ def main(args: argparse.Namespace) -> int:
         try:
             epps = "the EPP" if opts.replicas == 1 else f"{opts.replicas} EPP replicas, Redis"
             print(f"starting {opts.sims} simulators, {epps} and Envoy (work dir {workdir}) ...", flush=True)
-            stack.start(abort=stop.event.is_set)
+            stack.start(abort=stop.is_set)
         except Interrupted:
             return 0
         except ChildExited as e:
@@ -310,7 +323,7 @@ def main(args: argparse.Namespace) -> int:
             _print_tails(stack)
             return 1
         print(_usage(stack), flush=True)
-        while not stop.event.wait(0.2):
+        while not stop.wait(0.2):
             child = stack.poll()
             if child is not None:
                 failed = True
@@ -320,7 +333,7 @@ def main(args: argparse.Namespace) -> int:
     finally:
         stack.stop()
         stop.restore()
-        if failed or args.keep_workdir:
+        if (failed and stack.supervisor.children) or args.keep_workdir:  # logs of what ran
             print(f"logs kept in {stack.supervisor.log_dir}", file=sys.stderr)
         else:
             shutil.rmtree(workdir, ignore_errors=True)

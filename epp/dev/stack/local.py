@@ -284,12 +284,28 @@ class StackOptions:
         ]
 
     def all_ports(self) -> list[int]:
-        kv = (
-            [p for i in range(self.sims) for p in self.kv_events_ports(i)] if self.kv_events_base_port else []
-        )
-        epps = [p for e in self.epps() for p in (e.grpc, e.health, e.metrics)]
-        redis = [self.redis_port] if self.shares_state and self.redis_port else []
-        return [*kv, *self.sim_ports, self.port, self.admin_port, *epps, *redis]
+        return [port for port, _ in self.port_flags()]
+
+    def port_flags(self) -> list[tuple[int, str]]:
+        """Every port the stack listens on, with the ``epp run`` flag that moves it."""
+        kv = [(p, "--kv-events") for i in range(self.sims) for p in self.kv_events_ports(i)]
+        epps: list[tuple[int, str]] = []
+        for i, e in enumerate(self.epps()):
+            which = f", replica {i}" if i else ""
+            epps += [
+                (e.grpc, f"--grpc-port{which}"),
+                (e.health, f"--grpc-health-port{which}"),
+                (e.metrics, f"--metrics-port{which}"),
+            ]
+        redis = [(self.redis_port, "--redis-port")] if self.shares_state and self.redis_port else []
+        return [
+            *(kv if self.kv_events_base_port else []),
+            *((p, "--sim-base-port") for p in self.sim_ports),
+            (self.port, "--port"),
+            (self.admin_port, "--admin-port"),
+            *epps,
+            *redis,
+        ]
 
     @property
     def shares_state(self) -> bool:
@@ -308,6 +324,14 @@ class StackOptions:
             raise ValueError(f"ports used twice: {', '.join(map(str, twice))}")
         if any(not 0 < p < 65536 for p in self.all_ports()):
             raise ValueError("a port beyond 65535 (fewer --replicas, or lower base ports)")
+
+    def busy_ports(self) -> str:
+        """The ports another process holds, each group with the flag that moves it ("" if none)."""
+        by_flag: dict[str, list[int]] = {}
+        for port, flag in self.port_flags():
+            if port_in_use(port):
+                by_flag.setdefault(flag, []).append(port)
+        return ", ".join(f"{', '.join(map(str, ports))} ({flag})" for flag, ports in by_flag.items())
 
 
 class LocalStack(Stack):
@@ -353,9 +377,9 @@ class LocalStack(Stack):
             redis_binary = redis_server_binary() or ""
             if not redis_binary:
                 raise FileNotFoundError(missing_message(f"--replicas {o.replicas}"))
-        busy = [p for p in o.all_ports() if port_in_use(p)]
+        busy = o.busy_ports()
         if busy:
-            raise RuntimeError(f"ports already in use: {', '.join(map(str, busy))}")
+            raise RuntimeError(f"ports already in use: {busy}; move them with those epp run flags")
         if redis_binary:
             self.start_redis(redis_binary)
         for i, port in enumerate(o.sim_ports):

@@ -7,7 +7,7 @@ import ipaddress
 import os
 import re
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,7 +17,7 @@ import yaml
 
 from epp.background import BackgroundTask
 from epp.framework import ConfigError, EndpointDiscovery, EndpointMetadata, EndpointNotifier, register
-from epp.framework.interfaces import Handle
+from epp.framework.interfaces import Handle, Plugin
 from epp.plugins.discovery._metrics import FILE_INVALID_ENTRIES, FILE_LOAD_FAILURES, FILE_REJECTED
 
 log = structlog.get_logger("epp.discovery.file")
@@ -102,6 +102,19 @@ class FileDiscovery(EndpointDiscovery):
         self._serving_last_good = False  # the file on disk is rejected
         self._signature: _Signature | None = None
         self._task = BackgroundTask(f"watch {self.path}", self._watch)
+
+    def config_warnings(self, plugins: Mapping[str, Plugin]) -> Sequence[tuple[str, str]]:
+        """A file that is not there now: ``epp serve`` would fail at start (it may appear later,
+        in the container or before the EPP starts, so it is not an error)."""
+        if os.path.exists(self.path):
+            return ()
+        where = "" if os.path.isabs(self.path) else f" (relative to {os.getcwd()})"
+        return (
+            (
+                "path",
+                f"the endpoints file {self.path} does not exist{where}: `epp serve` cannot start without it",
+            ),
+        )
 
     @property
     def loaded_keys(self) -> frozenset[str]:

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from epp.framework import CycleState, Endpoint, Filter, Handle, LLMRequest, Stability, register
+from epp.framework.params import OMIT_UNSET
 from epp.plugins.scorers._data_keys import endpoint_key_or_error, read_scalar, resolve_attribute_key
 
 __all__ = ["EndpointAttributeFilter", "EndpointAttributeFilterParams"]
@@ -51,7 +52,8 @@ class FilterAlgorithmParams:
 @dataclass(slots=True, frozen=True)
 class EndpointAttributeFilterParams:
     attribute: str = ""
-    producer: str | None = None  # None = the core metrics extractor; "" = producer-agnostic
+    # None (left out when printed) = the core metrics extractor; "" = producer-agnostic
+    producer: str | None = field(default=None, metadata=OMIT_UNSET)
     on_missing: str = "Pass"
     fallback_on_empty: bool = False
     algorithm: FilterAlgorithmParams = field(default_factory=FilterAlgorithmParams)

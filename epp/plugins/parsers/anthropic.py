@@ -13,6 +13,7 @@ import orjson
 
 from epp.framework import ApiKind, ErrorCode, InferenceError, Parser, RequestBody, register
 from epp.framework.request import request_path
+from epp.plugins.parsers._json import not_an_object, not_json
 
 _MESSAGES = "messages"
 _COUNT_TOKENS = "messages/count_tokens"
@@ -36,11 +37,9 @@ class AnthropicParser(Parser):
         try:
             payload = orjson.loads(body)
         except orjson.JSONDecodeError as e:
-            raise _bad(f"error unmarshaling request body: {e}") from None
+            raise not_json(e) from None
         if not isinstance(payload, dict):
-            raise _bad(
-                f"error unmarshaling request body: expected a JSON object, got {type(payload).__name__}"
-            )
+            raise not_an_object(payload)
         messages = payload.get("messages")
         if messages is not None and (
             not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages)

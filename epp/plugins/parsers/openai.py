@@ -9,6 +9,7 @@ import orjson
 
 from epp.framework import ApiKind, ErrorCode, InferenceError, Parser, RequestBody, register
 from epp.framework.request import request_path
+from epp.plugins.parsers._json import not_an_object, not_json
 from epp.plugins.parsers._lazy_json import messages_object
 
 _SUFFIXES: tuple[tuple[str, ApiKind], ...] = (
@@ -29,13 +30,6 @@ def api_for_path(path: str) -> ApiKind:
         if path.endswith(suffix):
             return api
     return ApiKind.COMPLETIONS
-
-
-_JSON_KINDS = {list: "an array", str: "a string", int: "a number", float: "a number", bool: "a boolean"}
-
-
-def _json_kind(value: object) -> str:
-    return "null" if value is None else _JSON_KINDS.get(type(value), type(value).__name__)
 
 
 def _bad(message: str) -> InferenceError:
@@ -97,9 +91,9 @@ def parse_json(body: bytes, api: ApiKind) -> RequestBody:
     try:
         payload = orjson.loads(body)
     except orjson.JSONDecodeError as e:
-        raise _bad(f"request body is not valid JSON: {e}") from None
+        raise not_json(e) from None
     if not isinstance(payload, dict):
-        raise _bad(f"request body must be a JSON object, got {_json_kind(payload)}")
+        raise not_an_object(payload)
     _validate(api, payload)
     return RequestBody(api=api, payload=payload, raw=body, stream=payload.get("stream") is True)
 

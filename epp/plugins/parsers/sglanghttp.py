@@ -24,7 +24,7 @@ class SGLangHttpParser(Parser):
         path = request_path(headers).strip().removesuffix("/")
         if path not in ("/generate", "generate"):
             raise bad_request(f"unsupported path: {path}")
-        payload = load_object(body, "generate request")
+        payload = load_object(body)
         salt = payload.get("extra_key")
         if salt is not None and not isinstance(salt, str):
             raise bad_request("unsupported generate request: extra_key must be a string")

@@ -56,7 +56,7 @@ class VertexAIParser(Parser):
         try:
             data = _http_body_data(msg)
         except WireError as e:
-            raise bad_request(f"unmarshaling {name}: {e}") from None
+            raise bad_request(f"{name} is not a valid protobuf message: {e}") from None
         if data is None:
             raise bad_request(f"{name} has no HttpBody")
         try:

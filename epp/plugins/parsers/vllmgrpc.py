@@ -91,7 +91,7 @@ class VllmGrpcParser(Parser):
                 return _generate(msg, body)
         except WireError as e:
             what = "EmbedRequest" if path.endswith(_EMBED) else "GenerateRequest"
-            raise bad_request(f"unmarshaling {what}: {e}") from None
+            raise bad_request(f"{what} is not a valid protobuf message: {e}") from None
         return RequestBody(api=ApiKind.RAW, payload={}, raw=body, rewritable=False)
 
     def supported_app_protocols(self) -> tuple[str, ...]:

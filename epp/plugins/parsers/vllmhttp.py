@@ -25,7 +25,7 @@ class VllmHttpParser(Parser):
         path = request_path(headers)
         if not path.endswith(_GENERATE):
             raise bad_request(f"unsupported path: {path}")
-        payload = load_object(body, "generate request")
+        payload = load_object(body)
         ids = token_ids(payload.get("token_ids"))
         if ids is None:
             raise bad_request("invalid generate request: must have non-empty token_ids field")

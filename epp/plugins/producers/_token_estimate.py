@@ -22,6 +22,7 @@ import orjson
 import xxhash
 
 from epp.framework import ApiKind, RequestBody
+from epp.framework.params import OMIT_UNSET
 from epp.framework.wire import VIDEO_DURATION_HEADER, VIDEO_FPS_HEADER, VIDEO_RESOLUTION_HEADER
 
 BYTES_PER_TOKEN = 4
@@ -75,12 +76,34 @@ class DynamicFactor:
     factor: int = 0
 
 
+def _resolution(res: Resolution | None) -> Resolution:
+    """The default resolution used (a size of 0 means the default)."""
+    res = res or Resolution()
+    return Resolution(
+        res.width if res.width > 0 else DEFAULT_WIDTH, res.height if res.height > 0 else DEFAULT_HEIGHT
+    )
+
+
+def _factor(dynamic: DynamicFactor | None) -> DynamicFactor:
+    """The pixels-per-token factor used (0 or less means the default)."""
+    factor = dynamic.factor if dynamic is not None else 0
+    return DynamicFactor(factor if factor > 0 else DEFAULT_FACTOR)
+
+
 @dataclass(slots=True, frozen=True)
 class ImageEstimate:
-    mode: str = ""
+    mode: str = ""  # "": dynamic
     default_resolution: Resolution | None = None
-    static: ImageStatic | None = None
-    dynamic: DynamicFactor | None = None
+    static: ImageStatic | None = field(default=None, metadata=OMIT_UNSET)  # the static mode's
+    dynamic: DynamicFactor | None = field(default=None, metadata=OMIT_UNSET)  # the dynamic mode's
+
+    def effective(self) -> ImageEstimate:
+        """The mode used with its settings and the defaults the estimator applies."""
+        res = _resolution(self.default_resolution)
+        if self.mode == IMAGE_MODE_STATIC:
+            token = self.static.static_token if self.static is not None else 0
+            return ImageEstimate(IMAGE_MODE_STATIC, res, ImageStatic(token if token > 0 else 1), None)
+        return ImageEstimate(IMAGE_MODE_DYNAMIC, res, None, _factor(self.dynamic))
 
     def validate(self) -> str | None:
         return _check_mode(self.mode)
@@ -93,9 +116,16 @@ class TokensPerFrameStatic:
 
 @dataclass(slots=True, frozen=True)
 class TokensPerFrame:
-    mode: str = ""
-    static: TokensPerFrameStatic | None = None
-    dynamic: DynamicFactor | None = None
+    mode: str = ""  # "": dynamic
+    static: TokensPerFrameStatic | None = field(default=None, metadata=OMIT_UNSET)  # the static mode's
+    dynamic: DynamicFactor | None = field(default=None, metadata=OMIT_UNSET)  # the dynamic mode's
+
+    def effective(self) -> TokensPerFrame:
+        """The mode used with its settings and the defaults the estimator applies."""
+        if self.mode == IMAGE_MODE_STATIC:
+            n = self.static.num_tokens_per_frame if self.static is not None else 0
+            return TokensPerFrame(IMAGE_MODE_STATIC, TokensPerFrameStatic(n if n > 0 else 1), None)
+        return TokensPerFrame(IMAGE_MODE_DYNAMIC, None, _factor(self.dynamic))
 
     def validate(self) -> str | None:
         return _check_mode(self.mode)
@@ -115,11 +145,24 @@ class FramesStrided:
 
 @dataclass(slots=True, frozen=True)
 class Frames:
-    mode: str = ""
-    min_frames: int = 0
-    max_frames: int = 0
-    sampled: FramesSampled | None = None
-    strided: FramesStrided | None = None
+    mode: str = ""  # "": sampled
+    min_frames: int = 0  # 0: no lower bound
+    max_frames: int = 0  # 0: no upper bound
+    sampled: FramesSampled | None = field(default=None, metadata=OMIT_UNSET)  # the sampled mode's
+    strided: FramesStrided | None = field(default=None, metadata=OMIT_UNSET)  # the strided mode's
+
+    def effective(self) -> Frames:
+        """The mode used with its settings and the defaults the estimator applies."""
+        if self.mode == FRAMES_MODE_STRIDED:
+            st = self.strided or FramesStrided()
+            fps = st.default_source_fps if st.default_source_fps > 0 else DEFAULT_VIDEO_SOURCE_FPS
+            strided = FramesStrided(fps, max(1, st.frame_stride))
+            return Frames(FRAMES_MODE_STRIDED, self.min_frames, self.max_frames, None, strided)
+        sa = self.sampled or FramesSampled()
+        sampled = FramesSampled(
+            sa.sample_fps if sa.sample_fps > 0 else DEFAULT_VIDEO_SAMPLE_FPS, sa.temporal_patch_size
+        )
+        return Frames(FRAMES_MODE_SAMPLED, self.min_frames, self.max_frames, sampled, None)
 
     def validate(self) -> str | None:
         if self.mode not in ("", FRAMES_MODE_SAMPLED, FRAMES_MODE_STRIDED):
@@ -133,7 +176,18 @@ class VideoEstimate:
     default_duration: float = 0.0
     tokens_per_frame: TokensPerFrame | None = None
     frames: Frames | None = None
-    max_video_tokens: int = 0
+    max_video_tokens: int = 0  # 0: no cap
+
+    def effective(self) -> VideoEstimate:
+        """The defaults the estimator applies, written out."""
+        duration = self.default_duration if self.default_duration > 0 else DEFAULT_VIDEO_DURATION
+        return VideoEstimate(
+            _resolution(self.default_resolution),
+            duration,
+            self.tokens_per_frame or TokensPerFrame(),
+            self.frames or Frames(),
+            self.max_video_tokens,
+        )
 
 
 @dataclass(slots=True, frozen=True)
@@ -142,6 +196,10 @@ class EstimateParams:
 
     image: ImageEstimate | None = None
     video: VideoEstimate | None = None
+
+    def effective(self) -> EstimateParams:
+        """Both estimates, the built-in defaults written out (``effective()`` of each, in turn)."""
+        return EstimateParams(self.image or ImageEstimate(), self.video or VideoEstimate())
 
 
 # --- placeholder counts ---------------------------------------------------------------------------

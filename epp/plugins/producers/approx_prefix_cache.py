@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import xxhash
@@ -22,6 +23,7 @@ from epp.framework import (
 )
 from epp.framework.attributes import PREFIX_CACHE_MATCH_INFO_KEY, PrefixCacheMatchInfo
 from epp.framework.cross_replica import SharedLog
+from epp.framework.params import OMIT_UNSET
 from epp.plugins.producers import _prefix_metrics
 from epp.plugins.producers._prefix_index import PrefixIndex
 
@@ -59,7 +61,7 @@ class ApproxPrefixCacheParams:
     max_prefix_blocks_to_match: int = DEFAULT_MAX_PREFIX_BLOCKS
     max_prefix_tokens_to_match: int = 0
     lru_capacity_per_server: int = DEFAULT_LRU_CAPACITY_PER_SERVER
-    block_size: int = 0  # deprecated: a size in characters
+    block_size: int = field(default=0, metadata=OMIT_UNSET)  # deprecated: a size in characters
 
     def validate(self) -> str | None:
         if self.block_size_tokens < 0:
@@ -80,6 +82,10 @@ class ApproxPrefixCacheParams:
                 f"(tokens, 4 characters each, e.g. {max(1, self.block_size // CHARS_PER_TOKEN)}) instead"
             )
         return None
+
+    def effective(self) -> ApproxPrefixCacheParams:
+        """With the LRU capacity used (0 means the default)."""
+        return dataclasses.replace(self, lru_capacity_per_server=self.lru_capacity)
 
     @property
     def lru_capacity(self) -> int:

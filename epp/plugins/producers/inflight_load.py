@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -49,8 +50,14 @@ _CLIENT_OUTPUT_CAPS = ("max_tokens", "max_completion_tokens", "max_output_tokens
 @dataclass(slots=True, frozen=True)
 class InFlightLoadParams:
     add_estimated_output_tokens: bool = False
-    output_ratio: float | None = None  # None: DEFAULT_OUTPUT_RATIO
+    output_ratio: float | None = DEFAULT_OUTPUT_RATIO  # None (null): DEFAULT_OUTPUT_RATIO
     max_estimated_output_tokens: int | None = None  # None: no cap
+
+    def effective(self) -> InFlightLoadParams:
+        """With the output ratio used (null means the default)."""
+        if self.output_ratio is None:
+            return dataclasses.replace(self, output_ratio=DEFAULT_OUTPUT_RATIO)
+        return self
 
     def validate(self) -> str | None:
         if self.output_ratio is not None and self.output_ratio < 0:

@@ -12,8 +12,9 @@ plugin is an extractor of an ``endpoint-notification-source``).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import structlog
@@ -36,7 +37,8 @@ from epp.framework.attributes import (
 )
 from epp.framework.durations import parse_go_duration
 from epp.framework.endpoint import KV_EVENTS_PORT_LABEL, KV_EVENTS_REPLAY_PORT_LABEL
-from epp.framework.interfaces import EndpointEvent, EventType
+from epp.framework.interfaces import EndpointEvent, EventType, Plugin
+from epp.framework.params import OMIT_UNSET
 from epp.kvcache import HASH_ALGORITHMS, BlockKeyer, KVBlockIndex, PrefixKeyCache, block_extras
 from epp.kvevents import EventApplier, KVEventsIngester, Target
 from epp.kvevents import metrics as kv_metrics
@@ -47,6 +49,8 @@ log = structlog.get_logger("epp.plugins.precise_prefix_cache")
 
 DEFAULT_BLOCK_SIZE_TOKENS = 16
 DEFAULT_SPECULATIVE_TTL = 2.0
+_DEFAULT_TTL_TEXT = "2s"  # DEFAULT_SPECULATIVE_TTL as written in a configuration
+_DEFAULT_HASH_ALGORITHM = "cbor-fnv"
 DEFAULT_POD_SELECTOR = "llm-d.ai/inference-serving=true"
 PREFILL_PROFILE = "prefill"
 _ENGINES = ("vllm", "sglang")
@@ -56,9 +60,15 @@ _NOT_SUPPORTED = "not supported: epp's KV-block index is in memory only (configu
 @dataclass(slots=True, frozen=True)
 class TokenProcessorConfig:
     block_size_tokens: int = 0  # 0: blockSize, else 16
-    block_size: int = 0  # deprecated spelling of blockSizeTokens
+    block_size: int = field(default=0, metadata=OMIT_UNSET)  # deprecated spelling of blockSizeTokens
     hash_seed: str = ""
-    hash_algorithm: str = "cbor-fnv"  # "" is accepted as the same
+    hash_algorithm: str = _DEFAULT_HASH_ALGORITHM  # "" is accepted as the same
+
+    def effective(self) -> TokenProcessorConfig:
+        """With the block size and hash algorithm used."""
+        return TokenProcessorConfig(
+            self.effective_block_size, 0, self.hash_seed, self.hash_algorithm or _DEFAULT_HASH_ALGORITHM
+        )
 
     @property
     def effective_block_size(self) -> int:
@@ -93,8 +103,8 @@ class InMemoryConfig:
 @dataclass(slots=True, frozen=True)
 class KVBlockIndexConfig:
     in_memory_config: InMemoryConfig = field(default_factory=InMemoryConfig)
-    redis_config: dict[str, object] | None = None
-    cost_aware_memory_config: dict[str, object] | None = None
+    redis_config: dict[str, object] | None = field(default=None, metadata=OMIT_UNSET)  # refused
+    cost_aware_memory_config: dict[str, object] | None = field(default=None, metadata=OMIT_UNSET)  # refused
     enable_metrics: bool = False
     metrics_logging_interval: int | str = 0  # a Go duration: nanoseconds, or a duration string
 
@@ -138,7 +148,7 @@ _DEFAULT_BACKENDS = (BackendConfig("gpu", 1.0), BackendConfig("cpu", 0.8))
 class IndexerConfig:
     kv_block_index_config: KVBlockIndexConfig = field(default_factory=KVBlockIndexConfig)
     kv_cache_backend_configs: tuple[BackendConfig, ...] = _DEFAULT_BACKENDS
-    tokenizers_pool_config: dict[str, object] | None = None  # deprecated: refused
+    tokenizers_pool_config: dict[str, object] | None = field(default=None, metadata=OMIT_UNSET)  # refused
 
     def validate(self) -> str | None:
         if self.tokenizers_pool_config is not None:
@@ -149,7 +159,7 @@ class IndexerConfig:
 @dataclass(slots=True, frozen=True)
 class PodDiscoveryConfig:
     pod_label_selector: str = DEFAULT_POD_SELECTOR  # accepted; subscriptions follow the pool
-    pod_namespace: str = ""  # accepted; subscriptions follow the pool
+    pod_namespace: str = field(default="", metadata=OMIT_UNSET)  # accepted; subscriptions follow the pool
     socket_port: int = 5557
     replay_socket_port: int = 0  # 0 (or negative): no replay
 
@@ -190,7 +200,14 @@ class PrecisePrefixCacheParams:
     indexer_config: IndexerConfig = field(default_factory=IndexerConfig)
     kv_events_config: KVEventsConfig = field(default_factory=KVEventsConfig)
     speculative_indexing: bool = False
-    speculative_ttl: str = field(default="", metadata={"key": "speculativeTTL"})  # Go duration; <= 0: 2s
+    speculative_ttl: str = field(default=_DEFAULT_TTL_TEXT, metadata={"key": "speculativeTTL"})  # <= 0: 2s
+
+    def effective(self) -> PrecisePrefixCacheParams:
+        """With the speculative-entry lifetime used (empty or ≤ 0 means the default)."""
+        ttl = parse_go_duration(self.speculative_ttl) if self.speculative_ttl else None
+        if ttl is not None and ttl > 0:
+            return self
+        return dataclasses.replace(self, speculative_ttl=_DEFAULT_TTL_TEXT)
 
     @property
     def speculative_ttl_seconds(self) -> float:
@@ -267,6 +284,24 @@ class PrecisePrefixCacheProducer(DataProducer, PreRequest):
         if extras is None:
             return self._recent_keys.keys(ids, namespace)
         return self.keyer.keys(ids, namespace=namespace, extras=extras)
+
+    def config_warnings(self, plugins: Mapping[str, Plugin]) -> Sequence[tuple[str, str]]:
+        """Matching needs exact token ids: warn when every token producer only estimates them."""
+        producers = [
+            p for p in plugins.values() if isinstance(p, DataProducer) and TOKENIZED_PROMPT_KEY in p.produces
+        ]
+        if not producers or any(getattr(p, "exact_tokens", True) for p in producers):
+            return ()
+        names = ", ".join(f"'{p.name}'" for p in producers)
+        return (
+            (
+                "",
+                f"the token producer ({names}) only estimates token ids, so only requests that carry "
+                "their token ids get a prefix match (the others are routed as if no endpoint held "
+                "their prefix): give the token-producer a tokenizer (`local: {path: <tokenizer "
+                "directory>}`, or `modelName` with `vllm: {url: <render server>}`)",
+            ),
+        )
 
     async def produce(self, cycle: CycleState, request: LLMRequest, endpoints: list[Endpoint]) -> None:
         prompt = request.body.tokenized

@@ -7,10 +7,11 @@ attribute name for a producer-agnostic one (see ``request_attribute_key``); this
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from epp.framework import CycleState, DataProducer, Endpoint, Handle, LLMRequest, register
 from epp.framework.endpoint_attributes import data_key
+from epp.framework.params import OMIT_UNSET
 
 __all__ = [
     "SESSION_ID_DATA_KEY",
@@ -45,8 +46,8 @@ def cookie_value(header: str, name: str) -> str:
 class SessionIdProducerParams:
     """Exactly one of ``headerName`` (case-insensitive) or ``cookieName``."""
 
-    header_name: str = ""
-    cookie_name: str = ""
+    header_name: str = field(default="", metadata=OMIT_UNSET)  # one of the two
+    cookie_name: str = field(default="", metadata=OMIT_UNSET)
 
     def validate(self) -> str | None:
         header, cookie = self.header_name.strip(), self.cookie_name.strip()

@@ -11,6 +11,7 @@ The deprecated ``udsTokenizerConfig`` sidecar is refused at load.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,6 +31,7 @@ from epp.framework import (
 from epp.framework.attributes import TOKENIZED_PROMPT_KEY, TokenizedPrompt
 from epp.framework.durations import parse_go_duration
 from epp.framework.errors import ConfigError
+from epp.framework.params import OMIT_UNSET
 from epp.framework.registry import deprecate
 from epp.plugins.producers._anthropic_chat import messages_to_chat
 from epp.plugins.producers._render_client import (
@@ -99,11 +101,29 @@ _UDS_REFUSED = (
 
 @dataclass(slots=True, frozen=True)
 class TokenProducerParams:
-    model_name: str = ""
-    vllm: VllmParams | None = None
-    estimate: EstimateParams | None = None
-    local: LocalParams | None = None
-    uds_tokenizer_config: dict[str, Any] | None = field(default=None, metadata={"key": "udsTokenizerConfig"})
+    """One backend: ``estimate`` (the default), ``vllm`` (or ``modelName`` alone) or ``local``; the
+    ones not chosen are left out of the effective configuration."""
+
+    model_name: str = field(default="", metadata=OMIT_UNSET)
+    vllm: VllmParams | None = field(default=None, metadata=OMIT_UNSET)
+    estimate: EstimateParams | None = field(default=None, metadata=OMIT_UNSET)
+    local: LocalParams | None = field(default=None, metadata=OMIT_UNSET)
+    uds_tokenizer_config: dict[str, Any] | None = field(
+        default=None, metadata={"key": "udsTokenizerConfig", **OMIT_UNSET}
+    )
+
+    def effective(self) -> TokenProducerParams:
+        """The chosen backend written out with the defaults it uses."""
+        if self.backend == "estimate":
+            return dataclasses.replace(self, estimate=self.estimate or EstimateParams())
+        if self.backend == "vllm":
+            cfg = self.vllm or VllmParams()
+            timeout, mm_timeout = cfg.seconds()
+            return dataclasses.replace(
+                self,
+                vllm=VllmParams(cfg.url.strip() or DEFAULT_URL, f"{timeout:g}s", f"{mm_timeout:g}s"),
+            )
+        return self
 
     def validate(self) -> str | None:
         if self.uds_tokenizer_config:
@@ -168,6 +188,8 @@ class TokenProducer(DataProducer):
         params = params if params is not None else TokenProducerParams()
         super().__init__(name, params, handle)
         self.backend = params.backend
+        # Whether the token ids are the model's (what precise-prefix-cache-producer needs).
+        self.exact_tokens = self.backend != "estimate"
         self._estimator: Estimator | None = None
         self._render: RenderClient | None = None
         self._local: _LocalBackend | None = None

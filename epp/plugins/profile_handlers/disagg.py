@@ -25,7 +25,7 @@ from epp.framework import (
 )
 from epp.framework.attributes import PREFIX_CACHE_MATCH_INFO_KEY
 from epp.framework.interfaces import SupportsDisaggregate
-from epp.framework.params import ensure_valid
+from epp.framework.params import OMIT_UNSET, ensure_valid
 from epp.plugins.profile_handlers import _metrics
 from epp.plugins.profile_handlers.disagg_headers import set_disagg_headers
 
@@ -86,13 +86,13 @@ class DisaggParams:
     profiles: DisaggProfiles = field(default_factory=DisaggProfiles)
     deciders: DisaggDeciders = field(default_factory=DisaggDeciders)
     stage_order: str = STAGE_ORDER_DECODE_FIRST
-    # deprecated flat form
-    decode_profile: str = ""
-    prefill_profile: str = ""
-    encode_profile: str = ""
-    prefill_decider_plugin_name: str = ""
-    encode_decider_plugin_name: str = ""
-    decider_plugin_name: str = ""
+    # deprecated flat form (promoted into profiles/deciders on construction)
+    decode_profile: str = field(default="", metadata=OMIT_UNSET)
+    prefill_profile: str = field(default="", metadata=OMIT_UNSET)
+    encode_profile: str = field(default="", metadata=OMIT_UNSET)
+    prefill_decider_plugin_name: str = field(default="", metadata=OMIT_UNSET)
+    encode_decider_plugin_name: str = field(default="", metadata=OMIT_UNSET)
+    decider_plugin_name: str = field(default="", metadata=OMIT_UNSET)
 
     def __post_init__(self) -> None:
         order = parse_stage_order(self.stage_order)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, MutableMapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from epp.framework import (
     CycleState,
@@ -19,7 +19,7 @@ from epp.framework import (
 )
 from epp.framework.attributes import PREFIX_CACHE_MATCH_INFO_KEY
 from epp.framework.interfaces import SupportsDisaggregate
-from epp.framework.params import ensure_valid
+from epp.framework.params import OMIT_UNSET, ensure_valid
 from epp.framework.registry import deprecate
 from epp.plugins.profile_handlers import _metrics
 from epp.plugins.profile_handlers.data_parallel import rewrite_to_primary_port, validate_port
@@ -36,7 +36,7 @@ class PdParams:
     decode_profile: str = "decode"
     prefill_profile: str = "prefill"
     prefix_plugin_type: str = "prefix-cache-scorer"
-    prefix_plugin_name: str = ""
+    prefix_plugin_name: str = field(default="", metadata=OMIT_UNSET)  # accepted, not used
     primary_port: int = 0
     decider_plugin_name: str = "prefix-based-pd-decider"
 

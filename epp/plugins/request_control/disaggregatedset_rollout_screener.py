@@ -31,6 +31,7 @@ from epp.framework import (
     Stability,
     register,
 )
+from epp.framework.params import OMIT_UNSET
 
 __all__ = [
     "DEFAULT_REVISION_LABEL",
@@ -137,10 +138,10 @@ class RequireRolesSpec:
 
 @dataclass(slots=True, frozen=True)
 class RevisionGatingSpec:
-    revision_label_key: str = ""
-    role_label_key: str = ""
+    revision_label_key: str = field(default="", metadata=OMIT_UNSET)
+    role_label_key: str = field(default="", metadata=OMIT_UNSET)
     mode: str = ""
-    require_roles: RequireRolesSpec | None = None
+    require_roles: RequireRolesSpec | None = field(default=None, metadata=OMIT_UNSET)
 
 
 @dataclass(slots=True, frozen=True)

@@ -2,14 +2,16 @@
 
 Per endpoint: the scraped waiting queue plus the EPP's in-flight change since that scrape, against
 ``queueDepthThreshold``, or KV-cache use against ``kvCacheUtilThreshold``, whichever is higher;
-the pool's saturation is the mean. ``stalenessPolicy`` decides what stale metrics count as.
+the pool's saturation is the mean. ``stalenessPolicy`` decides what stale metrics count as. With a
+cross-replica syncer the credit is the fleet's: what the other replicas sent since the scrape counts too.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import structlog
 
@@ -23,6 +25,7 @@ from epp.framework import (
     SaturationDetector,
     register,
 )
+from epp.framework.cross_replica import SharedValue, fold_sum, valid_count
 from epp.framework.durations import parse_go_duration
 from epp.framework.params import ensure_valid
 
@@ -124,6 +127,11 @@ class UtilizationDetector(SaturationDetector, Filter):
         self._ignore_stale = params.staleness_policy == "ignore"
         self._credit_stale = params.staleness_policy == "credit"
         self._stale_gauge = STALE_ENDPOINTS.labels(name)
+        self._handle = handle
+        # the other replicas (a syncer), by endpoint key: (in flight now, sent since our last scrape)
+        self._peers: dict[str, tuple[int, int]] = {}
+        self._peers_before: Mapping[str, int] = {}  # their in-flight counts of the previous sync
+        self._marks: dict[str, tuple[float, int]] = {}  # scrape update_time -> their count then
         if params.headroom > 1.0:
             log.warning(
                 "unusually high headroom configured; verify the value is a fraction, not a percentage",
@@ -143,27 +151,32 @@ class UtilizationDetector(SaturationDetector, Filter):
         less the slots the scrape showed free (the most it was ever seen running, minus running).
         Stale metrics: with ``credit`` the last snapshot plus the credit since it (never scraped:
         everything in flight counts as queued); ``saturated`` counts the endpoint as 1.0;
-        ``ignore`` leaves it out.
+        ``ignore`` leaves it out. With a syncer the other replicas' credit is added (their
+        in-flight change since this replica's scrape, as of the last sync).
         """
         if not endpoints:
             return 1.0
         now = time.monotonic()
         staleness, q_t, kv_t = self._staleness, self._queue, self._kv
         credit_stale = self._credit_stale
+        peers = self._peers
         total = 0.0
         stale = 0
         for e in endpoints:
             m = e.metrics
             updated = m.update_time
+            peer = peers.get(e.metadata.key) if peers else None
             if updated <= 0.0 or now - updated > staleness:
                 stale += 1
                 if not credit_stale:
                     continue
                 if updated <= 0.0:
-                    total += e.inflight / q_t
+                    total += (e.inflight if peer is None else e.inflight + peer[0]) / q_t
                     continue
             # sent since the scrape (or finished since): they fill the free slots first
             waiting = m.waiting_queue_size + e.inflight - m.inflight_at_scrape
+            if peer is not None:
+                waiting += peer[1]
             free = m.peak_running - m.running_requests_size
             if free > 0:
                 waiting -= free
@@ -180,6 +193,54 @@ class UtilizationDetector(SaturationDetector, Filter):
         if credit_stale:
             return total / n
         return (total + stale) / n
+
+    # --- shared with the other replicas (a cross-replica syncer) --------------------------------
+
+    def cross_replica_specs(self) -> list[SharedValue]:
+        """Per endpoint, the requests this replica has in flight there (``Endpoint.inflight``),
+        summed over the other replicas."""
+        return [
+            SharedValue(
+                state_key=f"{self.type_name}/{self.name}",
+                supply=self._supply,
+                aggregate=fold_sum,
+                install=self._install_peers,
+                valid=valid_count,
+            )
+        ]
+
+    def _supply(self) -> dict[str, int]:
+        handle = self._handle
+        if handle is None:
+            return {}
+        return {e.metadata.key: e.inflight for e in handle.endpoints() if e.inflight > 0}
+
+    def _install_peers(self, folded: Mapping[str, Any]) -> None:
+        """The peers' in-flight counts now, and their change since each endpoint's last scrape here.
+
+        A scrape that landed since the previous sync is marked with the peers' counts of that sync
+        (the ones in force when it began, to within one interval); their requests sent after it
+        are the credit until the next scrape.
+        """
+        handle = self._handle
+        if handle is None:
+            return
+        before, marks = self._peers_before, self._marks
+        new_marks: dict[str, tuple[float, int]] = {}
+        peers: dict[str, tuple[int, int]] = {}
+        for e in handle.endpoints():
+            key = e.metadata.key
+            updated = e.metrics.update_time
+            mark = marks.get(key)
+            if mark is None or mark[0] != updated:
+                mark = (updated, before.get(key, 0) if updated > 0.0 else 0)
+            new_marks[key] = mark
+            count = folded.get(key, 0)
+            if count or mark[1]:
+                peers[key] = (count, count - mark[1])
+        self._marks = new_marks
+        self._peers_before = folded
+        self._peers = peers
 
     def filter(self, cycle: CycleState, request: LLMRequest, endpoints: list[Endpoint]) -> list[Endpoint]:
         now = time.monotonic()

@@ -2,7 +2,9 @@
 
 Two strategies: ``encoded_endpoint_header`` (stateless: the client echoes a header holding the
 base64 of the serving endpoint's ``namespace/name``) and ``session_id`` (a client-chosen session
-identifier bound server-side to the endpoint that served it, in a TTL-evicted map).
+identifier bound server-side to the endpoint that served it, in a TTL-evicted map). With a
+cross-replica syncer the ``session_id`` map is shared: every binding made, moved or refreshed by
+one replica is a record the others apply, so a session pinned by one replica is honoured by all.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import structlog
 
@@ -27,6 +30,8 @@ from epp.framework import (
     SchedulingResult,
     Stability,
 )
+from epp.framework.cross_replica import SharedLog, valid_time
+from epp.framework.params import OMIT_UNSET
 from epp.framework.wire import SESSION_TOKEN_HEADER
 from epp.plugins.producers.session_id import request_attribute_key
 
@@ -50,6 +55,9 @@ STRATEGY_SESSION_ID = "session_id"
 DEFAULT_SESSION_ID_HEADER = "x-session-id"
 DEFAULT_EVICTION_TTL_SECONDS = 300.0
 DEFAULT_EVICTION_SWEEP_SECONDS = 10.0
+MAX_SHARED_SESSION_ID = 1024  # characters; a longer session id stays with the replica that saw it
+MAX_SHARED_ENDPOINT_KEY = 512
+REFRESH_FRACTION = 0.1  # a binding in use is announced again after this fraction of the TTL
 
 
 def session_token(endpoint: Endpoint) -> str:
@@ -71,9 +79,9 @@ class SessionIdSource:
     """One place a session identifier is read from: a request ``header`` or a request ``attribute``
     (published by ``producer``, empty for a producer-agnostic attribute)."""
 
-    header: str = ""
-    attribute: str = ""
-    producer: str = ""
+    header: str = field(default="", metadata=OMIT_UNSET)
+    attribute: str = field(default="", metadata=OMIT_UNSET)
+    producer: str = field(default="", metadata=OMIT_UNSET)
 
     def validate(self) -> str | None:
         if bool(self.header) == bool(self.attribute):
@@ -128,6 +136,23 @@ class SessionAffinityParams:
 class _Binding:
     key: str  # the endpoint's namespace/name
     last_seen: float
+    stamp: float = 0.0  # wall-clock time the binding was made or moved: the newest wins (sharing)
+    announced: float = 0.0  # when a record about it was last sent or received (sharing)
+
+
+def _valid_binding(v: Any) -> bool:
+    """``[session id, endpoint key, stamp, last used]``: bounded non-empty strings, wall times."""
+    if not (isinstance(v, list) and len(v) == 4):
+        return False
+    session_id, key, stamp, used = v
+    return (
+        isinstance(session_id, str)
+        and 0 < len(session_id) <= MAX_SHARED_SESSION_ID
+        and isinstance(key, str)
+        and 0 < len(key) <= MAX_SHARED_ENDPOINT_KEY
+        and valid_time(stamp)
+        and valid_time(used)
+    )
 
 
 class SessionStore:
@@ -136,15 +161,33 @@ class SessionStore:
     Bounded by time: a sweep (at most every ``sweep`` seconds, run by ``commit``) drops the bindings
     unused for longer than ``ttl``; because the map is in last-use order a sweep stops at the first
     live binding, so it costs O(expired). ``forget_endpoint`` drops every binding of an endpoint.
+
+    Shared (``start_recording``, a cross-replica syncer): a binding made or moved here, or in use
+    here and not announced for a tenth of the TTL, becomes a record ``[session id, endpoint key,
+    stamp, last used]``; ``apply_records`` takes the other replicas' records. Two replicas that
+    bind one session differently within a sync interval converge on the binding with the newer
+    stamp (then the larger endpoint key), on every replica alike; a move always stamps later than
+    the binding it replaces. A record's last use sets the binding's age, so a peer's binding
+    expires ``ttl`` after its last announced use, and a replica that starts and reads the kept
+    records takes only the live ones. Without sharing nothing of this runs.
     """
 
-    def __init__(self, ttl: float, sweep: float, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        ttl: float,
+        sweep: float,
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
+    ) -> None:
         self.ttl = ttl
         self.sweep = sweep
         self._clock = clock
+        self._wall = wall
         self._bindings: OrderedDict[str, _Binding] = OrderedDict()
         self._by_endpoint: dict[str, set[str]] = {}
         self._next_sweep = clock() + sweep
+        self._outbox: list[list[Any]] | None = None  # records for the other replicas (sharing)
+        self._refresh = ttl * REFRESH_FRACTION
 
     def __len__(self) -> int:
         return len(self._bindings)
@@ -164,9 +207,13 @@ class SessionStore:
             self._sweep(now)
         bindings = self._bindings
         binding = bindings.get(session_id)
+        outbox = self._outbox
         if binding is None:
-            bindings[session_id] = _Binding(key, now)
+            binding = bindings[session_id] = _Binding(key, now)
             self._by_endpoint.setdefault(key, set()).add(session_id)
+            if outbox is not None:
+                binding.stamp = self._wall()
+                self._announce(session_id, binding, now, outbox)
             return
         if binding.key != key:
             if not bound_absent:
@@ -174,12 +221,68 @@ class SessionStore:
             self._unindex(binding.key, session_id)
             binding.key = key
             self._by_endpoint.setdefault(key, set()).add(session_id)
+            binding.last_seen = now
+            bindings.move_to_end(session_id)
+            if outbox is not None:
+                binding.stamp = max(self._wall(), binding.stamp + 0.001)
+                self._announce(session_id, binding, now, outbox)
+            return
         binding.last_seen = now
         bindings.move_to_end(session_id)
+        if outbox is not None and now - binding.announced >= self._refresh:
+            self._announce(session_id, binding, now, outbox)
 
     def forget_endpoint(self, key: str) -> None:
         for session_id in self._by_endpoint.pop(key, ()):
             self._bindings.pop(session_id, None)
+
+    # --- shared with the other replicas (a cross-replica syncer) --------------------------------
+
+    def start_recording(self) -> None:
+        if self._outbox is None:
+            self._outbox = []
+
+    def take_records(self) -> list[list[Any]]:
+        outbox = self._outbox
+        if not outbox:
+            return []
+        self._outbox = []
+        return outbox
+
+    def _announce(self, session_id: str, binding: _Binding, now: float, outbox: list[list[Any]]) -> None:
+        binding.announced = now
+        if len(session_id) <= MAX_SHARED_SESSION_ID:
+            outbox.append([session_id, binding.key, binding.stamp, self._wall()])
+
+    def apply_records(self, records: list[Any]) -> None:
+        """The other replicas' ``[session id, endpoint key, stamp, last used]``, oldest first."""
+        now, wall = self._clock(), self._wall()
+        if now >= self._next_sweep:
+            self._sweep(now)
+        bindings, ttl = self._bindings, self.ttl
+        for session_id, key, stamp, used in records:
+            age = wall - used
+            if age >= ttl:
+                continue  # expired already (a starting replica reading old records)
+            seen = now - age if age > 0 else now
+            binding = bindings.get(session_id)
+            if binding is None:
+                bindings[session_id] = _Binding(key, seen, stamp, now)
+                self._by_endpoint.setdefault(key, set()).add(session_id)
+                continue
+            if binding.key != key:
+                if (stamp, key) <= (binding.stamp, binding.key):
+                    continue  # ours is newer: the peer takes it from our record
+                self._unindex(binding.key, session_id)
+                binding.key = key
+                self._by_endpoint.setdefault(key, set()).add(session_id)
+            elif stamp < binding.stamp:
+                stamp = binding.stamp
+            binding.stamp = stamp
+            binding.announced = now
+            if seen > binding.last_seen:
+                binding.last_seen = seen
+                bindings.move_to_end(session_id)
 
     def _sweep(self, now: float) -> None:
         self._next_sweep = now + self.sweep
@@ -302,6 +405,15 @@ class SessionAffinity:
         if self.store is not None:
             self.store.forget_endpoint(key)
 
+    def shared_log(self, state_key: str) -> list[SharedLog]:
+        """The ``session_id`` map as a log every replica applies; nothing for the stateless
+        ``encoded_endpoint_header`` strategy (the client carries the endpoint)."""
+        store = self.store
+        if store is None:
+            return []
+        store.start_recording()
+        return [SharedLog(state_key, store.take_records, store.apply_records, _valid_binding)]
+
 
 class SessionAffinityPlugin(PreRequest, ResponseHeaderProcessor):
     """What the session-affinity filter and scorer share: parameters, the ``SessionAffinity`` state
@@ -323,3 +435,7 @@ class SessionAffinityPlugin(PreRequest, ResponseHeaderProcessor):
 
     def remove_endpoint(self, key: str) -> None:
         self.affinity.remove_endpoint(key)
+
+    def cross_replica_specs(self) -> list[SharedLog]:
+        """With ``strategy: session_id``, the session map shared with the other replicas."""
+        return self.affinity.shared_log(f"{self.type_name}/{self.name}")

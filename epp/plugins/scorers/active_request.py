@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from epp.framework import CycleState, Endpoint, Handle, LLMRequest, Scorer, register
 from epp.framework.attributes import INFLIGHT_LOAD_KEY, InFlightLoad
+from epp.framework.params import OMIT_UNSET
 
 __all__ = ["ActiveRequestParams", "ActiveRequestScorer"]
 
@@ -15,7 +16,9 @@ __all__ = ["ActiveRequestParams", "ActiveRequestScorer"]
 class ActiveRequestParams:
     idle_threshold: int = 0
     max_busy_score: float = 1.0
-    request_timeout: str | int | float | None = None  # deprecated, ignored
+    request_timeout: str | int | float | None = field(
+        default=None, metadata=OMIT_UNSET
+    )  # deprecated, ignored
 
     def validate(self) -> str | None:
         if not 0.0 <= self.max_busy_score <= 1.0:

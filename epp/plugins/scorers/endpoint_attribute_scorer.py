@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from epp.framework import CycleState, Endpoint, Handle, LLMRequest, Scorer, Stability, register
+from epp.framework.params import OMIT_UNSET
 from epp.plugins.scorers._data_keys import as_number, endpoint_key_or_error, resolve_attribute_key
 
 __all__ = ["EndpointAttributeScorer", "EndpointAttributeScorerParams"]
@@ -27,8 +28,8 @@ class AdaptiveRange:
 @dataclass(slots=True, frozen=True)
 class Normalization:
     # None first: an explicit null (as in the effective configuration) means "not set"
-    fixed_range: None | FixedRange = None  # noqa: RUF036
-    adaptive_range: None | AdaptiveRange = None  # noqa: RUF036
+    fixed_range: None | FixedRange = field(default=None, metadata=OMIT_UNSET)  # noqa: RUF036
+    adaptive_range: None | AdaptiveRange = field(default=None, metadata=OMIT_UNSET)  # noqa: RUF036
 
     def validate(self) -> str | None:
         if self.fixed_range is not None and self.adaptive_range is not None:
@@ -53,7 +54,8 @@ class ScorerAlgorithmParams:
 @dataclass(slots=True, frozen=True)
 class EndpointAttributeScorerParams:
     attribute_key: str = ""
-    producer: str | None = None  # None = the core metrics extractor; "" = producer-agnostic
+    # None (left out when printed) = the core metrics extractor; "" = producer-agnostic
+    producer: str | None = field(default=None, metadata=OMIT_UNSET)
     algorithm: ScorerAlgorithmParams = field(default_factory=ScorerAlgorithmParams)
 
     def validate(self) -> str | None:

@@ -1,9 +1,17 @@
-"""``no-hit-lru-scorer``: spread cold (no prefix hit) requests over the least recently used endpoints."""
+"""``no-hit-lru-scorer``: spread cold (no prefix hit) requests over the least recently used endpoints.
+
+With a cross-replica syncer the recency is the fleet's: each replica publishes when it last sent a
+cold request to each endpoint, and orders its LRU by the latest of its own and its peers' times.
+"""
 
 from __future__ import annotations
 
+import dataclasses
+import time
 from collections import OrderedDict
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
 
 from epp.framework import (
     CycleState,
@@ -16,6 +24,8 @@ from epp.framework import (
     register,
 )
 from epp.framework.attributes import PREFIX_CACHE_MATCH_INFO_KEY, PrefixCacheMatchInfo
+from epp.framework.cross_replica import SharedValue, fold_max, valid_time
+from epp.framework.params import OMIT_UNSET
 from epp.plugins.scorers._data_keys import check_producers
 
 DEFAULT_LRU_SIZE = 1024
@@ -25,9 +35,13 @@ PREFILL_PROFILE = "prefill"
 @dataclass(slots=True, frozen=True)
 class NoHitLRUParams:
     lru_size: int = DEFAULT_LRU_SIZE
-    prefix_plugin_type: str = ""
-    prefix_plugin_name: str = ""
+    prefix_plugin_type: str = field(default="", metadata=OMIT_UNSET)  # accepted, not used
+    prefix_plugin_name: str = field(default="", metadata=OMIT_UNSET)  # accepted, not used
     prefix_match_info_producer_name: str = ""
+
+    def effective(self) -> NoHitLRUParams:
+        """With the LRU size used (≤ 0 means the default)."""
+        return dataclasses.replace(self, lru_size=self.effective_lru_size)
 
     @property
     def effective_lru_size(self) -> int:
@@ -57,9 +71,11 @@ class NoHitLRUScorer(Scorer, PreRequest):
         super().__init__(name, params, handle)
         check_producers(handle, params)
         self._capacity = params.effective_lru_size
-        # endpoint key -> None, oldest first (insertion/move order = recency)
-        self._lru: OrderedDict[str, None] = OrderedDict()
+        # endpoint key -> wall time of its last cold pick (None unless shared), oldest first
+        # (insertion/move order = recency)
+        self._lru: OrderedDict[str, float | None] = OrderedDict()
         self._cold_key = f"{self.typed_name}/cold"
+        self._mine: dict[str, float] | None = None  # this replica's cold picks (a syncer), by endpoint
 
     def score(self, cycle: CycleState, request: LLMRequest, endpoints: list[Endpoint]) -> list[float]:
         cold = _is_cold(cycle, endpoints)
@@ -102,12 +118,54 @@ class NoHitLRUScorer(Scorer, PreRequest):
     def _touch(self, key: str) -> None:
         """Mark ``key`` most recently used, evicting the oldest entry beyond capacity."""
         lru = self._lru
+        mine = self._mine
+        when = None
+        if mine is not None:
+            when = mine[key] = time.time()
         if key in lru:
+            if mine is not None:
+                lru[key] = when
             lru.move_to_end(key)
             return
-        lru[key] = None
+        lru[key] = when
         if len(lru) > self._capacity:
             lru.popitem(last=False)
+
+    # --- shared with the other replicas (a cross-replica syncer) --------------------------------
+
+    def cross_replica_specs(self) -> list[SharedValue]:
+        """Per endpoint, the wall time of this replica's last cold pick; the latest over the
+        replicas orders every replica's LRU."""
+        if self._mine is None:
+            self._mine = {}
+        return [
+            SharedValue(
+                state_key=f"{self.type_name}/{self.name}",
+                supply=self._supply,
+                aggregate=fold_max,
+                install=self._install_peers,
+                valid=valid_time,
+            )
+        ]
+
+    def _supply(self) -> dict[str, float]:
+        mine, lru = self._mine or {}, self._lru
+        for key in [k for k in mine if k not in lru]:  # evicted from the LRU, or the endpoint left
+            del mine[key]
+        return dict(mine)
+
+    def _install_peers(self, folded: Mapping[str, Any]) -> None:
+        """Order the LRU by each endpoint's latest cold pick, ours or a peer's (on change only)."""
+        lru = self._lru
+        changed = False
+        for key, when in folded.items():
+            if (lru.get(key) or 0.0) < when:
+                lru[key] = when
+                changed = True
+        if not changed:
+            return
+        merged = sorted(lru.items(), key=lambda kv: kv[1] or 0.0)
+        self._lru = OrderedDict(merged[-self._capacity :])
 
     def lru_keys(self) -> list[str]:
         """Tracked endpoint keys, least recently used first (for tests and debugging)."""

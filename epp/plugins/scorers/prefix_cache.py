@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from epp.framework import CycleState, Endpoint, Handle, LLMRequest, Scorer, register
 from epp.framework.attributes import PREFIX_CACHE_MATCH_INFO_KEY, PrefixCacheMatchInfo
+from epp.framework.params import OMIT_UNSET
 from epp.plugins.producers.approx_prefix_cache import ApproxPrefixCacheParams
 from epp.plugins.scorers._data_keys import check_producers
 
@@ -26,12 +27,13 @@ class PrefixCacheScorerParams:
     prefix_match_info_producer_name: str = ""
     match_length_weight: float = 0.0
     match_length_scale_tokens: int = DEFAULT_MATCH_LENGTH_SCALE_TOKENS
-    auto_tune: bool | None = None
-    block_size_tokens: int | None = None
-    max_prefix_blocks_to_match: int | None = None
-    max_prefix_tokens_to_match: int | None = None
-    lru_capacity_per_server: int | None = None
-    block_size: int | None = None
+    # Migrated to the approx-prefix-cache-producer (printed there), so printed here only when given.
+    auto_tune: bool | None = field(default=None, metadata=OMIT_UNSET)
+    block_size_tokens: int | None = field(default=None, metadata=OMIT_UNSET)
+    max_prefix_blocks_to_match: int | None = field(default=None, metadata=OMIT_UNSET)
+    max_prefix_tokens_to_match: int | None = field(default=None, metadata=OMIT_UNSET)
+    lru_capacity_per_server: int | None = field(default=None, metadata=OMIT_UNSET)
+    block_size: int | None = field(default=None, metadata=OMIT_UNSET)
 
     def given(self) -> dict[str, Any]:
         """The producer parameters that were set, by field name."""

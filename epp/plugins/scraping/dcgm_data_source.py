@@ -6,10 +6,11 @@ The exporter runs as a sidecar (the pod's address) or a DaemonSet (the node's ad
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from epp.framework import Stability, register
 from epp.framework.interfaces import Handle
+from epp.framework.params import OMIT_UNSET
 from epp.plugins.scraping.http_source import HttpDataSource, validate_http_params
 
 DEFAULT_DCGM_PORT = 9400
@@ -22,7 +23,7 @@ class DcgmDataSourceParams:
     port: int = DEFAULT_DCGM_PORT
     insecure_skip_verify: bool = True
     use_node_address: bool = False
-    interval: str = ""
+    interval: str = field(default="", metadata=OMIT_UNSET)  # "" = every --refresh-metrics-interval tick
 
     def validate(self) -> str | None:
         return validate_http_params(self)

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from epp.framework import register
 from epp.framework.interfaces import Handle
+from epp.framework.params import OMIT_UNSET
 from epp.plugins.scraping.http_source import HttpDataSource, HttpError, HttpPoller, validate_http_params
 
 __all__ = ["HttpError", "HttpPoller", "MetricsDataSource", "MetricsDataSourceParams", "MetricsPoller"]
@@ -17,12 +18,13 @@ MetricsPoller = HttpPoller
 class MetricsDataSourceParams:
     scheme: str = "http"
     path: str = "/metrics"
-    port: int | None = None  # scrape the endpoint's address on this port instead of its metrics host
+    # None: the endpoint's metrics host and port (--model-server-metrics-port or the pool's)
+    port: int | None = field(default=None, metadata=OMIT_UNSET)
     insecure_skip_verify: bool = True
     ca_cert_path: str = ""
     client_cert_path: str = ""
     client_key_path: str = ""
-    interval: str = ""  # "" = every --refresh-metrics-interval tick
+    interval: str = field(default="", metadata=OMIT_UNSET)  # "" = every --refresh-metrics-interval tick
 
     def validate(self) -> str | None:
         return validate_http_params(self)

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from epp.framework import register
 from epp.framework.endpoint_attributes import ModelData
 from epp.framework.interfaces import Handle
+from epp.framework.params import OMIT_UNSET
 from epp.plugins.scraping.http_source import HttpDataSource, HttpError, validate_http_params
 
 MODELS_PAYLOAD = "models"
@@ -22,7 +23,7 @@ class ModelsDataSourceParams:
     ca_cert_path: str = ""
     client_cert_path: str = ""
     client_key_path: str = ""
-    interval: str = ""
+    interval: str = field(default="", metadata=OMIT_UNSET)  # "" = every --refresh-metrics-interval tick
 
     def validate(self) -> str | None:
         return validate_http_params(self)

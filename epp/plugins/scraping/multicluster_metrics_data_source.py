@@ -6,10 +6,11 @@ certificate is verified unless ``insecureSkipVerify`` (``caCertPath`` for a priv
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from epp.framework import Stability, register
 from epp.framework.interfaces import Handle
+from epp.framework.params import OMIT_UNSET
 from epp.plugins.scraping.http_source import HttpDataSource, validate_http_params
 
 __all__ = ["MultiClusterMetricsDataSource", "MultiClusterMetricsDataSourceParams"]
@@ -19,12 +20,13 @@ __all__ = ["MultiClusterMetricsDataSource", "MultiClusterMetricsDataSourceParams
 class MultiClusterMetricsDataSourceParams:
     scheme: str = "https"
     path: str = "/metrics"
-    port: int | None = None
+    # None: the endpoint's metrics host and port (--model-server-metrics-port or the pool's)
+    port: int | None = field(default=None, metadata=OMIT_UNSET)
     insecure_skip_verify: bool = False
     ca_cert_path: str = ""
     client_cert_path: str = ""
     client_key_path: str = ""
-    interval: str = ""
+    interval: str = field(default="", metadata=OMIT_UNSET)  # "" = every --refresh-metrics-interval tick
 
     def validate(self) -> str | None:
         return validate_http_params(self)

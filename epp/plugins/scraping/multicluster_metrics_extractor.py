@@ -27,8 +27,15 @@ DEFAULT_QUEUE_METRIC = "llm_d_epp_average_queue_size"
 
 @dataclass(slots=True, frozen=True)
 class MultiClusterMetricsExtractorParams:
-    kv_cache_utilization_metric: str = ""
-    queue_size_metric: str = ""
+    kv_cache_utilization_metric: str = DEFAULT_KV_METRIC  # "" is accepted as the same
+    queue_size_metric: str = DEFAULT_QUEUE_METRIC  # "" is accepted as the same
+
+    def effective(self) -> MultiClusterMetricsExtractorParams:
+        """With the metrics read (empty means the default)."""
+        return MultiClusterMetricsExtractorParams(
+            self.kv_cache_utilization_metric or DEFAULT_KV_METRIC,
+            self.queue_size_metric or DEFAULT_QUEUE_METRIC,
+        )
 
 
 def _selector(spec: str, field_name: str) -> Selector:

@@ -1,0 +1,69 @@
+"""epp run refuses ports another process holds, naming for each the flag that moves it."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+import pytest
+
+from epp.dev.stack.local import LocalStack, StackOptions
+
+
+def _hold(port: int) -> socket.socket:
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s.bind(("127.0.0.1", port))
+    s.listen()
+    return s
+
+
+def test_busy_ports_are_named_with_the_flag_that_moves_them(tmp_path: Path) -> None:
+    opts = StackOptions.on_free_ports(2, kv_events=True)
+    held = [_hold(p) for p in (opts.sim_base_port + 1, opts.metrics_port, opts.kv_events_base_port)]
+    try:
+        stack = LocalStack(opts, tmp_path)
+        with pytest.raises(RuntimeError) as err:
+            stack.start()
+    finally:
+        for s in held:
+            s.close()
+    assert str(err.value) == (
+        f"ports already in use: {opts.kv_events_base_port} (--kv-events), "
+        f"{opts.sim_base_port + 1} (--sim-base-port), {opts.metrics_port} (--metrics-port); "
+        "move them with those epp run flags"
+    )
+    assert stack.supervisor.children == []  # nothing was started
+
+
+def test_no_busy_port_no_message() -> None:
+    assert StackOptions.on_free_ports(1).busy_ports() == ""
+
+
+def test_epp_run_with_a_busy_port_says_which_flag_and_leaves_no_work_dir(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from epp.cli import main
+
+    opts = StackOptions.on_free_ports(1)
+    held = _hold(opts.port)
+    try:
+        code = main(
+            [
+                "run",
+                "--sims=1",
+                f"--sim-base-port={opts.sim_base_port}",
+                f"--port={opts.port}",
+                f"--admin-port={opts.admin_port}",
+                f"--grpc-port={opts.grpc_port}",
+                f"--grpc-health-port={opts.health_port}",
+                f"--metrics-port={opts.metrics_port}",
+            ]
+        )
+    finally:
+        held.close()
+    out, err = capsys.readouterr()
+    assert code == 1
+    assert f"error: ports already in use: {opts.port} (--port); move them with those epp run flags" in err
+    assert "logs kept" not in err
+    workdir = Path(out.split("(work dir ", 1)[1].split(")", 1)[0])
+    assert not workdir.exists()
