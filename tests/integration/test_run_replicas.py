@@ -1,10 +1,14 @@
-"""``epp run --replicas 2`` (its :class:`LocalStack`): two EPPs behind one Envoy share state through
-the stack's own ``redis-server``; a replica killed with SIGKILL leaves the other serving every
-request, and the supervisor brings it back."""
+"""``epp run --replicas 2`` (its :class:`LocalStack`, and the command): two EPPs behind one Envoy
+share state through the stack's own ``redis-server``; a replica killed with SIGKILL leaves the other
+serving every request, and the supervisor brings it back; Ctrl-C stops Redis with the rest."""
 
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -109,3 +113,41 @@ def test_two_replicas_share_redis_serve_streams_and_survive_a_sigkill(replicas: 
     _wait("the replica restarted", lambda: st.poll() is None and st.epps[1].running(), timeout=5)
     _wait("both healthy in Envoy again", lambda: _healthy(st) == 2, timeout=30)
     _wait("peers again", lambda: _metric(first.metrics, PEERS) == _metric(second.metrics, PEERS) == 1)
+
+
+def _free_with_replica(step: int = stack.local.REPLICA_PORT_STEP) -> int:
+    """A free port whose replica-1 twin (+ ``step``) is free too."""
+    for _ in range(50):
+        port = stack.free_port()
+        if port + step < 65536 and not stack.port_in_use(port + step):
+            return port
+    raise RuntimeError("no free port pair")
+
+
+def test_the_epp_run_command_with_two_replicas_and_ctrl_c(tmp_path: Path) -> None:
+    require_redis_server()
+    flags = {f: _free_with_replica() for f in ("--grpc-port", "--grpc-health-port", "--metrics-port")}
+    flags |= {f: stack.free_port() for f in ("--port", "--admin-port", "--redis-port", "--sim-base-port")}
+    argv = [sys.executable, "-m", "epp", "run", "--sims", "1", "--replicas", "2"]
+    argv += [f"{f}={p}" for f, p in flags.items()]
+    out = tmp_path / "out.txt"
+    with out.open("w") as sink:
+        proc = subprocess.Popen(argv, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        _wait("the banner", lambda: "Ctrl-C stops everything." in out.read_text(), timeout=60)
+        text = out.read_text()
+        assert "2 replicas, all serving" in text
+        for i in range(2):
+            grpc = flags["--grpc-port"] + 100 * i
+            assert f"epp-{i}    ext_proc unix:{stack.epp_socket(grpc)} and 127.0.0.1:{grpc}" in text
+        assert f"Redis      127.0.0.1:{flags['--redis-port']}" in text
+        url = f"http://127.0.0.1:{flags['--port']}/v1/chat/completions"
+        body = json.dumps({"model": "demo", "messages": [{"role": "user", "content": "hi"}]}).encode()
+        assert request(url, "POST", body, {"content-type": "application/json"}, 10).status == 200
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(30) == 0, out.read_text()
+        assert not stack.port_in_use(flags["--redis-port"]), "redis-server outlived epp run"
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
