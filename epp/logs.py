@@ -76,6 +76,20 @@ def level_from_zap(text: str) -> str:
     return level_from_verbosity(verbosity)
 
 
+class _Stderr:
+    """``sys.stderr`` as it is when a line is written, not when logging was configured (a stream
+    replaced later, e.g. by a test's capture, is followed; a closed one is never written to)."""
+
+    def write(self, text: str) -> int:
+        return sys.stderr.write(text)
+
+    def flush(self) -> None:
+        sys.stderr.flush()
+
+
+_STDERR = _Stderr()
+
+
 def configure(level: str = "info", fmt: str = "json", third_party: str = "warning") -> None:
     """Log at ``level`` and above to stderr, rendered as ``fmt`` (``json`` or ``console``); the
     libraries' stdlib loggers (grpc, hpack, asyncio, ...) at ``third_party`` and above, but never below
@@ -97,12 +111,12 @@ def configure(level: str = "info", fmt: str = "json", third_party: str = "warnin
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(lvl),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        logger_factory=structlog.PrintLoggerFactory(file=_STDERR),  # type: ignore[arg-type]
         cache_logger_on_first_use=True,
     )
     logging.basicConfig(
         level=max(lvl, LEVELS[parse_level(third_party)]),
-        stream=sys.stderr,
+        stream=_STDERR,
         format="%(levelname)s %(name)s: %(message)s",
         force=True,
     )
