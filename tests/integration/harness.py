@@ -291,13 +291,14 @@ class Rig:
         service = "readiness" if wait_ready else "liveness"
         for attempt in range(PORT_ATTEMPTS):
             grpc_port, health_port, metrics_port = stack.free_port(), stack.free_port(), stack.free_port()
+            socket_path = stack.epp_socket(grpc_port, self.log_dir)
             child = self.stack.start_epp(
                 name,
                 grpc_port=grpc_port,
                 health_port=health_port,
                 metrics_port=metrics_port,
                 config=document,
-                extra=["--log-level", "warning", "--grpc-socket", stack.epp_socket(grpc_port), *extra],
+                extra=["--log-level", "warning", "--grpc-socket", socket_path, *extra],
                 config_file=config_file,
             )
             epp = Epp(
@@ -307,7 +308,7 @@ class Rig:
                 metrics_port,
                 endpoints_file,
                 modes,
-                stack.epp_socket(grpc_port),
+                socket_path,
             )
             try:
                 self.stack.wait_epp(

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -137,9 +138,14 @@ def test_the_epp_run_command_with_two_replicas_and_ctrl_c(tmp_path: Path) -> Non
         _wait("the banner", lambda: "Ctrl-C stops everything." in out.read_text(), timeout=60)
         text = out.read_text()
         assert "2 replicas, all serving" in text
+        found = re.search(r"\(work dir (\S+)\)", text)
+        assert found is not None, text
+        workdir = Path(found.group(1))
         for i in range(2):
             grpc = flags["--grpc-port"] + 100 * i
-            assert f"epp-{i}    ext_proc unix:{stack.epp_socket(grpc)} and 127.0.0.1:{grpc}" in text
+            socket_path = workdir / f"epp-{grpc}.sock"  # in the work dir: never left behind in /tmp
+            assert f"epp-{i}    ext_proc unix:{socket_path} and 127.0.0.1:{grpc}" in text
+            assert socket_path.is_socket()
         assert f"Redis      127.0.0.1:{flags['--redis-port']}" in text
         url = f"http://127.0.0.1:{flags['--port']}/v1/chat/completions"
         body = json.dumps({"model": "demo", "messages": [{"role": "user", "content": "hi"}]}).encode()
@@ -147,6 +153,7 @@ def test_the_epp_run_command_with_two_replicas_and_ctrl_c(tmp_path: Path) -> Non
         proc.send_signal(signal.SIGINT)
         assert proc.wait(30) == 0, out.read_text()
         assert not stack.port_in_use(flags["--redis-port"]), "redis-server outlived epp run"
+        assert not workdir.exists(), "the work dir, sockets included, is removed"
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)

@@ -173,7 +173,12 @@ def test_epp_run_serves_and_ctrl_c_stops_everything(epp_run: RunningStack) -> No
     listening = _listen_addresses([p for p in _all_ports(epp_run) if p != epp_run.ports["--admin-port"]])
     assert all(listening.values()), f"ports not listening: {listening}"
     assert {p: a - loopback for p, a in listening.items() if a - loopback} == {}
-    assert "unix:" in epp_run.output  # the banner names the EPP socket Envoy uses
+    # The banner names the EPP socket Envoy uses: in the work dir (a killed stack leaves none in /tmp)
+    workdir = re.search(r"\(work dir (\S+)\)", epp_run.output)
+    assert workdir is not None, epp_run.output
+    socket_path = Path(workdir.group(1)) / f"epp-{epp_run.ports['--grpc-port']}.sock"
+    assert f"ext_proc unix:{socket_path} (Envoy's)" in epp_run.output
+    assert socket_path.is_socket()
     # --kv-events alone routes on the events: the EPP subscribed and received the sims' batches
     assert "precise prefix routing on the simulators' KV events" in epp_run.output
     metrics_url = f"http://127.0.0.1:{epp_run.ports['--metrics-port']}/metrics"
@@ -203,6 +208,7 @@ def test_epp_run_serves_and_ctrl_c_stops_everything(epp_run: RunningStack) -> No
     assert epp_run.proc.wait(30) == 0, epp_run.output
     still_listening = [p for p in _all_ports(epp_run) if _listening(p)]
     assert still_listening == [], f"ports still served after Ctrl-C: {still_listening}"
+    assert not socket_path.parent.exists(), "the work dir (and the socket in it) is removed"
 
 
 def _pid_of(subcommand: str, needle: str) -> int | None:
@@ -297,6 +303,32 @@ def test_epp_run_restarts_a_killed_simulator(epp_run: RunningStack) -> None:
     assert [s for s, _ in results] == [200] * len(results), results
     assert victim_port in {p for _, p in results}, results
     assert epp_run.proc.poll() is None, epp_run.output
+
+
+def _stale_socket(path: Path) -> None:
+    """A Unix socket file with no listener, as a process killed outright leaves it."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.bind(str(path))
+    assert path.is_socket()
+
+
+@pytest.mark.integration
+def test_local_stack_serves_on_a_socket_in_its_work_dir_over_a_stale_one(tmp_path: Path) -> None:
+    workdir = tmp_path / "work"
+    workdir.mkdir()
+    opts = stack.StackOptions.on_free_ports(1, epp_args=["--log-level", "warning"])
+    path = workdir / f"epp-{opts.grpc_port}.sock"
+    _stale_socket(path)
+    with stack.LocalStack(opts, workdir) as st:  # start() returns once requests flow through Envoy
+        assert st.opts.epps()[0].socket == str(path)
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            s.connect(str(path))  # the EPP listens on it (the stale one was replaced)
+        resp = request(
+            f"{st.url}/v1/chat/completions", "POST", chat_body(marker()), {"content-type": "application/json"}
+        )
+        assert resp.status == 200, resp
+        assert resp.port == opts.sim_base_port
+    assert not path.exists(), "the EPP removes its socket when it stops"
 
 
 def test_supervisor_restarts_with_backoff_then_gives_up(tmp_path: Path) -> None:

@@ -133,7 +133,10 @@ def test_envoy_spreads_ext_proc_over_every_replica_socket_with_health_checks(tmp
     clusters = stack.bootstrap()["static_resources"]["clusters"]
     (cluster,) = [c for c in clusters if c["name"] == EXT_PROC_CLUSTER]
     hosts = cluster["load_assignment"]["endpoints"][0]["lb_endpoints"]
-    assert [h["endpoint"]["address"]["pipe"]["path"] for h in hosts] == [e.socket for e in opts.epps()]
+    assert [h["endpoint"]["address"]["pipe"]["path"] for h in hosts] == [
+        f"{tmp_path}/epp-9002.sock",
+        f"{tmp_path}/epp-9102.sock",
+    ]
     checked = [h["endpoint"]["health_check_config"]["address"]["socket_address"] for h in hosts]
     assert checked == [{"address": "127.0.0.1", "port_value": p} for p in (9003, 9103)]
     (check,) = cluster["health_checks"]
@@ -173,7 +176,8 @@ def test_banner_lists_every_replica_and_redis(tmp_path: Path) -> None:
     st.redis_port = 6399
     text = _usage(st)
     assert "2 replicas, all serving" in text
-    for e in opts.epps():
+    for e in st.opts.epps():
+        assert e.socket == f"{tmp_path}/epp-{e.grpc}.sock"
         assert f"ext_proc unix:{e.socket} and 127.0.0.1:{e.grpc}, health 127.0.0.1:{e.health}" in text
         assert f"http://127.0.0.1:{e.metrics}/metrics" in text
     assert "Redis      127.0.0.1:6399" in text

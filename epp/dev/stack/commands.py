@@ -9,14 +9,38 @@ import os
 import sys
 import tempfile
 from collections.abc import Sequence
+from pathlib import Path
 
 from epp.dev.envoy.command import envoy_argv as envoy_argv
 
+# AF_UNIX's sun_path holds 108 bytes including the terminating NUL (Linux).
+SOCKET_PATH_MAX = 107
 
-def epp_socket(grpc_port: int) -> str:
+
+def epp_socket(grpc_port: int, directory: str | Path = "") -> str:
     """The Unix socket a local EPP serving ``grpc_port`` also listens on (``--grpc-socket``) for its
-    Envoy: short (a socket path has at most 107 bytes) and unique while the port is taken."""
-    return os.path.join(tempfile.gettempdir(), f"epp-{grpc_port}.sock")
+    Envoy: ``directory/epp-<grpc_port>.sock`` (a stack's work directory, removed with it), or in the
+    temporary directory when ``directory`` is "" or too long for a socket path (at most
+    :data:`SOCKET_PATH_MAX` bytes); unique while the port is taken.
+
+    Raises ValueError when even the temporary directory's path is too long.
+    """
+    name = f"epp-{grpc_port}.sock"
+    if directory:
+        path = os.path.join(os.fspath(directory), name)
+        if _fits(path):
+            return path
+    path = os.path.join(tempfile.gettempdir(), name)
+    if not _fits(path):
+        raise ValueError(
+            f"the EPP's Unix socket {path} is {len(os.fsencode(path))} bytes, over the "
+            f"{SOCKET_PATH_MAX}-byte limit of a socket path: set TMPDIR to a shorter directory"
+        )
+    return path
+
+
+def _fits(path: str) -> bool:
+    return len(os.fsencode(path)) <= SOCKET_PATH_MAX
 
 
 def python_argv(*args: str) -> list[str]:

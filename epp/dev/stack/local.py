@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -182,15 +182,17 @@ REPLICA_PORT_STEP = 100
 
 @dataclass(frozen=True, slots=True)
 class EppPorts:
-    """One EPP replica's ports: ext_proc (and its Unix socket), gRPC health, metrics."""
+    """One EPP replica's ports: ext_proc (and its Unix socket, in ``socket_dir`` if that is short
+    enough, see :func:`epp_socket`), gRPC health, metrics."""
 
     grpc: int
     health: int
     metrics: int
+    socket_dir: str = ""
 
     @property
     def socket(self) -> str:
-        return epp_socket(self.grpc)
+        return epp_socket(self.grpc, self.socket_dir)
 
 
 @dataclass
@@ -221,6 +223,7 @@ class StackOptions:
     replica_ports: list[EppPorts] | None = None  # None: derived from grpc/health/metrics_port
     redis_port: int = 0  # replicas > 1: the private redis-server's port (0: a free one)
     share_state: bool = True  # replicas > 1: False runs them without Redis, each learning alone
+    socket_dir: str = ""  # the EPPs' Unix sockets' directory ("": LocalStack's work directory)
 
     @classmethod
     def on_free_ports(
@@ -228,14 +231,16 @@ class StackOptions:
     ) -> StackOptions:
         """Options with every port (Envoy, admin, every replica's gRPC, health and metrics, the sims',
         with ``kv_events`` the sims' KV-events ports, Redis) a free one."""
-        port, admin, *epps = free_ports(2 + 3 * replicas)
+        port, admin, *epps = free_ports(2 + 3 * replicas + int(replicas > 1))  # + Redis's: all distinct
         grpc, health, metrics = epps[:3]
         base = free_port_block(3 * sims if kv_events else sims)  # the sims' ports, then the KV-events ones
         if kv_events:
             options["kv_events_base_port"] = base + sims
         if replicas > 1:
-            options["replica_ports"] = [EppPorts(*epps[3 * i : 3 * i + 3]) for i in range(replicas)]
-            options.setdefault("redis_port", free_port())
+            options["replica_ports"] = [
+                EppPorts(epps[3 * i], epps[3 * i + 1], epps[3 * i + 2]) for i in range(replicas)
+            ]
+            options.setdefault("redis_port", epps[3 * replicas])
         return cls(
             replicas=replicas,
             sims=sims,
@@ -276,10 +281,15 @@ class StackOptions:
     def epps(self) -> list[EppPorts]:
         """Every EPP replica's ports: ``replica_ports``, else replica i on the first one's + i x 100."""
         if self.replica_ports is not None:
-            return list(self.replica_ports)
+            return [replace(e, socket_dir=self.socket_dir) for e in self.replica_ports]
         step = REPLICA_PORT_STEP
         return [
-            EppPorts(self.grpc_port + step * i, self.health_port + step * i, self.metrics_port + step * i)
+            EppPorts(
+                self.grpc_port + step * i,
+                self.health_port + step * i,
+                self.metrics_port + step * i,
+                self.socket_dir,
+            )
             for i in range(self.replicas)
         ]
 
@@ -314,7 +324,7 @@ class StackOptions:
 
     def check(self) -> None:
         """Refuse what cannot run: no replica, a replica count that does not match ``replica_ports``,
-        or one port used twice."""
+        one port used twice, or no Unix socket path short enough (see :func:`epp_socket`)."""
         if self.replicas < 1:
             raise ValueError(f"replicas: must be at least 1, got {self.replicas}")
         if self.replica_ports is not None and len(self.replica_ports) != self.replicas:
@@ -324,6 +334,8 @@ class StackOptions:
             raise ValueError(f"ports used twice: {', '.join(map(str, twice))}")
         if any(not 0 < p < 65536 for p in self.all_ports()):
             raise ValueError("a port beyond 65535 (fewer --replicas, or lower base ports)")
+        for e in self.epps():
+            epp_socket(e.grpc, e.socket_dir)  # ValueError when no socket path fits
 
     def busy_ports(self) -> str:
         """The ports another process holds, each group with the flag that moves it ("" if none)."""
@@ -345,8 +357,10 @@ class LocalStack(Stack):
     """
 
     def __init__(self, opts: StackOptions, workdir: Path) -> None:
+        """``opts`` without a ``socket_dir``: the EPPs' Unix sockets go into ``workdir`` (removed
+        with it; a stack killed outright leaves none in the temporary directory)."""
         super().__init__(workdir, ready_timeout=opts.ready_timeout)
-        self.opts = opts
+        self.opts = opts if opts.socket_dir else replace(opts, socket_dir=str(workdir))
         self.endpoints_file = workdir / "endpoints.yaml"
         self.envoy_file = workdir / "envoy.yaml"
         self.sims: list[Child] = []
