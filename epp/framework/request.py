@@ -98,11 +98,9 @@ class RequestBody:
 
     @property
     def cache_salt(self) -> str:
-        """The prefix-cache salt: ``cache_salt`` (SGLang's generate calls it ``extra_key``)."""
-        payload = self.payload
-        salt = payload.get("cache_salt")
-        if salt is None and self.api is ApiKind.GENERATE:
-            salt = payload.get("extra_key")
+        """The prefix-cache salt: ``cache_salt`` in every API (SGLang's ``/generate`` too, whose
+        ``extra_key`` is another namespace that its KV events do not carry)."""
+        salt = self.payload.get("cache_salt")
         return salt if isinstance(salt, str) else ""
 
 

@@ -5,6 +5,7 @@ publisher writes each layout as the engine does."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import msgspec
@@ -15,6 +16,7 @@ from epp.dev.sim.kv_events import encode_batch
 from epp.dev.sim.kvcache import AllCleared, BlocksRemoved, BlocksStored
 from epp.kvcache import BlockKeyer, KVBlockIndex, block_extras
 from epp.kvevents import EventApplier, decode_batch
+from epp.plugins.parsers.sglanghttp import SGLangHttpParser
 from tests.unit.engine_layouts import LAYOUTS, Encoder, EngineLayout
 
 BS = 4
@@ -131,6 +133,38 @@ def test_adapter_and_salted_blocks_match_only_what_the_layout_lets_a_request_nam
     elif layout.engine == "sglang":  # no adapter named: keyed as the base model, which "ad" then is
         expected[("ad", salt)] = expected[("", salt)] = 2
     assert {t: _match(applier, T1 + T2, *t)[0] for t in tries} == expected
+
+
+_SALTED_SGLANG = [lay for lay in LAYOUTS if lay.engine == "sglang" and lay.carries_salt]
+_SGLANG_PARSER = SGLangHttpParser("sglanghttp-parser", None)
+
+
+@pytest.mark.parametrize("layout", _SALTED_SGLANG, ids=[lay.name for lay in _SALTED_SGLANG])
+def test_a_sglang_generate_request_is_salted_as_its_engine_reports_its_blocks(layout: EngineLayout) -> None:
+    """SGLang salts a ``/generate`` request's blocks, and their BlockStored events, with its
+    ``cache_salt``; its ``extra_key`` is not in the events: a request that names only that one is
+    found among the unsalted blocks its engine reports."""
+    enc = Encoder(layout)
+    applier = EventApplier(KVBlockIndex(), BlockKeyer(BS))
+    common = {"parent_block_hash": None, "block_size": BS, "medium": "GPU"}
+    events = [  # what the engine publishes for {cache_salt: "s", ...} on T1, then an unsalted T3
+        enc.stored(block_hashes=[H1, H3], token_ids=T1, cache_salt="s", **common),
+        enc.stored(block_hashes=[H4], token_ids=T3, **common),
+    ]
+    applier.apply(POD, decode_batch(enc.batch(events), "sglang"))
+
+    def found(tokens: list[int], **fields: str) -> int:
+        raw = json.dumps({"input_ids": tokens, **fields}).encode()
+        body = _SGLANG_PARSER.parse_request(raw, {":path": "/generate"})
+        assert body.token_ids == tokens
+        return _match(applier, tokens, salt=body.cache_salt)[0]
+
+    assert found(T1, cache_salt="s") == 2
+    assert found(T1, cache_salt="s", extra_key="k") == 2
+    assert found(T1, extra_key="s") == 0
+    assert found(T1) == 0
+    assert found(T3, extra_key="k") == 1
+    assert found(T3, cache_salt="s") == 0
 
 
 def _sim_events(tenant: bool) -> list[Any]:

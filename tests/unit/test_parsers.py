@@ -211,12 +211,20 @@ def test_sglang_generate_with_input_ids_and_salt() -> None:
         "input_ids": [1, 15043, 29892, 920],
         "sampling_params": {"max_new_tokens": 32, "temperature": 0},
         "stream": True,
-        "extra_key": "tenant-b",
+        "cache_salt": "tenant-b",
+        "extra_key": "class-1",
     }
     body = _parse(SGLANG, "/generate", payload)
     assert body.api is ApiKind.GENERATE and body.token_ids == [1, 15043, 29892, 920]
     assert body.stream and not body.rewritable
-    assert body.cache_salt == "tenant-b"
+    assert body.cache_salt == "tenant-b"  # what SGLang salts its cache and its KV events with
+
+
+def test_sglang_extra_key_is_not_the_salt() -> None:
+    """SGLang keys its cache on ``extra_key`` too, but its KV events carry only ``cache_salt``: a
+    request with an ``extra_key`` alone finds its blocks unsalted, as the events report them."""
+    body = _parse(SGLANG, "/generate", {"input_ids": [1, 2], "extra_key": "tenant-b"})
+    assert body.cache_salt == ""
 
 
 def test_sglang_generate_with_text() -> None:
@@ -235,6 +243,7 @@ def test_sglang_generate_with_text() -> None:
         ({"input_ids": []}, "input_ids must be a non-empty array of uint32 integers"),
         ({"input_ids": [[1, 2], [3]]}, "input_ids must be a non-empty array of uint32 integers"),
         ({"input_ids": [1], "extra_key": 7}, "extra_key must be a string"),
+        ({"input_ids": [1], "cache_salt": ["a"]}, "cache_salt must be a string"),
     ],
 )
 def test_sglang_bad_bodies(payload: dict[str, Any], message: str) -> None:

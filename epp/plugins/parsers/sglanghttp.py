@@ -1,9 +1,11 @@
 """``sglanghttp-parser``: SGLang's native ``/generate`` (outside the OpenAI surface).
 
 The body is JSON with ``input_ids`` (one pre-tokenized prompt, uint32 ids) or ``text`` (one
-string prompt), optional ``sampling_params``, ``stream`` and ``extra_key`` (the prefix-cache salt,
-a string). SGLang serves one model, so the body is scheduled with the model it names, if any, and
-forwarded unchanged. Only the path ``/generate`` itself is served.
+string prompt), optional ``sampling_params``, ``stream``, ``cache_salt`` (the prefix-cache salt,
+a string: what the engine salts its cache and its KV events with) and ``extra_key`` (a string the
+engine also keys its cache on, absent from its KV events: not a salt here). SGLang serves one
+model, so the body is scheduled with the model it names, if any, and forwarded unchanged. Only the
+path ``/generate`` itself is served.
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ from collections.abc import Mapping
 from epp.framework import ApiKind, Parser, RequestBody, register
 from epp.framework.request import request_path
 from epp.plugins.parsers._json import bad_request, load_object, token_ids
+
+_STRINGS = ("cache_salt", "extra_key")  # one prompt: SGLang takes a string (a list is for a batch)
 
 
 @register
@@ -25,9 +29,10 @@ class SGLangHttpParser(Parser):
         if path not in ("/generate", "generate"):
             raise bad_request(f"unsupported path: {path}")
         payload = load_object(body)
-        salt = payload.get("extra_key")
-        if salt is not None and not isinstance(salt, str):
-            raise bad_request("unsupported generate request: extra_key must be a string")
+        for key in _STRINGS:
+            value = payload.get(key)
+            if value is not None and not isinstance(value, str):
+                raise bad_request(f"unsupported generate request: {key} must be a string")
         raw_ids = payload.get("input_ids")
         ids: list[int] | None = None
         if raw_ids is not None:
