@@ -147,6 +147,9 @@ ITL = _request_histogram(
     "consecutive response body chunks.",
     ITL_BUCKETS,
 )
+# The histograms fed by the token counts the model server reports in the response body (its usage):
+# a streamed OpenAI completion carries them only when the client asks (stream_options.include_usage).
+FROM_USAGE = (INPUT_TOKENS, OUTPUT_TOKENS, CACHED_TOKENS, NTPOT, TPOT)
 REQUEST_PROCESSING = promlite.Histogram(
     "llm_d_epp_request_processing_duration_seconds",
     "[ALPHA] EPP request processing latency distribution in seconds, from request receipt until the "

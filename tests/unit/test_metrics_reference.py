@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -366,6 +367,47 @@ async def test_streamed_response_records_ttft_itl_tpot_tokens_and_sizes(run: Any
     assert value("llm_d_epp_request_cached_tokens_count", **key) == 0  # no prompt_tokens_details
     assert value("llm_d_epp_response_size_bytes_sum", **key) == sum(len(c) for c in chunks)
     assert value("llm_d_epp_request_running", **key) == 0
+
+
+async def test_a_stream_without_usage_leaves_only_the_usage_histograms_empty(run: Any) -> None:
+    """A streamed completion whose client did not ask for ``stream_options.include_usage`` has no
+    token counts: exactly the ``FROM_USAGE`` histograms stay empty (nothing estimates them)."""
+    key = {
+        "model_name": "demo",
+        "target_model_name": "demo",
+        "fairness_id": "tenant-no-usage",
+        "priority": "0",
+    }
+    chunks = [b'data: {"choices":[{"delta":{"content":"a"}}]}\n\n'] * 3 + [b"data: [DONE]\n\n"]
+    await run(
+        [
+            headers_msg({"x-llm-d-inference-fairness-id": "tenant-no-usage"}),
+            body_msg(STREAM_CHAT, True),
+            response_headers_msg({":status": "200", "content-type": "text/event-stream"}),
+            *[response_body_msg(c, i == len(chunks) - 1) for i, c in enumerate(chunks)],
+        ],
+        expect=3 + len(chunks),
+    )
+    histograms = [
+        (metrics.INPUT_TOKENS, key),
+        (metrics.OUTPUT_TOKENS, key),
+        (metrics.CACHED_TOKENS, key),
+        (metrics.NTPOT, key),
+        (metrics.TTFT, {**key, "streaming": "true"}),
+        (metrics.TPOT, key),
+        (metrics.ITL, key),
+        (metrics.RESPONSE_SIZES, key),
+    ]
+    empty = {h.name for h, labels in histograms if value(f"{h.name}_count", **labels) == 0}
+    assert empty == {h.name for h in metrics.FROM_USAGE}
+    assert value("llm_d_epp_request_streaming_itl_seconds_count", **key) == 3  # between 4 chunks
+
+
+def test_the_readme_names_the_metrics_that_need_include_usage() -> None:
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    (paragraph,) = [p for p in readme.split("\n- **") if p.startswith("Metrics**")]
+    assert '"stream_options": {"include_usage": true}' in paragraph
+    assert [h.name for h in metrics.FROM_USAGE if f"`{h.name}`" not in paragraph] == []
 
 
 async def test_non_streaming_usage_split_across_chunks_is_read(run: Any) -> None:

@@ -117,8 +117,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--response-phases",
         action="store_true",
         help="Envoy also sends the EPP the response headers and body, so that the response metrics "
-        "(TTFT, TPOT/ITL, token counts, response sizes) get samples; costs ext_proc messages per "
-        "response chunk (default: only what the loaded plugins read)",
+        "(TTFT, TPOT/ITL, token counts, response sizes) get samples (a streamed completion's TPOT "
+        "and token counts only with the client's stream_options.include_usage); costs ext_proc "
+        "messages per response chunk (default: only what the loaded plugins read)",
     )
     add("--keep-workdir", action="store_true", help="keep the temporary directory (logs) on exit")
     parser.epilog = (
