@@ -164,6 +164,27 @@ def _charged(raw: redis.Redis, sim_name: str, field: str = INFLIGHT_FIELD) -> li
     return [k for k in keys if raw.hexists(k, name)]
 
 
+def _envoy_over(rig: Rig, epps: list[Epp], name: str) -> Envoy:
+    """One Envoy (one worker: streams go round robin) whose ext_proc cluster spreads over ``epps``,
+    once it sees every replica healthy and every replica sees its peers."""
+    base = envoy_config.envoy_bootstrap(
+        listen_port=stack.free_port(), admin_port=stack.free_port(), subset_hint_header=SUBSET_HEADER
+    )
+    spread = spread_ext_proc(base, [Replica("127.0.0.1", e.grpc_port, e.health_port) for e in epps])
+    listen = spread["static_resources"]["listeners"][0]["address"]["socket_address"]["port_value"]
+    admin = spread["admin"]["address"]["socket_address"]["port_value"]
+    child = rig.stack.start_envoy(name, spread, concurrency=1)
+    envoy = Envoy(child, listen, admin, envoy_config.DEFAULT_BODY_MODE, False)
+    rig.stack.wait_envoy(child, admin)
+    n = len(epps)
+    _wait("every replica healthy in Envoy", lambda: envoy.health_flags("ext_proc") == ["healthy"] * n)
+    _wait(
+        f"every replica sees its {n - 1} peers",
+        lambda: all(_metric(e, "llm_d_epp_cross_replica_peers") == n - 1 for e in epps),
+    )
+    return envoy
+
+
 def test_three_replicas_behind_one_envoy_share_prefix_index_and_in_flight_load(
     rig: Rig, store: RedisServer
 ) -> None:
@@ -172,20 +193,7 @@ def test_three_replicas_behind_one_envoy_share_prefix_index_and_in_flight_load(
     config = _config(store.address)
     epps = [rig.start_epp(sims, name=f"epp-{i}", config=config) for i in range(3)]
     by_port = {e.grpc_port: e for e in epps}
-    base = envoy_config.envoy_bootstrap(
-        listen_port=stack.free_port(), admin_port=stack.free_port(), subset_hint_header=SUBSET_HEADER
-    )
-    spread = spread_ext_proc(base, [Replica("127.0.0.1", e.grpc_port, e.health_port) for e in epps])
-    listen = spread["static_resources"]["listeners"][0]["address"]["socket_address"]["port_value"]
-    admin = spread["admin"]["address"]["socket_address"]["port_value"]
-    child = rig.stack.start_envoy("envoy-replicas", spread, concurrency=1)
-    envoy = Envoy(child, listen, admin, envoy_config.DEFAULT_BODY_MODE, False)
-    rig.stack.wait_envoy(child, admin)
-    _wait("every replica healthy in Envoy", lambda: envoy.health_flags("ext_proc") == ["healthy"] * 3)
-    _wait(
-        "every replica sees its 2 peers",
-        lambda: all(_metric(e, "llm_d_epp_cross_replica_peers") == 2 for e in epps),
-    )
+    envoy = _envoy_over(rig, epps, "envoy-replicas")
     raw = redis.Redis(host="127.0.0.1", port=store.port)
 
     # 1. A block routed by one replica steers the same prompt to the same endpoint through the others.
@@ -306,20 +314,7 @@ def test_three_replicas_share_session_pins_and_the_detectors_credit(rig: Rig, st
     extra = ["--refresh-metrics-interval", "30s", "--allow-experimental-plugins"]
     epps = [rig.start_epp(sims, name=f"epp-{i}", config=config, extra=extra) for i in range(3)]
     by_port = {e.grpc_port: e for e in epps}
-    base = envoy_config.envoy_bootstrap(
-        listen_port=stack.free_port(), admin_port=stack.free_port(), subset_hint_header=SUBSET_HEADER
-    )
-    spread = spread_ext_proc(base, [Replica("127.0.0.1", e.grpc_port, e.health_port) for e in epps])
-    listen = spread["static_resources"]["listeners"][0]["address"]["socket_address"]["port_value"]
-    admin = spread["admin"]["address"]["socket_address"]["port_value"]
-    child = rig.stack.start_envoy("envoy-sessions", spread, concurrency=1)
-    envoy = Envoy(child, listen, admin, envoy_config.DEFAULT_BODY_MODE, False)
-    rig.stack.wait_envoy(child, admin)
-    _wait("every replica healthy in Envoy", lambda: envoy.health_flags("ext_proc") == ["healthy"] * 3)
-    _wait(
-        "every replica sees its 2 peers",
-        lambda: all(_metric(e, "llm_d_epp_cross_replica_peers") == 2 for e in epps),
-    )
+    envoy = _envoy_over(rig, epps, "envoy-sessions")
     raw = redis.Redis(host="127.0.0.1", port=store.port)
 
     # 1. A session pinned through one replica is routed to the same endpoint through the others
