@@ -35,6 +35,24 @@ def test_busy_ports_are_named_with_the_flag_that_moves_them(tmp_path: Path) -> N
     assert stack.supervisor.children == []  # nothing was started
 
 
+def test_a_busy_replica_or_redis_port_names_its_flag(tmp_path: Path) -> None:
+    opts = StackOptions.on_free_ports(1, replicas=2)
+    second = opts.epps()[1]
+    held = [_hold(p) for p in (second.health, opts.redis_port)]
+    try:
+        stack = LocalStack(opts, tmp_path)
+        with pytest.raises(RuntimeError) as err:
+            stack.start()
+    finally:
+        for s in held:
+            s.close()
+    assert str(err.value) == (
+        f"ports already in use: {second.health} (--grpc-health-port, replica 1), "
+        f"{opts.redis_port} (--redis-port); move them with those epp run flags"
+    )
+    assert stack.children == []  # Redis was not started either
+
+
 def test_no_busy_port_no_message() -> None:
     assert StackOptions.on_free_ports(1).busy_ports() == ""
 

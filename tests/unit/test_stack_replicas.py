@@ -185,28 +185,3 @@ def test_banner_lists_every_replica_and_redis(tmp_path: Path) -> None:
     unshared = LocalStack(StackOptions(sims=2, replicas=2, share_state=False), tmp_path)
     unshared.epps = st.epps
     assert "Redis" not in _usage(unshared).split("simulators")[0]
-
-
-def test_a_busy_replica_or_redis_port_names_its_flag(tmp_path: Path) -> None:
-    import socket
-
-    opts = StackOptions.on_free_ports(1, replicas=2)
-    second = opts.epps()[1]
-    held = []
-    for port in (second.health, opts.redis_port):
-        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        s.bind(("127.0.0.1", port))
-        s.listen()
-        held.append(s)
-    try:
-        stack = LocalStack(opts, tmp_path)
-        with pytest.raises(RuntimeError) as err:
-            stack.start()
-    finally:
-        for s in held:
-            s.close()
-    assert str(err.value) == (
-        f"ports already in use: {second.health} (--grpc-health-port, replica 1), "
-        f"{opts.redis_port} (--redis-port); move them with those epp run flags"
-    )
-    assert stack.children == []  # Redis was not started either
