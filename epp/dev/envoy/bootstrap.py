@@ -729,9 +729,9 @@ def _sds_resource(name: str, body: dict[str, Any], watch: dict[str, str]) -> dic
 EXTPROC_HEALTH_SERVICE = "envoy.service.ext_proc.v3.ExternalProcessor"
 
 
-def _add_health_check(cluster: dict[str, Any], health_port: int, *, tls: bool, host: str = "") -> None:
-    """Active gRPC health checks of the EPP on its (plain-text) health port; no panic routing.
-    ``host``: check ``host:health_port`` (an endpoint on a Unix socket has no port to replace)."""
+def set_health_checks(cluster: dict[str, Any], *, tls: bool) -> None:
+    """Active gRPC health checks of the ext_proc service every 0.5 s (one failure ejects, one
+    success restores); with ``tls`` they go in plain text, the health port having no TLS."""
     check: dict[str, Any] = {
         "timeout": "1s",
         "interval": "0.5s",
@@ -755,6 +755,12 @@ def _add_health_check(cluster: dict[str, Any], health_port: int, *, tls: bool, h
         ]
         check["transport_socket_match_criteria"] = {"epp-health": "plaintext"}
     cluster["health_checks"] = [check]
+
+
+def _add_health_check(cluster: dict[str, Any], health_port: int, *, tls: bool, host: str = "") -> None:
+    """Active gRPC health checks of the EPP on its (plain-text) health port; no panic routing.
+    ``host``: check ``host:health_port`` (an endpoint on a Unix socket has no port to replace)."""
+    set_health_checks(cluster, tls=tls)
     # 0 %: while the EPP is unhealthy Envoy has no host (no panic routing), so the ext_proc stream
     # fails at once, before any body chunk is sent: fail-open then works in every body mode.
     cluster["common_lb_config"] = {"healthy_panic_threshold": {"value": 0}}

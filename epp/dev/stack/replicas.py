@@ -9,11 +9,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from epp.dev.envoy.bootstrap import EXT_PROC_CLUSTER, EXTPROC_HEALTH_SERVICE
+from epp.dev.envoy.bootstrap import EXT_PROC_CLUSTER, set_health_checks
 
 DNS_REFRESH_RATE = "5s"
-_PLAINTEXT_HEALTH = {"epp-health": "plaintext"}
-_RAW_BUFFER = "type.googleapis.com/envoy.extensions.transport_sockets.raw_buffer.v3.RawBuffer"
 _PREVIOUS_HOSTS = "type.googleapis.com/envoy.extensions.retry.host.previous_hosts.v3.PreviousHostsPredicate"
 # Only failures before the EPP saw the stream: a retried stream never runs the director twice.
 EXT_PROC_RETRY_ON = "connect-failure,refused-stream,reset-before-request"
@@ -68,28 +66,7 @@ def spread_ext_proc(
         "cluster_name": EXT_PROC_CLUSTER,
         "endpoints": [{"lb_endpoints": [r.lb_endpoint() for r in replicas]}],
     }
-    check: dict[str, Any] = {
-        "timeout": "1s",
-        "interval": "0.5s",
-        "no_traffic_interval": "0.5s",
-        "unhealthy_threshold": 1,
-        "healthy_threshold": 1,
-        "reuse_connection": True,
-        "grpc_health_check": {"service_name": EXTPROC_HEALTH_SERVICE},
-    }
-    if "transport_socket" in cluster:  # TLS to the EPP; its health port is plain text
-        cluster["transport_socket_matches"] = [
-            {
-                "name": "plaintext-health",
-                "match": dict(_PLAINTEXT_HEALTH),
-                "transport_socket": {
-                    "name": "envoy.transport_sockets.raw_buffer",
-                    "typed_config": {"@type": _RAW_BUFFER},
-                },
-            }
-        ]
-        check["transport_socket_match_criteria"] = dict(_PLAINTEXT_HEALTH)
-    cluster["health_checks"] = [check]
+    set_health_checks(cluster, tls="transport_socket" in cluster)  # TLS to 9002: checks in plain text
     # 0 %: with every replica unhealthy there is no host (fail-open bootstraps then pass through).
     # No merge window: a health change reaches the workers at once (Envoy merges host updates for
     # 1 s by default, so a dead replica kept getting streams for up to a second after its check failed).
