@@ -10,9 +10,11 @@ Per pool, under ``<keyPrefix>:<pool>:``, every replica keeps:
 - ``log:<state key>``: a stream of record batches (``r`` replica, ``t`` time, ``d`` JSON list), capped
   at ``maxLogBatches`` and expiring after ``coordinationTTL``.
 
-One ``sync`` is one pipelined round trip: this replica's changed values, its new log batches, the
-heartbeat, then the peers' hashes and the streams' new entries. Reads (``get``, ``peer_values``) are
-served from the mirror that round trip refreshed.
+One ``sync`` is one command, a Lua script: this replica's changed values, its new log batches and
+the heartbeat go in; the registry, the hashes of the peers whose digest (SHA-1 of the fields but
+``$alive``) changed since this replica last read them, and the streams' new entries come back as
+one string of length-prefixed items. Only the fields whose bytes changed are decoded again. Reads
+(``get``, ``peer_values``) are served from the mirror that round refreshed.
 """
 
 from __future__ import annotations
