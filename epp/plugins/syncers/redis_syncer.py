@@ -48,6 +48,7 @@ ALIVE = b"$alive"
 SEPARATOR = "|"
 MAX_PENDING_RECORDS = 100_000  # per state key, kept for the next round while the store is unreachable
 XREAD_COUNT = 256  # stream entries read per state key and round
+PRUNE_INTERVAL_SECONDS = 1.0  # how often a replica prunes the registry of members past coordinationTTL
 
 
 @dataclass(slots=True, frozen=True)
@@ -107,8 +108,8 @@ class RedisSyncerParams:
 _ROUND_SCRIPT = """
 local vkey, rkey = KEYS[1], KEYS[2]
 local me, ttl, coord, maxlen, prefix, count = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4], ARGV[5], ARGV[6]
-local now, now_ms, full = ARGV[7], tonumber(ARGV[8]), ARGV[9] == '1'
-local i = 10
+local now, now_ms, full, prune = ARGV[7], tonumber(ARGV[8]), ARGV[9] == '1', ARGV[10] == '1'
+local i = 11
 local function section()
   local n = tonumber(ARGV[i])
   local items = {}
@@ -141,10 +142,12 @@ put(had)
 if full then redis.pcall('DEL', vkey) end
 chunked('HSET', vkey, {'$alive', now}, sets)
 if #dels > 0 then chunked('HDEL', vkey, {}, dels) end
-redis.pcall('PEXPIRE', vkey, ttl)
+if full or had == 0 then redis.pcall('PEXPIRE', vkey, ttl) end
 redis.pcall('ZADD', rkey, now_ms, me)
-redis.pcall('ZREMRANGEBYSCORE', rkey, '-inf', now_ms - coord)
-redis.pcall('PEXPIRE', rkey, coord)
+if prune then
+  redis.pcall('ZREMRANGEBYSCORE', rkey, '-inf', now_ms - coord)
+  redis.pcall('PEXPIRE', rkey, coord)
+end
 for k = 1, #outs, 2 do
   local lkey = prefix .. 'log:' .. outs[k]
   redis.pcall('XADD', lkey, 'MAXLEN', '~', maxlen, '*', 'r', me, 't', now, 'd', outs[k + 1])
@@ -165,24 +168,24 @@ for _, p in ipairs(peers) do
   if failed(h) then
     put('W')
   else
-    local alive, parts = false, {}
+    local alive = false
     for k = 1, #h, 2 do
       if h[k] == '$alive' then
         alive = true
-      else
-        parts[#parts + 1] = #h[k] .. ':' .. h[k] .. #h[k + 1] .. ':' .. h[k + 1]
+        h[k + 1] = ''  -- the heartbeat moves every round: not part of the digest
       end
     end
     if not alive then
       put('D')
     else
-      local digest = redis.sha1hex(table.concat(parts))
+      -- JSON text and field names hold no NUL byte: joined with NULs, different hashes differ
+      local digest = redis.sha1hex(table.concat(h, '\0'))
       if digests[p] == digest then
         put('U')
       else
         put('C')
         put(digest)
-        put(#parts)
+        put(#h / 2 - 1)
         for k = 1, #h, 2 do
           if h[k] ~= '$alive' then
             put(h[k])
@@ -289,6 +292,7 @@ class RedisSyncer(Plugin):
         self._script: AsyncScript | None = None
         self._fixed_args: list[Any] = []
         self._peer_cache: dict[str, _PeerValues] = {}  # peer id -> its hash as last read
+        self._next_prune = 0.0
         self.round_trips = 0
         self.decoded = 0  # peers' hash fields decoded (an unchanged hash is not read again)
         self._set_fixed_args()
@@ -437,7 +441,11 @@ class RedisSyncer(Plugin):
         for peer, cached in self._peer_cache.items():
             digests.append(peer)
             digests.append(cached.digest)
-        args: list[Any] = [*self._fixed_args, str(now), int(now * 1000), 1 if full else 0]
+        # the registry's old members are pruned and its TTL renewed about once a second
+        prune = full or now >= self._next_prune
+        if prune:
+            self._next_prune = now + PRUNE_INTERVAL_SECONDS
+        args: list[Any] = [*self._fixed_args, str(now), int(now * 1000), 1 if full else 0, 1 if prune else 0]
         for section in (sets, deleted, outs, ins, digests):
             args.append(len(section))
             args.extend(section)
