@@ -6,13 +6,13 @@ Per pool, under ``<keyPrefix>:<pool>:``, every replica keeps:
   ``$alive`` (its publish time), expiring after ``stateTTL``: a replica that dies stops counting
   within ``stateTTL``;
 - ``replicas``: a sorted set of replica ids by last publish time (the peer store), members older than
-  ``coordinationTTL`` pruned;
+  ``coordinationTTL`` pruned (about once a second);
 - ``log:<state key>``: a stream of record batches (``r`` replica, ``t`` time, ``d`` JSON list), capped
   at ``maxLogBatches`` and expiring after ``coordinationTTL``.
 
 One ``sync`` is one command, a Lua script: this replica's changed values, its new log batches and
-the heartbeat go in; the registry, the hashes of the peers whose digest (SHA-1 of the fields but
-``$alive``) changed since this replica last read them, and the streams' new entries come back as
+the heartbeat go in; the registry, the hashes of the peers whose digest (SHA-1 of the fields, the
+heartbeat's time left out) changed since this replica last read them, and the streams' new entries come back as
 one string of length-prefixed items. Only the fields whose bytes changed are decoded again. Reads
 (``get``, ``peer_values``) are served from the mirror that round refreshed.
 """
@@ -293,7 +293,6 @@ class RedisSyncer(Plugin):
         self._fixed_args: list[Any] = []
         self._peer_cache: dict[str, _PeerValues] = {}  # peer id -> its hash as last read
         self._next_prune = 0.0
-        self.round_trips = 0
         self.decoded = 0  # peers' hash fields decoded (an unchanged hash is not read again)
         self._set_fixed_args()
 
@@ -457,9 +456,8 @@ class RedisSyncer(Plugin):
         self._full = False
         self._dirty.clear()
         self._deleted.clear()
-        self.round_trips += 1
         items = _netstrings(reply) if isinstance(reply, bytes) else []
-        if len(items) < 2:  # a script of another version under the same name: nothing to read
+        if len(items) < 2:  # not the answer of our script (its SHA says it is): keep the mirror
             self.skip("wrong_type")
             return
         if items[0] == b"0" and not full:
