@@ -12,9 +12,9 @@ Per pool, under ``<keyPrefix>:<pool>:``, every replica keeps:
 
 One ``sync`` is one command, a Lua script: this replica's changed values, its new log batches and
 the heartbeat go in; the registry, the hashes of the peers whose digest (SHA-1 of the fields, the
-heartbeat's time left out) changed since this replica last read them, and the streams' new entries come back as
-one string of length-prefixed items. Only the fields whose bytes changed are decoded again. Reads
-(``get``, ``peer_values``) are served from the mirror that round refreshed.
+heartbeat's time left out) changed since this replica last read them, and the streams' new
+entries come back as one string of length-prefixed items. Only the fields whose bytes changed are
+decoded again. Reads (``get``, ``peer_values``) are served from the mirror that round refreshed.
 """
 
 from __future__ import annotations
