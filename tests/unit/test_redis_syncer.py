@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Any
 
 import orjson
 import pytest
 import redis
+from redis.exceptions import RedisError
 
 from epp.datalayer.cross_replica import CrossReplicaRuntime
 from epp.dev.stack.redis_server import RedisServer
@@ -28,6 +30,7 @@ from epp.plugins.producers.inflight_load import InFlightLoadProducer
 from epp.plugins.syncers import _metrics
 from epp.plugins.syncers.redis_syncer import RedisSyncer, RedisSyncerParams
 from tests.redis_fixture import redis_server as redis_server
+from tests.redis_fixture import require_redis_server
 from tests.unit.factories import completions, endpoints
 from tests.unit.polling import until
 
@@ -369,13 +372,16 @@ async def test_a_restarted_store_converges_to_the_same_values_and_then_to_new_on
     redis_server.kill()  # every key and the loaded script are lost
     redis_server.start()
 
-    async def converged() -> bool:
-        for s in (b, a):
-            try:
-                await s.sync()
-            except Exception:
-                pass
-        return a.get(KEY, "ns/e1", fold_sum) == [4, 40] and a.peers() == {b.replica_id}
+    async def synced(s: RedisSyncer) -> bool:
+        try:
+            await s.sync()
+        except Exception:
+            return False
+        return True
+
+    async def converged() -> bool:  # both rounds went through, then a sees what b published
+        ok = await synced(b) and await synced(a)
+        return ok and a.get(KEY, "ns/e1", fold_sum) == [4, 40] and a.peers() == {b.replica_id}
 
     await until_async(converged, 5.0)
     raw = redis.Redis(host="127.0.0.1", port=redis_server.port)
@@ -457,3 +463,30 @@ async def test_the_runtime_folds_again_only_when_the_peers_values_changed(redis_
     assert len(folds) == folded + 1 and installed[-1] == {"ns/e1": [2, 2]}
     await ra.stop()
     await rb.stop()
+
+
+async def test_a_password_protected_store_and_a_wrong_password(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    require_redis_server()
+    server = RedisServer(tmp_path, password="s3cret").start()
+    try:
+        (tmp_path / "pw").write_text("s3cret\n")
+        monkeypatch.setenv("EPP_TEST_REDIS_PW", "s3cret")
+        a = syncer(server, passwordFile=str(tmp_path / "pw"))
+        b = syncer(server, passwordEnv="EPP_TEST_REDIS_PW", db=1)
+        c = syncer(server, passwordEnv="EPP_TEST_REDIS_PW")
+        a.set(KEY, "ns/e1", [1, 1])
+        b.set(KEY, "ns/e1", [9, 9])
+        await rounds(a, b, c)
+        assert c.get(KEY, "ns/e1", fold_sum) == [1, 1]  # b's database is another store
+        wrong = syncer(server)  # no password
+        refused = _metrics.FAILURES.labels("connection").value
+        with pytest.raises(RedisError):  # refused: counted, and the caller goes on
+            await wrong.sync()
+        assert _metrics.FAILURES.labels("connection").value == refused + 1
+        assert wrong.peers() == frozenset()
+        for s in (a, b, c, wrong):
+            await s.close()
+    finally:
+        server.stop()

@@ -20,6 +20,7 @@ decoded again. Reads (``get``, ``peer_values``) are served from the mirror that 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import os
 import ssl
 import time
@@ -32,9 +33,8 @@ from typing import Any
 import orjson
 import structlog
 from redis import asyncio as aioredis
-from redis.commands.core import AsyncScript
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import RedisError
+from redis.exceptions import NoScriptError, RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from epp.framework import Handle, Plugin, register
@@ -223,6 +223,7 @@ if #ins > 0 then
 end
 return table.concat(out)
 """
+_ROUND_SCRIPT_SHA = hashlib.sha1(_ROUND_SCRIPT.encode()).hexdigest()
 
 
 def _netstrings(reply: bytes) -> list[bytes]:
@@ -274,7 +275,7 @@ class RedisSyncer(Plugin):
         self._coord_ms = max(1, int(params.coordination_ttl_seconds * 1000))
         self._prefix = f"{params.key_prefix}:default:"
         self._timeout = 1.0
-        self._client: aioredis.Redis | None = None
+        self._conn: aioredis.Connection | None = None
         # this replica's values, and what changed since the last successful round
         self._own: dict[tuple[str, str], Any] = {}
         self._dirty: set[tuple[str, str]] = set()
@@ -289,7 +290,6 @@ class RedisSyncer(Plugin):
         self._live: frozenset[str] = frozenset()
         self._last_ok = 0.0
         self._down = False
-        self._script: AsyncScript | None = None
         self._fixed_args: list[Any] = []
         self._peer_cache: dict[str, _PeerValues] = {}  # peer id -> its hash as last read
         self._next_prune = 0.0
@@ -368,7 +368,9 @@ class RedisSyncer(Plugin):
 
     # --- the round trip -------------------------------------------------------------------------
 
-    def _connect(self) -> aioredis.Redis:
+    def _connect(self) -> aioredis.Connection:
+        """One connection of our own (connected on first use, again after a failure): a round is
+        one command, so the client's pool, retries and per-command checks would only add work."""
         p = self.params
         host, _, port = p.address.rpartition(":")
         password: str | None = None
@@ -377,23 +379,38 @@ class RedisSyncer(Plugin):
         elif p.password_file:
             with open(p.password_file, encoding="utf-8") as f:
                 password = f.read().strip() or None
-        kwargs: dict[str, Any] = {}
+        kwargs: dict[str, Any] = {
+            "host": host.strip("[]"),
+            "port": int(port),
+            "db": p.db,
+            "username": p.username or None,
+            "password": password,
+            "socket_timeout": self._timeout,
+            "socket_connect_timeout": self._timeout,
+            "health_check_interval": 0,
+        }
         if p.tls:
-            kwargs["ssl"] = True
-            kwargs["ssl_ca_certs"] = p.ca_cert_path or None
-            kwargs["ssl_cert_reqs"] = ssl.CERT_NONE if p.insecure_skip_verify else ssl.CERT_REQUIRED
-            kwargs["ssl_check_hostname"] = not p.insecure_skip_verify
-        return aioredis.Redis(
-            host=host.strip("[]"),
-            port=int(port),
-            db=p.db,
-            username=p.username or None,
-            password=password,
-            socket_timeout=self._timeout,
-            socket_connect_timeout=self._timeout,
-            health_check_interval=0,
-            **kwargs,
-        )
+            return aioredis.SSLConnection(
+                ssl_ca_certs=p.ca_cert_path or None,
+                ssl_cert_reqs=ssl.CERT_NONE if p.insecure_skip_verify else ssl.CERT_REQUIRED,
+                ssl_check_hostname=not p.insecure_skip_verify,
+                **kwargs,
+            )
+        return aioredis.Connection(**kwargs)
+
+    async def _command(self, *args: Any) -> Any:
+        """Send one command and read its reply (an error reply raises; a failure disconnects)."""
+        conn = self._conn
+        if conn is None:
+            conn = self._conn = self._connect()
+        elif conn.is_connected:
+            try:
+                if await conn.can_read():  # bytes nobody asked for: start on a clean connection
+                    await conn.disconnect()
+            except (RedisConnectionError, OSError):  # closed by the server (e.g. it restarted)
+                await conn.disconnect()
+        await conn.send_command(*args, check_health=False)
+        return await conn.read_response()
 
     async def sync(self) -> None:
         start = time.monotonic()
@@ -412,10 +429,6 @@ class RedisSyncer(Plugin):
             log.info("cross-replica store reachable again", syncer=self.name, peers=len(self._live))
 
     async def _round(self) -> None:
-        if self._client is None:
-            self._client = self._connect()
-            self._script = self._client.register_script(_ROUND_SCRIPT)
-        assert self._script is not None
         now = time.time()
         prefix = self._prefix
         full = self._full
@@ -448,8 +461,14 @@ class RedisSyncer(Plugin):
         for section in (sets, deleted, outs, ins, digests):
             args.append(len(section))
             args.extend(section)
+        vkey, rkey = f"{prefix}v:{self.replica_id}", f"{prefix}replicas"
+        command = ("EVALSHA", _ROUND_SCRIPT_SHA, 2, vkey, rkey, *args)
         try:
-            reply = await self._script(keys=(f"{prefix}v:{self.replica_id}", f"{prefix}replicas"), args=args)
+            try:
+                reply = await self._command(*command)
+            except NoScriptError:  # a new or restarted server: load the script, then run it
+                await self._command("SCRIPT", "LOAD", _ROUND_SCRIPT)
+                reply = await self._command(*command)
         except BaseException:
             self._requeue(outbox)
             raise
@@ -597,11 +616,10 @@ class RedisSyncer(Plugin):
             m.PEERS.set(0)
 
     async def close(self) -> None:
-        client, self._client = self._client, None
-        self._script = None
-        if client is not None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
             try:
-                await client.aclose()
+                await conn.disconnect()
             except (RedisError, OSError):
                 pass
 
