@@ -43,6 +43,9 @@ class CrossReplicaRuntime:
         for spec in self.logs:
             syncer.subscribe(spec.state_key)
         self._published: dict[str, set[str]] = {s.state_key: set() for s in self.values}
+        # per value spec: the peers' values last folded (the syncer's mapping, by identity) and the
+        # fold; a syncer that keeps its mapping while no peer's value changed saves the fold
+        self._folded: list[tuple[object, dict[str, Any]]] = [(None, {}) for _ in self.values]
         self._task = BackgroundTask("cross-replica-sync", self._run)
         self.rounds = 0
 
@@ -95,16 +98,20 @@ class CrossReplicaRuntime:
 
     def _install(self) -> None:
         syncer = self.syncer
-        for spec in self.values:
-            folded: dict[str, Any] = {}
-            invalid = 0
-            for endpoint, values in syncer.peer_values(spec.state_key).items():
-                good = [v for v in values if spec.valid(v)]
-                invalid += len(values) - len(good)
-                if good:
-                    folded[endpoint] = spec.aggregate(good)
-            if invalid:
-                syncer.skip("invalid", invalid)
+        for i, spec in enumerate(self.values):
+            peer_values = syncer.peer_values(spec.state_key)
+            seen, folded = self._folded[i]
+            if peer_values is not seen:
+                folded = {}
+                invalid = 0
+                for endpoint, values in peer_values.items():
+                    good = [v for v in values if spec.valid(v)]
+                    invalid += len(values) - len(good)
+                    if good:
+                        folded[endpoint] = spec.aggregate(good)
+                if invalid:
+                    syncer.skip("invalid", invalid)
+                self._folded[i] = (peer_values, folded)
             try:
                 spec.install(folded)
             except Exception as e:

@@ -78,7 +78,8 @@ class SharedValue:
     ``supply()`` returns this replica's values by endpoint key (JSON-serialisable; an endpoint
     missing from it is deleted for this replica). ``install(folded)`` receives, by endpoint key, the
     ``aggregate`` of the *other* live replicas' values (the contributor adds its own, which it
-    knows exactly); an endpoint no peer publishes is absent. ``valid(value)`` rejects a malformed
+    knows exactly; the mapping is read-only, and the same one comes again while no peer's value
+    changed); an endpoint no peer publishes is absent. ``valid(value)`` rejects a malformed
     value from the store before it is folded (skipped and counted, never trusted).
     """
 
@@ -145,7 +146,8 @@ class CrossReplicaSyncer(Protocol):
         ...
 
     def peer_values(self, key: str) -> Mapping[str, Sequence[Any]]:
-        """Endpoint key -> the other live replicas' values for ``key`` (from the mirror)."""
+        """Endpoint key -> the other live replicas' values for ``key`` (from the mirror). A syncer
+        may return the same object while they did not change: the runtime then skips the fold."""
         ...
 
     def append(self, key: str, records: list[Any]) -> None: ...

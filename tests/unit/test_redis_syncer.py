@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Any
 
 import orjson
 import pytest
 import redis
+from redis.exceptions import RedisError
 
 from epp.datalayer.cross_replica import CrossReplicaRuntime
 from epp.dev.stack.redis_server import RedisServer
@@ -28,6 +30,7 @@ from epp.plugins.producers.inflight_load import InFlightLoadProducer
 from epp.plugins.syncers import _metrics
 from epp.plugins.syncers.redis_syncer import RedisSyncer, RedisSyncerParams
 from tests.redis_fixture import redis_server as redis_server
+from tests.redis_fixture import require_redis_server
 from tests.unit.factories import completions, endpoints
 from tests.unit.polling import until
 
@@ -327,3 +330,163 @@ async def test_polling_lag_is_within_the_sync_interval(redis_server: RedisServer
     assert time.monotonic() - sent < 1.0
     await ra.stop()
     await rb.stop()
+
+
+async def test_an_unchanged_peer_hash_is_not_read_again_and_a_change_is_seen_the_next_round(
+    redis_server: RedisServer,
+) -> None:
+    a, b = syncer(redis_server), syncer(redis_server)
+    b.set(KEY, "ns/e1", [1, 10])
+    b.set(KEY, "ns/e2", [2, 20])
+    await rounds(a, b)
+    assert a.get(KEY, "ns/e1", fold_sum) == [1, 10] and a.get(KEY, "ns/e2", fold_sum) == [2, 20]
+    decoded, view = a.decoded, a.peer_values(KEY)
+    await rounds(a, b, n=5)  # b's heartbeat moves every round, its values do not
+    assert a.decoded == decoded  # nothing decoded again
+    assert a.peer_values(KEY) is view  # the same mapping: the runtime need not fold it again
+    assert a.peers() == {b.replica_id}
+    b.set(KEY, "ns/e1", [7, 70])
+    await rounds(b, a, n=1)
+    assert a.get(KEY, "ns/e1", fold_sum) == [7, 70] and a.get(KEY, "ns/e2", fold_sum) == [2, 20]
+    assert a.decoded == decoded + 1  # only the field whose bytes changed
+    assert a.peer_values(KEY) is not view
+    # a write under b's name by someone else changes the hash's digest: it is read too
+    raw = redis.Redis(host="127.0.0.1", port=redis_server.port)
+    raw.hset(f"llm-d-epp:{POOL}:v:{b.replica_id}", f"{KEY}|ns/e3", b"[3, 30]")
+    await a.sync()
+    assert a.get(KEY, "ns/e3", fold_sum) == [3, 30]
+    raw.close()
+    await a.close()
+    await b.close()
+
+
+async def test_a_restarted_store_converges_to_the_same_values_and_then_to_new_ones(
+    redis_server: RedisServer,
+) -> None:
+    a, b = syncer(redis_server, stateTTL="1s"), syncer(redis_server, stateTTL="1s")
+    for s in (a, b):
+        s.subscribe(KEY)
+    b.set(KEY, "ns/e1", [4, 40])
+    await rounds(a, b)
+    assert a.get(KEY, "ns/e1", fold_sum) == [4, 40]
+    redis_server.kill()  # every key and the loaded script are lost
+    redis_server.start()
+
+    async def synced(s: RedisSyncer) -> bool:
+        try:
+            await s.sync()
+        except Exception:
+            return False
+        return True
+
+    async def converged() -> bool:  # both rounds went through, then a sees what b published
+        ok = await synced(b) and await synced(a)
+        return ok and a.get(KEY, "ns/e1", fold_sum) == [4, 40] and a.peers() == {b.replica_id}
+
+    await until_async(converged, 5.0)
+    raw = redis.Redis(host="127.0.0.1", port=redis_server.port)
+    assert raw.hget(f"llm-d-epp:{POOL}:v:{b.replica_id}", f"{KEY}|ns/e1") == b"[4,40]"  # republished
+    raw.close()
+    b.set(KEY, "ns/e1", [5, 50])
+    b.append(KEY, [["after"]])
+    await rounds(b, a, n=1)
+    assert a.get(KEY, "ns/e1", fold_sum) == [5, 50]
+    assert a.take_records(KEY) == [["after"]]
+    await a.close()
+    await b.close()
+
+
+async def test_a_lost_hash_is_republished_whole(redis_server: RedisServer) -> None:
+    a, b = syncer(redis_server), syncer(redis_server)
+    b.set(KEY, "ns/e1", [1, 1])
+    b.set(KEY, "ns/e2", [2, 2])
+    await rounds(a, b)
+    raw = redis.Redis(host="127.0.0.1", port=redis_server.port)
+    raw.delete(f"llm-d-epp:{POOL}:v:{b.replica_id}")  # e.g. evicted
+    await rounds(b, b, a, n=1)  # b notices, then rewrites everything
+    assert a.get(KEY, "ns/e1", fold_sum) == [1, 1] and a.get(KEY, "ns/e2", fold_sum) == [2, 2]
+    raw.close()
+    await a.close()
+    await b.close()
+
+
+async def test_a_hash_larger_than_one_command_chunk_is_written_and_read_whole(
+    redis_server: RedisServer,
+) -> None:
+    a, b = syncer(redis_server), syncer(redis_server)
+    for i in range(1500):
+        b.set(KEY, f"ns/e{i}", [i, 1])
+    await rounds(a, b)
+    assert len(a.peer_values(KEY)) == 1500
+    assert a.get(KEY, "ns/e1499", fold_sum) == [1499, 1]
+    for i in range(0, 1500, 2):
+        b.delete(KEY, f"ns/e{i}")
+    await rounds(b, a, n=1)
+    assert len(a.peer_values(KEY)) == 750 and a.get(KEY, "ns/e0", fold_sum) is None
+    await a.close()
+    await b.close()
+
+
+async def test_the_runtime_folds_again_only_when_the_peers_values_changed(redis_server: RedisServer) -> None:
+    folds: list[int] = []
+    installed: list[dict[str, Any]] = []
+
+    def counting_sum(values: Any) -> Any:
+        folds.append(len(values))
+        return fold_sum(values)
+
+    local: dict[str, Any] = {}
+    a, b = syncer(redis_server), syncer(redis_server)
+    ra = CrossReplicaRuntime(
+        a,
+        [SharedValue(KEY, dict, counting_sum, lambda f: installed.append(dict(f)), lambda v: True)],
+        pool=POOL,
+        interval=0.05,
+    )
+    rb = CrossReplicaRuntime(
+        b,
+        [SharedValue(KEY, lambda: dict(local), fold_sum, lambda f: None, lambda v: True)],
+        pool=POOL,
+        interval=0.05,
+    )
+    local["ns/e1"] = [1, 1]
+    for _ in range(2):
+        assert await rb.step() and await ra.step()
+    assert installed[-1] == {"ns/e1": [1, 1]}
+    folded, calls = len(folds), len(installed)
+    for _ in range(3):
+        assert await rb.step() and await ra.step()
+    assert len(folds) == folded  # nothing changed: the last fold is installed again
+    assert len(installed) == calls + 3 and installed[-1] == {"ns/e1": [1, 1]}  # install runs every round
+    local["ns/e1"] = [2, 2]
+    assert await rb.step() and await ra.step()
+    assert len(folds) == folded + 1 and installed[-1] == {"ns/e1": [2, 2]}
+    await ra.stop()
+    await rb.stop()
+
+
+async def test_a_password_protected_store_and_a_wrong_password(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    require_redis_server()
+    server = RedisServer(tmp_path, password="s3cret").start()
+    try:
+        (tmp_path / "pw").write_text("s3cret\n")
+        monkeypatch.setenv("EPP_TEST_REDIS_PW", "s3cret")
+        a = syncer(server, passwordFile=str(tmp_path / "pw"))
+        b = syncer(server, passwordEnv="EPP_TEST_REDIS_PW", db=1)
+        c = syncer(server, passwordEnv="EPP_TEST_REDIS_PW")
+        a.set(KEY, "ns/e1", [1, 1])
+        b.set(KEY, "ns/e1", [9, 9])
+        await rounds(a, b, c)
+        assert c.get(KEY, "ns/e1", fold_sum) == [1, 1]  # b's database is another store
+        wrong = syncer(server)  # no password
+        refused = _metrics.FAILURES.labels("connection").value
+        with pytest.raises(RedisError):  # refused: counted, and the caller goes on
+            await wrong.sync()
+        assert _metrics.FAILURES.labels("connection").value == refused + 1
+        assert wrong.peers() == frozenset()
+        for s in (a, b, c, wrong):
+            await s.close()
+    finally:
+        server.stop()

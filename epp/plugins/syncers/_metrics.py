@@ -5,7 +5,7 @@ from __future__ import annotations
 from epp import promlite
 
 SYNC_DURATION_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
-LAG_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.5, 5.0, 10.0)
+LAG_BUCKETS = (0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 SYNCS = promlite.Counter(
     "llm_d_epp_cross_replica_syncs_total", "[ALPHA] Successful round trips to the cross-replica store."
