@@ -17,17 +17,24 @@ def _hold(port: int) -> socket.socket:
     return s
 
 
-def test_busy_ports_are_named_with_the_flag_that_moves_them(tmp_path: Path) -> None:
-    opts = StackOptions.on_free_ports(2, kv_events=True)
-    held = [_hold(p) for p in (opts.sim_base_port + 1, opts.metrics_port, opts.kv_events_base_port)]
+def _refused(opts: StackOptions, work: Path, busy: list[int]) -> tuple[LocalStack, str]:
+    """The stack of ``opts`` started while other sockets hold ``busy``: it and its refusal."""
+    held = [_hold(p) for p in busy]
     try:
-        stack = LocalStack(opts, tmp_path)
+        stack = LocalStack(opts, work)
         with pytest.raises(RuntimeError) as err:
             stack.start()
     finally:
         for s in held:
             s.close()
-    assert str(err.value) == (
+    return stack, str(err.value)
+
+
+def test_busy_ports_are_named_with_the_flag_that_moves_them(tmp_path: Path) -> None:
+    opts = StackOptions.on_free_ports(2, kv_events=True)
+    busy = [opts.sim_base_port + 1, opts.metrics_port, opts.kv_events_base_port]
+    stack, message = _refused(opts, tmp_path, busy)
+    assert message == (
         f"ports already in use: {opts.kv_events_base_port} (--kv-events), "
         f"{opts.sim_base_port + 1} (--sim-base-port), {opts.metrics_port} (--metrics-port); "
         "move them with those epp run flags"
@@ -38,15 +45,8 @@ def test_busy_ports_are_named_with_the_flag_that_moves_them(tmp_path: Path) -> N
 def test_a_busy_replica_or_redis_port_names_its_flag(tmp_path: Path) -> None:
     opts = StackOptions.on_free_ports(1, replicas=2)
     second = opts.epps()[1]
-    held = [_hold(p) for p in (second.health, opts.redis_port)]
-    try:
-        stack = LocalStack(opts, tmp_path)
-        with pytest.raises(RuntimeError) as err:
-            stack.start()
-    finally:
-        for s in held:
-            s.close()
-    assert str(err.value) == (
+    stack, message = _refused(opts, tmp_path, [second.health, opts.redis_port])
+    assert message == (
         f"ports already in use: {second.health} (--grpc-health-port, replica 1), "
         f"{opts.redis_port} (--redis-port); move them with those epp run flags"
     )
