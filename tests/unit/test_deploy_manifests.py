@@ -862,6 +862,21 @@ def test_shared_state_envoy_spreads_ext_proc_over_the_replicas_with_health_check
     assert envoy["securityContext"]["readOnlyRootFilesystem"] is True
 
 
+def _envoy_validates(binary: str, config_dir: Path, tls_dir: Path, data: dict[str, str]) -> None:
+    """``envoy --mode validate`` on a ConfigMap's files, written to ``config_dir`` with the pod's
+    mount paths moved under the test's directories."""
+    for name, text in data.items():
+        moved = text.replace(ENVOY_TLS_DIR, str(tls_dir)).replace(ENVOY_CONFIG_DIR + "/", f"{config_dir}/")
+        (config_dir / name).write_text(moved)
+    result = subprocess.run(
+        [binary, "--mode", "validate", "-c", str(config_dir / "envoy.yaml"), "--disable-hot-restart"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
 def test_envoy_accepts_the_shared_state_bootstrap(tmp_path: Path) -> None:
     """``envoy --mode validate`` on the shared-state Envoy's bootstrap and SDS file, with the CA of
     ``epp certs`` at the path the pod mounts it."""
@@ -876,17 +891,9 @@ def test_envoy_accepts_the_shared_state_bootstrap(tmp_path: Path) -> None:
     config_dir.mkdir(parents=True)
     tls_dir.mkdir(parents=True)
     (tmp_path / "certs" / "envoy" / "ca.crt").rename(tls_dir / "ca.crt")  # only ca.crt is mounted
-    data = one("shared-state", "ConfigMap", "epp-shared-state-envoy")["data"]
-    for name, text in data.items():
-        moved = text.replace(ENVOY_TLS_DIR, str(tls_dir)).replace(ENVOY_CONFIG_DIR + "/", f"{config_dir}/")
-        (config_dir / name).write_text(moved)
-    result = subprocess.run(
-        [binary, "--mode", "validate", "-c", str(config_dir / "envoy.yaml"), "--disable-hot-restart"],
-        capture_output=True,
-        text=True,
-        timeout=60,
+    _envoy_validates(
+        binary, config_dir, tls_dir, one("shared-state", "ConfigMap", "epp-shared-state-envoy")["data"]
     )
-    assert result.returncode == 0, result.stdout + result.stderr
 
 
 # -------------------------------------------------------------------------- standalone mode
@@ -993,20 +1000,9 @@ def test_envoy_accepts_the_standalone_bootstrap(tmp_path: Path) -> None:
     config_dir, tls_dir = tmp_path / ENVOY_CONFIG_DIR.strip("/"), tmp_path / ENVOY_TLS_DIR.strip("/")
     config_dir.mkdir(parents=True)
     (tmp_path / "certs" / "envoy").rename(tls_dir)
-
-    def moved(text: str) -> str:
-        return text.replace(ENVOY_TLS_DIR, str(tls_dir)).replace(ENVOY_CONFIG_DIR + "/", f"{config_dir}/")
-
-    data = one("standalone", "ConfigMap", "epp-standalone-envoy")["data"]
-    for name, text in data.items():
-        (config_dir / name).write_text(moved(text))
-    result = subprocess.run(
-        [binary, "--mode", "validate", "-c", str(config_dir / "envoy.yaml"), "--disable-hot-restart"],
-        capture_output=True,
-        text=True,
-        timeout=60,
+    _envoy_validates(
+        binary, config_dir, tls_dir, one("standalone", "ConfigMap", "epp-standalone-envoy")["data"]
     )
-    assert result.returncode == 0, result.stdout + result.stderr
 
 
 # ----------------------------------------------------------------------------------------- TLS
