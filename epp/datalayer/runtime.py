@@ -3,6 +3,7 @@
 Polled sources tick on a common base, ``--refresh-metrics-interval``, lowered to the smallest
 source ``interval`` (never below 50 ms); a source's own ``interval`` is rounded to the nearest
 multiple of that base (at least one tick), and a source without one polls every base tick.
+Scrapes run on the data layer's own thread (``ScrapeLoop``), each endpoint's ticks jittered.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Any
 import structlog
 
 from epp.datalayer.notifications import EndpointEvents
+from epp.datalayer.scrape_loop import ScrapeLoop
 from epp.datalayer.scraper import DEFAULT_STALENESS, MetricsScraper
 from epp.datalayer.store import EndpointStore
 from epp.framework.interfaces import (
@@ -58,7 +60,10 @@ class DataLayer:
         sources: Sequence[tuple[DataSource, Sequence[Extractor]]],
         refresh_interval: float,
         staleness: float = DEFAULT_STALENESS,
+        *,
+        own_thread: bool = True,
     ) -> None:
+        self.runner: ScrapeLoop | None = ScrapeLoop() if own_thread else None
         self.scrapers: list[MetricsScraper] = []
         self.endpoint_events: list[EndpointEvents] = []
         self.notification_sources: list[tuple[DataSource, list[Extractor]]] = []
@@ -87,7 +92,15 @@ class DataLayer:
                     effective_s=period,
                 )
             self.scrapers.append(
-                MetricsScraper(store, source, extractors, interval=period, staleness=staleness)
+                MetricsScraper(
+                    store,
+                    source,
+                    extractors,
+                    interval=period,
+                    staleness=staleness,
+                    runner=self.runner,
+                    jitter=True,
+                )
             )
         for source, exts in sources:
             if isinstance(source, EndpointSource):
@@ -129,5 +142,7 @@ class DataLayer:
         self._watches.clear()
         for scraper in self.scrapers:
             await scraper.stop()
+        if self.runner is not None:
+            await self.runner.stop()
         for events in self.endpoint_events:
             await events.stop()

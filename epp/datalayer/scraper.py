@@ -9,11 +9,13 @@ Each poll feeds the source's extractors: at most one ``MetricsExtractor`` replac
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import dataclasses
+import random
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
 import structlog
 
@@ -31,11 +33,15 @@ from epp.framework.interfaces import (
 )
 from epp.metrics import DATALAYER_EXTRACT_ERRORS, DATALAYER_POLL_ERRORS
 
+if TYPE_CHECKING:
+    from epp.datalayer.scrape_loop import ScrapeLoop
+
 log = structlog.get_logger("epp.datalayer.scraper")
 
 DEFAULT_INTERVAL = 0.05
 DEFAULT_TIMEOUT = 1.0
 DEFAULT_STALENESS = 2.0
+_FIRST_SCRAPE_SPREAD = 0.05  # a new endpoint's first scrape comes within this (jittered)
 
 
 def is_stale(endpoint: Endpoint, threshold: float, now: float | None = None) -> bool:
@@ -56,6 +62,11 @@ class MetricsScraper:
     see half an update) with ``fresh_until = update_time + staleness``. A tick starts only after the
     previous scrape ended; missed ticks are dropped. Failures are logged on state changes only. A
     source without a metrics extractor (attributes only) never touches ``Endpoint.metrics``.
+
+    With a ``runner`` (``ScrapeLoop``) the tasks run on the data layer's own thread; with
+    ``jitter`` each endpoint's first tick is drawn at random within one interval, so a thousand
+    endpoints do not fire together. ``skip(endpoint)`` true: the tick passes without a poll (the
+    endpoint's load is pushed, or another replica scrapes it).
     """
 
     def __init__(
@@ -66,6 +77,10 @@ class MetricsScraper:
         interval: float = DEFAULT_INTERVAL,
         timeout: float = DEFAULT_TIMEOUT,
         staleness: float = DEFAULT_STALENESS,
+        *,
+        runner: ScrapeLoop | None = None,
+        jitter: bool = False,
+        skip: Callable[[Endpoint], bool] | None = None,
     ) -> None:
         if interval <= 0 or timeout <= 0 or staleness <= 0:
             raise ValueError("interval, timeout and staleness must be positive")
@@ -106,7 +121,13 @@ class MetricsScraper:
                 refresh_metrics_interval=interval,
                 metrics_staleness_threshold=staleness,
             )
-        self._tasks: dict[Endpoint, asyncio.Task[None]] = {}
+        self._runner = runner
+        self._jitter = jitter
+        self.skip = skip
+        self.scrapes = 0  # polls issued (a bench and test figure)
+        # main-loop side: one handle per endpoint (an asyncio task, or the runner's future)
+        self._tasks: dict[Endpoint, asyncio.Task[None] | concurrent.futures.Future[None]] = {}
+        self._live: set[asyncio.Task[None]] = set()  # runner side: the running scrape tasks
         self._running = False
         self._subscribed = False
         self._poll_errors = DATALAYER_POLL_ERRORS.labels(source.type_name)
@@ -147,8 +168,20 @@ class MetricsScraper:
         self._tasks.clear()
         for task in tasks:
             task.cancel()
+        if self._runner is not None:
+            if self._runner.running:
+                await asyncio.wrap_future(self._runner.submit(self._drain()))
+            return
         if tasks:
-            await asyncio.gather(*tasks, return_exceptions=True)
+            await asyncio.gather(*(t for t in tasks if isinstance(t, asyncio.Task)), return_exceptions=True)
+
+    async def _drain(self) -> None:
+        """On the runner: cancel and wait for the scrape tasks still there (their pollers close)."""
+        live = list(self._live)
+        for task in live:
+            task.cancel()
+        if live:
+            await asyncio.gather(*live, return_exceptions=True)
 
     def is_stale(self, endpoint: Endpoint, threshold: float) -> bool:
         return is_stale(endpoint, threshold)
@@ -167,6 +200,9 @@ class MetricsScraper:
     def _on_add(self, endpoint: Endpoint) -> None:
         if not self._running or endpoint in self._tasks:
             return
+        if self._runner is not None:
+            self._tasks[endpoint] = self._runner.submit(self._run(endpoint))
+            return
         task = asyncio.get_running_loop().create_task(
             self._run(endpoint), name=f"scrape {endpoint.metadata.key}"
         )
@@ -183,17 +219,30 @@ class MetricsScraper:
         loop = asyncio.get_running_loop()
         poller = self._source.poller(endpoint)
         state = _ScrapeState()
+        me = asyncio.current_task()
+        if me is not None:
+            self._live.add(me)
         try:
             next_tick = loop.time()
+            if self._jitter:  # the first scrape soon, the phase of the next ones anywhere in a tick
+                next_tick += random.random() * min(self.interval, _FIRST_SCRAPE_SPREAD)
+                await asyncio.sleep(next_tick - loop.time())
+            phase = random.random() * self.interval if self._jitter else 0.0
             while True:
-                await self._scrape(endpoint, poller, state)
-                next_tick += self.interval
+                skip = self.skip
+                if skip is None or not skip(endpoint):
+                    self.scrapes += 1
+                    await self._scrape(endpoint, poller, state)
+                next_tick += self.interval + phase
+                phase = 0.0
                 now = loop.time()
                 if next_tick < now:  # the scrape overran: drop missed ticks, never burst
                     next_tick = now + self.interval - (now - next_tick) % self.interval
                 await asyncio.sleep(next_tick - now)
         finally:
             poller.close()
+            if me is not None:
+                self._live.discard(me)
 
     async def _scrape(self, endpoint: Endpoint, poller: Poller, state: _ScrapeState) -> None:
         mark = endpoint.inflight  # the snapshot shows what was in flight by now, not what follows
