@@ -21,9 +21,11 @@ from epp.framework.interfaces import (
     EndpointExtractor,
     EndpointSource,
     Extractor,
+    LoadExtractor,
     MetricsExtractor,
     NotificationExtractor,
     NotificationSource,
+    PushSource,
 )
 
 
@@ -185,6 +187,14 @@ def _check_pair(source: DataSource, extractor: Extractor, earlier: list[Extracto
                 where,
                 f"extractor {extractor.typed_name} GVK {extractor.gvk} does not match source "
                 f"{source.typed_name} GVK {source.gvk}",
+            )
+        return
+    if isinstance(source, PushSource):
+        if not isinstance(extractor, LoadExtractor):
+            raise ConfigError(
+                where,
+                f"push source {source.typed_name} requires a load extractor (zmq-state-extractor); "
+                f"extractor {extractor.typed_name} does not implement it",
             )
         return
     # An extractor implementing none of the extraction contracts is left to the data layer (which

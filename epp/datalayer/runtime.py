@@ -4,10 +4,13 @@ Polled sources tick on a common base, ``--refresh-metrics-interval``, lowered to
 source ``interval`` (never below 50 ms); a source's own ``interval`` is rounded to the nearest
 multiple of that base (at least one tick), and a source without one polls every base tick.
 Scrapes run on the data layer's own thread (``ScrapeLoop``), each endpoint's ticks jittered.
+Push sources (``zmq-metrics-data-source``) run on a thread of their own (``PushedLoad``); the
+metrics scraper skips an endpoint while its pushes are fresh.
 """
 
 from __future__ import annotations
 
+import asyncio
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -15,17 +18,21 @@ from typing import Any
 import structlog
 
 from epp.datalayer.notifications import EndpointEvents
+from epp.datalayer.pushed import PushedLoad
 from epp.datalayer.scrape_loop import ScrapeLoop
 from epp.datalayer.scraper import DEFAULT_STALENESS, MetricsScraper
 from epp.datalayer.store import EndpointStore
+from epp.framework.endpoint import Endpoint
 from epp.framework.interfaces import (
     AttributeExtractor,
     DataSource,
     EndpointSource,
     Extractor,
+    LoadExtractor,
     MetricsExtractor,
     NotificationSource,
     PollingSource,
+    PushSource,
 )
 
 log = structlog.get_logger("epp.datalayer.runtime")
@@ -102,11 +109,25 @@ class DataLayer:
                     jitter=True,
                 )
             )
+        self.pushed: list[PushedLoad] = [
+            PushedLoad(store, source, e, staleness)
+            for source, exts in sources
+            if isinstance(source, PushSource)
+            for e in exts
+            if isinstance(e, LoadExtractor)
+        ]
+        scraper = self.metrics_scraper
+        if scraper is not None:
+            scraper.skip = self._skip
         for source, exts in sources:
             if isinstance(source, EndpointSource):
                 self.endpoint_events.append(EndpointEvents(store, source, exts))
             elif isinstance(source, NotificationSource):
                 self.notification_sources.append((source, list(exts)))
+
+    def _skip(self, endpoint: Endpoint) -> bool:
+        """The metrics scrape skips an endpoint whose load is being pushed."""
+        return any(p.pushing(endpoint) for p in self.pushed)
 
     @property
     def metrics_scraper(self) -> MetricsScraper | None:
@@ -116,6 +137,8 @@ class DataLayer:
     def start(self) -> None:
         for events in self.endpoint_events:
             events.start()
+        for pushed in self.pushed:
+            pushed.start()
         for scraper in self.scrapers:
             scraper.start()
 
@@ -144,5 +167,7 @@ class DataLayer:
             await scraper.stop()
         if self.runner is not None:
             await self.runner.stop()
+        for pushed in self.pushed:
+            await asyncio.to_thread(pushed.stop)
         for events in self.endpoint_events:
             await events.stop()

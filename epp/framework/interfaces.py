@@ -566,6 +566,37 @@ class AttributeExtractor(Protocol):
     def extract_attributes(self, endpoint: Endpoint, payload: Any) -> tuple[str, ...]: ...
 
 
+@dataclass(slots=True, frozen=True)
+class LoadReport:
+    """One pushed load message of one engine rank (SGLang's ``LoadStat``): requests running and
+    waiting, KV tokens held and the KV capacity in tokens (0 = unknown)."""
+
+    running: int
+    waiting: int
+    num_tokens: int
+    max_total_tokens: int
+    dp_rank: int | None = None
+
+
+@runtime_checkable
+class PushSource(Protocol):
+    """A source engines push their load to (``zmq-metrics-data-source``): one stream per endpoint
+    at ``push_address``; pushes older than ``fallback_after`` seconds hand the endpoint back to
+    the metrics scrape."""
+
+    fallback_after: float
+
+    def push_address(self, endpoint: Endpoint) -> str: ...
+
+
+@runtime_checkable
+class LoadExtractor(Protocol):
+    """An ``Extractor`` decoding one pushed message (``zmq-state-extractor``); raises ``ValueError``
+    for a malformed one, returns None for a message of another kind (skipped)."""
+
+    def extract_load(self, payload: bytes) -> LoadReport | None: ...
+
+
 class EventType(StrEnum):
     ADD_OR_UPDATE = "AddOrUpdate"
     DELETE = "Delete"

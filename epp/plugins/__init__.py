@@ -94,6 +94,8 @@ from epp.plugins.scraping import models_data_source as models_data_source
 from epp.plugins.scraping import multicluster_metrics_data_source as multicluster_metrics_data_source
 from epp.plugins.scraping import multicluster_metrics_extractor as multicluster_metrics_extractor
 from epp.plugins.scraping import topology_extractor as topology_extractor
+from epp.plugins.scraping import zmq_metrics_data_source as zmq_metrics_data_source
+from epp.plugins.scraping import zmq_state_extractor as zmq_state_extractor
 from epp.plugins.syncers import redis_syncer as redis_syncer
 
 __all__ = ["kv_cache_utilization", "max_score", "queue", "random_picker", "single"]

@@ -77,7 +77,13 @@ async def test_sim_stats_endpoint_reports_the_peak_waiting_queue() -> None:
             while (stats := await _stats(session, server.url))["waiting"] < 2:
                 assert asyncio.get_running_loop().time() < deadline, stats
                 await asyncio.sleep(0.01)
-            assert stats == {"running": 1, "waiting": 2, "peak_running": 1, "peak_waiting": 2}
+            assert stats == {
+                "running": 1,
+                "waiting": 2,
+                "peak_running": 1,
+                "peak_waiting": 2,
+                "metrics_scrapes": 0,
+            }
             for resp in streams:
                 resp.close()  # disconnects: the queue drains, the peak stays
             while (stats := await _stats(session, server.url))["running"] or stats["waiting"]:

@@ -9,7 +9,7 @@ from collections.abc import Awaitable, Callable
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
-from epp.dev.sim import generate, inference, kv_admin, stats, tokenize
+from epp.dev.sim import generate, inference, kv_admin, load_stat, stats, tokenize
 from epp.dev.sim.context import (
     CONFIG_KEY,
     CREATED_KEY,
@@ -19,11 +19,13 @@ from epp.dev.sim.context import (
     PUBLISHER_KEY,
     REGISTRY_KEY,
     RNG_KEY,
+    SCRAPES_KEY,
     PublisherSlot,
     RequestJournal,
     add_identity_headers,
 )
 from epp.dev.sim.engine import Engine, SimConfig
+from epp.dev.sim.load_stat import LOAD_STAT_KEY
 from epp.dev.sim.metrics import EngineCollector, metrics
 from epp.dev.sim.openai import OpenAIError, error_middleware, json_response
 
@@ -56,6 +58,8 @@ def build_app(config: SimConfig) -> web.Application:
     app[CREATED_KEY] = int(time.time())
     app[RNG_KEY] = random.Random(config.seed)
     app[PUBLISHER_KEY] = PublisherSlot()
+    app[LOAD_STAT_KEY] = []
+    app[SCRAPES_KEY] = [0]
     app.on_response_prepare.append(add_identity_headers)
     app.router.add_post("/v1/completions", inference.completions)
     app.router.add_post("/v1/chat/completions", inference.chat_completions)
@@ -76,6 +80,7 @@ def build_app(config: SimConfig) -> web.Application:
     app.router.add_post("/sim/kv-events/drop", kv_admin.drop_kv_events)
     app.router.add_post("/sim/kv-events/corrupt", kv_admin.corrupt_kv_events)
     app.router.add_get("/sim/stats", stats.stats)
+    app.router.add_post("/sim/load-stat/stop", load_stat.stop_load_stat)
     app.router.add_post("/sim/stats/reset", stats.reset_stats)
     app.router.add_post("/{path:.*}", unserved)
     return app
@@ -93,6 +98,7 @@ def build_side_app(main: web.Application, handler: Handler, pod: str) -> web.App
     app[CONFIG_KEY] = main[CONFIG_KEY]
     app[ENGINE_KEY] = main[ENGINE_KEY]
     app[REGISTRY_KEY] = main[REGISTRY_KEY]
+    app[SCRAPES_KEY] = main[SCRAPES_KEY]
     app[POD_KEY] = pod
     app.router.add_get("/metrics", handler)
     return app

@@ -231,6 +231,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         " (default %(default)s)",
     )
     add(
+        "--load-publish-port",
+        type=int,
+        default=d.load_publish_port,
+        metavar="PORT",
+        help="publish SGLang's LoadStat (running, waiting, KV tokens) over ZMQ PUB on this port"
+        " (rank i: port + i; default off)",
+    )
+    add(
+        "--load-publish-interval-ms",
+        type=_non_negative_float,
+        default=d.load_publish_interval_ms,
+        metavar="MS",
+        help="LoadStat period (default %(default)s)",
+    )
+    add(
         "--prefix-caching-hash-algo",
         choices=HASH_ALGORITHMS,
         default=d.prefix_caching_hash_algo,

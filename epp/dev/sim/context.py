@@ -97,3 +97,5 @@ class PublisherSlot:
 
 
 PUBLISHER_KEY = web.AppKey("kv_events_publisher", PublisherSlot)
+
+SCRAPES_KEY = web.AppKey("metrics_scrapes", list)  # [count]: the GET /metrics served

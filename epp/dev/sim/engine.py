@@ -81,6 +81,9 @@ class SimConfig:
     kv_events_layout: str = ""
     """An engine version's event layout and block hashing (``LAYOUTS``); "": the encoding's."""
     kv_events_replay_format: str = "topic"
+    load_publish_port: int = 0
+    """> 0: publish SGLang's ``LoadStat`` on this ZMQ PUB port (rank i: port + i)."""
+    load_publish_interval_ms: float = 50.0
     prefix_caching_hash_algo: str = DEFAULT_HASH_ALGORITHM
     hash_seed: str | None = field(default_factory=seed_from_env)
     """vLLM's block-hash seed (``PYTHONHASHSEED``); ``None``: vLLM's default (fixed since 0.29)."""

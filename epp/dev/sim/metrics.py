@@ -11,7 +11,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from epp.dev.sim.context import CONFIG_KEY, ENGINE_KEY, POD_KEY, REGISTRY_KEY
+from epp.dev.sim.context import CONFIG_KEY, ENGINE_KEY, POD_KEY, REGISTRY_KEY, SCRAPES_KEY
 from epp.dev.sim.engine import Engine, EngineSnapshot, SimConfig
 from epp.dev.sim.latency import Histogram
 
@@ -134,6 +134,7 @@ GARBAGE_METRICS = b"<html><body>\x00\xff upstream {{ not [prometheus] text\n</bo
 
 
 async def metrics(request: web.Request) -> web.Response:
+    request.app[SCRAPES_KEY][0] += 1
     fault = request.app[CONFIG_KEY].metrics_fault
     if fault == "error":
         return web.Response(status=500, text="metrics exporter failed\n")

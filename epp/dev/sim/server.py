@@ -14,6 +14,7 @@ from epp.dev.sim.block_hash import int_hashes_from_env
 from epp.dev.sim.context import ENGINE_KEY, PUBLISHER_KEY
 from epp.dev.sim.engine import Engine, SimConfig
 from epp.dev.sim.kv_events import ZmqEventPublisher
+from epp.dev.sim.load_stat import LOAD_STAT_KEY, LoadStatPublisher
 from epp.dev.sim.metrics import dcgm_metrics, metrics
 
 log = structlog.get_logger("epp.sim")
@@ -33,6 +34,7 @@ class SimServer:
         self._runner: web.AppRunner | None = None
         self._side: list[web.AppRunner] = []
         self.publisher: ZmqEventPublisher | None = None
+        self.load_stat: LoadStatPublisher | None = None
 
     @property
     def engine(self) -> Engine:
@@ -50,6 +52,16 @@ class SimServer:
         self.port = _bound_port(runner, self.config.port)
         pod = self.config.pod_name(self.port)
         self._start_kv_events(pod)
+        if self.config.load_publish_port:
+            self.load_stat = LoadStatPublisher(
+                self.engine,
+                self.config.host,
+                self.config.load_publish_port,
+                self.config.load_publish_interval_ms / 1000.0,
+                self.config.data_parallel_rank,
+            )
+            self.app[LOAD_STAT_KEY].append(self.load_stat)
+            self.load_stat.start()
         for side_port, handler in (
             (self.config.metrics_port, metrics),
             (self.config.dcgm_port, dcgm_metrics),
@@ -88,6 +100,8 @@ class SimServer:
         )
 
     async def stop(self) -> None:
+        if self.load_stat is not None:
+            await self.load_stat.stop()
         for side in self._side:
             await side.cleanup()
         self._side.clear()
@@ -124,6 +138,7 @@ def rank_configs(config: SimConfig) -> list[SimConfig]:
             port=config.port + rank * step,
             metrics_port=config.metrics_port + rank if config.metrics_port else 0,
             dcgm_port=config.dcgm_port + rank if config.dcgm_port else 0,
+            load_publish_port=config.load_publish_port + rank if config.load_publish_port else 0,
             data_parallel_size=1,
             data_parallel_rank=rank,
         )
