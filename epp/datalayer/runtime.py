@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import structlog
@@ -21,7 +21,9 @@ from epp.datalayer.notifications import EndpointEvents
 from epp.datalayer.pushed import PushedLoad
 from epp.datalayer.scrape_loop import ScrapeLoop
 from epp.datalayer.scraper import DEFAULT_STALENESS, MetricsScraper
+from epp.datalayer.shared_scrape import SharedScrape
 from epp.datalayer.store import EndpointStore
+from epp.framework.cross_replica import SharedValue
 from epp.framework.endpoint import Endpoint
 from epp.framework.interfaces import (
     AttributeExtractor,
@@ -109,6 +111,9 @@ class DataLayer:
                     jitter=True,
                 )
             )
+        self._store = store
+        self._staleness = staleness
+        self.shared: SharedScrape | None = None
         self.pushed: list[PushedLoad] = [
             PushedLoad(store, source, e, staleness)
             for source, exts in sources
@@ -126,8 +131,21 @@ class DataLayer:
                 self.notification_sources.append((source, list(exts)))
 
     def _skip(self, endpoint: Endpoint) -> bool:
-        """The metrics scrape skips an endpoint whose load is being pushed."""
-        return any(p.pushing(endpoint) for p in self.pushed)
+        """The metrics scrape skips an endpoint whose load is pushed, or that another replica scrapes."""
+        shared = self.shared
+        return any(p.pushing(endpoint) for p in self.pushed) or (shared is not None and shared.skip(endpoint))
+
+    def share_scrapes(
+        self, replica_id: str, peers: Callable[[], frozenset[str]], sync_interval: float
+    ) -> list[SharedValue]:
+        """With a cross-replica syncer: scrape only the endpoints this replica owns (rendezvous
+        hashing over the live replicas) and share the snapshots; the spec to sync, if any."""
+        scraper = self.metrics_scraper
+        if scraper is None:
+            return []
+        grace = max(0.25, 3 * sync_interval + 2 * scraper.interval)
+        self.shared = SharedScrape(self._store, replica_id, peers, self._staleness, grace)
+        return [self.shared.spec()]
 
     @property
     def metrics_scraper(self) -> MetricsScraper | None:

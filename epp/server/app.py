@@ -263,6 +263,9 @@ class EppServer:
         if settings is None:
             return None
         specs = [spec for c in self._contributors() for spec in c.cross_replica_specs()]
+        specs += self.data_layer.share_scrapes(
+            settings.syncer.replica_id, settings.syncer.peers, settings.interval
+        )
         log.info(
             "sharing routing state with the other replicas",
             syncer=getattr(settings.syncer, "name", ""),
