@@ -57,7 +57,8 @@ class SharedScrape:
         self.grace = grace
         self._cached_peers: frozenset[str] | None = None
         self._owned: dict[str, bool] = {}
-        self._installed: dict[Endpoint, tuple[float, float]] = {}  # (peer's wall time, local monotonic)
+        # per endpoint: the owner's publish time, when it arrived here, its scrape id and failure
+        self._installed: dict[Endpoint, tuple[float, float, float, str]] = {}
 
     def spec(self) -> SharedValue:
         return SharedValue(STATE_KEY, self._supply, _newest, self._install, valid_snapshot)
@@ -102,7 +103,9 @@ class SharedScrape:
             previous = self._installed.get(endpoint)
             if previous is not None and previous[0] >= stamp:
                 continue  # nothing new from the owner
-            self._installed[endpoint] = (stamp, now)
+            self._installed[endpoint] = (stamp, now, value["s"], value["f"])
+            if previous is not None and previous[2] == value["s"] and previous[3] == value["f"]:
+                continue  # the same scrape again: the owner lives, the snapshot (its time) is unchanged
             endpoint.metrics = _decode(value, endpoint, now_wall, now, self._staleness)
         for endpoint in [e for e in self._installed if self._store.get(e.metadata.key) is not e]:
             del self._installed[endpoint]
@@ -110,10 +113,12 @@ class SharedScrape:
 
 def _encode(m: Metrics, now_wall: float, now: float) -> dict[str, Any]:
     """A compact JSON form: ``t`` the owner's wall time when published (each round: newer while
-    the owner lives), ``a`` the values' age then (-1: never extracted), ``f`` the last failure."""
+    the owner lives), ``a`` the values' age then (-1: never extracted), ``s`` the scrape's id,
+    ``f`` the last failure."""
     return {
         "t": now_wall,
         "a": now - m.update_time if m.update_time else -1.0,
+        "s": m.update_time,  # identifies the scrape (the owner's clock: compared, never read as time)
         "w": m.waiting_queue_size,
         "r": m.running_requests_size,
         "kv": m.kv_cache_usage_percent,
@@ -179,6 +184,7 @@ def valid_snapshot(v: Any) -> bool:
             and isinstance(v["sm"], list)
             and all(isinstance(s, str) for s in v["sm"])
             and isinstance(v["f"], str)
+            and type(v["s"]) in (int, float)
             and type(v["a"]) in (int, float)
             and math.isfinite(v["a"])
         )

@@ -101,3 +101,20 @@ def test_a_refused_scrape_is_shared_as_down() -> None:
     b.spec().install(a.spec().supply())
     e_b = store_b.get(e_a.metadata.key)
     assert e_b is not None and e_b.metrics.down and e_b.metrics.update_time == 0.0
+
+
+def test_the_same_scrape_published_again_keeps_its_time_and_the_owner_alive() -> None:
+    # Plugins key their own state on update_time (the detector's credit marks): an unchanged
+    # scrape must not look like a new one every sync round.
+    store_a, store_b, a, b = _pair()
+    now = time.monotonic()
+    for e in store_a.endpoints():
+        e.metrics = Metrics(running_requests_size=2, update_time=now, fresh_until=now + 2)
+    b.spec().install(a.spec().supply())
+    theirs = [e for e in store_b.endpoints() if not b.owns(e)]
+    times = [e.metrics.update_time for e in theirs]
+    time.sleep(0.3)
+    b.spec().install(a.spec().supply())
+    assert [e.metrics.update_time for e in theirs] == times
+    time.sleep(0.3)  # past the grace since the first install: the second one kept the owner alive
+    assert all(b.skip(e) for e in theirs)
