@@ -475,6 +475,7 @@ def test_epp_serve_shares_plugins_the_default_detector_and_flow_control() -> Non
         "utilization-detector/utilization-detector",  # created by the loader, not declared
         SHARED_STATE_KEY,  # the flow controller: runtime, not a plugin
         "approx-prefix-cache-producer/approx-prefix-cache-producer",  # the LRU's match producer
+        "endpoint-metrics",  # the data layer: replicas share the metrics scrape
     }, (keys, sorted(cfg.plugins))
 
 
