@@ -197,6 +197,12 @@ def _check_pair(source: DataSource, extractor: Extractor, earlier: list[Extracto
                 f"extractor {extractor.typed_name} does not implement it",
             )
         return
+    if isinstance(extractor, LoadExtractor):
+        raise ConfigError(
+            where,
+            f"extractor {extractor.typed_name} decodes pushed load: it needs a push source "
+            f"(zmq-metrics-data-source), not {source.typed_name}",
+        )
     # An extractor implementing none of the extraction contracts is left to the data layer (which
     # skips it with a warning): third-party types may be config-only placeholders.
     polled = isinstance(extractor, MetricsExtractor | AttributeExtractor)

@@ -8,8 +8,10 @@ from typing import Any
 
 import msgspec
 import pytest
+import yaml
 import zmq
 
+from epp.config.loader import load_document
 from epp.datalayer.runtime import DataLayer
 from epp.datalayer.store import EndpointStore
 from epp.dev import stack
@@ -152,3 +154,35 @@ async def test_pushes_feed_the_metrics_and_a_silent_publisher_falls_back_to_scra
     finally:
         await layer.stop()
         await server.stop()
+
+
+def _load(text: str) -> Any:
+    return load_document(yaml.safe_load("apiVersion: llm-d.ai/v1\nkind: EndpointPickerConfig\n" + text), "t")
+
+
+def test_a_push_source_needs_the_load_extractor_and_the_load_extractor_a_push_source() -> None:
+    with pytest.raises(ConfigError) as e:
+        _load(
+            "plugins: [{type: zmq-metrics-data-source}, {type: core-metrics-extractor}]\n"
+            "dataLayer:\n  sources: [{pluginRef: zmq-metrics-data-source, extractors: "
+            "[{pluginRef: core-metrics-extractor}]}]\n"
+        )
+    assert e.value.field == "dataLayer.sources[0].extractors[0].pluginRef"
+    assert "requires a load extractor" in e.value.reason
+    with pytest.raises(ConfigError) as e:
+        _load(
+            "plugins: [{type: metrics-data-source}, {type: zmq-state-extractor}]\n"
+            "dataLayer:\n  sources: [{pluginRef: metrics-data-source, extractors: "
+            "[{pluginRef: zmq-state-extractor}]}]\n"
+        )
+    assert "needs a push source" in e.value.reason
+
+
+def test_a_config_with_both_sources_loads_and_keeps_the_default_scrape() -> None:
+    cfg = _load(
+        "plugins: [{type: zmq-metrics-data-source, parameters: {port: 5557}}, {type: zmq-state-extractor}]\n"
+        "dataLayer:\n  sources: [{pluginRef: zmq-metrics-data-source, extractors: "
+        "[{pluginRef: zmq-state-extractor}]}]\n"
+    )
+    types = sorted(s.type_name for s, _ in cfg.data_sources)
+    assert types == ["metrics-data-source", "zmq-metrics-data-source"]  # the scrape to fall back to
