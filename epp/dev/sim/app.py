@@ -23,6 +23,7 @@ from epp.dev.sim.context import (
     RequestJournal,
     add_identity_headers,
 )
+from epp.dev.sim.disagg import PromptSourceCollector
 from epp.dev.sim.engine import Engine, SimConfig
 from epp.dev.sim.metrics import EngineCollector, metrics
 from epp.dev.sim.openai import OpenAIError, error_middleware, json_response
@@ -49,6 +50,7 @@ def build_app(config: SimConfig) -> web.Application:
     engine = Engine(config)
     registry = CollectorRegistry(auto_describe=False)
     registry.register(EngineCollector(engine))
+    registry.register(PromptSourceCollector(engine))
     app[CONFIG_KEY] = config
     app[ENGINE_KEY] = engine
     app[JOURNAL_KEY] = RequestJournal()
