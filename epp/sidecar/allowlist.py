@@ -2,7 +2,8 @@
 
 The allow-list is an endpoint notifier fed by the EPP's own discovery sources: the InferencePool's
 ready pods through the Kubernetes API, or an endpoints file (as ``file-discovery`` reads it). Only
-endpoints that can prefill are allowed: those whose ``llm-d.ai/role`` label is not ``decode``. A
+endpoints that can prefill are allowed: those ``prefill-filter`` keeps (``llm-d.ai/role`` ``prefill``,
+``encode-prefill``, ``prefill-decode``, ``both`` or ``encode-prefill-decode``). A
 target is matched on its exact ``host:port``, as the EPP writes it into the header.
 """
 
@@ -19,7 +20,7 @@ from epp.sidecar.target import Target
 log = structlog.get_logger("epp.sidecar.allowlist")
 
 ROLE_LABEL = "llm-d.ai/role"
-DECODE_ONLY_ROLE = "decode"
+PREFILL_ROLES = frozenset(("prefill", "encode-prefill", "prefill-decode", "both", "encode-prefill-decode"))
 
 
 class AllowList:
@@ -53,7 +54,7 @@ class AllowList:
 
     def _rebuild(self) -> None:
         self._hostports = frozenset(
-            m.hostport for m in self._endpoints.values() if m.labels.get(ROLE_LABEL) != DECODE_ONLY_ROLE
+            m.hostport for m in self._endpoints.values() if m.labels.get(ROLE_LABEL) in PREFILL_ROLES
         )
         log.info("prefill allow-list", endpoints=sorted(self._hostports))
 

@@ -99,7 +99,7 @@ def test_allow_list_admits_the_pool_prefill_endpoints_only() -> None:
     allow.upsert(meta("v6", "fd00::1", 8000, "prefill"))
     assert allow.allows(Target("10.0.0.1", 8000))
     assert allow.allows(Target("10.0.0.2", 8000))
-    assert allow.allows(Target("10.0.0.3", 8000))
+    assert not allow.allows(Target("10.0.0.3", 8000)), "prefill-filter drops an unlabelled endpoint"
     assert allow.allows(Target("fd00::1", 8000))
     assert not allow.allows(Target("10.0.0.4", 8000)), "a decode-only endpoint is no prefiller"
     assert not allow.allows(Target("10.0.0.1", 22)), "the pool's port only"
