@@ -132,7 +132,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="PREFILL_SIMS",
         help="prefill/decode disaggregation: the first PREFILL_SIMS simulators (default 1) prefill, the "
         "others decode, each behind an epp pd-sidecar (on the ports after the simulators'); the EPP "
-        "runs the P/D example config (deploy/examples/pd/) unless --config-file is given",
+        "runs the P/D example config (deploy/kubernetes/pd/) unless --config-file is given",
     )
     add("--keep-workdir", action="store_true", help="keep the temporary directory (logs) on exit")
     parser.epilog = (

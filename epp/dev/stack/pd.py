@@ -4,7 +4,7 @@ The first ``prefill_sims`` simulators run with ``--role prefill``, the others wi
 each decode simulator behind its own ``epp pd-sidecar`` (nixlv2, SSRF protection from the stack's
 endpoints file). The EPP discovers the prefill simulators and the sidecars (as the decode endpoints,
 labelled ``llm-d.ai/role``) and schedules with :data:`PD_CONFIG_YAML`, the P/D example shipped under
-``deploy/examples/pd/``. Envoy sends each request to a sidecar, which prefills on the endpoint the
+``deploy/kubernetes/pd/``. Envoy sends each request to a sidecar, which prefills on the endpoint the
 EPP named and decodes on its simulator.
 """
 
@@ -27,7 +27,8 @@ from epp.dev.stack.supervisor import Child
 
 ROLE_LABEL = "llm-d.ai/role"
 
-# The P/D scheduling of the example (deploy/examples/pd/epp-config.yaml holds the same document):
+# The P/D scheduling of the example (deploy/kubernetes/pd/kustomization.yaml puts the same document
+# into the EPP's ConfigMap):
 # requests whose uncached prompt is at least nonCachedTokens long are prefilled on a prefill
 # endpoint, the others served decode-only; both profiles prefer cache hits, then short queues.
 PD_CONFIG_YAML = """\
