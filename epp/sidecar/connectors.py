@@ -3,8 +3,11 @@
 ``nixlv2`` (vLLM's NIXL connector): the prefill endpoint gets the request with
 ``kv_transfer_params = {do_remote_decode: true, do_remote_prefill: false, remote_*: null}``, one output
 token and no streaming; its answer's ``kv_transfer_params`` (where the KV blocks are) go into the
-decode request. ``sglang``: both get ``bootstrap_host`` (the prefill host), ``bootstrap_port`` and a
-random ``bootstrap_room``, and are sent at once (the decode engine pulls the KV from the room).
+decode request. ``shared-storage`` (vLLM's example/shared-storage connectors, LMCache with a shared
+backend): the same prefill without ``kv_transfer_params``, then the client's request unchanged (the
+decode engine finds the prompt's KV in the storage both share). ``sglang``: both get
+``bootstrap_host`` (the prefill host), ``bootstrap_port`` and a random ``bootstrap_room``, and are sent
+at once (the decode engine pulls the KV from the room).
 """
 
 from __future__ import annotations
@@ -13,8 +16,9 @@ import random
 from typing import Any
 
 NIXLV2 = "nixlv2"
+SHARED_STORAGE = "shared-storage"
 SGLANG = "sglang"
-CONNECTORS = (NIXLV2, SGLANG)
+CONNECTORS = (NIXLV2, SHARED_STORAGE, SGLANG)
 DEFAULT_SGLANG_BOOTSTRAP_PORT = 8998
 KV_TRANSFER_PARAMS = "kv_transfer_params"
 
@@ -25,7 +29,7 @@ class PrefillResponseError(ValueError):
 
 def nixl_prefill_body(body: dict[str, Any], *, chat: bool) -> dict[str, Any]:
     """The prefill request: the client's, asking for one token, not streamed, KV kept for a decoder."""
-    prefill = dict(body)
+    prefill = single_token_body(body, chat=chat)
     prefill[KV_TRANSFER_PARAMS] = {
         "do_remote_decode": True,
         "do_remote_prefill": False,
@@ -34,6 +38,12 @@ def nixl_prefill_body(body: dict[str, Any], *, chat: bool) -> dict[str, Any]:
         "remote_host": None,
         "remote_port": None,
     }
+    return prefill
+
+
+def single_token_body(body: dict[str, Any], *, chat: bool) -> dict[str, Any]:
+    """The client's request asking for one output token, not streamed."""
+    prefill = dict(body)
     prefill["max_tokens"] = 1
     if chat and "max_completion_tokens" in prefill:
         prefill["max_completion_tokens"] = 1

@@ -162,32 +162,49 @@ class Sidecar:
         self.metrics.disagg_requests.labels(connector).inc()
         if connector == connectors.SGLANG:
             return await self._sglang(request, body, target)
-        return await self._nixl(request, raw, body, target)
+        return await self._prefill_then_decode(request, raw, body, target)
 
-    # --- nixlv2 ----------------------------------------------------------------------------------
+    # --- nixlv2, shared-storage ------------------------------------------------------------------
 
-    async def _nixl(
+    async def _prefill_then_decode(
         self, request: web.Request, raw: bytes, body: dict[str, Any], target: Target
     ) -> web.StreamResponse:
+        connector = self.config.connector
+        nixl = connector == connectors.NIXLV2
         chat = request.path.endswith("/chat/completions")
-        prefill = orjson.dumps(connectors.nixl_prefill_body(body, chat=chat))
+        if nixl:
+            prefill = orjson.dumps(connectors.nixl_prefill_body(body, chat=chat))
+        else:
+            prefill = orjson.dumps(connectors.single_token_body(body, chat=chat))
         loop = asyncio.get_running_loop()
         start = loop.time()
         try:
-            params = await self._prefill(request, target, prefill)
+            answer = await self._prefill(request, target, prefill)
+            params = connectors.nixl_transfer_params(answer) if nixl else {}
+        except connectors.PrefillResponseError as e:
+            return await self._decode_only(request, raw, target, _Fallback("invalid_response", str(e)))
         except _Fallback as f:
-            self.metrics.errors.labels(connectors.NIXLV2, STAGE_PREFILL).inc()
-            self.metrics.decode_only_fallbacks.labels(f.reason).inc()
-            log.warning(
-                "prefill failed; serving decode-only", target=target.hostport, reason=f.reason, error=str(f)
-            )
-            return await self._to_decoder(request, raw, connector=connectors.NIXLV2)
-        self.metrics.prefill_duration.labels(connectors.NIXLV2).observe(loop.time() - start)
-        self.metrics.prefilled_requests.labels(connectors.NIXLV2).inc()
-        decode = orjson.dumps(connectors.nixl_decode_body(body, params))
-        return await self._to_decoder(request, decode, connector=connectors.NIXLV2)
+            return await self._decode_only(request, raw, target, f)
+        self.metrics.prefill_duration.labels(connector).observe(loop.time() - start)
+        self.metrics.prefilled_requests.labels(connector).inc()
+        decode = orjson.dumps(connectors.nixl_decode_body(body, params)) if nixl else raw
+        return await self._to_decoder(request, decode, connector=connector)
 
-    async def _prefill(self, request: web.Request, target: Target, body: bytes) -> dict[str, Any]:
+    async def _decode_only(
+        self, request: web.Request, raw: bytes, target: Target, failure: _Fallback
+    ) -> web.StreamResponse:
+        connector = self.config.connector
+        self.metrics.errors.labels(connector, STAGE_PREFILL).inc()
+        self.metrics.decode_only_fallbacks.labels(failure.reason).inc()
+        log.warning(
+            "prefill failed; serving decode-only",
+            target=target.hostport,
+            reason=failure.reason,
+            error=str(failure),
+        )
+        return await self._to_decoder(request, raw, connector=connector)
+
+    async def _prefill(self, request: web.Request, target: Target, body: bytes) -> object:
         headers = _forward_headers(request.headers)
         headers["Content-Type"] = "application/json"
         timeout = aiohttp.ClientTimeout(
@@ -211,9 +228,10 @@ class Sidecar:
         except (aiohttp.ClientError, OSError) as e:
             raise _Fallback("unreachable", repr(e)) from None
         try:
-            return connectors.nixl_transfer_params(orjson.loads(data))
-        except (orjson.JSONDecodeError, connectors.PrefillResponseError) as e:
-            raise _Fallback("invalid_response", str(e)) from None
+            answer: object = orjson.loads(data)
+        except orjson.JSONDecodeError as e:
+            raise _Fallback("invalid_response", f"the prefill answer is not JSON: {e}") from None
+        return answer
 
     # --- sglang ----------------------------------------------------------------------------------
 

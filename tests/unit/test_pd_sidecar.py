@@ -417,6 +417,25 @@ async def test_ssrf_protection_refuses_endpoints_outside_the_pool(
     assert len(await journal(session, prefill.url)) == 1
 
 
+async def test_shared_storage_prefills_then_decodes_the_original(
+    session: aiohttp.ClientSession, sims: tuple[SimServer, SimServer], sidecar_for: Stack
+) -> None:
+    prefill, decode = sims
+    sidecar, url = await sidecar_for(decode.url, connector=connectors.SHARED_STORAGE)
+    sent = body(stream=True, stream_options={"include_usage": True})
+    async with session.post(
+        f"{url}/v1/chat/completions", json=sent, headers={PREFILL_HEADER: f"127.0.0.1:{prefill.port}"}
+    ) as resp:
+        assert resp.status == 200
+        assert "data: [DONE]" in await resp.text()
+    (first,) = [orjson.loads(e["body"]) for e in await journal(session, prefill.url)]
+    assert (first["max_tokens"], first["stream"]) == (1, False)
+    assert "kv_transfer_params" not in first and "stream_options" not in first
+    (decoded,) = [orjson.loads(e["body"]) for e in await journal(session, decode.url)]
+    assert decoded == sent, "the decode engine gets the client's request as sent"
+    assert sample(sidecar, "llm_d_disagg_sidecar_prefilled_requests_total", connector="shared-storage") == 1
+
+
 async def test_sglang_sends_the_bootstrap_to_both_at_once(
     session: aiohttp.ClientSession, sidecar_for: Stack
 ) -> None:
