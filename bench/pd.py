@@ -36,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench import _loadgen
 from bench._workdir import run_in_workdir
 from epp.dev import stack
-from epp.dev.stack.pd import PDStack, pd_config
+from epp.dev.stack.pd import PDStack, free_ports_except, pd_config
 from tests.integration.harness import request
 
 MODEL = "demo"
@@ -127,7 +127,10 @@ def run_one(run: str, workload: str, args: argparse.Namespace, workdir: Path) ->
             3, config=pd_config(args.threshold), sim_args=SIM_ARGS, epp_args=["--log-level", "warning"]
         )
         st: stack.LocalStack = PDStack(
-            opts, workdir, prefill_sims=prefill, sidecar_ports=stack.free_ports(3 - prefill)
+            opts,
+            workdir,
+            prefill_sims=prefill,
+            sidecar_ports=free_ports_except(3 - prefill, set(opts.all_ports())),
         )
     else:
         opts = stack.StackOptions.on_free_ports(

@@ -169,13 +169,26 @@ async def _serve(config: SidecarConfig, args: argparse.Namespace, namespace: str
             source = await from_pool(allow, namespace, pool, args.kubeconfig)
     sidecar = Sidecar(config, allow=allow, metrics=metrics)
     runner = web.AppRunner(sidecar.app(), access_log=None)
-    await runner.setup()
-    await web.TCPSite(runner, config.host, config.port).start()
     metrics_runner: web.AppRunner | None = None
-    if args.metrics_port:
-        metrics_runner = web.AppRunner(_metrics_app(metrics), access_log=None)
-        await metrics_runner.setup()
-        await web.TCPSite(metrics_runner, config.host, args.metrics_port).start()
+    try:
+        await runner.setup()
+        await web.TCPSite(runner, config.host, config.port).start()
+        if args.metrics_port:
+            metrics_runner = web.AppRunner(_metrics_app(metrics), access_log=None)
+            await metrics_runner.setup()
+            await web.TCPSite(metrics_runner, config.host, args.metrics_port).start()
+        await _run_until_signalled(config, args, source)
+    finally:
+        if metrics_runner is not None:
+            await metrics_runner.cleanup()
+        await runner.cleanup()
+        if source is not None:
+            await source.stop()
+
+
+async def _run_until_signalled(
+    config: SidecarConfig, args: argparse.Namespace, source: AllowListSource | None
+) -> None:
     log.info(
         "pd-sidecar serving",
         port=config.port,
@@ -188,14 +201,7 @@ async def _serve(config: SidecarConfig, args: argparse.Namespace, namespace: str
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    try:
-        await stop.wait()
-    finally:
-        if metrics_runner is not None:
-            await metrics_runner.cleanup()
-        await runner.cleanup()
-        if source is not None:
-            await source.stop()
+    await stop.wait()
 
 
 def _metrics_app(metrics: SidecarMetrics) -> web.Application:

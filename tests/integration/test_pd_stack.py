@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from epp.dev import stack
-from epp.dev.stack.pd import PDStack, pd_config
+from epp.dev.stack.pd import PDStack, free_ports_except, pd_config
 from tests.integration.harness import SIM_ARGS, Response, request, require_envoy
 
 pytestmark = pytest.mark.integration
@@ -38,7 +38,7 @@ def pd(tmp_path: Path) -> Iterator[PDStack]:
         epp_args=["--log-level", "warning"],
         sim_max_restarts=0,
     )
-    st = PDStack(opts, tmp_path, prefill_sims=1, sidecar_ports=stack.free_ports(2))
+    st = PDStack(opts, tmp_path, prefill_sims=1, sidecar_ports=free_ports_except(2, set(opts.all_ports())))
     with st:
         yield st
 

@@ -78,6 +78,15 @@ def pd_config(non_cached_tokens: int | None = None) -> dict[str, Any]:
     return document
 
 
+def free_ports_except(count: int, taken: set[int]) -> list[int]:
+    """``count`` distinct free ports of 127.0.0.1, none of ``taken`` (ports chosen, not yet bound)."""
+    for _ in range(20):
+        ports = free_ports(count)
+        if not taken.intersection(ports):
+            return ports
+    raise RuntimeError(f"no {count} free ports outside {sorted(taken)}")
+
+
 def sidecar_argv(
     port: int,
     decode_port: int,
@@ -148,7 +157,7 @@ class PDStack(LocalStack):
         self.prefill_sims = prefill_sims
         decode_count = opts.sims - prefill_sims
         ports = sidecar_ports or [opts.sim_base_port + opts.sims + i for i in range(decode_count)]
-        metrics = sidecar_metrics_ports or free_ports(decode_count)
+        metrics = sidecar_metrics_ports or free_ports_except(decode_count, {*opts.all_ports(), *ports})
         engines = opts.sim_ports[prefill_sims:]
         self.decoders = [
             DecodeEndpoint(f"decode-{i}", ports[i], metrics[i], engines[i]) for i in range(decode_count)
