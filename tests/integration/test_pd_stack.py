@@ -10,7 +10,11 @@ stripped by the EPP; a prefill simulator killed mid-run turns requests decode-on
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
+import sys
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -165,3 +169,50 @@ def test_a_prefiller_killed_mid_run_turns_requests_decode_only(pd: PDStack) -> N
     assert statuses == [200] * total, "not one request failed"
     assert sidecar_metric(st, "llm_d_disagg_sidecar_prefilled_requests_total") >= total // 4 - 4
     assert sidecar_metric(st, "llm_d_disagg_sidecar_decode_only_fallbacks_total", reason="unreachable") >= 1
+
+
+def test_epp_run_pd_banner_serves_and_stops(tmp_path: Path) -> None:
+    """``epp run --pd`` as a user runs it: the banner says which endpoint does what, a long prompt is
+    prefilled on the prefill simulator, Ctrl-C stops everything (exit 0)."""
+    require_envoy()
+    base = _consecutive_free_ports(5)  # 3 simulators, then the 2 sidecars
+    ports = stack.free_ports(5)
+    while set(ports) & set(range(base, base + 5)):
+        ports = stack.free_ports(5)
+    flags = ("--port", "--admin-port", "--grpc-port", "--grpc-health-port", "--metrics-port")
+    argv = [sys.executable, "-m", "epp", "run", "--pd", "--sim-base-port", str(base)]
+    argv += ["--sim-arg", "--time-to-first-token=0", "--sim-arg", "--max-tokens=4"]
+    for flag, port in zip(flags, ports, strict=True):
+        argv += [flag, str(port)]
+    out = tmp_path / "out.txt"
+    with out.open("w") as sink:
+        proc = subprocess.Popen(argv, stdout=sink, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        try:
+            deadline = time.monotonic() + 90
+            while "Prefill/decode disaggregation:" not in out.read_text():
+                assert proc.poll() is None, out.read_text()
+                assert time.monotonic() < deadline, out.read_text()
+                time.sleep(0.2)
+            time.sleep(0.3)  # the roles' lines follow the heading
+            banner = out.read_text()
+            assert f"prefill    prefill-0  127.0.0.1:{base}  (epp sim --role prefill)" in banner
+            assert f"decode     decode-0  127.0.0.1:{base + 3}  (epp pd-sidecar" in banner
+            assert f"-> epp sim --role decode on 127.0.0.1:{base + 1}" in banner
+            text = long_prompt() * 2  # over the example's nonCachedTokens (256)
+            resp = post(f"http://127.0.0.1:{ports[0]}", chat(text))
+            assert resp.status == 200, resp
+            assert resp.headers["x-inference-pod"].startswith("decode-")
+            assert find(base, text) is not None, "prefilled on the prefill simulator"
+        finally:
+            proc.send_signal(signal.SIGINT)
+            code = proc.wait(30)
+    assert code == 0, out.read_text()
+    assert not any(stack.port_in_use(p) for p in (base, base + 3, ports[0])), "everything stopped"
+
+
+def _consecutive_free_ports(count: int) -> int:
+    for _ in range(50):
+        base = stack.free_port()
+        if base + count < 65536 and not any(stack.port_in_use(base + i) for i in range(count)):
+            return base
+    raise RuntimeError("no block of free ports")
