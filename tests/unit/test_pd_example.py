@@ -5,7 +5,9 @@ engine behind it and SSRF protection from the InferencePool; the roles are label
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
+import pytest
 import yaml
 
 from epp.dev.stack.pd import PD_CONFIG_YAML, pd_config
@@ -47,3 +49,23 @@ def test_decode_pods_run_the_sidecar_before_vllm() -> None:
     assert pod["spec"]["serviceAccountName"] == "pd-sidecar"
     role = one("pd", "Role", "pd-sidecar")
     assert {r["resources"][0] for r in role["rules"]} == {"pods", "inferencepools"}
+
+
+def test_epp_run_pd_refuses_what_cannot_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from epp.cli import main
+    from epp.dev.stack import StackOptions
+    from epp.dev.stack.pd import PDStack
+
+    with pytest.raises(ValueError, match="at least one prefill and one decode simulator are needed"):
+        PDStack(StackOptions(sims=3), tmp_path, prefill_sims=3)
+    with pytest.raises(ValueError, match="one EPP"):
+        PDStack(StackOptions(sims=3, replicas=2), tmp_path)
+    stack = PDStack(StackOptions(sims=4, sim_base_port=8000), tmp_path, prefill_sims=2)
+    assert stack.prefill_ports == [8000, 8001]
+    assert [(d.sidecar_port, d.engine_port) for d in stack.decoders] == [(8004, 8002), (8005, 8003)]
+    assert stack.opts.config == pd_config(), "the example's config when none is given"
+    assert main(["run", "--pd", "3", "--sims", "3"]) == 2
+    assert (
+        "error: --pd: at least one prefill and one decode simulator are needed (3 prefill of 3"
+        in capsys.readouterr().err
+    )

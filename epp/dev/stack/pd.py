@@ -147,10 +147,10 @@ class PDStack(LocalStack):
     ) -> None:
         if not 1 <= prefill_sims < opts.sims:
             raise ValueError(
-                f"--pd needs at least one prefill and one decode simulator ({opts.sims} simulators)"
+                f"at least one prefill and one decode simulator are needed ({prefill_sims} prefill of {opts.sims} simulators)"
             )
         if opts.replicas != 1 or opts.kv_events_base_port:
-            raise ValueError("--pd runs one EPP without --kv-events")
+            raise ValueError("P/D runs one EPP (no --replicas) without --kv-events")
         if opts.config is None:
             opts = replace(opts, config=pd_config())
         super().__init__(opts, workdir)
