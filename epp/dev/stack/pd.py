@@ -147,7 +147,8 @@ class PDStack(LocalStack):
     ) -> None:
         if not 1 <= prefill_sims < opts.sims:
             raise ValueError(
-                f"at least one prefill and one decode simulator are needed ({prefill_sims} prefill of {opts.sims} simulators)"
+                "at least one prefill and one decode simulator are needed "
+                f"({prefill_sims} prefill of {opts.sims} simulators)"
             )
         if opts.replicas != 1 or opts.kv_events_base_port:
             raise ValueError("P/D runs one EPP (no --replicas) without --kv-events")
