@@ -4,7 +4,9 @@ The allow-list is an endpoint notifier fed by the EPP's own discovery sources: t
 ready pods through the Kubernetes API, or an endpoints file (as ``file-discovery`` reads it). Only
 endpoints that can prefill are allowed: those ``prefill-filter`` keeps (``llm-d.ai/role`` ``prefill``,
 ``encode-prefill``, ``prefill-decode``, ``both`` or ``encode-prefill-decode``). A
-target is matched on its exact ``host:port``, as the EPP writes it into the header.
+target is matched on its exact ``host:port``, as the EPP writes it into the header. Until the source
+is ready (the pool found and its pods listed), the list is not ``ready``: the sidecar then calls no
+prefill endpoint at all and serves decode-only.
 """
 
 from __future__ import annotations
@@ -29,6 +31,13 @@ class AllowList:
     def __init__(self) -> None:
         self._endpoints: dict[str, EndpointMetadata] = {}
         self._hostports: frozenset[str] = frozenset()
+        self.ready = False
+        """Whether the source has delivered the pool (before that nothing is allowed)."""
+
+    def set_ready(self, ready: bool, reason: str = "") -> None:
+        if ready != self.ready:
+            log.info("prefill allow-list", ready=ready, reason=reason)
+        self.ready = ready
 
     # --- EndpointNotifier ------------------------------------------------------------------------
 
@@ -73,6 +82,7 @@ async def from_file(allow: AllowList, path: str) -> AllowListSource:
 
     source = FileDiscovery("pd-sidecar-allowlist", FileDiscoveryParams(path=path, watch_file=True))
     await source.start(allow)
+    allow.set_ready(True, f"endpoints file {path}")
     return AllowListSource(f"endpoints file {path}", source.stop)
 
 
@@ -83,6 +93,7 @@ async def from_pool(allow: AllowList, namespace: str, pool: str, kubeconfig: str
 
     api = await api_client(kubeconfig)
     discovery = PoolDiscovery(api, namespace, pool_name=pool)
+    discovery.on_status = allow.set_ready
     await discovery.start(allow)
 
     async def stop() -> None:

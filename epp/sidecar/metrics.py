@@ -12,7 +12,7 @@ PREFIX = "llm_d_disagg_sidecar"
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 STAGE_PREFILL = "prefill"
 STAGE_DECODE = "decode"
-FALLBACK_REASONS = ("unreachable", "timeout", "status", "invalid_response")
+FALLBACK_REASONS = ("unreachable", "timeout", "status", "invalid_response", "allowlist_not_ready")
 
 
 class SidecarMetrics:

@@ -140,6 +140,11 @@ class Sidecar:
         if not targets:
             return await self._to_decoder(request, raw, connector="")
         target = choose(targets, sample=self.config.prefiller_sampling, rng=self.rng)
+        if self.allow is not None and not self.allow.ready:
+            # the pool is not known yet: call nothing, serve decode-only
+            self.metrics.decode_only_fallbacks.labels("allowlist_not_ready").inc()
+            log.warning("prefill allow-list not ready; serving decode-only", target=target.hostport)
+            return await self._to_decoder(request, raw, connector="")
         if self.allow is not None and not self.allow.allows(target):
             self.metrics.ssrf_denied.inc()
             log.warning(

@@ -23,10 +23,12 @@ from epp.dev.sim.engine import SimConfig
 from epp.dev.sim.server import SimServer
 from epp.framework import EndpointMetadata
 from epp.sidecar import connectors
-from epp.sidecar.allowlist import AllowList, from_file
+from epp.sidecar.allowlist import AllowList, from_file, from_pool
 from epp.sidecar.cli import add_arguments, config_of, pool_of
 from epp.sidecar.proxy import Sidecar, SidecarConfig
 from epp.sidecar.target import PREFILL_HEADER, Target, TargetError, choose, parse_header, parse_target
+from tests.fakekube import FakeKube, objects
+from tests.unit.polling import until
 
 # --------------------------------------------------------------------------------------- header
 
@@ -120,7 +122,30 @@ async def test_allow_list_from_endpoints_file(tmp_path: Path) -> None:
     allow = AllowList()
     source = await from_file(allow, str(path))
     try:
-        assert allow.hostports == {"127.0.0.1:9001"}
+        assert allow.ready and allow.hostports == {"127.0.0.1:9001"}
+    finally:
+        await source.stop()
+
+
+async def test_allow_list_from_the_inference_pool(kube: FakeKube, tmp_path: Path) -> None:
+    """Through the (fake) API server: the pool's ready prefill pods, followed as they change."""
+    kubeconfig = str(kube.write_kubeconfig(tmp_path / "kubeconfig"))
+    allow = AllowList()
+    source = await from_pool(allow, "ns", "pool", kubeconfig)
+    try:
+        await asyncio.sleep(0.3)
+        assert not allow.ready, "no pool yet"
+        kube.create(objects.inference_pool("ns", (8000,), name="pool"))
+        kube.create(objects.pod("ns", "p", "10.0.0.1", labels={"app": "vllm", "llm-d.ai/role": "prefill"}))
+        kube.create(objects.pod("ns", "d", "10.0.0.2", labels={"app": "vllm", "llm-d.ai/role": "decode"}))
+        kube.create(objects.pod("ns", "x", "10.0.0.3", labels={"app": "other", "llm-d.ai/role": "prefill"}))
+        await until(
+            lambda: allow.ready and allow.hostports == {"10.0.0.1:8000"}, 10.0, lambda: str(allow.hostports)
+        )
+        kube.create(objects.pod("ns", "p2", "10.0.0.4", labels={"app": "vllm", "llm-d.ai/role": "prefill"}))
+        await until(lambda: "10.0.0.4:8000" in allow.hostports, 10.0, lambda: str(allow.hostports))
+        kube.delete("v1", "Pod", "ns", "p")
+        await until(lambda: allow.hostports == {"10.0.0.4:8000"}, 10.0, lambda: str(allow.hostports))
     finally:
         await source.stop()
 
@@ -402,6 +427,17 @@ async def test_ssrf_protection_refuses_endpoints_outside_the_pool(
     allow.upsert(meta("prefill-0", "127.0.0.1", prefill.port, "prefill"))
     allow.upsert(meta("decode-0", "127.0.0.1", decode.port, "decode"))
     sidecar, url = await sidecar_for(decode.url, allow=allow)
+    # before the pool is known: no prefill endpoint is called, the request is served decode-only
+    async with session.post(
+        f"{url}/v1/chat/completions", json=body(), headers={PREFILL_HEADER: f"127.0.0.1:{prefill.port}"}
+    ) as resp:
+        assert resp.status == 200
+    assert await journal(session, prefill.url) == []
+    assert (
+        sample(sidecar, "llm_d_disagg_sidecar_decode_only_fallbacks_total", reason="allowlist_not_ready") == 1
+    )
+    await session.delete(f"{decode.url}/debug/requests")
+    allow.set_ready(True)
     for target in ("169.254.169.254:80", f"127.0.0.1:{decode.port}", "localhost:6379"):
         async with session.post(
             f"{url}/v1/chat/completions", json=body(), headers={PREFILL_HEADER: target}
