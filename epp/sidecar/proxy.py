@@ -21,12 +21,15 @@ import structlog
 from aiohttp import web
 from multidict import CIMultiDict
 
+from epp.log_limit import LogLimiter
 from epp.sidecar import connectors
 from epp.sidecar.allowlist import AllowList
 from epp.sidecar.metrics import STAGE_DECODE, STAGE_PREFILL, SidecarMetrics
 from epp.sidecar.target import PREFILL_HEADER, Target, TargetError, choose, parse_header
 
 log = structlog.get_logger("epp.sidecar")
+# Clients and a dead prefiller can trigger these lines on every request: a few per cause per 10 s.
+_LOGS = LogLimiter()
 
 MAX_BODY_BYTES = 64 * 1024 * 1024
 MAX_PREFILL_ANSWER_BYTES = 16 * 1024 * 1024
@@ -143,12 +146,16 @@ class Sidecar:
         if self.allow is not None and not self.allow.ready:
             # the pool is not known yet: call nothing, serve decode-only
             self.metrics.decode_only_fallbacks.labels("allowlist_not_ready").inc()
-            log.warning("prefill allow-list not ready; serving decode-only", target=target.hostport)
+            _LOGS.log(log.warning, "pd_allowlist_not_ready", "prefill allow-list not ready; decode-only")
             return await self._to_decoder(request, raw, connector="")
         if self.allow is not None and not self.allow.allows(target):
             self.metrics.ssrf_denied.inc()
-            log.warning(
-                "prefill endpoint refused: not in the pool", target=target.hostport, client=request.remote
+            _LOGS.log(
+                log.warning,
+                "pd_ssrf_denied",
+                "prefill endpoint refused: not in the pool",
+                target=target.hostport,
+                client=request.remote,
             )
             return _error(
                 403,
@@ -201,10 +208,11 @@ class Sidecar:
         connector = self.config.connector
         self.metrics.errors.labels(connector, STAGE_PREFILL).inc()
         self.metrics.decode_only_fallbacks.labels(failure.reason).inc()
-        log.warning(
+        _LOGS.log(
+            log.warning,
+            f"pd_prefill_{failure.reason}",
             "prefill failed; serving decode-only",
             target=target.hostport,
-            reason=failure.reason,
             error=str(failure),
         )
         return await self._to_decoder(request, raw, connector=connector)
@@ -265,7 +273,13 @@ class Sidecar:
                 await _read_capped(resp, MAX_PREFILL_ANSWER_BYTES)
                 ok = resp.status < 300
         except (TimeoutError, aiohttp.ClientError, OSError, _Fallback) as e:
-            log.warning("sglang prefill failed", target=target.hostport, error=repr(e))
+            _LOGS.log(
+                log.warning,
+                "pd_sglang_prefill",
+                "sglang prefill failed",
+                target=target.hostport,
+                error=repr(e),
+            )
             ok = False
         if ok:
             self.metrics.prefill_duration.labels(connectors.SGLANG).observe(loop.time() - start)
