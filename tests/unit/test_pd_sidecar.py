@@ -271,6 +271,8 @@ async def test_nixl_prefills_then_decodes_with_the_transfer_params(
         params = d["kv_transfer_params"]
         assert params["do_remote_prefill"] is True and params["remote_engine_id"] == "prefill-0"
         assert params["remote_port"] == prefill.port
+        assert params["remote_request_id"].startswith("chatcmpl-") and params["tp_size"] == 1
+        assert params["remote_block_ids"], "one block id per block of the prompt"
         assert d["max_tokens"] == 4, "the decode request keeps the client's limit"
     assert sample(sidecar, "llm_d_disagg_sidecar_prefilled_requests_total", connector="nixlv2") == 2
     # the decode simulator counted the transferred prompt tokens and computed none of them
