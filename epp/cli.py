@@ -1019,6 +1019,16 @@ def _add_sim(sub: Any) -> None:
     p.set_defaults(func=sim_cli.main)
 
 
+def _add_pd_sidecar(sub: Any) -> None:
+    from epp.sidecar import cli as sidecar_cli
+
+    p = sub.add_parser(
+        "pd-sidecar", help="run the decode-side P/D sidecar (reverse proxy before the decode engine)"
+    )
+    sidecar_cli.add_arguments(p)
+    p.set_defaults(func=sidecar_cli.main)
+
+
 def _add_run(sub: Any) -> None:
     from epp.dev.stack import cli as stack_cli
 
@@ -1053,6 +1063,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_serve(sub)
     _add_sim(sub)
     _add_run(sub)
+    _add_pd_sidecar(sub)
     _add_check(sub)
     _add_plugins(sub)
     _add_certs(sub)

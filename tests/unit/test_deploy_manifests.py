@@ -53,7 +53,7 @@ DOCS = REPO / "docs" / "deploy.md"
 DOCKERFILE = REPO / "Dockerfile"
 PYPROJECT = REPO / "pyproject.toml"
 
-KUSTOMIZATIONS = ("base", "vllm", "inferencepool", "ha", "standalone", "cert-manager", "shared-state")
+KUSTOMIZATIONS = ("base", "vllm", "inferencepool", "ha", "standalone", "cert-manager", "shared-state", "pd")
 # The oldest Kubernetes version docs/deploy.md supports, and the newest the validator bundles.
 K8S_VERSIONS = ("1.29", kubernetes_validate.latest_version())
 
@@ -561,7 +561,7 @@ def test_validation_is_meaningful() -> None:
 # ---------------------------------------------------------------------------- the EPP pods
 
 
-@pytest.mark.parametrize("name", ["base", "inferencepool", "ha", "standalone", "shared-state"])
+@pytest.mark.parametrize("name", ["base", "inferencepool", "ha", "standalone", "shared-state", "pd"])
 def test_epp_args_parse_with_the_serve_parser(name: str) -> None:
     for deployment in epp_deployments(name):
         args = serve_args(deployment)
@@ -570,7 +570,7 @@ def test_epp_args_parse_with_the_serve_parser(name: str) -> None:
         assert args.secure_serving is True  # Gateways and the sidecar Envoy speak TLS to the EPP
 
 
-@pytest.mark.parametrize("name", ["base", "inferencepool", "ha", "standalone", "shared-state"])
+@pytest.mark.parametrize("name", ["base", "inferencepool", "ha", "standalone", "shared-state", "pd"])
 def test_epp_config_maps_load(name: str) -> None:
     from epp.config import load_config
 

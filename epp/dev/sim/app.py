@@ -24,6 +24,7 @@ from epp.dev.sim.context import (
     RequestJournal,
     add_identity_headers,
 )
+from epp.dev.sim.disagg import PromptSourceCollector
 from epp.dev.sim.engine import Engine, SimConfig
 from epp.dev.sim.load_stat import LOAD_STAT_KEY
 from epp.dev.sim.metrics import EngineCollector, metrics
@@ -51,6 +52,7 @@ def build_app(config: SimConfig) -> web.Application:
     engine = Engine(config)
     registry = CollectorRegistry(auto_describe=False)
     registry.register(EngineCollector(engine))
+    registry.register(PromptSourceCollector(engine))
     app[CONFIG_KEY] = config
     app[ENGINE_KEY] = engine
     app[JOURNAL_KEY] = RequestJournal()

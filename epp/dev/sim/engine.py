@@ -267,6 +267,8 @@ class EngineCounters:
     generation_tokens: int = 0
     prefix_cache_queries: int = 0
     prefix_cache_hits: int = 0
+    external_kv_tokens: int = 0
+    """Prompt tokens whose KV came from a remote prefill worker (not computed here)."""
     request_success: dict[str, int] = field(default_factory=lambda: dict.fromkeys(FINISH_REASONS, 0))
     time_to_first_token: Histogram = field(default_factory=lambda: Histogram(TTFT_BUCKETS))
     inter_token_latency: Histogram = field(default_factory=lambda: Histogram(ITL_BUCKETS))
@@ -495,6 +497,8 @@ class Engine:
         seq.ttft_ms = seq.lora_load_ms + self.latency.ttft_ms(seq.uncached_tokens, len(self._running))
         self._counters.prefix_cache_queries += seq.spec.prompt_tokens
         self._counters.prefix_cache_hits += seq.cached_tokens
+        if seq.spec.remote_prefill:
+            self._counters.external_kv_tokens += seq.spec.prompt_tokens - seq.cached_tokens
         self._counters.request_queue_time.observe(asyncio.get_running_loop().time() - seq.arrival)
         if seq.granted is not None and not seq.granted.done():
             seq.granted.set_result(None)

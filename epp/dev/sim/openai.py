@@ -233,6 +233,7 @@ class Completion:
             "do_remote_prefill": True,
             "do_remote_decode": False,
             "remote_engine_id": identity.pod,
+            "remote_request_id": self.request_id,
             "remote_block_ids": list(range(blocks)),
             "remote_host": config.host,
             "remote_port": identity.port,

@@ -27,6 +27,7 @@ import yaml
 from epp.dev.envoy.bootstrap import DEFAULT_BODY_MODE
 from epp.dev.stack.files import precise_config, uses_kv_events
 from epp.dev.stack.local import LocalStack, StackOptions
+from epp.dev.stack.pd import PDStack
 from epp.dev.stack.probes import Interrupted
 from epp.dev.stack.supervisor import SIM_MAX_RESTARTS, SIM_RESTART_WINDOW, Child, ChildExited
 
@@ -121,6 +122,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "(TTFT, TPOT/ITL, token counts, response sizes) get samples (a streamed completion's TPOT "
         "and token counts only with the client's stream_options.include_usage); costs ext_proc "
         "messages per response chunk (default: only what the loaded plugins read)",
+    )
+    add(
+        "--pd",
+        type=_positive_int,
+        nargs="?",
+        const=1,
+        default=0,
+        metavar="PREFILL_SIMS",
+        help="prefill/decode disaggregation: the first PREFILL_SIMS simulators (default 1) prefill, the "
+        "others decode, each behind an epp pd-sidecar (on the ports after the simulators'); the EPP "
+        "runs the P/D example config (deploy/kubernetes/pd/) unless --config-file is given",
     )
     add("--keep-workdir", action="store_true", help="keep the temporary directory (logs) on exit")
     parser.epilog = (
@@ -304,7 +316,12 @@ def main(args: argparse.Namespace) -> int:
     """
     opts = options_from_args(args)
     workdir = Path(tempfile.mkdtemp(prefix="epp-run-"))
-    stack = LocalStack(opts, workdir)
+    try:
+        stack = _pd_stack(opts, workdir, args.pd) if args.pd else LocalStack(opts, workdir)
+    except ValueError as e:
+        shutil.rmtree(workdir, ignore_errors=True)
+        print(f"error: --pd: {e}", file=sys.stderr)
+        return 2
     stop = _Stop()
     stop.install()
     failed = False
@@ -324,6 +341,8 @@ def main(args: argparse.Namespace) -> int:
             _print_tails(stack)
             return 1
         print(_usage(stack), flush=True)
+        if isinstance(stack, PDStack):
+            print(f"Prefill/decode disaggregation:\n{stack.roles()}\n", flush=True)
         while not stop.wait(0.2):
             child = stack.poll()
             if child is not None:
@@ -338,6 +357,10 @@ def main(args: argparse.Namespace) -> int:
             print(f"logs kept in {stack.supervisor.log_dir}", file=sys.stderr)
         else:
             shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _pd_stack(opts: StackOptions, workdir: Path, prefill_sims: int) -> PDStack:
+    return PDStack(opts, workdir, prefill_sims=prefill_sims)
 
 
 def _report_exit(child: Child) -> int:
