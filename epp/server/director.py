@@ -67,7 +67,9 @@ from epp.log_limit import LOGS
 from epp.scheduling import Scheduler
 from epp.scheduling.data_scope import scope_of
 from epp.scheduling.parser_router import ParserRouter
+from epp.scheduling.decision import DECISION_KEY
 from epp.scheduling.profile import EXPLANATIONS_KEY
+from epp.server.decisions import DecisionLog, Entry
 from epp.server import _eager
 from epp.server.body_rewrite import replace_model, set_members
 from epp.server.subset import filter_by_subset, subset_entries
@@ -207,6 +209,7 @@ class Routing:
     fallback: str = ""  # "ip:port" for the data plane's one retry when the primary is unreachable
     permit: Permit | None = None  # flow control's hold until the request is on its endpoints
     victim: Victim | None = None  # flow control may revoke this in-flight request (eviction)
+    decision: Entry | None = None  # why it went there (profiles recording decisions)
 
 
 @dataclass(slots=True)
@@ -255,6 +258,7 @@ class Director:
         self.client_model_rewrite = client_model_rewrite
         self.flow_control = flow_control
         self.explain = False  # --log-level=debug: one line per request saying why it went where
+        self.decisions: DecisionLog | None = None  # explained decisions (profiles with ``decide``)
 
     # --- candidates ------------------------------------------------------------------------
 
@@ -444,6 +448,12 @@ class Director:
             metrics.observe_plugin("PreRequest", plugin, time.perf_counter() - t0)
 
         request.body.settle()  # a lazily parsed body lets its parse buffers go
+        entry: Entry | None = None
+        decisions = self.decisions
+        if decisions is not None:
+            decided = cycle.get(DECISION_KEY)
+            if decided:
+                entry = decisions.record(request.request_id, target, decided)
         model_changed = changed = target != incoming
         if self.propagate_priority and request.body.rewritable:
             prio = engine_priority(request.priority, chosen[0])
@@ -461,6 +471,7 @@ class Director:
             request=request,
             result=result,
             cycle=cycle,
+            decision=entry,
         )
 
     def _fallback(self, candidates: Sequence[Endpoint], chosen: Sequence[Endpoint]) -> str:
