@@ -15,7 +15,7 @@ from collections.abc import Callable, Coroutine, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from epp import __version__
+from epp import __version__, observe
 from epp.flags import (
     add_bool,
     add_reference_flags,
@@ -362,7 +362,8 @@ def _add_decision_flags(p: argparse.ArgumentParser) -> None:
         type=int,
         default=100,
         metavar="N",
-        help="the last N scheduling decisions shown at /debug/decisions and on /status (default 100; 0: none)",
+        help="the last N scheduling decisions shown at /debug/decisions and on /status "
+        "(default 100; 0: none)",
     )
     g.add_argument(
         "--decision-log-sample-rate",
@@ -376,7 +377,7 @@ def _add_decision_flags(p: argparse.ArgumentParser) -> None:
         g,
         "--decision-metadata",
         True,
-        "put each decision in the routing reply's Envoy dynamic metadata, namespace epp.decision (keys "
+        "put each decision in the routing reply's Envoy dynamic metadata (envoy.lb, key epp.decision: "
         "request_id, profile, picked, summary) for the access log (default true)",
     )
     add_bool(
@@ -1110,6 +1111,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_plugins(sub)
     _add_certs(sub)
     _add_envoy_config(sub)
+    observe.add_commands(sub)  # explain, status
     return parser
 
 

@@ -17,7 +17,9 @@ from epp.scheduling.decision import Decision
 
 log = structlog.get_logger("epp.decisions")
 
-METADATA_NAMESPACE = "epp.decision"  # Envoy dynamic metadata: %DYNAMIC_METADATA(epp.decision:summary)%
+# In the routing reply's ``envoy.lb`` dynamic metadata (the namespace every gateway already accepts
+# from the EPP): %DYNAMIC_METADATA(envoy.lb:epp.decision:summary)% in Envoy's access log.
+METADATA_KEY = "epp.decision"
 RESPONSE_HEADER = "x-epp-decision"  # only with --decision-response-header
 
 

@@ -66,12 +66,12 @@ from epp.framework.wire import (
 from epp.log_limit import LOGS
 from epp.scheduling import Scheduler
 from epp.scheduling.data_scope import scope_of
-from epp.scheduling.parser_router import ParserRouter
 from epp.scheduling.decision import DECISION_KEY
+from epp.scheduling.parser_router import ParserRouter
 from epp.scheduling.profile import EXPLANATIONS_KEY
-from epp.server.decisions import DecisionLog, Entry
 from epp.server import _eager
 from epp.server.body_rewrite import replace_model, set_members
+from epp.server.decisions import DecisionLog, Entry
 from epp.server.subset import filter_by_subset, subset_entries
 
 log = structlog.get_logger("epp.director")

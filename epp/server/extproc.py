@@ -35,6 +35,7 @@ from epp.framework.wire import (
     DEBUG_RESPONSE_HEADER,
     DESTINATION_HEADER,
     FALLBACK_HEADER,
+    LB_NAMESPACE,
     MODEL_REWRITE_HEADERS,
     REQUEST_ID_HEADER,
 )
@@ -42,9 +43,9 @@ from epp.log_limit import LOGS
 from epp.server import body_message, h2grpc, replies
 from epp.server.body_message import BodyMessage
 from epp.server.body_rewrite import model_literal_pairs, replace_existing_model
-from epp.server.director import EPP_OWNED_HEADERS, Director, Routing
-from epp.server.decisions import METADATA_NAMESPACE as DECISION_NAMESPACE
+from epp.server.decisions import METADATA_KEY as DECISION_KEY
 from epp.server.decisions import RESPONSE_HEADER as DECISION_HEADER
+from epp.server.director import EPP_OWNED_HEADERS, Director, Routing
 from epp.server.stream_limits import RequestPhaseLimits
 from epp.server.usage import UsageReader
 
@@ -489,7 +490,7 @@ class _Stream:
             fallback=routing.fallback,
         )
         if decision is not None:
-            replies.add_dynamic_metadata(reply, {DECISION_NAMESPACE: decision.metadata()})
+            replies.add_dynamic_metadata(reply, {LB_NAMESPACE: {DECISION_KEY: decision.metadata()}})
         if rewritten:
             assert request is not None
             replies.add_rewrite_metadata(reply, request.incoming_model, request.target_model)

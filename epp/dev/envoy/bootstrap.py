@@ -588,7 +588,7 @@ _ACCESS_LOG_FORMAT = {
     "upstream_cluster": "%UPSTREAM_CLUSTER%",
     "duration_ms": "%DURATION%",
     "request_id": "%REQ(X-REQUEST-ID)%",
-    "epp_decision": "%DYNAMIC_METADATA(epp.decision:summary)%",  # why the EPP picked the endpoint
+    "epp_decision": "%DYNAMIC_METADATA(envoy.lb:epp.decision:summary)%",  # why the EPP picked the endpoint
 }
 
 
