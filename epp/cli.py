@@ -356,7 +356,7 @@ def _add_serve(sub: Any) -> None:
 
 
 def _add_decision_flags(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("explaining decisions and the status page (metrics port)")
+    g: Any = p.add_argument_group("explaining decisions and the status page (metrics port)")
     g.add_argument(
         "--decision-ring-size",
         type=int,

@@ -33,7 +33,7 @@ from epp.framework import (
 from epp.framework.cross_replica import CrossReplicaContributor
 from epp.promlite import start_http_server
 from epp.scheduling import Scheduler
-from epp.server import h2grpc, heap, upstream_failures
+from epp.server import h2grpc, heap, status_page, upstream_failures
 from epp.server.config_reload import ConfigWatcher, Reload
 from epp.server.decisions import DecisionLog
 from epp.server.director import Director, DirectorHooks
@@ -366,7 +366,8 @@ class EppServer:
             from epp.k8s.metrics_auth import MetricsAuth
 
             middleware = MetricsAuth(self.kube.api, asyncio.get_running_loop()).wrap
-        port = MetricsPort(self.health, lambda: self.director.decisions, protect=middleware)
+        status = (lambda: status_page.collect(self)) if opts.status_page else None
+        port = MetricsPort(self.health, lambda: self.director.decisions, status=status, protect=middleware)
         start_http_server(opts.metrics_port, addr=opts.bind_address, middleware=port.wrap)
 
         # Plain text: the kubelet's gRPC probes cannot present a client certificate. Only the

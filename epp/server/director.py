@@ -70,6 +70,7 @@ from epp.scheduling.decision import DECISION_KEY
 from epp.scheduling.parser_router import ParserRouter
 from epp.scheduling.profile import EXPLANATIONS_KEY
 from epp.server import _eager
+from epp.server.activity import EndpointActivity
 from epp.server.body_rewrite import replace_model, set_members
 from epp.server.decisions import DecisionLog, Entry
 from epp.server.subset import filter_by_subset, subset_entries
@@ -259,6 +260,7 @@ class Director:
         self.flow_control = flow_control
         self.explain = False  # --log-level=debug: one line per request saying why it went where
         self.decisions: DecisionLog | None = None  # explained decisions (profiles with ``decide``)
+        self.activity = EndpointActivity()  # requests and errors per endpoint, last minute
 
     # --- candidates ------------------------------------------------------------------------
 
@@ -589,8 +591,10 @@ class Director:
     def track_in_flight(self, routing: Routing, revoke: Callable[[], None] | None = None) -> None:
         """The reply was sent: count the request as in flight on its endpoints. ``revoke`` ends the
         request's stream with 429 (flow control's eviction of in-flight sheddable requests)."""
+        activity = self.activity
         for e in routing.endpoints:
             e.inflight += 1
+            activity.request(e.hostport)
         if routing.permit is not None:  # flow control's pending count moves to the endpoints'
             routing.permit.release()
             request = routing.request

@@ -795,6 +795,9 @@ class _Stream:
         if self.resp_cpu > 0.0:
             _RESPONSE_PROCESSING.observe(self.resp_cpu)
         self.director.release_in_flight(routing)
+        if self.error is not None or (self.response is not None and self.response.status >= 500):
+            for e in routing.endpoints:
+                self.director.activity.error(e.hostport)
         if key is not None and routing.request is not None:
             metrics.RUNNING_REQUESTS.at(key).dec()
             metrics.REQUEST_DURATION.at(key).observe(time.monotonic() - self.t_received)

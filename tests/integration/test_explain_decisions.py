@@ -73,7 +73,7 @@ def test_the_scores_shown_are_the_ones_that_decided(rig: Rig, capsys: pytest.Cap
     )
     envoy = rig.start_envoy(epp, access_log=True, response_header_mode="SEND")
     stop = threading.Event()
-    threads = _queue(busy.url, 4, stop)
+    _queue(busy.url, 4, stop)
     try:
         deadline = time.monotonic() + 20
         while _waiting(busy.url) < 2:
