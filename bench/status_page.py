@@ -15,13 +15,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from epp.config.loader import load_config  # noqa: E402
-from epp.datalayer.store import EndpointStore  # noqa: E402
-from epp.framework.endpoint import EndpointMetadata, Metrics  # noqa: E402
-from epp.scheduling.decision import Decision, Row  # noqa: E402
-from epp.server import status_page  # noqa: E402
-from epp.server.app import EppServer, ServeOptions  # noqa: E402
-from epp.server.decisions import DecisionLog  # noqa: E402
+from epp.config.loader import load_config
+from epp.datalayer.store import EndpointStore
+from epp.framework.endpoint import EndpointMetadata, Metrics
+from epp.scheduling.decision import Decision, Row
+from epp.server import status_page
+from epp.server.app import EppServer, ServeOptions
+from epp.server.decisions import DecisionLog
 
 
 def build(n: int) -> EppServer:
@@ -62,20 +62,22 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=30)
     args = parser.parse_args()
     server = build(args.endpoints)
-    html_ms, json_ms = [], []
+    html_ms, html_cpu, json_ms = [], [], []
     size = 0
     for _ in range(args.runs):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         page = status_page.render(status_page.collect(server))
         html_ms.append((time.perf_counter() - t0) * 1000)
+        html_cpu.append((time.process_time() - c0) * 1000)
         t0 = time.perf_counter()
         json.dumps(status_page.collect(server))
         json_ms.append((time.perf_counter() - t0) * 1000)
         size = len(page)
+    # CPU time is the render's own cost; wall time also counts waiting for a busy machine's cores.
     print(
-        f"status page at {args.endpoints} endpoints: /status {statistics.median(html_ms):.1f} ms "
-        f"(max {max(html_ms):.1f}), /status.json {statistics.median(json_ms):.1f} ms, "
-        f"page {size / 1024:.0f} KiB"
+        f"status page at {args.endpoints} endpoints: /status {statistics.median(html_cpu):.1f} ms CPU "
+        f"({statistics.median(html_ms):.1f} ms wall, max {max(html_ms):.1f}), "
+        f"/status.json {statistics.median(json_ms):.1f} ms wall, page {size / 1024:.0f} KiB"
     )
     return 0
 

@@ -48,6 +48,11 @@ class EndpointActivity:
         if ring is None:
             return 0, 0
         now = int(self._clock())  # type: ignore[operator]
+        cutoff = now - WINDOW
+        if min(ring.seconds) > cutoff:  # steady traffic: every bucket is recent
+            return sum(ring.requests), sum(ring.errors)
+        if max(ring.seconds) <= cutoff:  # nothing this minute
+            return 0, 0
         requests = errors = 0
         for s, r, e in zip(ring.seconds, ring.requests, ring.errors, strict=True):
             if now - s < WINDOW:
