@@ -142,10 +142,10 @@ def summary_lines(data: dict[str, Any]) -> list[str]:
     ]
     prefix = data.get("prefix_index")
     if prefix:
-        lines.append("prefix index: " + ", ".join(f"{k} {v}" for k, v in prefix.items()))
+        lines.append("prefix index: " + ", ".join(f"{k} {v:g}" for k, v in prefix.items()))
     flow = data.get("flow_control")
     if flow is not None:
-        lines.append(f"flow control: {flow.get('queued', 0)} queued" + _detail(flow.get("queues", {})))
+        lines.append(f"flow control: {flow.get('queued', 0):g} queued" + _detail(flow.get("queues", {})))
     peers = data.get("peers")
     if peers is not None:
         lines.append(

@@ -86,7 +86,7 @@ def test_the_page_is_served_read_only() -> None:
     app = MetricsPort(server.health, lambda: server.director.decisions, lambda: status_page.collect(server))
     wrapped = app.wrap(lambda environ, start_response: [b""])
     for path, ctype in (("/status", "text/html; charset=utf-8"), ("/status.json", "application/json")):
-        status, headers, body = _get(wrapped, path)
+        status, headers, _body = _get(wrapped, path)
         assert status == "200 OK" and headers["Content-Type"] == ctype
         csp = headers["Content-Security-Policy"]
         assert "default-src 'none'" in csp and "frame-ancestors 'none'" in csp
