@@ -149,7 +149,8 @@ _STYLE = (
     "table{border-collapse:collapse;margin:.5em 0}"
     "th,td{padding:2px 8px;border-bottom:1px solid #ddd;text-align:right;white-space:nowrap}"
     "th:first-child,td:first-child,td.l{text-align:left}"
-    "td.w{white-space:normal;word-break:break-all;max-width:60em}th{background:#f3f3f3}.bad{color:#b00}.ok{color:#070}h2{font-size:15px;margin:1em 0 .2em}"
+    "td.w{white-space:normal;word-break:break-all;max-width:60em}th{background:#f3f3f3}"
+    ".bad{color:#b00}.ok{color:#070}h2{font-size:15px;margin:1em 0 .2em}"
 )
 
 
