@@ -8,22 +8,20 @@ from __future__ import annotations
 import hashlib
 import html
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from epp import __version__
 from epp.framework.endpoint import MetricsState
 from epp.observe import ENDPOINT_COLUMNS, cell, summary_lines
-
-if TYPE_CHECKING:
-    from epp.server.app import EppServer
 
 REFRESH_SECONDS = 2
 RECENT_DECISIONS = 10
 _digests: dict[int, tuple[object, str]] = {}
 
 
-def collect(server: EppServer) -> dict[str, Any]:
-    """The status of ``server`` as JSON-ready data (called from the metrics server's thread)."""
+def collect(server: Any) -> dict[str, Any]:
+    """The status of ``server`` (an ``epp.server.app.EppServer``) as JSON-ready data (called from
+    the metrics server's thread)."""
     now = time.monotonic()
     opts = server.opts
     ejected = _ejected(server, now)
@@ -74,7 +72,7 @@ def collect(server: EppServer) -> dict[str, Any]:
     }
 
 
-def _ejected(server: EppServer, now: float) -> set[str]:
+def _ejected(server: Any, now: float) -> set[str]:
     """Addresses an endpoint-health-filter holds ejected now."""
     out: set[str] = set()
     for plugin in list(server.cfg.plugins.values()):
@@ -85,7 +83,7 @@ def _ejected(server: EppServer, now: float) -> set[str]:
     return out
 
 
-def _config(server: EppServer) -> dict[str, Any]:
+def _config(server: Any) -> dict[str, Any]:
     from epp.server.config_reload import LAST_SUCCESS, RELOADS
 
     document = server.cfg.document
