@@ -18,7 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from epp.config.loader import load_config
 from epp.datalayer.store import EndpointStore
 from epp.framework.endpoint import EndpointMetadata, Metrics
-from epp.scheduling.decision import Decision, Row
+from epp.scheduling.decision import Decision, Recorded, Row
 from epp.server import status_page
 from epp.server.app import EppServer, ServeOptions
 from epp.server.decisions import DecisionLog
@@ -47,7 +47,7 @@ def build(n: int) -> EppServer:
             Row(e.metadata.name, e.hostport, j == 0, 4.0 - j, (2.0, 2.0 - j, 0.0))
             for j, e in enumerate(eps[k : k + 3])
         )
-        ring.record(f"req-{k}", "demo", [Decision("default", n, scorers, rows)])
+        ring.record(f"req-{k}", "demo", [Recorded.built(Decision("default", n, scorers, rows))])
     for e in eps:
         server.director.activity.request(e.hostport)
     return server

@@ -1,6 +1,7 @@
 """What a profile decided and why: the picked endpoints, the best runners-up and each scorer's
 weighted score of each of them, taken from the scores the profile computed to pick (nothing is
-scored again). A profile records one ``Decision`` per run in the cycle state under ``DECISION_KEY``.
+scored again). A profile records one ``Recorded`` per run in the cycle state under ``DECISION_KEY``:
+references to its scores, turned into a ``Decision`` only when something shows it.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from typing import Any
 
 from epp.framework.endpoint import Endpoint
 
-DECISION_KEY = "epp.scheduling.decision"  # cycle state: list[Decision], one per profile run
+DECISION_KEY = "epp.scheduling.decision"  # cycle state: list[Recorded], one per profile run
 RUNNERS_UP = 2  # the best endpoints not picked, shown beside the picked ones
 
 
@@ -60,6 +61,44 @@ class Decision:
             detail = ",".join(f"{n}={v:.3f}" for n, v in zip(names, r.scores, strict=True))
             parts.append(f"{'*' if r.picked else ''}{r.address}={r.total:.3f}({detail})")
         return f"{self.profile}: " + " ".join(parts)
+
+
+class Recorded:
+    """A profile run's scores as they were; ``decision()`` builds the ``Decision`` on first use (from
+    any thread: the metrics port reads recorded decisions too)."""
+
+    __slots__ = ("_args", "_decision")
+
+    def __init__(
+        self,
+        profile: str,
+        scorers: Sequence[Any],
+        raw: Sequence[Sequence[float]],
+        endpoints: Sequence[Endpoint],
+        totals: Sequence[float],
+        picked: Sequence[Endpoint],
+    ) -> None:
+        """``scorers``: the profile's weighted scorers (``.scorer.name``, ``.weight``)."""
+        self._decision: Decision | None = None
+        self._args: tuple[Any, ...] | None = (profile, scorers, raw, endpoints, totals, picked)
+
+    @classmethod
+    def built(cls, decision: Decision) -> Recorded:
+        """A recording of a decision already built."""
+        recorded = cls.__new__(cls)
+        recorded._decision, recorded._args = decision, None
+        return recorded
+
+    def decision(self) -> Decision:
+        args = self._args
+        if args is None:  # built (set before the arguments were dropped)
+            assert self._decision is not None
+            return self._decision
+        profile, scorers, raw, endpoints, totals, picked = args
+        names = [(ws.scorer.name, ws.weight) for ws in scorers]
+        self._decision = record(profile, names, raw, endpoints, totals, picked)
+        self._args = None  # the endpoints and score lists can go
+        return self._decision
 
 
 def record(

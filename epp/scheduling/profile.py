@@ -13,7 +13,7 @@ from epp.framework.interfaces import Filter, Picker, Scorer
 from epp.framework.request import LLMRequest
 from epp.framework.results import CycleState, ProfileRunResult, ScoredEndpoint
 from epp.scheduling.data_scope import scope_of
-from epp.scheduling.decision import DECISION_KEY, record
+from epp.scheduling.decision import DECISION_KEY, Recorded
 
 # (extension_point, plugin, seconds) -> None; set by the server to feed the plugin-duration metric.
 PluginTimer = Callable[[str, object, float], None]
@@ -120,7 +120,7 @@ class SchedulerProfile:
             if spans is not None:
                 spans.scorer_done(scores)
             if raw is not None:
-                raw.append(scores)
+                raw.append(tuple(scores))  # as scored: a scorer may reuse its list
             if top is not None:
                 ranked = sorted(zip(scores, (e.metadata.name for e in endpoints), strict=False), reverse=True)
                 top[ws.scorer.name] = [(name, round(float(v), 4)) for v, name in ranked[:_TOP]]
@@ -150,10 +150,9 @@ class SchedulerProfile:
             timer("Picker", self.picker, time.perf_counter() - t0)
         if not result.target_endpoints:
             raise SchedulingError(f"picker '{self.picker.name}' returned no endpoint")
-        if raw is not None:
-            scorers = [(ws.scorer.name, ws.weight) for ws in self.scorers]
-            decision = record(self.name, scorers, raw, endpoints, totals, result.target_endpoints)
-            cycle.setdefault(DECISION_KEY, []).append(decision)
+        if raw is not None:  # references only: the explanation is built when something shows it
+            recorded = Recorded(self.name, self.scorers, raw, endpoints, totals, result.target_endpoints)
+            cycle.setdefault(DECISION_KEY, []).append(recorded)
         if self.record_scores and result.scores is None:
             by_id = {id(e): s for e, s in zip(endpoints, totals, strict=True)}
             result.scores = [by_id.get(id(e), 0.0) for e in result.target_endpoints]

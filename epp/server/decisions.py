@@ -13,7 +13,7 @@ from typing import Any
 
 import structlog
 
-from epp.scheduling.decision import Decision
+from epp.scheduling.decision import Decision, Recorded
 
 log = structlog.get_logger("epp.decisions")
 
@@ -25,12 +25,16 @@ RESPONSE_HEADER = "x-epp-decision"  # only with --decision-response-header
 
 @dataclass(slots=True)
 class Entry:
-    """One request's decision (every profile that ran)."""
+    """One request's decision (every profile that ran), built when first shown."""
 
     time: float  # wall clock
     request_id: str
     model: str
-    decisions: list[Decision]
+    recorded: list[Recorded]
+
+    @property
+    def decisions(self) -> list[Decision]:
+        return [r.decision() for r in self.recorded]
 
     @property
     def picked(self) -> str:
@@ -44,8 +48,8 @@ class Entry:
         return "; ".join(d.summary() for d in self.decisions)
 
     def metadata(self) -> dict[str, Any]:
-        """The ``epp.decision`` namespace of the routing reply's dynamic metadata."""
-        first = self.decisions[0]
+        """The ``epp.decision`` key of the routing reply's ``envoy.lb`` dynamic metadata."""
+        first = self.recorded[0].decision()
         return {
             "request_id": self.request_id,
             "profile": first.profile,
@@ -72,8 +76,8 @@ class DecisionLog:
         self._ring: collections.deque[Entry] = collections.deque(maxlen=max(size, 1))
         self._random = (rng or random.Random()).random
 
-    def record(self, request_id: str, model: str, decisions: list[Decision]) -> Entry:
-        entry = Entry(time.time(), request_id, model, decisions)
+    def record(self, request_id: str, model: str, recorded: list[Recorded]) -> Entry:
+        entry = Entry(time.time(), request_id, model, recorded)
         if self.size:
             self._ring.append(entry)
         if self.sample_rate > 0.0 and (self.sample_rate >= 1.0 or self._random() < self.sample_rate):

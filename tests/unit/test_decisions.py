@@ -13,7 +13,7 @@ from epp.framework import CycleState, Endpoint, LLMRequest, Scorer
 from epp.plugins.pickers._common import PickerParams
 from epp.plugins.pickers.max_score import MaxScorePicker
 from epp.scheduling import SchedulerProfile, WeightedScorer
-from epp.scheduling.decision import DECISION_KEY, RUNNERS_UP, Decision
+from epp.scheduling.decision import DECISION_KEY, RUNNERS_UP, Decision, Recorded
 from epp.server.decisions import DecisionLog
 from epp.server.health import Health
 from epp.server.metrics_port import MetricsPort
@@ -36,8 +36,8 @@ def _run(scorers: list[WeightedScorer], n: int) -> tuple[list[Endpoint], Decisio
     profile = SchedulerProfile("p", scorers=scorers, picker=MaxScorePicker("m", PickerParams()), decide=True)
     cycle = CycleState()
     profile.run(cycle, request(), eps)
-    (decision,) = cycle[DECISION_KEY]
-    return eps, decision
+    (recorded,) = cycle[DECISION_KEY]
+    return eps, recorded.decision()
 
 
 def test_the_decision_shows_the_pick_the_best_runners_up_and_the_weighted_scores() -> None:
@@ -79,7 +79,7 @@ def test_the_ring_keeps_the_last_n_newest_first_and_the_log_is_sampled(capsys: A
     _, decision = _run([WeightedScorer(_Fixed("a", [0.5, 0.2]), 1.0)], 2)
     ring = DecisionLog(size=3, sample_rate=0.0)
     for i in range(5):
-        ring.record(f"r{i}", "m", [decision])
+        ring.record(f"r{i}", "m", [Recorded.built(decision)])
     assert [e.request_id for e in ring.recent()] == ["r4", "r3", "r2"]
     assert [e.request_id for e in ring.recent(1)] == ["r4"]
     assert DecisionLog(size=0).recent() == []
@@ -87,7 +87,7 @@ def test_the_ring_keeps_the_last_n_newest_first_and_the_log_is_sampled(capsys: A
     draws = random.Random(7)
     expected = sum(draws.random() < 0.5 for _ in range(200))
     for i in range(200):
-        sampled.record(f"s{i}", "m", [decision])
+        sampled.record(f"s{i}", "m", [Recorded.built(decision)])
     lines = [line for line in capsys.readouterr().out.splitlines() if "request.decision" in line]
     assert len(lines) == expected and 60 < expected < 140
 
@@ -112,7 +112,7 @@ def test_the_metrics_port_serves_its_paths_and_404_elsewhere() -> None:
     health = Health()
     ring = DecisionLog(size=10, sample_rate=0.0)
     _, decision = _run([WeightedScorer(_Fixed("a", [0.5, 0.2]), 1.0)], 2)
-    ring.record("rid-1", "m", [decision])
+    ring.record("rid-1", "m", [Recorded.built(decision)])
     app = MetricsPort(health, lambda: ring).wrap(_metrics)
     assert _get(app, "/metrics")[2] == b"# metrics\n"
     assert _get(app, "/healthz")[0] == "200 OK"
@@ -143,3 +143,38 @@ def test_authentication_guards_all_but_the_probes() -> None:
         assert _get(app, path)[0] == "401 Unauthorized", path
     assert _get(app, "/healthz")[0] == "200 OK"
     assert _get(app, "/readyz")[0].startswith("503")
+
+
+class _Reusing(Scorer):
+    """Returns the same list every time, rewritten per call (a scorer may keep a buffer)."""
+
+    type_name = "reusing"
+
+    def __init__(self) -> None:
+        super().__init__("reusing", None)
+        self.buffer = [0.0, 0.0]
+        self.calls = 0
+
+    def score(self, cycle: CycleState, request: LLMRequest, endpoints: list[Endpoint]) -> Sequence[float]:
+        self.calls += 1
+        self.buffer[:] = [1.0, 0.0] if self.calls == 1 else [0.0, 1.0]
+        return self.buffer
+
+
+def test_a_decision_is_built_when_shown_from_the_scores_as_they_were() -> None:
+    eps = [endpoint(f"e{i}", f"10.0.0.{i}") for i in range(2)]
+    scorer = _Reusing()
+    profile = SchedulerProfile(
+        "p", scorers=[WeightedScorer(scorer, 1.0)], picker=MaxScorePicker("m", PickerParams()), decide=True
+    )
+    first, second = CycleState(), CycleState()
+    profile.run(first, request(), eps)
+    profile.run(second, request(), eps)  # rewrites the scorer's list
+    (recorded,) = first[DECISION_KEY]
+    assert recorded._decision is None  # nothing built until something shows it
+    decision = recorded.decision()
+    assert [(r.name, r.picked, r.scores) for r in decision.rows] == [
+        ("e0", True, (1.0,)),
+        ("e1", False, (0.0,)),
+    ]
+    assert recorded.decision() is decision and recorded._args is None

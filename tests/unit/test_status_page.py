@@ -10,7 +10,7 @@ from typing import Any
 from epp.config.loader import load_config
 from epp.datalayer.store import EndpointStore
 from epp.framework.endpoint import EndpointMetadata, Metrics
-from epp.scheduling.decision import Decision, Row
+from epp.scheduling.decision import Decision, Recorded, Row
 from epp.server import status_page
 from epp.server.activity import WINDOW, EndpointActivity
 from epp.server.app import EppServer, ServeOptions
@@ -42,7 +42,7 @@ def _server() -> EppServer:
     server.director.activity.error("10.0.0.1:8000")
     ring = server.director.decisions = DecisionLog(10, 0.0)
     rows = (Row(EVIL, "10.0.0.2:8000", True, 2.0, (2.0,)),)
-    ring.record("rid-<b>", "demo", [Decision("default", 3, (("queue-scorer", 2.0),), rows)])
+    ring.record("rid-<b>", "demo", [Recorded.built(Decision("default", 3, (("queue-scorer", 2.0),), rows))])
     return server
 
 
