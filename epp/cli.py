@@ -376,9 +376,10 @@ def _add_decision_flags(p: argparse.ArgumentParser) -> None:
     add_bool(
         g,
         "--decision-metadata",
-        True,
+        False,
         "put each decision in the routing reply's Envoy dynamic metadata (envoy.lb, key epp.decision: "
-        "request_id, profile, picked, summary) for the access log (default true)",
+        "request_id, profile, picked, summary) for the access log (default false: it builds the "
+        "explanation for every request)",
     )
     add_bool(
         g,

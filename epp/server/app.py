@@ -93,7 +93,7 @@ class ServeOptions:
     h2_limits: h2grpc.Limits = field(default_factory=h2grpc.Limits)  # --h2-* (epp's own server only)
     decision_ring_size: int = 100  # /debug/decisions keeps this many (0: none)
     decision_log_sample_rate: float = 0.01  # share of decisions logged as request.decision
-    decision_metadata: bool = True  # epp.decision dynamic metadata in the routing reply
+    decision_metadata: bool = False  # envoy.lb epp.decision dynamic metadata in the routing reply
     decision_response_header: bool = False  # x-epp-decision on each response
     status_page: bool = True  # /status and /status.json on the metrics port
 

@@ -69,7 +69,14 @@ def test_the_scores_shown_are_the_ones_that_decided(rig: Rig, capsys: pytest.Cap
     idle = rig.start_sims(1, prefix="idle")[0]
     epp = rig.start_epp(
         [busy, idle],
-        extra=["--log-level", "info", "--decision-log-sample-rate", "1", "--decision-response-header"],
+        extra=[
+            "--log-level",
+            "info",
+            "--decision-log-sample-rate",
+            "1",
+            "--decision-response-header",
+            "--decision-metadata",
+        ],
     )
     envoy = rig.start_envoy(epp, access_log=True, response_header_mode="SEND")
     stop = threading.Event()
