@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 PYTHON := $(BIN)/python
 
-.PHONY: install lock image image-test run test test-unit test-integration lint bench-cpu bench-sched bench-routing bench-kube bench-kv-index bench-soak bench-tokenize bench-overload bench-failover bench-replicas bench-h2-attacks bench-pd clean
+.PHONY: install lock image image-test run test test-unit test-integration lint bench-cpu bench-sched bench-routing bench-kube bench-kv-index bench-soak bench-tokenize bench-overload bench-failover bench-replicas bench-h2-attacks clean
 
 install: $(VENV)/.installed
 
@@ -108,5 +108,10 @@ clean:
 
 # P/D against the same three simulators aggregated. PD_ARGS="--workloads long-short --requests 30",
 # "--threshold 1024", "--rate 8", "--json rows.json".
+.PHONY: bench-pd
 bench-pd: install
 	$(PYTHON) bench/pd.py $(PD_ARGS)
+
+.PHONY: bench-status-page
+bench-status-page: install
+	$(PYTHON) bench/status_page.py

@@ -15,7 +15,7 @@ from collections.abc import Callable, Coroutine, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from epp import __version__
+from epp import __version__, observe
 from epp.flags import (
     add_bool,
     add_reference_flags,
@@ -120,22 +120,27 @@ _DESCRIPTION = (
 
 
 def _add_serve(sub: Any) -> None:
-    p = sub.add_parser("serve", help="run the Endpoint Picker (ext_proc gRPC server)")
-    p.add_argument("--grpc-port", type=parse_port, default=9002, help="ext_proc gRPC port (default 9002)")
-    p.add_argument(
+    p = sub.add_parser(
+        "serve", help="run the Endpoint Picker (ext_proc gRPC server)", usage="%(prog)s [options]"
+    )
+    ports = p.add_argument_group("ports and shutdown")
+    tls = p.add_argument_group("TLS of the ext_proc port")
+    conf = p.add_argument_group("configuration")
+    ports.add_argument("--grpc-port", type=parse_port, default=9002, help="ext_proc gRPC port (default 9002)")
+    ports.add_argument(
         "--grpc-health-port", type=parse_port, default=9003, help="gRPC health port (default 9003)"
     )
-    p.add_argument(
+    ports.add_argument(
         "--grpc-socket",
         default="",
         metavar="PATH",
         help="also serve ext_proc on this Unix socket (a sidecar Envoy in the same pod: cheaper than TCP)",
     )
-    p.add_argument(
+    ports.add_argument(
         "--metrics-port", type=parse_port, default=9090, help="Prometheus metrics port (default 9090)"
     )
-    p.add_argument("--bind-address", default="0.0.0.0", help="address to listen on (default 0.0.0.0)")
-    p.add_argument(
+    ports.add_argument("--bind-address", default="0.0.0.0", help="address to listen on (default 0.0.0.0)")
+    conf.add_argument(
         "--objectives-file",
         default="",
         metavar="PATH",
@@ -143,31 +148,34 @@ def _add_serve(sub: Any) -> None:
         "named per request by the x-llm-d-inference-objective header (read at start)",
     )
     add_bool(
-        p, "--secure-serving", True, "serve ext_proc over TLS (default true; self-signed unless --cert-path)"
+        tls,
+        "--secure-serving",
+        True,
+        "serve ext_proc over TLS (default true; self-signed unless --cert-path)",
     )
-    p.add_argument("--cert-path", default=None, help="directory holding tls.crt and tls.key")
+    tls.add_argument("--cert-path", default=None, help="directory holding tls.crt and tls.key")
     add_bool(
-        p,
+        tls,
         "--enable-cert-reload",
         False,
         "serve renewed certificates from --cert-path (and --ha-replication-cert-path) without a restart",
     )
-    p.add_argument(
+    tls.add_argument(
         "--grpc-client-ca-file",
         default=None,
         help="PEM CA bundle: ext_proc requires a client certificate it signed (mTLS; needs --cert-path)",
     )
-    add_bool(p, "--health-checking", False, "also serve gRPC health on the ext_proc port")
-    p.add_argument("--config-file", default=None, help="EndpointPickerConfig YAML file")
-    p.add_argument("--config-text", default=None, help="EndpointPickerConfig YAML text")
+    add_bool(ports, "--health-checking", False, "also serve gRPC health on the ext_proc port")
+    conf.add_argument("--config-file", default=None, help="EndpointPickerConfig YAML file")
+    conf.add_argument("--config-text", default=None, help="EndpointPickerConfig YAML text")
     add_bool(
-        p,
+        conf,
         "--watch-config-file",
         False,
         "apply changes of --config-file without a restart (profiles, scheduling plugin parameters, "
         "flow-control bands); an invalid change keeps the running config and is logged",
     )
-    _add_allow_experimental(p)
+    _add_allow_experimental(conf)
     k = p.add_argument_group("Kubernetes discovery (one of --pool-name, --endpoint-selector)")
     k.add_argument(
         "--pool-name", default="", help="InferencePool to serve (with file discovery: the pool's name only)"
@@ -224,63 +232,66 @@ def _add_serve(sub: Any) -> None:
         help="host:port where standbys reach this replica's state stream (default: $POD_IP, else the "
         "host's address, and --ha-replication-port)",
     )
-    p.add_argument(
+    data = p.add_argument_group("data layer (endpoint metrics)")
+    req = p.add_argument_group("requests and routing")
+    mets = p.add_argument_group("metrics")
+    data.add_argument(
         "--refresh-metrics-interval", type=parse_duration, default=0.05, help="scrape period (default 50ms)"
     )
-    p.add_argument(
+    data.add_argument(
         "--refresh-prometheus-metrics-interval",
         type=parse_duration,
         default=5.0,
         help="how often the pool gauges (average queue size, KV-cache use, ...) are recomputed (default 5s)",
     )
-    p.add_argument(
+    data.add_argument(
         "--metrics-staleness-threshold",
         type=_positive_duration,
         default=2.0,
         help="scraped metrics older than this (or never scraped) are unknown: metric-based scorers "
         "score the endpoint neutrally and the pool gauges leave it out (default 2s)",
     )
-    add_bool(p, "--disable-endpoint-subset-filter", False, "ignore Envoy's subset hint")
+    add_bool(req, "--disable-endpoint-subset-filter", False, "ignore Envoy's subset hint")
     add_bool(
-        p,
+        req,
         "--allow-model-rewrite-header",
         True,
         "honour a client's x-llm-d-model-name-rewrite (or x-gateway-model-name-rewrite) header: the "
         "request goes to that model, the response names the requested one (default true, as the "
         "reference); false: ignore it. InferenceModelRewrite rules win either way",
     )
-    p.add_argument(
+    req.add_argument(
         "--max-request-body-bytes",
         type=int,
         default=10 << 20,
         help="larger request bodies are answered 413 (default 10 MiB; the reference has no limit)",
     )
-    p.add_argument(
+    req.add_argument(
         "--max-buffered-request-body-bytes",
         type=int,
         default=256 << 20,
         help="partial request bodies held across all streams; a chunk over it is answered 503 "
         "(default 256 MiB; 0: no limit)",
     )
-    p.add_argument(
+    req.add_argument(
         "--request-idle-timeout",
         type=parse_duration,
         default=60.0,
         help="end an ext_proc stream whose request is incomplete and silent this long with gRPC "
         "DEADLINE_EXCEEDED (default 60s; 0: never; the response phase is never timed)",
     )
-    add_bool(p, "--debug-response-header", True, "add x-went-into-resp-headers: true (reference behaviour)")
-    p.add_argument(
+    add_bool(req, "--debug-response-header", True, "add x-went-into-resp-headers: true (reference behaviour)")
+    ports.add_argument(
         "--grace-period", type=parse_duration, default=5.0, help="drain time on shutdown (default 5s)"
     )
-    p.add_argument(
+    ports.add_argument(
         "--drain-delay",
         type=parse_duration,
         default=1.0,
         help="on shutdown, keep serving this long after readiness turns NOT_SERVING (default 1s)",
     )
     add_bool(
-        p,
+        req,
         "--skip-unused-response-phases",
         False,
         "BUFFERED request bodies: when no loaded plugin reads the response and the request is not "
@@ -289,40 +300,40 @@ def _add_serve(sub: Any) -> None:
         "(TTFT, sizes, usage) then go too (default false)",
     )
     add_bool(
-        p,
+        req,
         "--emit-endpoint-scores",
         False,
         "put the picked endpoints' scheduler scores in the routing reply's envoy.lb metadata under "
         "x-gateway-destination-endpoint-scores (default false)",
     )
     add_bool(
-        p,
+        mets,
         "--emit-deprecated-metrics",
         True,
         "also expose the deprecated metric names (inference_objective_*, inference_extension_*, ...) "
         "beside the llm_d_epp_* ones, for dashboards built on them (default true)",
     )
     add_bool(
-        p,
+        mets,
         "--enable-grpc-stream-metrics",
         False,
         "expose llm_d_epp_extproc_stream_duration_seconds and llm_d_epp_extproc_streams_total{code} "
         "(default false; llm_d_epp_extproc_streams_inflight is always exposed)",
     )
-    p.add_argument(
+    ports.add_argument(
         "--grpc-max-recv-msg-size",
         type=_arg_type(_msg_size),
         default="",
         help="largest ext_proc gRPC message received, a quantity such as 10MiB or 25MB "
         "(default: --max-request-body-bytes + 1 MiB)",
     )
-    p.add_argument(
+    ports.add_argument(
         "--grpc-max-send-msg-size",
         type=_arg_type(_msg_size),
         default="",
         help="largest ext_proc gRPC message sent (default: --max-request-body-bytes + 1 MiB)",
     )
-    p.add_argument(
+    ports.add_argument(
         "--extproc-server",
         choices=("epp", "grpcio"),
         default="epp",
@@ -331,16 +342,55 @@ def _add_serve(sub: Any) -> None:
         "health and replication ports always use grpcio",
     )
     _add_h2_limits(p)
-    p.add_argument(
+    mets.add_argument(
         "--fairness-id-metric-label-limit",
         type=int,
         default=1000,
         help="distinct fairness_id metric label values before the rest record as 'other' "
         "(default 1000; 0: all)",
     )
+    _add_decision_flags(p)
     _add_log_flags(p)
     add_reference_flags(p)
     p.set_defaults(func=_serve)
+
+
+def _add_decision_flags(p: argparse.ArgumentParser) -> None:
+    g: Any = p.add_argument_group("explaining decisions and the status page (metrics port)")
+    g.add_argument(
+        "--decision-ring-size",
+        type=int,
+        default=100,
+        metavar="N",
+        help="the last N scheduling decisions shown at /debug/decisions and on /status "
+        "(default 100; 0: none)",
+    )
+    g.add_argument(
+        "--decision-log-sample-rate",
+        type=float,
+        default=0.01,
+        metavar="RATE",
+        help="share of decisions logged as a request.decision line with the request id, picked endpoint, "
+        "runners-up and weighted scores (default 0.01; 0: none; 1: all)",
+    )
+    add_bool(
+        g,
+        "--decision-metadata",
+        False,
+        "put each decision in the routing reply's Envoy dynamic metadata (envoy.lb, key epp.decision: "
+        "request_id, profile, picked, summary) for the access log (default false: it builds the "
+        "explanation for every request)",
+    )
+    add_bool(
+        g,
+        "--decision-response-header",
+        False,
+        "return each decision to the client in an x-epp-decision response header (needs the response "
+        "headers phase; default false; clients cannot ask for it)",
+    )
+    add_bool(
+        g, "--status-page", True, "serve /status (HTML) and /status.json on the metrics port (default true)"
+    )
 
 
 def _add_h2_limits(p: argparse.ArgumentParser) -> None:
@@ -772,6 +822,11 @@ def _serve(args: argparse.Namespace) -> int:
         drain_delay=args.drain_delay,
         metrics_endpoint_auth=bool(args.metrics_endpoint_auth),
         emit_endpoint_scores=args.emit_endpoint_scores,
+        decision_ring_size=max(args.decision_ring_size, 0),
+        decision_log_sample_rate=min(max(args.decision_log_sample_rate, 0.0), 1.0),
+        decision_metadata=args.decision_metadata,
+        decision_response_header=args.decision_response_header,
+        status_page=args.status_page,
         emit_deprecated_metrics=args.emit_deprecated_metrics,
         skip_unused_response_phases=args.skip_unused_response_phases,
         grpc_stream_metrics=args.enable_grpc_stream_metrics,
@@ -833,7 +888,7 @@ def _serve(args: argparse.Namespace) -> int:
 # --- check-config -----------------------------------------------------------------------------
 
 
-def _add_allow_experimental(p: argparse.ArgumentParser) -> None:
+def _add_allow_experimental(p: Any) -> None:
     add_bool(
         p,
         "--allow-experimental-plugins",
@@ -1068,6 +1123,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_plugins(sub)
     _add_certs(sub)
     _add_envoy_config(sub)
+    observe.add_commands(sub)  # explain, status
     return parser
 
 

@@ -447,6 +447,15 @@ def register(*families: _Family, registry: CollectorRegistry = REGISTRY, owners:
     _collectors.setdefault(id(registry), []).append(collector)
 
 
+def family(name: str, registry: CollectorRegistry = REGISTRY) -> _Family | None:
+    """The registered family named ``name`` (to read its current values), or None."""
+    for collector in list(_collectors.get(id(registry), [])):
+        for fam in collector._families:
+            if fam.name == name:
+                return fam
+    return None
+
+
 def _escape(value: str) -> str:
     return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
 

@@ -13,6 +13,7 @@ from epp.framework.interfaces import Filter, Picker, Scorer
 from epp.framework.request import LLMRequest
 from epp.framework.results import CycleState, ProfileRunResult, ScoredEndpoint
 from epp.scheduling.data_scope import scope_of
+from epp.scheduling.decision import DECISION_KEY, Recorded
 
 # (extension_point, plugin, seconds) -> None; set by the server to feed the plugin-duration metric.
 PluginTimer = Callable[[str, object, float], None]
@@ -45,6 +46,7 @@ class SchedulerProfile:
     tracer: Any = None
     record_scores: bool = False  # set ProfileRunResult.scores (--emit-endpoint-scores)
     explain: bool = False  # --log-level=debug: record why it picked what it picked (EXPLANATIONS_KEY)
+    decide: bool = False  # record each run's Decision (DECISION_KEY): explainable decisions
 
     def run(self, cycle: CycleState, request: LLMRequest, candidates: list[Endpoint]) -> ProfileRunResult:
         """Run the profile; raises ``SchedulingError`` when it cannot pick an endpoint."""
@@ -103,6 +105,7 @@ class SchedulerProfile:
 
         n = len(endpoints)
         totals = [0.0] * n
+        raw: list[Any] | None = [] if self.decide else None
         if spans is not None:
             spans.scoring(request, len(self.scorers), endpoints)
         for ws in self.scorers:
@@ -116,6 +119,8 @@ class SchedulerProfile:
                 cycle.scope = None
             if spans is not None:
                 spans.scorer_done(scores)
+            if raw is not None:
+                raw.append(tuple(scores))  # as scored: a scorer may reuse its list
             if top is not None:
                 ranked = sorted(zip(scores, (e.metadata.name for e in endpoints), strict=False), reverse=True)
                 top[ws.scorer.name] = [(name, round(float(v), 4)) for v, name in ranked[:_TOP]]
@@ -145,6 +150,9 @@ class SchedulerProfile:
             timer("Picker", self.picker, time.perf_counter() - t0)
         if not result.target_endpoints:
             raise SchedulingError(f"picker '{self.picker.name}' returned no endpoint")
+        if raw is not None:  # references only: the explanation is built when something shows it
+            recorded = Recorded(self.name, self.scorers, raw, endpoints, totals, result.target_endpoints)
+            cycle.setdefault(DECISION_KEY, []).append(recorded)
         if self.record_scores and result.scores is None:
             by_id = {id(e): s for e, s in zip(endpoints, totals, strict=True)}
             result.scores = [by_id.get(id(e), 0.0) for e in result.target_endpoints]

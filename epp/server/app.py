@@ -33,11 +33,13 @@ from epp.framework import (
 from epp.framework.cross_replica import CrossReplicaContributor
 from epp.promlite import start_http_server
 from epp.scheduling import Scheduler
-from epp.server import h2grpc, heap, upstream_failures
+from epp.server import h2grpc, heap, status_page, upstream_failures
 from epp.server.config_reload import ConfigWatcher, Reload
+from epp.server.decisions import DecisionLog
 from epp.server.director import Director, DirectorHooks
 from epp.server.extproc import ExternalProcessor, StreamOptions, add_to_server
 from epp.server.health import Health
+from epp.server.metrics_port import MetricsPort
 from epp.server.replication import ReplicationFollower, ReplicationHub
 from epp.server.tls import (
     REPLICA_NAME,
@@ -89,6 +91,11 @@ class ServeOptions:
     grpc_max_recv_msg_size: int = 0  # 0: max_request_body_bytes + 1 MiB
     grpc_max_send_msg_size: int = 0
     h2_limits: h2grpc.Limits = field(default_factory=h2grpc.Limits)  # --h2-* (epp's own server only)
+    decision_ring_size: int = 100  # /debug/decisions keeps this many (0: none)
+    decision_log_sample_rate: float = 0.01  # share of decisions logged as request.decision
+    decision_metadata: bool = False  # envoy.lb epp.decision dynamic metadata in the routing reply
+    decision_response_header: bool = False  # x-epp-decision on each response
+    status_page: bool = True  # /status and /status.json on the metrics port
 
 
 def _grpc_options(max_body: int, max_recv: int = 0, max_send: int = 0) -> list[tuple[str, int]]:
@@ -201,6 +208,8 @@ class EppServer:
             propagate_priority=cfg.propagate_priority,
         )
         self.director.explain = logs.debug_enabled()
+        if self._decides():
+            self.director.decisions = DecisionLog(opts.decision_ring_size, opts.decision_log_sample_rate)
         self.stream_options = StreamOptions(
             max_body_bytes=opts.max_request_body_bytes,
             debug_response_header=opts.debug_response_header,
@@ -211,6 +220,8 @@ class EppServer:
             emit_endpoint_scores=opts.emit_endpoint_scores,
             skip_unused_response_phases=opts.skip_unused_response_phases,
             grpc_stream_metrics=opts.grpc_stream_metrics,
+            decision_metadata=opts.decision_metadata,
+            decision_header=opts.decision_response_header,
         )
         self.processor = ExternalProcessor(self.director, self.stream_options)
         metrics.ENDPOINT_INFLIGHT.endpoints = self.store.endpoints
@@ -235,7 +246,18 @@ class EppServer:
             profile.timer = metrics.observe_plugin
             profile.record_scores = self.opts.emit_endpoint_scores
             profile.explain = logs.debug_enabled()
+            profile.decide = self._decides()
         tracing.instrument(scheduler.profiles)  # no-op unless --tracing
+
+    def _decides(self) -> bool:
+        """Whether the profiles record their decisions: something shows them."""
+        o = self.opts
+        return bool(
+            o.decision_ring_size
+            or o.decision_log_sample_rate > 0
+            or o.decision_metadata
+            or o.decision_response_header
+        )
 
     def apply_reload(self, candidate: LoadedConfig, plan: Reload) -> None:
         """Install a checked config change (``config_reload.plan_reload``) between two requests."""
@@ -347,7 +369,9 @@ class EppServer:
             from epp.k8s.metrics_auth import MetricsAuth
 
             middleware = MetricsAuth(self.kube.api, asyncio.get_running_loop()).wrap
-        start_http_server(opts.metrics_port, addr=opts.bind_address, middleware=middleware)
+        status = (lambda: status_page.collect(self)) if opts.status_page else None
+        port = MetricsPort(self.health, lambda: self.director.decisions, status=status, protect=middleware)
+        start_http_server(opts.metrics_port, addr=opts.bind_address, middleware=port.wrap)
 
         # Plain text: the kubelet's gRPC probes cannot present a client certificate. Only the
         # health service is served here.

@@ -66,10 +66,13 @@ from epp.framework.wire import (
 from epp.log_limit import LOGS
 from epp.scheduling import Scheduler
 from epp.scheduling.data_scope import scope_of
+from epp.scheduling.decision import DECISION_KEY
 from epp.scheduling.parser_router import ParserRouter
 from epp.scheduling.profile import EXPLANATIONS_KEY
 from epp.server import _eager
+from epp.server.activity import EndpointActivity
 from epp.server.body_rewrite import replace_model, set_members
+from epp.server.decisions import DecisionLog, Entry
 from epp.server.subset import filter_by_subset, subset_entries
 
 log = structlog.get_logger("epp.director")
@@ -207,6 +210,7 @@ class Routing:
     fallback: str = ""  # "ip:port" for the data plane's one retry when the primary is unreachable
     permit: Permit | None = None  # flow control's hold until the request is on its endpoints
     victim: Victim | None = None  # flow control may revoke this in-flight request (eviction)
+    decision: Entry | None = None  # why it went there (profiles recording decisions)
 
 
 @dataclass(slots=True)
@@ -255,6 +259,8 @@ class Director:
         self.client_model_rewrite = client_model_rewrite
         self.flow_control = flow_control
         self.explain = False  # --log-level=debug: one line per request saying why it went where
+        self.decisions: DecisionLog | None = None  # explained decisions (profiles with ``decide``)
+        self.activity = EndpointActivity()  # requests and errors per endpoint, last minute
 
     # --- candidates ------------------------------------------------------------------------
 
@@ -444,6 +450,12 @@ class Director:
             metrics.observe_plugin("PreRequest", plugin, time.perf_counter() - t0)
 
         request.body.settle()  # a lazily parsed body lets its parse buffers go
+        entry: Entry | None = None
+        decisions = self.decisions
+        if decisions is not None:
+            decided = cycle.get(DECISION_KEY)
+            if decided:
+                entry = decisions.record(request.request_id, target, decided)
         model_changed = changed = target != incoming
         if self.propagate_priority and request.body.rewritable:
             prio = engine_priority(request.priority, chosen[0])
@@ -461,6 +473,7 @@ class Director:
             request=request,
             result=result,
             cycle=cycle,
+            decision=entry,
         )
 
     def _fallback(self, candidates: Sequence[Endpoint], chosen: Sequence[Endpoint]) -> str:
@@ -578,8 +591,10 @@ class Director:
     def track_in_flight(self, routing: Routing, revoke: Callable[[], None] | None = None) -> None:
         """The reply was sent: count the request as in flight on its endpoints. ``revoke`` ends the
         request's stream with 429 (flow control's eviction of in-flight sheddable requests)."""
+        activity = self.activity
         for e in routing.endpoints:
             e.inflight += 1
+            activity.request(e.hostport)
         if routing.permit is not None:  # flow control's pending count moves to the endpoints'
             routing.permit.release()
             request = routing.request

@@ -35,6 +35,7 @@ from epp.framework.wire import (
     DEBUG_RESPONSE_HEADER,
     DESTINATION_HEADER,
     FALLBACK_HEADER,
+    LB_NAMESPACE,
     MODEL_REWRITE_HEADERS,
     REQUEST_ID_HEADER,
 )
@@ -42,6 +43,8 @@ from epp.log_limit import LOGS
 from epp.server import body_message, h2grpc, replies
 from epp.server.body_message import BodyMessage
 from epp.server.body_rewrite import model_literal_pairs, replace_existing_model
+from epp.server.decisions import METADATA_KEY as DECISION_KEY
+from epp.server.decisions import RESPONSE_HEADER as DECISION_HEADER
 from epp.server.director import EPP_OWNED_HEADERS, Director, Routing
 from epp.server.stream_limits import RequestPhaseLimits
 from epp.server.usage import UsageReader
@@ -63,6 +66,8 @@ class StreamOptions:
 
     __slots__ = (
         "debug_response_header",
+        "decision_header",
+        "decision_metadata",
         "emit_endpoint_scores",
         "grpc_stream_metrics",
         "max_body_bytes",
@@ -85,8 +90,12 @@ class StreamOptions:
         emit_endpoint_scores: bool = False,
         grpc_stream_metrics: bool = False,
         skip_unused_response_phases: bool = False,
+        decision_metadata: bool = False,
+        decision_header: bool = False,
     ) -> None:
         self.max_body_bytes = max_body_bytes
+        self.decision_metadata = decision_metadata  # epp.decision dynamic metadata in the routing reply
+        self.decision_header = decision_header  # x-epp-decision on the response (an operator's choice)
         self.debug_response_header = debug_response_header
         self.response_header = response_header
         self.response_body = response_body
@@ -96,7 +105,7 @@ class StreamOptions:
         self.grpc_stream_metrics = grpc_stream_metrics  # stream duration and completion-code metrics
         # BUFFERED: turn the response phases off per request (mode_override) when nothing reads them
         self.skip_unused_response_phases = (
-            skip_unused_response_phases and not response_header and not response_body
+            skip_unused_response_phases and not response_header and not response_body and not decision_header
         )
 
 
@@ -469,6 +478,7 @@ class _Stream:
         if FALLBACK_HEADER in client and not routing.fallback:  # a client's copy never steers a retry
             remove.append(FALLBACK_HEADER)
         scores = self.opts.emit_endpoint_scores and routing.result is not None
+        decision = routing.decision if self.opts.decision_metadata else None
         rewritten = routing.model_changed and request is not None
         reply = replies.routing_reply(
             routing.destination,
@@ -476,9 +486,11 @@ class _Stream:
             set_headers=set_headers,
             remove=remove,
             body=routing.body if self.req_mode == BUFFERED and routing.body_changed else None,
-            private=scores or rewritten,
+            private=scores or rewritten or decision is not None,
             fallback=routing.fallback,
         )
+        if decision is not None:
+            replies.add_dynamic_metadata(reply, {LB_NAMESPACE: {DECISION_KEY: decision.metadata()}})
         if rewritten:
             assert request is not None
             replies.add_rewrite_metadata(reply, request.incoming_model, request.target_model)
@@ -546,7 +558,12 @@ class _Stream:
     def _response_headers(self, req: ep.ProcessingRequest) -> list[ep.ProcessingResponse]:
         opts, routing = self.opts, self.routing
         reverse = self.reverse = self._reverse_models()
-        if not opts.response_header and not opts.response_body and reverse is None:
+        if (
+            not opts.response_header
+            and not opts.response_body
+            and reverse is None
+            and not opts.decision_header
+        ):
             # Nothing looks at the response: only note whether its body will be an event stream.
             request = routing.request if routing is not None else None
             sse, self.resp_length = _scan_response_headers(req.response_headers)
@@ -570,6 +587,8 @@ class _Stream:
         set_headers: dict[str, str] = {}
         if self.opts.debug_response_header:
             set_headers[DEBUG_RESPONSE_HEADER] = "true"
+        if opts.decision_header and routing is not None and routing.decision is not None:
+            set_headers[DECISION_HEADER] = routing.decision.summary()
         if self.opts.response_header and request is not None:
             before = dict(headers)
             endpoint = routing.endpoints[0] if routing and routing.endpoints else None
@@ -776,6 +795,9 @@ class _Stream:
         if self.resp_cpu > 0.0:
             _RESPONSE_PROCESSING.observe(self.resp_cpu)
         self.director.release_in_flight(routing)
+        if self.error is not None or (self.response is not None and self.response.status >= 500):
+            for e in routing.endpoints:
+                self.director.activity.error(e.hostport)
         if key is not None and routing.request is not None:
             metrics.RUNNING_REQUESTS.at(key).dec()
             metrics.REQUEST_DURATION.at(key).observe(time.monotonic() - self.t_received)

@@ -48,6 +48,11 @@ class Health:
     def ready(self) -> bool:
         return all(ok for ok, _ in self._conditions.values())
 
+    @property
+    def serving(self) -> bool:
+        """What the gRPC health service says now (``/readyz`` on the metrics port)."""
+        return self._published is True
+
     def reasons(self) -> list[str]:
         return [f"{name}: {why}" for name, (ok, why) in self._conditions.items() if not ok]
 

@@ -204,6 +204,37 @@ def test_epp_run_serves_and_ctrl_c_stops_everything(epp_run: RunningStack) -> No
         request(f"{url}/v1/chat/completions", "POST", more, {"content-type": "application/json"})
         time.sleep(0.2)
 
+    # The banner names the config file the EPP watches (hot reload under epp run): a broken edit is
+    # seen and refused while the stack keeps serving.
+    config_line = re.search(r"config +(\S+) +\(the EPP's config", epp_run.output)
+    assert config_line is not None, epp_run.output
+    config_path = Path(config_line.group(1))
+    assert config_path.parent == socket_path.parent and "file-discovery" in config_path.read_text()
+
+    def reloads(result: str) -> float:
+        return sum(
+            float(line.rpartition(" ")[2])
+            for line in request(metrics_url).body.decode().splitlines()
+            if line.startswith(f'llm_d_epp_config_reloads_total{{result="{result}"}}')
+        )
+
+    broken = config_path.with_suffix(".tmp")
+    broken.write_text(config_path.read_text() + "\nschedulingProfiles: 42\n")
+    broken.replace(config_path)
+    deadline = time.monotonic() + 15
+    while reloads("invalid") < 1:
+        assert time.monotonic() < deadline, "the EPP did not see the edited config file"
+        time.sleep(0.2)
+    resp = request(
+        f"{url}/v1/chat/completions", "POST", chat_body(marker()), {"content-type": "application/json"}
+    )
+    assert resp.status == 200, resp
+    # The metrics port's probes say what gRPC health says; other paths are 404
+    metrics_base = metrics_url.removesuffix("/metrics")
+    assert request(f"{metrics_base}/healthz").status == 200
+    assert request(f"{metrics_base}/readyz").body == b"serving\n"
+    assert request(f"{metrics_base}/no-such-page").status == 404
+
     epp_run.proc.send_signal(signal.SIGINT)
     assert epp_run.proc.wait(30) == 0, epp_run.output
     still_listening = [p for p in _all_ports(epp_run) if _listening(p)]

@@ -507,6 +507,10 @@ def http_connection_manager(
         },
         "route_config": routes,
         "http_filters": filters,
+        # The client's x-request-id is kept (else Envoy makes one) and returned in the response: the
+        # id the EPP's decision log and /debug/decisions show.
+        "preserve_external_request_id": True,
+        "always_set_request_id_in_response": True,
     }
     if stripped_headers:
         hcm["early_header_mutation_extensions"] = [strip_headers_extension(stripped_headers)]
@@ -584,6 +588,7 @@ _ACCESS_LOG_FORMAT = {
     "upstream_cluster": "%UPSTREAM_CLUSTER%",
     "duration_ms": "%DURATION%",
     "request_id": "%REQ(X-REQUEST-ID)%",
+    "epp_decision": "%DYNAMIC_METADATA(envoy.lb:epp.decision:summary)%",  # why the EPP picked the endpoint
 }
 
 

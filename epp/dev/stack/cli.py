@@ -286,6 +286,7 @@ epp stack ready ({o.body_mode}, fail-{"open" if o.fail_open else "closed"}{_rout
 {_epps(stack)}
   simulators {sims}  (model {o.model!r})
   endpoints  {stack.endpoints_file}  (edit it to add or remove endpoints)
+  config     {stack.config_file}  (the EPP's config: edits apply without a restart)
   logs       {stack.supervisor.log_dir}
 
 Try:

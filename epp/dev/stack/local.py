@@ -363,6 +363,7 @@ class LocalStack(Stack):
         self.opts = opts if opts.socket_dir else replace(opts, socket_dir=str(workdir))
         self.endpoints_file = workdir / "endpoints.yaml"
         self.envoy_file = workdir / "envoy.yaml"
+        self.config_file = workdir / "epp-config.yaml"  # the EPPs watch it: edits apply without a restart
         self.sims: list[Child] = []
         self.epps: list[Child] = []
         self.epp: Child | None = None  # the first replica
@@ -413,7 +414,8 @@ class LocalStack(Stack):
                     health_port=ports.health,
                     metrics_port=ports.metrics,
                     config=config,
-                    extra=["--grpc-socket", ports.socket, *o.epp_args],
+                    extra=["--grpc-socket", ports.socket, "--watch-config-file", *o.epp_args],
+                    config_file=self.config_file,
                     restart=restart,
                 )
             )
