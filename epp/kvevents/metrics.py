@@ -162,6 +162,10 @@ POOL_QUEUE_DEPTH = promlite.Gauge(
     "llm_d_epp_kv_cache_events_pool_queue_depth",
     _help("Total number of messages queued across all worker shards"),
 )
+# The index forwards every removed hash to eviction (no tier keeps a removed block alive), so nothing
+# is suppressed: the reference's counter is served at 0, as the forwarded one before its first event.
+DEDUP_SUPPRESSED.labels()
+DEDUP_FORWARDED.labels()
 POOL_CAPACITY = promlite.Gauge(
     "llm_d_epp_kv_cache_events_pool_capacity",
     _help("Number of worker shards (capacity) in the event processing pool"),
