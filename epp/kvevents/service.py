@@ -284,6 +284,7 @@ class KVEventsIngester:
             if target.key in self.streams:
                 self._close_stream(target.key)
             return
+        metrics.seed_subscriber(target.key)
         endpoint = self._endpoint_of(target, self.socket_port, target.events_port)
         stream = self.streams.get(target.key)
         if stream is not None:

@@ -13,6 +13,7 @@ from epp.framework.interfaces import Filter, Picker, Scorer
 from epp.framework.request import LLMRequest
 from epp.framework.results import CycleState, ProfileRunResult, ScoredEndpoint
 from epp.scheduling.data_scope import scope_of
+from epp.scheduling.scorer_metrics import ScorerMetrics
 
 # (extension_point, plugin, seconds) -> None; set by the server to feed the plugin-duration metric.
 PluginTimer = Callable[[str, object, float], None]
@@ -45,6 +46,7 @@ class SchedulerProfile:
     tracer: Any = None
     record_scores: bool = False  # set ProfileRunResult.scores (--emit-endpoint-scores)
     explain: bool = False  # --log-level=debug: record why it picked what it picked (EXPLANATIONS_KEY)
+    _metrics: ScorerMetrics | None = None  # bound on the first run (the scorers are set by then)
 
     def run(self, cycle: CycleState, request: LLMRequest, candidates: list[Endpoint]) -> ProfileRunResult:
         """Run the profile; raises ``SchedulingError`` when it cannot pick an endpoint."""
@@ -75,6 +77,16 @@ class SchedulerProfile:
         entry["picked"] = [e.metadata.name for e in result.target_endpoints]
         return result
 
+    def _record_scorers(self, rows: list[Any], endpoints: list[Endpoint], picked: Endpoint) -> None:
+        metrics = self._metrics
+        if metrics is None:
+            scorers = [(ws.scorer.type_name, ws.scorer.name) for ws in self.scorers]
+            metrics = self._metrics = ScorerMetrics(self.name, scorers)
+        for i, e in enumerate(endpoints):
+            if e is picked:
+                metrics.record([ws.weight for ws in self.scorers], rows, i)
+                return
+
     def _run(
         self,
         cycle: CycleState,
@@ -103,6 +115,7 @@ class SchedulerProfile:
 
         n = len(endpoints)
         totals = [0.0] * n
+        rows: list[Any] = []  # each scorer's scores (the per-scorer metrics)
         if spans is not None:
             spans.scoring(request, len(self.scorers), endpoints)
         for ws in self.scorers:
@@ -125,6 +138,7 @@ class SchedulerProfile:
                 raise SchedulingError(
                     f"scorer '{ws.scorer.name}' returned {len(scores)} scores for {n} endpoints"
                 )
+            rows.append(scores)
             w = ws.weight
             for i, s in enumerate(scores):
                 if s > 0.0:
@@ -145,6 +159,8 @@ class SchedulerProfile:
             timer("Picker", self.picker, time.perf_counter() - t0)
         if not result.target_endpoints:
             raise SchedulingError(f"picker '{self.picker.name}' returned no endpoint")
+        if rows:
+            self._record_scorers(rows, endpoints, result.target_endpoints[0])
         if self.record_scores and result.scores is None:
             by_id = {id(e): s for e, s in zip(endpoints, totals, strict=True)}
             result.scores = [by_id.get(id(e), 0.0) for e in result.target_endpoints]
