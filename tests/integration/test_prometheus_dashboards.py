@@ -134,7 +134,7 @@ def _config(redis_address: str) -> dict[str, Any]:
         "flowControl": {
             "saturationDetector": {"pluginRef": "gate"},
             "defaultPriorityBand": {"fairnessPolicyRef": "fair"},
-            "defaultRequestTTL": "2s",  # once the engines are dead, queued requests give up soon
+            "defaultRequestTTL": "4s",  # once the engines are dead, queued requests give up soon
         },
         "dataLayer": {
             "crossReplica": {"syncerPluginRef": "shared", "syncInterval": "200ms"},
@@ -302,7 +302,7 @@ def test_dashboards_have_data_and_alerts_fire_on_the_fault(
     fired: set[str] = set()
 
     def fire(expected: set[str]) -> bool:
-        _traffic([shipped, gateway], 20, workers=4)
+        _traffic([shipped, gateway], 8, workers=4)
         fired.update(prom.firing())
         return expected <= fired
 
