@@ -79,7 +79,7 @@ class SchedulerProfile:
 
     def _record_scorers(self, rows: list[Any], endpoints: list[Endpoint], picked: Endpoint) -> None:
         metrics = self._metrics
-        if metrics is None:
+        if metrics is None or metrics.size != len(rows):  # bound on the first run, again if scorers change
             scorers = [(ws.scorer.type_name, ws.scorer.name) for ws in self.scorers]
             metrics = self._metrics = ScorerMetrics(self.name, scorers)
         for i, e in enumerate(endpoints):

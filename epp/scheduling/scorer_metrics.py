@@ -38,6 +38,10 @@ class ScorerMetrics:
         self._agreed = [PICKS.labels(profile, t, n, "true") for t, n in scorers]
         self._disagreed = [PICKS.labels(profile, t, n, "false") for t, n in scorers]
 
+    @property
+    def size(self) -> int:
+        return len(self._score)
+
     def record(self, weights: Sequence[float], scores: Sequence[Sequence[float]], picked: int) -> None:
         """``scores[k]``: scorer ``k``'s raw scores of the candidates; ``picked``: the index picked."""
         for k, row in enumerate(scores):
