@@ -295,7 +295,8 @@ def test_dashboards_have_data_and_alerts_fire_on_the_fault(
     assert not own_empty, "\n".join(own_empty)
 
     # The fault: every engine dies (Envoy answers 503: errors the EPP counts), then the pool empties.
-    assert not (ENGINES_DEAD | POOL_EMPTY) & before_fault, before_fault
+    # (passive health may already eject the engine that injects errors, for a second at a time)
+    assert not (ENGINES_DEAD | POOL_EMPTY) - {"EppEndpointsEjected"} & before_fault, before_fault
     unavailable = _errors(prom, f'pod="epp-0", error_code="ServiceUnavailable", model_name="{MODEL}"')
     for sim in sims:
         sim.child.stop()
