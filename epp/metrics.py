@@ -15,6 +15,7 @@ from prometheus_client import REGISTRY, CollectorRegistry
 from prometheus_client.core import GaugeMetricFamily, Metric
 
 from epp import labels, promlite
+from epp.framework.errors import ErrorCode
 
 if TYPE_CHECKING:
     from epp.framework import Endpoint
@@ -491,6 +492,28 @@ def enable_grpc_stream_metrics() -> None:
     if not _grpc_stream_metrics_on:
         _grpc_stream_metrics_on.append(True)
         promlite.register(*_GRPC_STREAM_METRICS)
+        EXTPROC_STREAM_DURATION.labels()
+        for code in ("OK", "Canceled", "Unknown", "DeadlineExceeded", "FailedPrecondition"):
+            EXTPROC_STREAMS_TOTAL.labels(code)
+
+
+# Error counters are served at 0 for every label set known before its first error (a rate() over a
+# series that appears with its first increment misses that increment, and panels read "No data"):
+# every code for a request rejected before it was parsed; the common ones for each request key seen.
+_NO_KEY = ("", "", "", "")
+SEEDED_ERROR_CODES = ("BadRequest", "ResourceExhausted", "Internal", "ServiceUnavailable")
+for _code in ErrorCode:
+    REQUEST_ERROR_TOTAL.at((*_NO_KEY, _code.text))
+_seeded_keys: set[tuple[str, ...]] = set()
+
+
+def seed_errors(key: tuple[str, str, str, str]) -> None:
+    """Serve the common error series of a request key at 0 (once per key; keys are bounded)."""
+    if key in _seeded_keys:
+        return
+    _seeded_keys.add(key)
+    for code in SEEDED_ERROR_CODES:
+        REQUEST_ERROR_TOTAL.at((*key, code))
 
 
 def request_key(model: str, target: str, fairness_id: str, priority: int) -> tuple[str, str, str, str]:

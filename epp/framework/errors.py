@@ -38,6 +38,7 @@ class InferenceError(Exception):
         self.code = code
         self.message = message
         self.headers: Mapping[str, str] = headers or {}
+        self.model = ""  # the model the rejected request's body named, for the error metrics' labels
 
     def __str__(self) -> str:
         return f"inference error: {self.code.text} - {self.message}"

@@ -32,6 +32,9 @@ _KINDS = _INDEXABLE | {
 }
 
 
+metrics.seed_skipped(sorted(_INDEXABLE), sorted(_KINDS - _INDEXABLE))
+
+
 def _kind_label(kind: str | None) -> str:
     """A bounded ``cache_kind`` label value (an engine's unknown kind is ``unknown``)."""
     return kind if kind in _KINDS else "unknown"

@@ -8,6 +8,7 @@ live indexes at scrape time (nothing is recorded per block).
 from __future__ import annotations
 
 import weakref
+from collections.abc import Iterable
 from typing import Any
 
 from epp import promlite
@@ -26,6 +27,8 @@ __all__ = [
     "STORES_SKIPPED",
     "ZMQ_ERRORS",
     "drop_subscriber",
+    "seed_skipped",
+    "seed_subscriber",
     "track_index",
 ]
 
@@ -162,6 +165,10 @@ POOL_QUEUE_DEPTH = promlite.Gauge(
     "llm_d_epp_kv_cache_events_pool_queue_depth",
     _help("Total number of messages queued across all worker shards"),
 )
+# The index forwards every removed hash to eviction (no tier keeps a removed block alive), so nothing
+# is suppressed: the reference's counter is served at 0, as the forwarded one before its first event.
+DEDUP_SUPPRESSED.labels()
+DEDUP_FORWARDED.labels()
 POOL_CAPACITY = promlite.Gauge(
     "llm_d_epp_kv_cache_events_pool_capacity",
     _help("Number of worker shards (capacity) in the event processing pool"),
@@ -203,6 +210,35 @@ promlite.register(
     ),
     owners=("precise-prefix-cache-producer",),
 )
+
+
+# The per-subscriber error operations, served at 0 from the subscription on (``seed_subscriber``).
+SUBSCRIBER_ERRORS = ("connect", "frame", "gap", "decode", "apply")
+REPLAY_FAILURES = ("replay-timeout", "replay-overflow", "replay-connect", "replay-incomplete")
+
+
+def seed_subscriber(pod: str) -> None:
+    """Serve a new subscriber's reconnection, message and error series at 0 before their first event."""
+    RECONNECTIONS.labels(pod)
+    MESSAGES_RECEIVED.labels(pod)
+    for operation in SUBSCRIBER_ERRORS:
+        ZMQ_ERRORS.labels(pod, operation)
+    for reason in (*SUBSCRIBER_ERRORS, "restart", *REPLAY_FAILURES):
+        ENDPOINT_CLEARS.labels(pod, reason)
+    for outcome in ("complete", "failed"):
+        REPLAYS.labels(pod, outcome)
+
+
+def seed_skipped(indexable: Iterable[str], other: Iterable[str]) -> None:
+    """Serve the skipped-event series an engine can cause at 0: each cache kind with the reasons it
+    can be skipped for."""
+    for kind in indexable:
+        for reason in ("invalid_block_size", "non_dense_block_span", "unknown_parent"):
+            STORES_SKIPPED.labels(kind, reason)
+    for kind in other:
+        STORES_SKIPPED.labels(kind, "unsupported_cache_kind")
+        REMOVALS_SKIPPED.labels(kind, "unsupported_cache_kind")
+    REMOVALS_SKIPPED.labels("unknown", "unknown_group")
 
 
 def drop_subscriber(pod: str) -> None:

@@ -284,6 +284,7 @@ class KVEventsIngester:
             if target.key in self.streams:
                 self._close_stream(target.key)
             return
+        metrics.seed_subscriber(target.key)
         endpoint = self._endpoint_of(target, self.socket_port, target.events_port)
         stream = self.streams.get(target.key)
         if stream is not None:
@@ -396,7 +397,7 @@ class KVEventsIngester:
             received.inc()
             if self.streams.get(key) is not stream:
                 return
-            msg = self._frames(frames, key)
+            msg = self._frames(frames, None)
             if msg is None:
                 self._lost(stream.seq, "frame", "malformed KV-events frame", frames=len(frames))
                 continue
@@ -421,9 +422,12 @@ class KVEventsIngester:
                 seq = self._central_seq[pod] = _Seq(pod)
             self._sequence(seq, topic, seq_no, payload)
 
-    def _frames(self, frames: list[bytes], key: str) -> tuple[str, int, bytes] | None:
+    def _frames(self, frames: list[bytes], key: str | None) -> tuple[str, int, bytes] | None:
+        """The (topic, sequence number, payload) of a message; a malformed one is counted as a
+        ``frame`` error here when ``key`` is given (``None``: the caller's ``_lost`` counts it)."""
         if len(frames) != 3 or len(frames[1]) != 8:
-            metrics.ZMQ_ERRORS.labels(key, "frame").inc()
+            if key is not None:
+                metrics.ZMQ_ERRORS.labels(key, "frame").inc()
             return None
         return frames[0].decode("utf-8", "replace"), int.from_bytes(frames[1], "big"), frames[2]
 

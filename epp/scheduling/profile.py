@@ -14,6 +14,7 @@ from epp.framework.request import LLMRequest
 from epp.framework.results import CycleState, ProfileRunResult, ScoredEndpoint
 from epp.scheduling.data_scope import scope_of
 from epp.scheduling.decision import DECISION_KEY, Recorded
+from epp.scheduling.scorer_metrics import ScorerMetrics
 
 # (extension_point, plugin, seconds) -> None; set by the server to feed the plugin-duration metric.
 PluginTimer = Callable[[str, object, float], None]
@@ -47,6 +48,7 @@ class SchedulerProfile:
     record_scores: bool = False  # set ProfileRunResult.scores (--emit-endpoint-scores)
     explain: bool = False  # --log-level=debug: record why it picked what it picked (EXPLANATIONS_KEY)
     decide: bool = False  # record each run's Decision (DECISION_KEY): explainable decisions
+    _metrics: ScorerMetrics | None = None  # bound on the first run (the scorers are set by then)
 
     def run(self, cycle: CycleState, request: LLMRequest, candidates: list[Endpoint]) -> ProfileRunResult:
         """Run the profile; raises ``SchedulingError`` when it cannot pick an endpoint."""
@@ -77,6 +79,16 @@ class SchedulerProfile:
         entry["picked"] = [e.metadata.name for e in result.target_endpoints]
         return result
 
+    def _record_scorers(self, rows: list[Any], endpoints: list[Endpoint], picked: Endpoint) -> None:
+        metrics = self._metrics
+        if metrics is None or metrics.size != len(rows):  # bound on the first run, again if scorers change
+            scorers = [(ws.scorer.type_name, ws.scorer.name) for ws in self.scorers]
+            metrics = self._metrics = ScorerMetrics(self.name, scorers)
+        for i, e in enumerate(endpoints):
+            if e is picked:
+                metrics.record([ws.weight for ws in self.scorers], rows, i)
+                return
+
     def _run(
         self,
         cycle: CycleState,
@@ -106,6 +118,7 @@ class SchedulerProfile:
         n = len(endpoints)
         totals = [0.0] * n
         raw: list[Any] | None = [] if self.decide else None
+        rows: list[Any] = []  # each scorer's scores (the per-scorer metrics)
         if spans is not None:
             spans.scoring(request, len(self.scorers), endpoints)
         for ws in self.scorers:
@@ -130,6 +143,7 @@ class SchedulerProfile:
                 raise SchedulingError(
                     f"scorer '{ws.scorer.name}' returned {len(scores)} scores for {n} endpoints"
                 )
+            rows.append(scores)
             w = ws.weight
             for i, s in enumerate(scores):
                 if s > 0.0:
@@ -153,6 +167,8 @@ class SchedulerProfile:
         if raw is not None:  # references only: the explanation is built when something shows it
             recorded = Recorded(self.name, self.scorers, raw, endpoints, totals, result.target_endpoints)
             cycle.setdefault(DECISION_KEY, []).append(recorded)
+        if rows:
+            self._record_scorers(rows, endpoints, result.target_endpoints[0])
         if self.record_scores and result.scores is None:
             by_id = {id(e): s for e, s in zip(endpoints, totals, strict=True)}
             result.scores = [by_id.get(id(e), 0.0) for e in result.target_endpoints]

@@ -125,6 +125,16 @@ def _slo_ms(headers: Mapping[str, str], names: tuple[str, ...]) -> float:
     return value
 
 
+def _named_model(raw: bytes) -> str:
+    """The ``model`` a rejected JSON body names ("" if none): only on the error path."""
+    try:
+        payload = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return ""
+    model = payload.get("model") if isinstance(payload, dict) else None
+    return model if isinstance(model, str) else ""
+
+
 def _json_type(value: object) -> str:
     """The JSON type name of a decoded value."""
     if isinstance(value, bool):
@@ -322,7 +332,11 @@ class Director:
             raise InferenceError(
                 ErrorCode.BAD_REQUEST, f"no parser registered matching path suffix for: {path}"
             )
-        body = parser.parse_request(raw, headers)
+        try:
+            body = parser.parse_request(raw, headers)
+        except InferenceError as e:
+            e.model = _named_model(raw)
+            raise
         if body is None:
             return self.route_random(metadata, raw)
 

@@ -21,7 +21,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
 from google.protobuf.message import DecodeError
 
-from epp import metrics, tracing
+from epp import labels, metrics, tracing
 from epp.framework import (
     ErrorCode,
     InferenceError,
@@ -158,17 +158,34 @@ def _headers(msg: ep.HttpHeaders) -> dict[str, str]:
     return out
 
 
-def _scan_response_headers(msg: ep.HttpHeaders) -> tuple[bool, int]:
-    """(content-type is SSE, content-length or -1), without building the header map."""
-    sse, length = False, -1
+def _scan_response_headers(msg: ep.HttpHeaders) -> tuple[bool, int, int]:
+    """(content-type is SSE, content-length or -1, :status or 0), without building the header map."""
+    sse, length, status = False, -1, 0
     for h in msg.headers.headers:
         key = h.key
-        if key == "content-type":
+        if key == ":status":
+            raw = h.raw_value or h.value.encode()
+            status = int(raw) if raw.isdigit() else 0
+        elif key == "content-type":
             sse = b"text/event-stream" in h.raw_value or "text/event-stream" in h.value
         elif key == "content-length":
             raw = h.raw_value or h.value.encode()
             length = int(raw) if raw.isdigit() else -1
-    return sse, length
+    return sse, length, status
+
+
+# ``error_code`` of a failed response that reached the client from upstream (an engine's error
+# status, or Envoy's own reply when the engine reset, refused or timed out): the code of the same
+# HTTP status where the reference has one.
+_STATUS_ERROR_CODES = {code.http_status: code.text for code in ErrorCode}
+_STATUS_ERROR_CODES[504] = "DeadlineExceeded"
+
+
+def upstream_error_code(status: int) -> str | None:
+    """The ``error_code`` a response status counts under, ``None`` for a success (below 400)."""
+    if status < 400:
+        return None
+    return _STATUS_ERROR_CODES.get(status) or ("ModelServerError" if status >= 500 else "BadRequest")
 
 
 _STREAMS_OPEN = metrics.EXTPROC_STREAMS_INFLIGHT.labels()
@@ -179,6 +196,16 @@ _REQUEST_PROCESSING = metrics.REQUEST_PROCESSING.labels()
 _RESPONSE_PROCESSING = metrics.RESPONSE_PROCESSING.labels()
 _STREAM_DURATION = metrics.EXTPROC_STREAM_DURATION.labels()
 _NO_KEY = ("", "", "", "")  # request metric labels of a stream rejected before its request was parsed
+
+
+def _error_key(error: InferenceError) -> tuple[str, str, str, str]:
+    """The labels of a request rejected before it was built: the model its body named, if any."""
+    model = error.model
+    if not model:
+        return _NO_KEY
+    bound = labels.MODEL_NAMES.bound(model)
+    return (bound, bound, "", "")
+
 
 # Replies that never change, built once.
 _RESPONSE_HEADERS_DEBUG = replies.response_headers_reply({DEBUG_RESPONSE_HEADER: "true"})
@@ -233,6 +260,7 @@ class _Stream:
         "resp_buffer",
         "resp_cpu",
         "resp_eos",
+        "resp_error",
         "resp_length",
         "resp_mode",
         "resp_size",
@@ -287,6 +315,7 @@ class _Stream:
         self.resp_length = -1  # content-length of the response headers
         self.resp_size = 0  # response-body bytes seen
         self.resp_eos = False  # the response body's end was seen
+        self.resp_error: str | None = None  # error_code of a failed response status (counted at the end)
         self.t_first = 0.0  # monotonic time of the first / latest response-body chunk
         self.t_last = 0.0
         self.usage: UsageReader | None = None
@@ -525,6 +554,7 @@ class _Stream:
         if r is not None:
             key = self.mkey = metrics.request_key(r.incoming_model, r.target_model, r.fairness_id, r.priority)
             metrics.REQUEST_TOTAL.at(key).inc()
+            metrics.seed_errors(key)
             metrics.REQUEST_SIZES.at(key).observe(len(routing.body))
             metrics.RUNNING_REQUESTS.at(key).inc()
 
@@ -566,8 +596,10 @@ class _Stream:
         ):
             # Nothing looks at the response: only note whether its body will be an event stream.
             request = routing.request if routing is not None else None
-            sse, self.resp_length = _scan_response_headers(req.response_headers)
+            sse, self.resp_length, code = _scan_response_headers(req.response_headers)
             self.resp_streaming = bool(request is not None and request.stream) or sse
+            if code >= 400:
+                self.resp_error = upstream_error_code(code)
             if self.span is not None:
                 tracing.response_status(self.span, _headers(req.response_headers).get(":status", ""))
             return [_RESPONSE_HEADERS_DEBUG if opts.debug_response_header else _RESPONSE_HEADERS_PLAIN]
@@ -578,6 +610,8 @@ class _Stream:
         self.response = response = ResponseInfo(
             headers=headers, status=int(status) if status.isdigit() else 0
         )
+        if response.status >= 400:
+            self.resp_error = upstream_error_code(response.status)
         if self.span is not None:
             tracing.response_status(self.span, status)
         request = routing.request if routing is not None else None
@@ -789,7 +823,11 @@ class _Stream:
             r = self.request
             if key is None and r is not None:
                 key = metrics.request_key(r.incoming_model, r.target_model, r.fairness_id, r.priority)
-            metrics.REQUEST_ERROR_TOTAL.at((*(key or _NO_KEY), self.error.code.text)).inc()
+            if key is None:
+                key = _error_key(self.error)
+            metrics.REQUEST_ERROR_TOTAL.at((*key, self.error.code.text)).inc()
+        elif self.resp_error is not None and key is not None:
+            metrics.REQUEST_ERROR_TOTAL.at((*key, self.resp_error)).inc()
         if routing is None:  # also a response-rewrite stream: its request is counted by its routing stream
             return
         if self.resp_cpu > 0.0:

@@ -53,7 +53,9 @@ DOCS = REPO / "docs" / "deploy.md"
 DOCKERFILE = REPO / "Dockerfile"
 PYPROJECT = REPO / "pyproject.toml"
 
-KUSTOMIZATIONS = ("base", "vllm", "inferencepool", "ha", "standalone", "cert-manager", "shared-state", "pd")
+KUSTOMIZATIONS = (
+    "base", "vllm", "inferencepool", "ha", "standalone", "cert-manager", "shared-state", "monitoring", "pd",
+)  # fmt: skip
 # The oldest Kubernetes version docs/deploy.md supports, and the newest the validator bundles.
 K8S_VERSIONS = ("1.29", kubernetes_validate.latest_version())
 
@@ -472,7 +474,56 @@ CERTIFICATE_V1 = _object(
     },
 )
 
+# Prometheus Operator ``monitoring.coreos.com/v1`` ServiceMonitor, from its API reference: the fields
+# this manifest uses and no unknown ones.
+SERVICE_MONITOR_V1 = _object(
+    "monitoring.coreos.com/v1",
+    "ServiceMonitor",
+    {
+        "type": "object",
+        "required": ["selector", "endpoints"],
+        "additionalProperties": False,
+        "properties": {
+            "selector": {
+                "type": "object",
+                "additionalProperties": False,
+                "properties": {
+                    "matchLabels": {"type": "object", "additionalProperties": {"type": "string"}},
+                    "matchExpressions": {
+                        "type": "array",
+                        "items": {
+                            "type": "object",
+                            "required": ["key", "operator"],
+                            "additionalProperties": False,
+                            "properties": {
+                                "key": {"type": "string"},
+                                "operator": {"enum": ["In", "NotIn", "Exists", "DoesNotExist"]},
+                                "values": {"type": "array", "items": {"type": "string"}},
+                            },
+                        },
+                    },
+                },
+            },
+            "endpoints": {
+                "type": "array",
+                "minItems": 1,
+                "items": {
+                    "type": "object",
+                    "additionalProperties": False,
+                    "properties": {
+                        "port": {"type": "string"},
+                        "path": {"type": "string"},
+                        "interval": _GO_DURATION,
+                        "scrapeTimeout": _GO_DURATION,
+                    },
+                },
+            },
+        },
+    },
+)
+
 CRD_SCHEMAS: dict[tuple[str, str], dict[str, Any]] = {
+    ("monitoring.coreos.com/v1", "ServiceMonitor"): SERVICE_MONITOR_V1,
     ("inference.networking.k8s.io/v1", "InferencePool"): INFERENCE_POOL_V1,
     ("gateway.networking.k8s.io/v1", "HTTPRoute"): HTTP_ROUTE_V1,
     ("cert-manager.io/v1", "Issuer"): ISSUER_V1,

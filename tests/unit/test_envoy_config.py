@@ -86,11 +86,12 @@ def test_default_is_the_lean_sidecar_layout() -> None:
     listener = b["static_resources"]["listeners"][0]
     assert listener["address"]["socket_address"] == {"address": "127.0.0.1", "port_value": 8081}
     assert b["admin"]["address"]["socket_address"] == {"address": "127.0.0.1", "port_value": 19000}
-    assert _filter_names(b) == ["envoy.filters.http.ext_proc", ec.REWRITE_FILTER, "envoy.filters.http.router"]
+    # the response-headers reply asks for a rewritten response's body: no second filter
+    assert _filter_names(b) == ["envoy.filters.http.ext_proc", "envoy.filters.http.router"]
     ext = _filters(b)["envoy.filters.http.ext_proc"]
-    assert ext["processing_mode"] == {  # the whole body in one message, no response phase
+    assert ext["processing_mode"] == {  # the whole body in one message; the response headers only
         "request_header_mode": "SEND",
-        "response_header_mode": "SKIP",
+        "response_header_mode": "SEND",
         "request_body_mode": "BUFFERED",
         "response_body_mode": "NONE",
         "response_trailer_mode": "SEND",
@@ -106,8 +107,15 @@ def test_default_is_the_lean_sidecar_layout() -> None:
         "forwarding_namespaces": {"untyped": ["envoy.lb", "envoy.lb.subset_hint"]},
     }
     routes = _routes(b)
-    assert [r["name"] for r in routes] == ["epp-rewritten", "epp-picked"]
+    assert [r["name"] for r in routes] == ["epp-picked"]
     assert {r["route"]["cluster"] for r in routes} == {"epp_destination"}  # the fail-over cluster
+    lean = ec.envoy_bootstrap(response_header_mode="SKIP")  # the opt-out: no response phase at all
+    assert _filter_names(lean) == [
+        "envoy.filters.http.ext_proc",
+        ec.REWRITE_FILTER,
+        "envoy.filters.http.router",
+    ]
+    assert [r["name"] for r in _routes(lean)] == ["epp-rewritten", "epp-picked"]
     assert {r["route"]["cluster"] for r in _routes(ec.envoy_bootstrap(failover=False))} == {
         "original_destination_cluster"
     }
@@ -148,7 +156,7 @@ def test_every_bootstrap_keeps_the_stream_open_to_the_response_end(body_mode: st
 
 @pytest.mark.parametrize("body_mode", ["FULL_DUPLEX_STREAMED", "BUFFERED"])
 def test_the_rewrite_filter_is_off_except_on_the_rewritten_route(body_mode: str) -> None:
-    b = ec.envoy_bootstrap(body_mode=body_mode)  # BUFFERED: no response headers to ask in
+    b = ec.envoy_bootstrap(body_mode=body_mode, response_header_mode="SKIP")  # BUFFERED: nothing to ask in
     rewrite = _filters(b)[ec.REWRITE_FILTER]
     assert set(rewrite["processing_mode"].values()) == {"SKIP", "NONE"}
     assert rewrite["metadata_options"] == {"forwarding_namespaces": {"untyped": ["envoy.lb"]}}
@@ -172,7 +180,7 @@ def test_buffered_asks_for_rewritten_bodies_by_mode_override_instead() -> None:
 
 
 def test_a_frozen_epp_is_bounded() -> None:
-    b = ec.envoy_bootstrap()
+    b = ec.envoy_bootstrap(response_header_mode="SKIP")  # the opt-out: with the rewrite filter
     ext = _clusters(b)["ext_proc"]
     options = ext["typed_extension_protocol_options"][
         "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
@@ -237,7 +245,9 @@ def test_response_full_duplex_needs_response_trailers() -> None:
 
 
 def test_fail_open_routes_and_fallback_cluster() -> None:
-    b = ec.envoy_bootstrap(fail_open=True, fallback_endpoints=["127.0.0.1:8000", "[::1]:8001"])
+    b = ec.envoy_bootstrap(
+        fail_open=True, fallback_endpoints=["127.0.0.1:8000", "[::1]:8001"], response_header_mode="SKIP"
+    )
     assert _filters(b)["envoy.filters.http.ext_proc"]["failure_mode_allow"] is True
     rewritten, first, second = _routes(b)
     assert rewritten["name"] == "epp-rewritten"
@@ -296,7 +306,7 @@ def test_fail_open_needs_fallback_endpoints() -> None:
 
 
 def test_subset_hint_filter_runs_before_ext_proc() -> None:
-    b = ec.envoy_bootstrap(subset_hint_header="X-Subset")
+    b = ec.envoy_bootstrap(subset_hint_header="X-Subset", response_header_mode="SKIP")
     assert _filter_names(b) == [
         "envoy.filters.http.header_to_metadata",
         "envoy.filters.http.ext_proc",
@@ -421,8 +431,8 @@ def _config(*plugin_types: str) -> dict[str, Any]:
 @pytest.mark.parametrize(
     ("plugins", "header", "body"),
     [
-        ((), "SKIP", "NONE"),  # the default scheduling reads no response
-        (("session-affinity-scorer",), "SEND", "NONE"),  # sets a response header
+        ((), "SEND", "NONE"),  # the default scheduling: the response headers (status, size) only
+        (("session-affinity-scorer",), "SEND", "NONE"),  # sets a response header too
         (("predicted-latency-producer",), "SEND", "STREAMED"),  # learns from response bodies
     ],
 )
@@ -454,7 +464,7 @@ def test_epp_run_turns_on_response_bodies_for_a_body_plugin(tmp_path: Path) -> N
     assert mode["response_body_mode"] == "STREAMED"
     assert mode["request_body_mode"] == "BUFFERED"
     plain = _filters(LocalStack(StackOptions(), tmp_path).bootstrap())["envoy.filters.http.ext_proc"]
-    assert plain["processing_mode"]["response_header_mode"] == "SKIP"
+    assert plain["processing_mode"]["response_header_mode"] == "SEND"
 
 
 def test_failover_retries_once_on_the_fallback_cluster_and_logs_failed_attempts() -> None:

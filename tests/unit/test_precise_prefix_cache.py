@@ -11,6 +11,7 @@ from epp.framework import CycleState, ProfileRunResult, SchedulingResult
 from epp.framework.attributes import PREFIX_CACHE_MATCH_INFO_KEY, PrefixCacheMatchInfo, TokenizedPrompt
 from epp.framework.interfaces import EndpointEvent, EventType
 from epp.framework.params import decode_params
+from epp.plugins.producers import _prefix_metrics as pm
 from epp.plugins.producers.precise_prefix_cache import PrecisePrefixCacheParams, PrecisePrefixCacheProducer
 from tests.unit import factories as f
 from tests.unit.kv_publisher import Publisher, batch, free_port, stored
@@ -204,3 +205,24 @@ async def test_speculative_entries_for_decode_and_prefill_expire(
     await until(lambda: len(p.index) == 0, timeout=10)  # expired by the ingestion thread
     infos = (await _produce(p, _request(TOKENS), [d, pf]))[PREFIX_CACHE_MATCH_INFO_KEY]
     assert infos[d].match_blocks == 0
+
+
+async def test_the_picked_endpoints_predicted_cached_tokens_are_recorded(
+    producer: tuple[PrecisePrefixCacheProducer, int],
+) -> None:
+    p, _ = producer
+    cached = pm.PREDICTED_CACHED_TOKENS.labels("pp", p.type_name)
+    prompt = pm.PROMPT_TOKENS.labels("pp", p.type_name)
+    before = (cached.sum, prompt.sum, sum(prompt.counts))
+    d, other = f.endpoint("d", "127.0.0.7", 8000), f.endpoint("o", "127.0.0.6", 8000)
+    result = SchedulingResult({"decode": ProfileRunResult([d])}, primary_profile_name="decode")
+    cycle = await _produce(p, _request(TOKENS), [d, other])
+    p.pre_request(cycle, _request(TOKENS), result)  # nothing cached yet; speculative entries for d
+    cycle = await _produce(p, _request(TOKENS), [d, other])
+    assert cycle[PREFIX_CACHE_MATCH_INFO_KEY][d].match_blocks == 8
+    p.pre_request(cycle, _request(TOKENS), result)
+    assert (cached.sum, prompt.sum, sum(prompt.counts)) == (
+        before[0] + 8 * 4,
+        before[1] + 2 * len(TOKENS),
+        before[2] + 2,
+    )

@@ -105,7 +105,7 @@ def envoy_bootstrap(
     extproc_port: int = 9002,
     body_mode: str = DEFAULT_BODY_MODE,
     response_body_mode: str = "NONE",
-    response_header_mode: str = "SKIP",
+    response_header_mode: str = "SEND",
     fail_open: bool = False,
     fallback_endpoints: Sequence[str] = (),
     subset_hint_header: str | None = None,

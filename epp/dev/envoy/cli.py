@@ -56,7 +56,9 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m epp.dev.envoy
     parser.add_argument(
         "--response-header-mode",
         choices=HEADER_MODES,
-        help="override: response headers to the EPP (default: SEND only if a loaded plugin reads them)",
+        help="override: response headers to the EPP (default SEND: the EPP counts the failures that "
+        "reach the client by their status, and response sizes; SKIP saves one message pair per request, "
+        "and those errors then go uncounted)",
     )
     parser.add_argument(
         "--response-body-mode",

@@ -1,9 +1,12 @@
 """Which response phases the Envoy exchange needs, derived from a loaded EPP configuration.
 
-Every ext_proc message pair costs EPP CPU, so the generated bootstraps send the response headers
-only when a loaded plugin reads them (a ResponseHeaderProcessor) and the response body only when one
-reads it (a ResponseBodyProcessor, e.g. the predicted-latency producer). The response end (in-flight
-accounting) needs neither: ``response_trailer_mode: SEND`` keeps the stream open to the end.
+Every ext_proc message pair costs EPP CPU, so the generated bootstraps send the response body only
+when a loaded plugin reads it (a ResponseBodyProcessor, e.g. the predicted-latency producer). The
+response headers are always sent: their status is how a failure that reaches the client (an
+engine's error, Envoy's reply to a reset or a timeout) counts in the EPP's error metrics and its
+size in the response-size histogram (``epp envoy-config --response-header-mode SKIP`` opts out).
+The response end (in-flight accounting) needs neither: ``response_trailer_mode: SEND`` keeps the
+stream open to the end.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from epp.config.loader import LoadedConfig, load_config, load_config_file, load_
 class ResponseModes:
     """The ext_proc filter's ``response_header_mode`` and ``response_body_mode``."""
 
-    header: str = "SKIP"
+    header: str = "SEND"
     body: str = "NONE"
 
 
@@ -27,11 +30,9 @@ RESPONSE_BODY_MODE = "STREAMED"
 
 
 def response_modes(loaded: LoadedConfig) -> ResponseModes:
-    """SEND the headers for header or body plugins, STREAMED bodies for body plugins, else nothing."""
+    """SEND the headers (the error metrics read their status), STREAMED bodies for body plugins."""
     if loaded.needs_response_body:
         return ResponseModes("SEND", RESPONSE_BODY_MODE)
-    if loaded.response_header:
-        return ResponseModes("SEND", "NONE")
     return ResponseModes()
 
 

@@ -84,6 +84,25 @@ promlite.register(
     owners=("approx-prefix-cache-producer",),
 )
 
+# The precise producer's prediction for the endpoint it picked: prompt tokens believed cached there,
+# against the prompt's tokens (the reference's KV-cache dashboard divides their sums: a hit rate).
+TOKEN_BUCKETS = (
+    0, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072,
+)  # fmt: skip
+PREDICTED_CACHED_TOKENS = promlite.Histogram(
+    "llm_d_epp_prefix_predicted_cached_tokens",
+    "[ALPHA] Prompt tokens predicted to be in the picked endpoint's prefix cache, per request.",
+    PLUGIN_LABELS,
+    buckets=TOKEN_BUCKETS,
+)
+PROMPT_TOKENS = promlite.Histogram(
+    "llm_d_epp_prefix_prompt_tokens",
+    "[ALPHA] Prompt tokens of the requests the prefix cache was looked up for.",
+    PLUGIN_LABELS,
+    buckets=TOKEN_BUCKETS,
+)
+promlite.register(PREDICTED_CACHED_TOKENS, PROMPT_TOKENS, owners=("precise-prefix-cache-producer",))
+
 
 class PluginHits:
     """One plugin's hit histograms, bound once (``record_match`` per request)."""
@@ -106,3 +125,17 @@ def record_match(hits: PluginHits, matched_bytes: int, total_bytes: int) -> None
     hits.bytes.observe(matched_bytes)
     if total_bytes > 0:
         hits.ratio.observe(matched_bytes / total_bytes)
+
+
+class PredictedHits:
+    """One plugin's predicted-cached and prompt token histograms, bound once."""
+
+    __slots__ = ("cached", "prompt")
+
+    def __init__(self, plugin_name: str, plugin_type: str) -> None:
+        self.cached = PREDICTED_CACHED_TOKENS.labels(plugin_name, plugin_type)
+        self.prompt = PROMPT_TOKENS.labels(plugin_name, plugin_type)
+
+    def record(self, cached_tokens: int, prompt_tokens: int) -> None:
+        self.cached.observe(min(cached_tokens, prompt_tokens))
+        self.prompt.observe(prompt_tokens)

@@ -42,6 +42,7 @@ from epp.framework.params import OMIT_UNSET
 from epp.kvcache import HASH_ALGORITHMS, BlockKeyer, KVBlockIndex, PrefixKeyCache, block_extras
 from epp.kvevents import EventApplier, KVEventsIngester, Target
 from epp.kvevents import metrics as kv_metrics
+from epp.plugins.producers import _prefix_metrics
 
 __all__ = ["PrecisePrefixCacheParams", "PrecisePrefixCacheProducer"]
 
@@ -220,6 +221,9 @@ class PrecisePrefixCacheParams:
         return None
 
 
+_Predicted = tuple[int, dict[Endpoint, PrefixCacheMatchInfo]]  # prompt tokens, each endpoint's match
+
+
 @register
 class PrecisePrefixCacheProducer(DataProducer, PreRequest):
     """Produce matches the tokenized prompt against the KV-block index; PreRequest adds
@@ -270,6 +274,8 @@ class PrecisePrefixCacheProducer(DataProducer, PreRequest):
         self._speculative = params.speculative_indexing
         self._ttl = params.speculative_ttl_seconds
         self._state_key = f"{self.type_name}/{name}"
+        self._predicted_key = f"{self.type_name}/{name}/predicted"
+        self._predicted = _prefix_metrics.PredictedHits(name, self.type_name)
         self._warned = False
 
     # --- request path -------------------------------------------------------------------------
@@ -331,16 +337,23 @@ class PrecisePrefixCacheProducer(DataProducer, PreRequest):
                 if m is not None:
                     infos[e] = PrefixCacheMatchInfo(int(m.score + 1e-9), total, bs)  # 0.8 * 5 is 4
         cycle[PREFIX_CACHE_MATCH_INFO_KEY] = infos
+        cycle[self._predicted_key] = (len(prompt.token_ids), infos)
         if self._speculative:
             cycle[self._state_key] = keys
 
     def pre_request(self, cycle: CycleState, request: LLMRequest, result: SchedulingResult) -> None:
         keys: list[int] | None = cycle.pop(self._state_key, None)
+        predicted: _Predicted | None = cycle.pop(self._predicted_key, None)
+        primary = result.primary
+        if predicted is not None and primary is not None and primary.target_endpoints:
+            prompt_tokens, infos = predicted
+            info = infos.get(primary.target_endpoints[0])
+            cached = info.match_blocks * info.block_size_tokens if info is not None else 0
+            self._predicted.record(cached, prompt_tokens)
         now = time.monotonic()
         self.index.expire(now)
         if not keys:
             return
-        primary = result.primary
         if primary is None or not primary.target_endpoints:
             return
         expires = now + self._ttl

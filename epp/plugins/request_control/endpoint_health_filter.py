@@ -50,6 +50,7 @@ EJECTED = promlite.Gauge(
 )
 promlite.register(EJECTIONS)
 promlite.register(EJECTED)
+EJECTED.labels()  # served at 0 before the first ejection
 for _failure in UpstreamFailure:
     EJECTIONS.labels(_failure.value)
 

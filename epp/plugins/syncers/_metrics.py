@@ -43,3 +43,7 @@ DROPPED = promlite.Counter(
     "[ALPHA] Records this replica could not publish (the store was unreachable and the backlog full).",
 )
 promlite.register(SYNCS, FAILURES, SKIPPED, PEERS, CONNECTED, SYNC_DURATION, SYNC_LAG, DROPPED)
+for _reason in ("timeout", "connection", "error"):
+    FAILURES.labels(_reason)  # served at 0 before the first failure
+for _reason in ("undecodable", "invalid", "wrong_type"):
+    SKIPPED.labels(_reason)

@@ -34,6 +34,20 @@ WRITE_BUFFER = "write_buffer"
 WRITE_STALL = "write_stall"
 FLOW_CONTROL = "flow_control"
 MALFORMED_HEADERS = "malformed_headers"
+for _limit in (
+    HEADER_BLOCK_BYTES,
+    HEADER_BLOCK_FRAMES,
+    HPACK_TABLE_UPDATES,
+    RESETS,
+    IDLE_FRAMES,
+    STREAMS,
+    OPEN_CALLS,
+    WRITE_BUFFER,
+    WRITE_STALL,
+    FLOW_CONTROL,
+    MALFORMED_HEADERS,
+):
+    LIMIT_TOTAL.labels(_limit)  # served at 0 before a peer first goes beyond it
 
 
 @dataclass(slots=True, frozen=True)
