@@ -7,6 +7,11 @@ socket; the asyncio loop never runs ingestion. Per stream the batch sequence is 
 
 - sequence lower than the last one (the engine restarted): the endpoint is cleared, then replayed
   from 0 when a replay socket is configured;
+- the stream resumes after its socket disconnected or its server was down (``endpoint_down``): the
+  engine may have restarted (its numbering starts again at 0, so even an equal sequence number is no
+  duplicate). With a replay socket the batch last seen is asked again and compared with the one
+  applied (same engine: the stream goes on; otherwise the endpoint is cleared and replayed from 0);
+  without one the endpoint is cleared and the next batch is taken as it comes;
 - a gap: replay from last + 1; without replay, or when the replay fails (no answer within
   ``REPLAY_IDLE_TIMEOUT``, the start no longer buffered, a malformed reply), the endpoint is cleared
   (its entries are stale) and the stream goes on live; a failed replay is not retried for
@@ -75,6 +80,8 @@ class _Replay:
     expected: int
     deadline: float
     received: int = 0
+    verify: bool = False  # the first answer must be the batch last applied (``start``), unchanged
+    matched: bool = False
 
 
 @dataclass(slots=True)
@@ -84,6 +91,8 @@ class _Seq:
     pod: str
     replay_endpoint: str = ""
     last: int | None = None
+    digest: int = 0  # hash of the last applied batch (restart check after a reconnection)
+    suspect: bool = False  # disconnected or down since ``last``: check for a restart on resuming
     topic: str = ""
     replay: _Replay | None = None
     pending: list[tuple[str, int, bytes]] = field(default_factory=list)
@@ -192,6 +201,12 @@ class KVEventsIngester:
         self._commands.append(("remove", key))
         self._wake()
 
+    def endpoint_down(self, key: str, down: bool) -> None:
+        """The endpoint's server was found gone (``down``), or back: on its return its stream is
+        checked for a restart (see the module docstring)."""
+        self._commands.append(("down", (key, down)))
+        self._wake()
+
     def _wake(self) -> None:
         with self._wake_lock:
             if self._wake_tx is not None:
@@ -276,6 +291,18 @@ class KVEventsIngester:
                 self._add(*arg)
             elif op == "remove":
                 self._remove(arg)
+            elif op == "down":
+                self._set_down(*arg)
+
+    def _set_down(self, key: str, down: bool) -> None:
+        stream = self.streams.get(key)
+        seq = stream.seq if stream is not None else self._central_seq.get(key)
+        if seq is None:
+            return
+        if down:
+            seq.suspect = True
+        elif seq.suspect:
+            self._resync(seq)
 
     def _add(self, target: Target, subscribe: bool) -> None:
         old = self._targets.get(target.key)
@@ -462,6 +489,11 @@ class KVEventsIngester:
             self._hold(seq, topic, n, payload)
             return
         seq.topic = topic
+        if seq.suspect and seq.last is not None:
+            self._resync(seq)
+            if seq.replay is not None:
+                self._hold(seq, topic, n, payload)
+                return
         last = seq.last
         if last is not None:
             if n == last:
@@ -502,6 +534,7 @@ class KVEventsIngester:
 
     def _process(self, seq: _Seq, n: int, payload: bytes) -> None:
         seq.last = n
+        seq.digest = hash(payload)
         try:
             self.applier.apply(seq.pod, decode_batch(payload, self.engine))
         except DecodeError as e:
@@ -520,9 +553,38 @@ class KVEventsIngester:
         self.index.clear_pod(pod)
         self.applier.forget(pod)
 
+    def _resync(self, seq: _Seq) -> None:
+        """The stream resumes after a disconnection or a down server: was the engine restarted?"""
+        seq.suspect = False
+        if seq.last is None:
+            return
+        if seq.replay is not None:
+            self._close_replay(seq)
+        if self._can_replay(seq):
+            self._start_replay(seq, seq.last, verify=True)
+            return
+        log.info("KV-event stream resumed without replay: endpoint cleared", endpoint=seq.pod, last=seq.last)
+        metrics.ENDPOINT_CLEARS.labels(seq.pod, "restart").inc()
+        self._clear(seq.pod)
+        seq.last = None
+
+    def _restarted(self, seq: _Seq, **kw: Any) -> None:
+        """The replay showed another engine behind the stream: clear, rebuild from 0."""
+        log.warning(
+            "KV-event replay differs from the batch applied: engine restarted", endpoint=seq.pod, **kw
+        )
+        metrics.ENDPOINT_CLEARS.labels(seq.pod, "restart").inc()
+        self._close_replay(seq)
+        self._clear(seq.pod)
+        seq.last = None
+        if self._can_replay(seq):
+            self._start_replay(seq, 0)
+        else:
+            self._flush_pending(seq)
+
     # --- replay -------------------------------------------------------------------------------
 
-    def _start_replay(self, seq: _Seq, start: int) -> None:
+    def _start_replay(self, seq: _Seq, start: int, verify: bool = False) -> None:
         assert self._ctx is not None
         dealer = self._ctx.socket(zmq.DEALER)
         dealer.setsockopt(zmq.LINGER, 0)
@@ -534,7 +596,7 @@ class KVEventsIngester:
             seq.replay = None
             self._replay_failed(seq, "replay-connect", "cannot request a replay", error=str(e))
             return
-        seq.replay = _Replay(dealer, start, start, time.monotonic() + REPLAY_IDLE_TIMEOUT)
+        seq.replay = _Replay(dealer, start, start, time.monotonic() + REPLAY_IDLE_TIMEOUT, verify=verify)
         self._poller.register(dealer, zmq.POLLIN)
         self._by_socket[dealer] = ("replay", seq)
 
@@ -570,9 +632,18 @@ class KVEventsIngester:
                 self._replay_failed(seq, "replay-incomplete", "malformed replay sequence")
                 return
             if seq_b == _END_SEQ or not payload:
-                self._replay_done(seq)
+                if replay.verify:
+                    self._restarted(seq, last=replay.start, replayed="nothing")
+                else:
+                    self._replay_done(seq)
                 return
             n = int.from_bytes(seq_b, "big")
+            if replay.verify:
+                if n != replay.start or hash(payload) != seq.digest:
+                    self._restarted(seq, last=replay.start, got=n)
+                    return
+                replay.verify, replay.matched, replay.expected = False, True, n + 1
+                continue
             if n < replay.expected:
                 continue
             if n > replay.expected and (replay.start > 0 or replay.received > 0):
@@ -592,7 +663,7 @@ class KVEventsIngester:
     def _replay_done(self, seq: _Seq) -> None:
         replay = seq.replay
         assert replay is not None
-        if replay.start > 0 and replay.received == 0:
+        if replay.start > 0 and replay.received == 0 and not replay.matched:
             self._replay_failed(
                 seq, "replay-incomplete", "replay start no longer buffered", start=replay.start
             )
@@ -636,8 +707,11 @@ class KVEventsIngester:
             if kind == zmq.EVENT_CONNECTED:
                 stream.connected = True
                 log.info("kv-events subscriber connected", endpoint=key, address=stream.endpoint)
+                if stream.seq.suspect:
+                    self._resync(stream.seq)
             elif kind == zmq.EVENT_DISCONNECTED:
                 stream.connected = False
+                stream.seq.suspect = True
                 log.info("kv-events subscriber disconnected", endpoint=key, address=stream.endpoint)
             elif kind == zmq.EVENT_CONNECT_RETRIED:
                 metrics.RECONNECTIONS.labels(key).inc()

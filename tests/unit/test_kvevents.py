@@ -489,3 +489,65 @@ def test_central_socket_bind_is_retried_when_the_address_is_taken() -> None:
     finally:
         rig.ing.stop()
         ctx.term()
+
+
+# --- engine restarts seen as a reconnection (vLLM numbers each engine's batches from 0) ---------
+
+
+def _reconnected(rig: Rig, old: Publisher, **kw: object) -> Publisher:
+    """``old`` goes away (its socket closes, as a killed engine's does); another publisher binds the
+    same ports; returns it once the ingester is subscribed again."""
+    old.close()
+    wait(lambda: not rig.ing.streams[POD].connected, what="disconnection seen")
+    new = Publisher(rig.port, **kw)  # type: ignore[arg-type]
+    new.wait_subscribed()
+    return new
+
+
+def test_restart_whose_first_batch_repeats_the_last_sequence_number(rig: Rig) -> None:
+    old = Publisher(rig.port)
+    new: Publisher | None = None
+    try:
+        rig.ing.add_endpoint(_target())
+        old.wait_subscribed()
+        old.send(batch([stored([101, 102], T1)]))  # seq 0: the old engine's only batch
+        wait(lambda: rig.holds(POD, T1) == 2)
+        new = _reconnected(rig, old)
+        # without a replay socket nothing tells whether it is the same engine: its blocks go at once
+        wait(lambda: rig.holds(POD, T1) == 0, what="the old engine's blocks cleared on reconnection")
+        new.send(batch([stored([201], T2)]))  # seq 0 again: the new engine's first batch, no duplicate
+        wait(lambda: rig.holds(POD, T2) == 1, what="the new engine's first batch kept")
+    finally:
+        (new or old).close()
+
+
+def test_reconnection_compares_the_replayed_last_batch(replay_rig: Rig) -> None:
+    rig = replay_rig
+    old = Publisher(rig.port, replay_port=rig.replay_port)
+    new: Publisher | None = None
+    try:
+        rig.ing.add_endpoint(_target())
+        old.wait_subscribed()
+        wait(lambda: old.replay_requests == [0] and rig.ing.streams[POD].seq.replay is None)
+        old.send(batch([stored([101, 102], T1)]))
+        old.send(batch([stored([103], T2, parent=102)]))
+        wait(lambda: rig.holds(POD, T1 + T2) == 3)
+        # the same engine behind a new connection: its buffer answers the last batch unchanged
+        buffer = list(old.buffer)
+        new = _reconnected(rig, old, replay_port=rig.replay_port)
+        new.buffer, new.seq = buffer, len(buffer)
+        wait(lambda: new.replay_requests == [1], what="the last batch asked again")
+        wait(lambda: rig.ing.streams[POD].seq.replay is None)
+        assert rig.holds(POD, T1 + T2) == 3
+        new.send(batch([stored([301], [7, 7, 7, 7])]))
+        wait(lambda: rig.holds(POD, [7, 7, 7, 7]) == 1)
+        assert rig.holds(POD, T1 + T2) == 3
+        # a restarted engine: an empty buffer; its old blocks go before it publishes anything
+        old, new = new, None
+        new = _reconnected(rig, old, replay_port=rig.replay_port)
+        wait(lambda: new.replay_requests == [2, 0], what="the last batch asked, then a replay from 0")
+        wait(lambda: rig.holds(POD, T1) == 0 and rig.holds(POD, [7, 7, 7, 7]) == 0, what="cleared")
+        new.send(batch([stored([401], [6, 6, 6, 6])]))  # seq 0
+        wait(lambda: rig.holds(POD, [6, 6, 6, 6]) == 1, what="the new engine's first batch kept")
+    finally:
+        (new or old).close()
