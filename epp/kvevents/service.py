@@ -16,6 +16,9 @@ socket; the asyncio loop never runs ingestion. Per stream the batch sequence is 
   ``REPLAY_IDLE_TIMEOUT``, the start no longer buffered, a malformed reply), the endpoint is cleared
   (its entries are stale) and the stream goes on live; a failed replay is not retried for
   ``REPLAY_COOLDOWN``;
+- a replay answer that skips sequence numbers, or stops without its end marker after some batches
+  (an engine's ROUTER drops what exceeds its send high-water mark), is asked again from the first
+  missing batch; ``REPLAY_RETRIES`` answers in a row that bring nothing new fail the replay;
 - a malformed message: counted, the endpoint cleared (its events were lost);
 - an unreachable socket: ZMQ keeps reconnecting; every retry is counted.
 
@@ -45,6 +48,8 @@ log = structlog.get_logger("epp.kvevents")
 
 REPLAY_IDLE_TIMEOUT = 2.0
 REPLAY_COOLDOWN = 30.0
+REPLAY_RETRIES = 3  # answers in a row without a new batch before a replay fails
+REPLAY_MAX_ROUNDS = 64  # answers per replay at most (a 10,000-batch buffer over 1,000-batch answers)
 MAX_PENDING = 100_000  # live messages held while a replay runs
 MAX_MESSAGE_BYTES = 128 << 20  # a larger message drops the connection (ZMQ reconnects)
 _BURST = 256  # messages taken from one socket per poll round (fairness)
@@ -82,6 +87,8 @@ class _Replay:
     received: int = 0
     verify: bool = False  # the first answer must be the batch last applied (``start``), unchanged
     matched: bool = False
+    retries: int = 0  # answers in a row that brought no new batch
+    rounds: int = 1
 
 
 @dataclass(slots=True)
@@ -273,7 +280,10 @@ class KVEventsIngester:
         for seq in self._replaying():
             assert seq.replay is not None
             if now >= seq.replay.deadline:
-                self._replay_failed(seq, "replay-timeout", "no replay answer in time")
+                if seq.replay.received > 0 or seq.replay.rounds > 1:
+                    self._replay_again(seq, "the replay answer stopped before its end")
+                else:
+                    self._replay_failed(seq, "replay-timeout", "no replay answer in time")
         self.index.expire(now)
         if self.central_endpoint and self._central is None and now >= self._next_bind:
             self._open_central()  # the address was taken: keep trying, as the reference does
@@ -588,6 +598,7 @@ class KVEventsIngester:
         assert self._ctx is not None
         dealer = self._ctx.socket(zmq.DEALER)
         dealer.setsockopt(zmq.LINGER, 0)
+        dealer.setsockopt(zmq.RCVHWM, MAX_PENDING)  # take the answer in as fast as it comes
         try:
             dealer.connect(seq.replay_endpoint)
             dealer.send_multipart([b"", start.to_bytes(8, "big")], zmq.NOBLOCK)
@@ -647,18 +658,30 @@ class KVEventsIngester:
             if n < replay.expected:
                 continue
             if n > replay.expected and (replay.start > 0 or replay.received > 0):
-                self._replay_failed(
-                    seq,
-                    "replay-incomplete",
-                    "replay skipped sequence numbers",
-                    expected=replay.expected,
-                    got=n,
-                )
+                self._replay_again(seq, "the replay answer skipped batches", got=n)
                 return
             replay.received += 1
             replay.expected = n + 1
             seq.topic = topic
             self._process(seq, n, payload)
+
+    def _replay_again(self, seq: _Seq, reason: str, **kw: Any) -> None:
+        """Ask the rest of an incomplete replay answer again, from its first missing batch."""
+        replay = seq.replay
+        assert replay is not None
+        retries = 0 if replay.received > 0 else replay.retries + 1
+        if retries > REPLAY_RETRIES or replay.rounds >= REPLAY_MAX_ROUNDS:
+            self._replay_failed(
+                seq, "replay-incomplete", reason, expected=replay.expected, rounds=replay.rounds, **kw
+            )
+            return
+        start, rounds = replay.expected, replay.rounds + 1
+        log.info(reason + ": asking again", endpoint=seq.pod, expected=start, **kw)
+        metrics.REPLAYS.labels(seq.pod, "retried").inc()
+        self._close_replay(seq)
+        self._start_replay(seq, start)
+        if seq.replay is not None:
+            seq.replay.retries, seq.replay.rounds = retries, rounds
 
     def _replay_done(self, seq: _Seq) -> None:
         replay = seq.replay

@@ -9,7 +9,7 @@ import msgspec
 import pytest
 
 from epp.kvcache import BlockKeyer, KVBlockIndex, block_extras
-from epp.kvevents import DecodeError, EventApplier, KVEventsIngester, Target, decode_batch
+from epp.kvevents import DecodeError, EventApplier, KVEventsIngester, Target, decode_batch, service
 from epp.kvevents import metrics as m
 from epp.kvevents.decode import AllBlocksCleared, BlockRemoved, BlockStored
 from tests.unit.kv_publisher import Publisher, batch, free_port, removed, stored, wait
@@ -551,3 +551,73 @@ def test_reconnection_compares_the_replayed_last_batch(replay_rig: Rig) -> None:
         wait(lambda: rig.holds(POD, [6, 6, 6, 6]) == 1, what="the new engine's first batch kept")
     finally:
         (new or old).close()
+
+
+# --- replay answers that lose messages (vLLM's ROUTER drops beyond its send high-water mark) ----
+
+
+def _history(pub: Publisher, n: int) -> None:
+    """``n`` batches the engine published before the EPP subscribed (only in its replay buffer)."""
+    for i in range(n):
+        pub.send(batch([stored([1000 + i], [i + 1] * BS)]), publish=False)
+
+
+def _holds_history(rig: Rig, n: int) -> int:
+    return sum(rig.holds(POD, [i + 1] * BS) for i in range(n))
+
+
+def test_a_replay_gap_asks_again_from_the_missing_batch(replay_rig: Rig) -> None:
+    rig = replay_rig
+    pub = Publisher(rig.port, replay_port=rig.replay_port, replay_drops=[(10, 15)])
+    clears = m.ENDPOINT_CLEARS.labels(POD, "replay-incomplete")
+    before = clears.value
+    try:
+        _history(pub, 30)
+        rig.ing.add_endpoint(_target())
+        pub.wait_subscribed()
+        wait(lambda: _holds_history(rig, 30) == 30, what="the whole buffer indexed")
+        assert pub.replay_requests == [0, 10]
+        assert rig.ing.streams[POD].seq.last == 29
+        assert clears.value == before
+    finally:
+        pub.close()
+
+
+def test_a_replay_cut_short_is_asked_again_until_complete(
+    replay_rig: Rig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(service, "REPLAY_IDLE_TIMEOUT", 0.3)
+    rig = replay_rig
+    # the first two answers stop (end marker lost too) after 10 and 5 batches
+    pub = Publisher(rig.port, replay_port=rig.replay_port, replay_drops=[(10, None), (5, None)])
+    try:
+        _history(pub, 30)
+        rig.ing.add_endpoint(_target())
+        pub.wait_subscribed()
+        wait(lambda: _holds_history(rig, 30) == 30, what="the whole buffer indexed")
+        assert pub.replay_requests == [0, 10, 15]
+        pub.send(batch([stored([2000], T2)]))  # live traffic goes on in order
+        wait(lambda: rig.holds(POD, T2) == 1)
+        assert _holds_history(rig, 30) == 30
+    finally:
+        pub.close()
+
+
+def test_replay_retries_without_progress_are_bounded(
+    replay_rig: Rig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(service, "REPLAY_IDLE_TIMEOUT", 0.3)
+    rig = replay_rig
+    drops: list[tuple[int, int | None]] = [(10, None)] + [(0, None)] * 20  # never any further
+    pub = Publisher(rig.port, replay_port=rig.replay_port, replay_drops=drops)
+    failed = m.REPLAYS.labels(POD, "failed")
+    before = failed.value
+    try:
+        _history(pub, 30)
+        rig.ing.add_endpoint(_target())
+        pub.wait_subscribed()
+        wait(lambda: failed.value == before + 1, what="the replay given up")
+        assert pub.replay_requests == [0] + [10] * (service.REPLAY_RETRIES + 1)
+        assert _holds_history(rig, 30) == 0  # what was replayed can no longer be trusted alone
+    finally:
+        pub.close()
