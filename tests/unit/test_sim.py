@@ -647,3 +647,33 @@ async def test_metrics_port_and_dcgm_port(start_sim: StartSim, session: aiohttp.
     assert sample.value == 25.0  # 1 of 4 sequences
     assert sample.labels["pod"] == f"sim-{sim.port}"
     running.close()
+
+
+# --------------------------------------------------------------------------- vLLM 0.32's behaviours
+
+
+async def _idle_connection_closed_after(port: int, wait: float) -> bool:
+    """One request on a keep-alive connection, then ``wait`` s idle: has the server closed it?"""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(b"GET /v1/models HTTP/1.1\r\nHost: sim\r\n\r\n")
+        await writer.drain()
+        head = await reader.readuntil(b"\r\n\r\n")
+        length = int(
+            next(h for h in head.split(b"\r\n") if h.lower().startswith(b"content-length")).split(b":")[1]
+        )
+        await reader.readexactly(length)
+        try:
+            return await asyncio.wait_for(reader.read(1), wait) == b""
+        except TimeoutError:
+            return False
+    finally:
+        writer.close()
+
+
+async def test_idle_connections_are_closed_after_the_keep_alive(start_sim: StartSim) -> None:
+    assert SimConfig().keep_alive == 5.0  # vLLM's uvicorn
+    sim = await start_sim(keep_alive=0.3)
+    assert await _idle_connection_closed_after(sim.port, 3.0)
+    sim = await start_sim(keep_alive=30.0)
+    assert not await _idle_connection_closed_after(sim.port, 1.0)

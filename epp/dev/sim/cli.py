@@ -239,6 +239,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     add("--seed", type=int, default=d.seed, help="random seed for jitter and failure injection")
     add(
+        "--keep-alive",
+        type=_non_negative_float,
+        default=d.keep_alive,
+        metavar="SECONDS",
+        help="an idle keep-alive connection is closed after this long, as vLLM's server does after 5 s"
+        " (default %(default)s)",
+    )
+    add(
         "--time-scale",
         type=_non_negative_float,
         default=d.time_scale,

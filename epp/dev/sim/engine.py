@@ -84,6 +84,8 @@ class SimConfig:
     prefix_caching_hash_algo: str = DEFAULT_HASH_ALGORITHM
     hash_seed: str | None = field(default_factory=seed_from_env)
     """vLLM's block-hash seed (``PYTHONHASHSEED``); ``None``: vLLM's default (fixed since 0.29)."""
+    keep_alive: float = 5.0
+    """Seconds an idle keep-alive connection stays open (vLLM's uvicorn: 5 s)."""
 
     def __post_init__(self) -> None:
         self.served_model_names = tuple(self.served_model_names)

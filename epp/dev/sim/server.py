@@ -43,7 +43,9 @@ class SimServer:
         return f"http://{self.config.host}:{self.port}"
 
     async def start(self) -> None:
-        runner = web.AppRunner(self.app, handler_cancellation=True, access_log=None)
+        runner = web.AppRunner(
+            self.app, handler_cancellation=True, access_log=None, keepalive_timeout=self.config.keep_alive
+        )
         await runner.setup()
         await web.TCPSite(runner, self.config.host, self.config.port).start()
         self._runner = runner
