@@ -205,7 +205,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="JSON",
         help='vLLM\'s KV events config, e.g. \'{"enable_kv_cache_events": true, "endpoint": "tcp://*:5557",'
         ' "replay_endpoint": "tcp://*:5558"}\' (fields: enable_kv_cache_events, publisher, endpoint,'
-        " replay_endpoint, buffer_steps, hwm, max_queue_size, topic; topic default kv@<pod>@<model>;"
+        ' replay_endpoint, buffer_steps, hwm, max_queue_size, topic; topic default "" as vLLM\'s;'
         " rank i: ports + i; default off)",
     )
     add(
