@@ -239,6 +239,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     add("--seed", type=int, default=d.seed, help="random seed for jitter and failure injection")
     add(
+        "--enable-prompt-tokens-details",
+        action="store_true",
+        help="report usage.prompt_tokens_details (cached prompt tokens), as vLLM's flag; without it they are"
+        " null, as in vLLM",
+    )
+    add(
+        "--enable-scale-out",
+        action="store_true",
+        help="serve the render (/v1/completions/render, /v1/chat/completions/render) and token-in"
+        " (/inference/v1/generate) endpoints, as vLLM 0.32's flag; without it they answer 403, as in vLLM",
+    )
+    add(
         "--keep-alive",
         type=_non_negative_float,
         default=d.keep_alive,
