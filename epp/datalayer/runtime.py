@@ -20,7 +20,7 @@ import structlog
 from epp.datalayer.notifications import EndpointEvents
 from epp.datalayer.pushed import PushedLoad
 from epp.datalayer.scrape_loop import ScrapeLoop
-from epp.datalayer.scraper import DEFAULT_STALENESS, MetricsScraper
+from epp.datalayer.scraper import DEFAULT_STALENESS, MetricsScraper, default_timeout
 from epp.datalayer.shared_scrape import SharedScrape
 from epp.datalayer.store import EndpointStore
 from epp.framework.cross_replica import SharedValue
@@ -69,9 +69,11 @@ class DataLayer:
         sources: Sequence[tuple[DataSource, Sequence[Extractor]]],
         refresh_interval: float,
         staleness: float = DEFAULT_STALENESS,
+        timeout: float = 0.0,
         *,
         own_thread: bool = True,
     ) -> None:
+        """``timeout``: of one scrape (0: ``default_timeout`` of each source's period)."""
         self.runner: ScrapeLoop | None = ScrapeLoop() if own_thread else None
         self.scrapers: list[MetricsScraper] = []
         self.endpoint_events: list[EndpointEvents] = []
@@ -107,6 +109,7 @@ class DataLayer:
                     extractors,
                     interval=period,
                     staleness=staleness,
+                    timeout=timeout or default_timeout(period, staleness),
                     runner=self.runner,
                     jitter=True,
                 )

@@ -6,9 +6,11 @@ import asyncio
 from collections.abc import AsyncIterator
 
 import pytest
+from structlog.testing import capture_logs
 
 from epp.framework import CycleState, ProfileRunResult, SchedulingResult
 from epp.framework.attributes import PREFIX_CACHE_MATCH_INFO_KEY, PrefixCacheMatchInfo, TokenizedPrompt
+from epp.framework.endpoint import SCRAPE_CONNECT_FAILURE, Metrics
 from epp.framework.interfaces import EndpointEvent, EventType
 from epp.framework.params import decode_params
 from epp.plugins.producers import _prefix_metrics as pm
@@ -226,3 +228,41 @@ async def test_the_picked_endpoints_predicted_cached_tokens_are_recorded(
         before[1] + 2 * len(TOKENS),
         before[2] + 2,
     )
+
+
+async def test_a_down_engine_s_blocks_attract_nothing_and_are_checked_on_its_return(
+    producer: tuple[PrecisePrefixCacheProducer, int],
+) -> None:
+    p, port = producer
+    e0 = f.endpoint("e0", "127.0.0.1", 8000)
+    pub = Publisher(port)
+    try:
+        p.extract_metadata(e0)
+        await asyncio.to_thread(pub.wait_subscribed)
+        pub.send(batch([stored(list(range(100, 106)), TOKENS[:24], bs=4)]))
+        await until(lambda: bool(p.index.match(p.keyer.keys(TOKENS), [e0.metadata.key])))
+        e0.metrics = Metrics(failure=SCRAPE_CONNECT_FAILURE)  # the scraper found no server
+        infos = (await _produce(p, _request(TOKENS), [e0]))[PREFIX_CACHE_MATCH_INFO_KEY]
+        assert infos[e0].match_blocks == 0
+        e0.metrics = Metrics()  # back: maybe another engine; without replay its old blocks go
+        await _produce(p, _request(TOKENS), [e0])
+        await until(lambda: not p.index.match(p.keyer.keys(TOKENS), [e0.metadata.key]))
+        infos = (await _produce(p, _request(TOKENS), [e0]))[PREFIX_CACHE_MATCH_INFO_KEY]
+        assert infos[e0].match_blocks == 0
+    finally:
+        pub.close()
+
+
+async def test_an_engine_block_size_other_than_block_size_tokens_is_named_once(
+    producer: tuple[PrecisePrefixCacheProducer, int],
+) -> None:
+    p, _ = producer
+    e0 = f.endpoint("e0", "127.0.0.1", 8000, metrics=Metrics(cache_block_size=128))  # vLLM CPU's default
+    e1 = f.endpoint("e1", "127.0.0.2", 8000, metrics=Metrics(cache_block_size=4))  # as configured
+    with capture_logs() as logs:
+        for _ in range(3):
+            await _produce(p, _request(TOKENS), [e0, e1])
+    told = [e for e in logs if "block size differs" in e["event"]]
+    assert [(e["endpoint"], e["engine_block_size"], e["block_size_tokens"]) for e in told] == [
+        (e0.metadata.key, 128, 4)
+    ]

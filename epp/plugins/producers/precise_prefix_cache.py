@@ -277,6 +277,8 @@ class PrecisePrefixCacheProducer(DataProducer, PreRequest):
         self._predicted_key = f"{self.type_name}/{name}/predicted"
         self._predicted = _prefix_metrics.PredictedHits(name, self.type_name)
         self._warned = False
+        self._down: set[str] = set()
+        self._block_size_told: set[str] = set()
 
     # --- request path -------------------------------------------------------------------------
 
@@ -325,7 +327,7 @@ class PrecisePrefixCacheProducer(DataProducer, PreRequest):
         if not keys:
             return
         start = time.perf_counter() if self._metrics else 0.0
-        matches = self.index.match(keys, [e.metadata.key for e in endpoints])
+        matches = self.index.match(keys, self._serving(endpoints))
         if self._metrics:
             kv_metrics.LOOKUP_LATENCY.observe(time.perf_counter() - start)
         total, bs = len(keys), self.block_size
@@ -340,6 +342,36 @@ class PrecisePrefixCacheProducer(DataProducer, PreRequest):
         cycle[self._predicted_key] = (len(prompt.token_ids), infos)
         if self._speculative:
             cycle[self._state_key] = keys
+
+    def _serving(self, endpoints: list[Endpoint]) -> list[str]:
+        """The keys of the endpoints whose server is not down (a dead engine's blocks attract
+        nothing); a change either way is handed to ingestion (a returning engine may have restarted)."""
+        keys: list[str] = []
+        down = self._down
+        for e in endpoints:
+            key = e.metadata.key
+            engine_bs = e.metrics.cache_block_size
+            if engine_bs and engine_bs != self.block_size and key not in self._block_size_told:
+                self._block_size_told.add(key)
+                log.warning(
+                    "precise-prefix-cache-producer: the engine's KV-cache block size differs from "
+                    "tokenProcessorConfig.blockSizeTokens, so its blocks match no request: set them equal "
+                    "(vLLM's --block-size; its CPU backend defaults to 128)",
+                    plugin=self.name,
+                    endpoint=key,
+                    engine_block_size=engine_bs,
+                    block_size_tokens=self.block_size,
+                )
+            if e.metrics.down:
+                if key not in down:
+                    down.add(key)
+                    self.ingester.endpoint_down(key, True)
+                continue
+            if key in down:
+                down.discard(key)
+                self.ingester.endpoint_down(key, False)
+            keys.append(key)
+        return keys
 
     def pre_request(self, cycle: CycleState, request: LLMRequest, result: SchedulingResult) -> None:
         keys: list[int] | None = cycle.pop(self._state_key, None)
@@ -398,6 +430,8 @@ class PrecisePrefixCacheProducer(DataProducer, PreRequest):
     def remove_endpoint(self, key: str) -> None:
         """The endpoint left: unsubscribe and forget what it held."""
         self._wired.discard(key)
+        self._down.discard(key)
+        self._block_size_told.discard(key)
         self.ingester.remove_endpoint(key)
         if not self.ingester.running:
             self.index.remove_pod(key)
