@@ -21,7 +21,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -80,6 +80,28 @@ PRESSURE_CONFIGS: dict[str, dict[str, Any] | None] = {
     "approximate": None,
     "precise": PRECISE_CONFIG,
 }
+# A prefix hit weighed against the prefill queued ahead of it, bounded load, hashed tie-breaks.
+PREFILL_COST_CONFIG: dict[str, Any] = {
+    "plugins": [
+        {"type": "prefill-cost-scorer"},
+        {"type": "queue-scorer"},
+        {"type": "kv-cache-utilization-scorer"},
+        {"type": "max-score-picker"},
+    ],
+    "schedulingProfiles": [
+        {
+            "name": "default",
+            "plugins": [
+                {"pluginRef": "prefill-cost-scorer", "weight": 4},
+                {"pluginRef": "queue-scorer", "weight": 1},
+                {"pluginRef": "kv-cache-utilization-scorer", "weight": 1},
+                {"pluginRef": "max-score-picker"},
+            ],
+        }
+    ],
+}
+CONFIGS["prefill-cost"] = PREFILL_COST_CONFIG
+PRESSURE_CONFIGS["prefill-cost"] = PREFILL_COST_CONFIG
 SCENARIO_CONFIGS = {"groups": CONFIGS, "cache-pressure": PRESSURE_CONFIGS}
 
 
@@ -298,6 +320,7 @@ class Result:
     cache_hits: float
     cache_queries: float
     groups_spread: float  # mean number of distinct pods a group's requests went to
+    per_pod: dict[str, int] = field(default_factory=dict)  # requests served, by pod
     first_error: str = ""
     hit_rate_after: float | None = None  # hit rate of the requests sent after an EPP restart
 
@@ -356,6 +379,22 @@ def loadgen_argv(url: str, args: argparse.Namespace, output: Path) -> list[str]:
     ]
 
 
+def _per_pod(recs: Sequence[dict[str, Any]]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for r in recs:
+        out[r["pod"]] = out.get(r["pod"], 0) + 1
+    return out
+
+
+def _pod_spread(r: Result, sims: int) -> str:
+    """``max/min`` requests per pod (a pod that served none counts 0) and their ratio."""
+    counts = sorted(r.per_pod.values(), reverse=True) + [0] * max(0, sims - len(r.per_pod))
+    if not counts:
+        return "-"
+    hi, lo = counts[0], counts[-1]
+    return f"{hi}/{lo} ({hi / lo:.2f})" if lo else f"{hi}/0 (inf)"
+
+
 def summarize(label: str, data: dict[str, Any], hits: float, queries: float) -> Result:
     recs = data["requests"]
     ok = [r for r in recs if not r["error"]]
@@ -374,6 +413,7 @@ def summarize(label: str, data: dict[str, Any], hits: float, queries: float) -> 
         cache_hits=hits,
         cache_queries=queries,
         groups_spread=statistics.mean(len(p) for p in pods.values()) if pods else 0.0,
+        per_pod=_per_pod(ok),
         first_error=errors[0]["error"] if errors else "",
     )
 
@@ -493,7 +533,7 @@ def _fmt(value: float | None, spec: str) -> str:
     return "-" if value is None or value != value else format(value, spec)
 
 
-def print_table(results: Sequence[Result]) -> None:
+def print_table(results: Sequence[Result], sims: int) -> None:
     rows: list[tuple[str, Callable[[Result], str]]] = [
         ("TTFT mean (ms)", lambda r: _fmt(statistics.fmean(r.ttft_ms) if r.ttft_ms else None, ".0f")),
         ("TTFT p50 (ms)", lambda r: _fmt(percentile(r.ttft_ms, 50), ".0f")),
@@ -504,6 +544,7 @@ def print_table(results: Sequence[Result]) -> None:
         ("prefix-cache hit rate", lambda r: _fmt(r.hit_rate, ".3f")),
         ("  (hit / queried tokens)", lambda r: f"{r.cache_hits:.0f}/{r.cache_queries:.0f}"),
         ("pods per group (mean)", lambda r: _fmt(r.groups_spread, ".2f")),
+        ("requests per pod max/min", lambda r: _pod_spread(r, sims)),
     ]
     if any(r.hit_rate_after is not None for r in results):
         rows.append(("hit rate after EPP restart", lambda r: _fmt(r.hit_rate_after, ".3f")))
@@ -667,7 +708,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     def report() -> None:
-        print_table(results)
+        print_table(results, args.sims)
         if args.scenario == "cache-pressure":
             print(
                 "\nKV-event ingestion and index memory (bench/kv_index.py, 8 endpoints x 50k blocks):",
