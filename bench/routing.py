@@ -709,7 +709,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def report() -> None:
         print_table(results, args.sims)
-        if args.scenario == "cache-pressure":
+        if args.scenario == "cache-pressure" and "precise" in args.configs:
             print(
                 "\nKV-event ingestion and index memory (bench/kv_index.py, 8 endpoints x 50k blocks):",
                 flush=True,

@@ -41,7 +41,7 @@ class PrefillCostParams:
     request_cost_tokens: int = 64
     floor_tokens: int = 256
     load_bound: float = 1.1
-    load_bound_min: int = 4
+    load_bound_min: int = 8
     hash_prefix_chars: int = 512
     prefix_match_info_producer_name: str = ""
 
