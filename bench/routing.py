@@ -27,6 +27,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench import _peers
 from bench._workdir import run_in_workdir
 from epp.dev import stack
 from epp.dev.envoy.bootstrap import envoy_bootstrap
@@ -102,7 +103,7 @@ PREFILL_COST_CONFIG: dict[str, Any] = {
 }
 CONFIGS["prefill-cost"] = PREFILL_COST_CONFIG
 PRESSURE_CONFIGS["prefill-cost"] = PREFILL_COST_CONFIG
-SCENARIO_CONFIGS = {"groups": CONFIGS, "cache-pressure": PRESSURE_CONFIGS}
+SCENARIO_CONFIGS = {"groups": CONFIGS, "burst": CONFIGS, "cache-pressure": PRESSURE_CONFIGS}
 
 
 def config_for(label: str, scenario: str) -> dict[str, Any] | None:
@@ -466,35 +467,57 @@ def _run_stack(
     kv_events: bool,
 ) -> Result:
     with Stack(workdir, args.sims, sim_args, config, kv_events=kv_events, gateways=gateways) as st:
-        h0, q0 = scrape_cache(st.sim_ports)
-        output = workdir / "loadgen.json"
-        argv = loadgen_argv(",".join(st.urls), args, output)
-        print(f"  {label}: {shlex.join(argv[1:])}", flush=True)
-        t0 = time.monotonic()
-        restart = _Restart(st, t0 + args.restart_epp_after) if args.restart_epp_after > 0 else None
-        proc = subprocess.Popen(argv)
-        deadline = t0 + args.requests / max(args.rate, 0.1) + 600
-        while proc.poll() is None:
-            if restart is not None:
-                restart.step()
-            if time.monotonic() > deadline:
-                proc.kill()
-                raise RuntimeError("load generator timed out")
-            time.sleep(0.1)
-        if proc.returncode != 0:
-            raise RuntimeError(f"load generator exited with status {proc.returncode}")
-        st.alive()
-        h1, q1 = scrape_cache(st.sim_ports)
-        data = json.loads(output.read_text())
-        result = summarize(label, data, h1 - h0, q1 - q0)
+        return _drive(label, st, args, workdir)
+
+
+def run_peer(
+    label: str, peer: _peers.Peer, python: Path, args: argparse.Namespace, sim_args: list[str], workdir: Path
+) -> Result | None:
+    """The workload through ``peer`` over fresh simulators; None (and why, printed) when it cannot start."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    try:
+        with _peers.PeerStack(workdir, peer, python, args.sims, sim_args, MODEL) as st:
+            return _drive(label, st, args, workdir)
+    except (stack.ChildExited, TimeoutError, OSError) as e:
+        print(f"  {label}: could not run: {str(e)[-400:]}", flush=True)
+        return None
+
+
+def _drive(label: str, st: Stack | _peers.PeerStack, args: argparse.Namespace, workdir: Path) -> Result:
+    """Send the workload through ``st``'s gateway(s); the result with the simulators' hit counters."""
+    h0, q0 = scrape_cache(st.sim_ports)
+    output = workdir / "loadgen.json"
+    argv = loadgen_argv(",".join(st.urls), args, output)
+    print(f"  {label}: {shlex.join(argv[1:])}", flush=True)
+    t0 = time.monotonic()
+    restart = (
+        _Restart(st, t0 + args.restart_epp_after)
+        if args.restart_epp_after > 0 and isinstance(st, Stack)
+        else None
+    )
+    proc = subprocess.Popen(argv)
+    deadline = t0 + args.requests / max(args.rate, 0.1) + 600
+    while proc.poll() is None:
         if restart is not None:
-            result.hit_rate_after = restart.hit_rate_after(data, t0)
-        print(
-            f"  {label}: {result.completed}/{result.requests} ok in {time.monotonic() - t0:.1f} s, "
-            f"{result.errors} errors{f' (first: {result.first_error})' if result.first_error else ''}",
-            flush=True,
-        )
-        return result
+            restart.step()
+        if time.monotonic() > deadline:
+            proc.kill()
+            raise RuntimeError("load generator timed out")
+        time.sleep(0.1)
+    if proc.returncode != 0:
+        raise RuntimeError(f"load generator exited with status {proc.returncode}")
+    st.alive()
+    h1, q1 = scrape_cache(st.sim_ports)
+    data = json.loads(output.read_text())
+    result = summarize(label, data, h1 - h0, q1 - q0)
+    if restart is not None:
+        result.hit_rate_after = restart.hit_rate_after(data, t0)
+    print(
+        f"  {label}: {result.completed}/{result.requests} ok in {time.monotonic() - t0:.1f} s, "
+        f"{result.errors} errors{f' (first: {result.first_error})' if result.first_error else ''}",
+        flush=True,
+    )
+    return result
 
 
 class _Restart:
@@ -582,7 +605,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         help="configs to run, in order (default: all of the scenario's)",
     )
     add(
-        "--scenario", choices=("groups", "cache-pressure"), default="groups", help="workload (default groups)"
+        "--scenario",
+        choices=("groups", "burst", "cache-pressure"),
+        default="groups",
+        help="workload (default groups; burst: 48 requests of the groups at once, cold caches)",
     )
     add(
         "--gateways",
@@ -616,10 +642,32 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         help="with --gateways above 1: the gateways' EPPs share state through a private redis-server "
         "(redis-syncer): off, on, or both runs (default off)",
     )
+    add(
+        "--peers",
+        nargs="*",
+        default=list(_peers.PEERS),
+        choices=sorted(_peers.PEERS),
+        help="peer routers to run on the same simulators and workload, from .bench-venv (installed on "
+        "first use; default: all); none with --no-peers",
+    )
+    add("--no-peers", action="store_true", help="run epp's configs only")
+    add(
+        "--short",
+        action="store_true",
+        help="a short run: fewer requests (groups: 96; burst as is; cache-pressure: 12 sessions x 4 turns)",
+    )
     add("--keep-logs", action="store_true", help="keep the work directory (logs, configs) on success")
     args = parser.parse_args(argv)
     if min(args.sims, args.groups, args.requests, args.prompt_tokens) < 1 or args.rate <= 0:
         parser.error("--sims, --groups, --requests, --prompt-tokens and --rate must be positive")
+    if args.no_peers:
+        args.peers = []
+    if args.short and args.scenario == "groups":
+        args.requests = min(args.requests, 96)
+    if args.short and args.scenario == "cache-pressure":
+        args.sessions, args.turns = min(args.sessions, 12), min(args.turns, 4)
+    if args.scenario == "burst":
+        args.requests, args.rate = 48, 1000.0
     scenario_configs = SCENARIO_CONFIGS[args.scenario]
     if args.configs is None:
         args.configs = list(scenario_configs)
@@ -705,6 +753,16 @@ def main(argv: list[str] | None = None) -> int:
                     results.append(
                         run_config(name, config, args, sim_args, workdir / safe, gateways, shared=shared)
                     )
+        if args.peers:
+            python, problems = _peers.ensure_venv([_peers.PEERS[p].package for p in args.peers])
+            for name in args.peers:
+                peer = _peers.PEERS[name]
+                if python is None or peer.package in problems:
+                    print(f"  {name}: not run: {problems.get(peer.package, 'no bench venv')}", flush=True)
+                    continue
+                result = run_peer(f"{name} (cache_aware)", peer, python, args, sim_args, workdir / name)
+                if result is not None:
+                    results.append(result)
         return 0
 
     def report() -> None:
