@@ -124,6 +124,7 @@ def working_set_tokens(args: argparse.Namespace) -> int:
 
     tok = load_tokenizer(DEFAULT_TOKENIZER_DIR)
     sessions = _loadgen.plan_sessions(
+        shared_systems=args.shared_systems,
         sessions=args.sessions,
         turns=args.turns,
         rate=args.rate,
@@ -354,6 +355,8 @@ def loadgen_argv(url: str, args: argparse.Namespace, output: Path) -> list[str]:
             str(args.turn_chars),
             "--think-time",
             str(args.think_time),
+            "--shared-systems",
+            str(args.shared_systems),
         ]
     return [
         sys.executable,
@@ -606,9 +609,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     )
     add(
         "--scenario",
-        choices=("groups", "burst", "cache-pressure"),
+        choices=("groups", "burst", "cache-pressure", "agentic"),
         default="groups",
-        help="workload (default groups; burst: 48 requests of the groups at once, cold caches)",
+        help="workload (default groups; burst: 48 requests of the groups at once, cold caches; agentic: "
+        "cache-pressure's sessions as agents of 4 kinds sharing their system prompt, short tool-call "
+        "turns, 0.2 s think time, the fleet's cache the size of the sessions' histories)",
     )
     add(
         "--gateways",
@@ -662,6 +667,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         parser.error("--sims, --groups, --requests, --prompt-tokens and --rate must be positive")
     if args.no_peers:
         args.peers = []
+    args.shared_systems = 0
+    if args.scenario == "agentic":  # sessions of agents sharing their kind's prompt, short tool turns
+        args.scenario, args.shared_systems = "cache-pressure", 4
+        args.turn_chars, args.think_time, args.turns = 400, 0.2, 8
+        if "--cache-fraction" not in " ".join(argv):
+            args.cache_fraction = 1.0
     if args.short and args.scenario == "groups":
         args.requests = min(args.requests, 96)
     if args.short and args.scenario == "cache-pressure":
