@@ -76,9 +76,9 @@ bench-sched: install
 bench-routing: install
 	$(PYTHON) bench/routing.py --short --configs default prefill-cost
 	$(PYTHON) bench/routing.py --scenario burst --configs default prefill-cost
-	$(PYTHON) bench/routing.py --scenario cache-pressure --short --gateways 1 --configs approximate prefill-cost
-	$(PYTHON) bench/routing.py --scenario cache-pressure --short --gateways 1 --cache-fraction 2 --configs approximate prefill-cost
-	$(PYTHON) bench/routing.py --scenario agentic --short --gateways 1 --configs approximate prefill-cost
+	$(PYTHON) bench/routing.py --scenario cache-pressure --short --gateways 1 --configs approximate approx-fixed-lru prefill-cost
+	$(PYTHON) bench/routing.py --scenario cache-pressure --short --gateways 1 --cache-fraction 2 --configs approximate approx-fixed-lru prefill-cost
+	$(PYTHON) bench/routing.py --scenario agentic --short --gateways 1 --configs approximate approx-fixed-lru prefill-cost
 
 bench-kube: install
 	$(PYTHON) bench/kube.py

@@ -103,6 +103,28 @@ PREFILL_COST_CONFIG: dict[str, Any] = {
 }
 CONFIGS["prefill-cost"] = PREFILL_COST_CONFIG
 PRESSURE_CONFIGS["prefill-cost"] = PREFILL_COST_CONFIG
+# The default profile with the approximate index sized by its fixed default (31,250 blocks per
+# endpoint) instead of each engine's reported cache size (autoTune): it remembers sessions longer.
+PRESSURE_CONFIGS["approx-fixed-lru"] = {
+    "plugins": [
+        {"type": "approx-prefix-cache-producer", "parameters": {"autoTune": False, "blockSizeTokens": 16}},
+        {"type": "prefix-cache-scorer"},
+        {"type": "queue-scorer"},
+        {"type": "kv-cache-utilization-scorer"},
+        {"type": "max-score-picker"},
+    ],
+    "schedulingProfiles": [
+        {
+            "name": "default",
+            "plugins": [
+                {"pluginRef": "queue-scorer", "weight": 2},
+                {"pluginRef": "kv-cache-utilization-scorer", "weight": 2},
+                {"pluginRef": "prefix-cache-scorer", "weight": 3},
+                {"pluginRef": "max-score-picker"},
+            ],
+        }
+    ],
+}
 SCENARIO_CONFIGS = {"groups": CONFIGS, "burst": CONFIGS, "cache-pressure": PRESSURE_CONFIGS}
 
 
