@@ -19,7 +19,11 @@ BURST = 12
 # every request takes ~1 s at the simulator (10 output tokens x 100 ms), so the burst is all in flight
 SLOW = ("--inter-token-latency", "100", "--max-tokens", "10")
 CONFIG: dict[str, Any] = {
-    "plugins": [{"type": "prefill-cost-scorer"}, {"type": "max-score-picker"}],
+    # loadBoundMin 2: with 3 simulators the bound then binds from the 5th concurrent request
+    "plugins": [
+        {"type": "prefill-cost-scorer", "parameters": {"loadBoundMin": 2}},
+        {"type": "max-score-picker"},
+    ],
     "schedulingProfiles": [
         {
             "name": "default",
