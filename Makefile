@@ -74,7 +74,11 @@ bench-sched: install
 	$(PYTHON) bench/sched.py
 
 bench-routing: install
-	$(PYTHON) bench/routing.py
+	$(PYTHON) bench/routing.py --short --configs default prefill-cost
+	$(PYTHON) bench/routing.py --scenario burst --configs default prefill-cost
+	$(PYTHON) bench/routing.py --scenario cache-pressure --short --gateways 1 --configs approximate approx-fixed-lru prefill-cost
+	$(PYTHON) bench/routing.py --scenario cache-pressure --short --gateways 1 --cache-fraction 2 --configs approximate approx-fixed-lru prefill-cost
+	$(PYTHON) bench/routing.py --scenario agentic --short --gateways 1 --configs approximate approx-fixed-lru prefill-cost
 
 bench-kube: install
 	$(PYTHON) bench/kube.py

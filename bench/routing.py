@@ -21,12 +21,13 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench import _peers
 from bench._workdir import run_in_workdir
 from epp.dev import stack
 from epp.dev.envoy.bootstrap import envoy_bootstrap
@@ -80,7 +81,51 @@ PRESSURE_CONFIGS: dict[str, dict[str, Any] | None] = {
     "approximate": None,
     "precise": PRECISE_CONFIG,
 }
-SCENARIO_CONFIGS = {"groups": CONFIGS, "cache-pressure": PRESSURE_CONFIGS}
+# A prefix hit weighed against the prefill queued ahead of it, bounded load, hashed tie-breaks.
+PREFILL_COST_CONFIG: dict[str, Any] = {
+    "plugins": [
+        {"type": "prefill-cost-scorer"},
+        {"type": "queue-scorer"},
+        {"type": "kv-cache-utilization-scorer"},
+        {"type": "max-score-picker"},
+    ],
+    "schedulingProfiles": [
+        {
+            "name": "default",
+            "plugins": [
+                {"pluginRef": "prefill-cost-scorer", "weight": 4},
+                {"pluginRef": "queue-scorer", "weight": 1},
+                {"pluginRef": "kv-cache-utilization-scorer", "weight": 1},
+                {"pluginRef": "max-score-picker"},
+            ],
+        }
+    ],
+}
+CONFIGS["prefill-cost"] = PREFILL_COST_CONFIG
+PRESSURE_CONFIGS["prefill-cost"] = PREFILL_COST_CONFIG
+# The default profile with the approximate index sized by its fixed default (31,250 blocks per
+# endpoint) instead of each engine's reported cache size (autoTune): it remembers sessions longer.
+PRESSURE_CONFIGS["approx-fixed-lru"] = {
+    "plugins": [
+        {"type": "approx-prefix-cache-producer", "parameters": {"autoTune": False, "blockSizeTokens": 16}},
+        {"type": "prefix-cache-scorer"},
+        {"type": "queue-scorer"},
+        {"type": "kv-cache-utilization-scorer"},
+        {"type": "max-score-picker"},
+    ],
+    "schedulingProfiles": [
+        {
+            "name": "default",
+            "plugins": [
+                {"pluginRef": "queue-scorer", "weight": 2},
+                {"pluginRef": "kv-cache-utilization-scorer", "weight": 2},
+                {"pluginRef": "prefix-cache-scorer", "weight": 3},
+                {"pluginRef": "max-score-picker"},
+            ],
+        }
+    ],
+}
+SCENARIO_CONFIGS = {"groups": CONFIGS, "burst": CONFIGS, "cache-pressure": PRESSURE_CONFIGS}
 
 
 def config_for(label: str, scenario: str) -> dict[str, Any] | None:
@@ -101,6 +146,7 @@ def working_set_tokens(args: argparse.Namespace) -> int:
 
     tok = load_tokenizer(DEFAULT_TOKENIZER_DIR)
     sessions = _loadgen.plan_sessions(
+        shared_systems=args.shared_systems,
         sessions=args.sessions,
         turns=args.turns,
         rate=args.rate,
@@ -298,6 +344,7 @@ class Result:
     cache_hits: float
     cache_queries: float
     groups_spread: float  # mean number of distinct pods a group's requests went to
+    per_pod: dict[str, int] = field(default_factory=dict)  # requests served, by pod
     first_error: str = ""
     hit_rate_after: float | None = None  # hit rate of the requests sent after an EPP restart
 
@@ -330,6 +377,8 @@ def loadgen_argv(url: str, args: argparse.Namespace, output: Path) -> list[str]:
             str(args.turn_chars),
             "--think-time",
             str(args.think_time),
+            "--shared-systems",
+            str(args.shared_systems),
         ]
     return [
         sys.executable,
@@ -356,6 +405,22 @@ def loadgen_argv(url: str, args: argparse.Namespace, output: Path) -> list[str]:
     ]
 
 
+def _per_pod(recs: Sequence[dict[str, Any]]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for r in recs:
+        out[r["pod"]] = out.get(r["pod"], 0) + 1
+    return out
+
+
+def _pod_spread(r: Result, sims: int) -> str:
+    """``max/min`` requests per pod (a pod that served none counts 0) and their ratio."""
+    counts = sorted(r.per_pod.values(), reverse=True) + [0] * max(0, sims - len(r.per_pod))
+    if not counts:
+        return "-"
+    hi, lo = counts[0], counts[-1]
+    return f"{hi}/{lo} ({hi / lo:.2f})" if lo else f"{hi}/0 (inf)"
+
+
 def summarize(label: str, data: dict[str, Any], hits: float, queries: float) -> Result:
     recs = data["requests"]
     ok = [r for r in recs if not r["error"]]
@@ -374,6 +439,7 @@ def summarize(label: str, data: dict[str, Any], hits: float, queries: float) -> 
         cache_hits=hits,
         cache_queries=queries,
         groups_spread=statistics.mean(len(p) for p in pods.values()) if pods else 0.0,
+        per_pod=_per_pod(ok),
         first_error=errors[0]["error"] if errors else "",
     )
 
@@ -426,35 +492,57 @@ def _run_stack(
     kv_events: bool,
 ) -> Result:
     with Stack(workdir, args.sims, sim_args, config, kv_events=kv_events, gateways=gateways) as st:
-        h0, q0 = scrape_cache(st.sim_ports)
-        output = workdir / "loadgen.json"
-        argv = loadgen_argv(",".join(st.urls), args, output)
-        print(f"  {label}: {shlex.join(argv[1:])}", flush=True)
-        t0 = time.monotonic()
-        restart = _Restart(st, t0 + args.restart_epp_after) if args.restart_epp_after > 0 else None
-        proc = subprocess.Popen(argv)
-        deadline = t0 + args.requests / max(args.rate, 0.1) + 600
-        while proc.poll() is None:
-            if restart is not None:
-                restart.step()
-            if time.monotonic() > deadline:
-                proc.kill()
-                raise RuntimeError("load generator timed out")
-            time.sleep(0.1)
-        if proc.returncode != 0:
-            raise RuntimeError(f"load generator exited with status {proc.returncode}")
-        st.alive()
-        h1, q1 = scrape_cache(st.sim_ports)
-        data = json.loads(output.read_text())
-        result = summarize(label, data, h1 - h0, q1 - q0)
+        return _drive(label, st, args, workdir)
+
+
+def run_peer(
+    label: str, peer: _peers.Peer, python: Path, args: argparse.Namespace, sim_args: list[str], workdir: Path
+) -> Result | None:
+    """The workload through ``peer`` over fresh simulators; None (and why, printed) when it cannot start."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    try:
+        with _peers.PeerStack(workdir, peer, python, args.sims, sim_args, MODEL) as st:
+            return _drive(label, st, args, workdir)
+    except (stack.ChildExited, TimeoutError, OSError) as e:
+        print(f"  {label}: could not run: {str(e)[-400:]}", flush=True)
+        return None
+
+
+def _drive(label: str, st: Stack | _peers.PeerStack, args: argparse.Namespace, workdir: Path) -> Result:
+    """Send the workload through ``st``'s gateway(s); the result with the simulators' hit counters."""
+    h0, q0 = scrape_cache(st.sim_ports)
+    output = workdir / "loadgen.json"
+    argv = loadgen_argv(",".join(st.urls), args, output)
+    print(f"  {label}: {shlex.join(argv[1:])}", flush=True)
+    t0 = time.monotonic()
+    restart = (
+        _Restart(st, t0 + args.restart_epp_after)
+        if args.restart_epp_after > 0 and isinstance(st, Stack)
+        else None
+    )
+    proc = subprocess.Popen(argv)
+    deadline = t0 + args.requests / max(args.rate, 0.1) + 600
+    while proc.poll() is None:
         if restart is not None:
-            result.hit_rate_after = restart.hit_rate_after(data, t0)
-        print(
-            f"  {label}: {result.completed}/{result.requests} ok in {time.monotonic() - t0:.1f} s, "
-            f"{result.errors} errors{f' (first: {result.first_error})' if result.first_error else ''}",
-            flush=True,
-        )
-        return result
+            restart.step()
+        if time.monotonic() > deadline:
+            proc.kill()
+            raise RuntimeError("load generator timed out")
+        time.sleep(0.1)
+    if proc.returncode != 0:
+        raise RuntimeError(f"load generator exited with status {proc.returncode}")
+    st.alive()
+    h1, q1 = scrape_cache(st.sim_ports)
+    data = json.loads(output.read_text())
+    result = summarize(label, data, h1 - h0, q1 - q0)
+    if restart is not None:
+        result.hit_rate_after = restart.hit_rate_after(data, t0)
+    print(
+        f"  {label}: {result.completed}/{result.requests} ok in {time.monotonic() - t0:.1f} s, "
+        f"{result.errors} errors{f' (first: {result.first_error})' if result.first_error else ''}",
+        flush=True,
+    )
+    return result
 
 
 class _Restart:
@@ -493,7 +581,7 @@ def _fmt(value: float | None, spec: str) -> str:
     return "-" if value is None or value != value else format(value, spec)
 
 
-def print_table(results: Sequence[Result]) -> None:
+def print_table(results: Sequence[Result], sims: int) -> None:
     rows: list[tuple[str, Callable[[Result], str]]] = [
         ("TTFT mean (ms)", lambda r: _fmt(statistics.fmean(r.ttft_ms) if r.ttft_ms else None, ".0f")),
         ("TTFT p50 (ms)", lambda r: _fmt(percentile(r.ttft_ms, 50), ".0f")),
@@ -504,6 +592,7 @@ def print_table(results: Sequence[Result]) -> None:
         ("prefix-cache hit rate", lambda r: _fmt(r.hit_rate, ".3f")),
         ("  (hit / queried tokens)", lambda r: f"{r.cache_hits:.0f}/{r.cache_queries:.0f}"),
         ("pods per group (mean)", lambda r: _fmt(r.groups_spread, ".2f")),
+        ("requests per pod max/min", lambda r: _pod_spread(r, sims)),
     ]
     if any(r.hit_rate_after is not None for r in results):
         rows.append(("hit rate after EPP restart", lambda r: _fmt(r.hit_rate_after, ".3f")))
@@ -541,7 +630,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         help="configs to run, in order (default: all of the scenario's)",
     )
     add(
-        "--scenario", choices=("groups", "cache-pressure"), default="groups", help="workload (default groups)"
+        "--scenario",
+        choices=("groups", "burst", "cache-pressure", "agentic"),
+        default="groups",
+        help="workload (default groups; burst: 48 requests of the groups at once, cold caches; agentic: "
+        "cache-pressure's sessions as agents of 4 kinds sharing their system prompt, short tool-call "
+        "turns, 0.2 s think time, the fleet's cache the size of the sessions' histories)",
     )
     add(
         "--gateways",
@@ -575,10 +669,38 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         help="with --gateways above 1: the gateways' EPPs share state through a private redis-server "
         "(redis-syncer): off, on, or both runs (default off)",
     )
+    add(
+        "--peers",
+        nargs="*",
+        default=list(_peers.PEERS),
+        choices=sorted(_peers.PEERS),
+        help="peer routers to run on the same simulators and workload, from .bench-venv (installed on "
+        "first use; default: all); none with --no-peers",
+    )
+    add("--no-peers", action="store_true", help="run epp's configs only")
+    add(
+        "--short",
+        action="store_true",
+        help="a short run: fewer requests (groups: 96; burst as is; cache-pressure: 12 sessions x 4 turns)",
+    )
     add("--keep-logs", action="store_true", help="keep the work directory (logs, configs) on success")
     args = parser.parse_args(argv)
     if min(args.sims, args.groups, args.requests, args.prompt_tokens) < 1 or args.rate <= 0:
         parser.error("--sims, --groups, --requests, --prompt-tokens and --rate must be positive")
+    if args.no_peers:
+        args.peers = []
+    args.shared_systems = 0
+    if args.scenario == "agentic":  # sessions of agents sharing their kind's prompt, short tool turns
+        args.scenario, args.shared_systems = "cache-pressure", 4
+        args.turn_chars, args.think_time, args.turns = 400, 0.2, 8
+        if "--cache-fraction" not in " ".join(argv):
+            args.cache_fraction = 1.0
+    if args.short and args.scenario == "groups":
+        args.requests = min(args.requests, 96)
+    if args.short and args.scenario == "cache-pressure":
+        args.sessions, args.turns = min(args.sessions, 12), min(args.turns, 4)
+    if args.scenario == "burst":
+        args.requests, args.rate = 48, 1000.0
     scenario_configs = SCENARIO_CONFIGS[args.scenario]
     if args.configs is None:
         args.configs = list(scenario_configs)
@@ -664,11 +786,21 @@ def main(argv: list[str] | None = None) -> int:
                     results.append(
                         run_config(name, config, args, sim_args, workdir / safe, gateways, shared=shared)
                     )
+        if args.peers:
+            python, problems = _peers.ensure_venv([_peers.PEERS[p].package for p in args.peers])
+            for name in args.peers:
+                peer = _peers.PEERS[name]
+                if python is None or peer.package in problems:
+                    print(f"  {name}: not run: {problems.get(peer.package, 'no bench venv')}", flush=True)
+                    continue
+                result = run_peer(f"{name} (cache_aware)", peer, python, args, sim_args, workdir / name)
+                if result is not None:
+                    results.append(result)
         return 0
 
     def report() -> None:
-        print_table(results)
-        if args.scenario == "cache-pressure":
+        print_table(results, args.sims)
+        if args.scenario == "cache-pressure" and "precise" in args.configs:
             print(
                 "\nKV-event ingestion and index memory (bench/kv_index.py, 8 endpoints x 50k blocks):",
                 flush=True,

@@ -304,6 +304,21 @@ async def test_auto_tune_uses_first_candidate_block_size_and_endpoint_capacity()
     assert prod.index.entries("default/e0") == 3
 
 
+async def test_auto_tune_capacity_factor_scales_the_engines_capacity() -> None:
+    eps = endpoints(2, metrics=Metrics(cache_block_size=8, cache_num_blocks=3))
+    prod = producer(autoTuneCapacityFactor=2.0)
+    cycle = await route(prod, completion("q" * 32 * 7), eps, eps[0])
+    assert infos(cycle, eps) == [(0, 7), (0, 7)]
+    assert prod.index.capacity("default/e0") == 6
+    assert prod.index.entries("default/e0") == 6
+
+
+@pytest.mark.parametrize("factor", [0.5, 1001.0])
+def test_auto_tune_capacity_factor_out_of_range_names_the_field(factor: float) -> None:
+    with pytest.raises(ConfigError, match="autoTuneCapacityFactor"):
+        producer(autoTuneCapacityFactor=factor)
+
+
 async def test_lru_capacity_per_server_is_honoured_without_auto_tune() -> None:
     # D5: the reference always uses 31250; here the parameter is the fixed capacity
     eps = endpoints(1, metrics=Metrics(cache_num_blocks=1000))

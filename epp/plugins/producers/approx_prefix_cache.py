@@ -61,6 +61,7 @@ class ApproxPrefixCacheParams:
     max_prefix_blocks_to_match: int = DEFAULT_MAX_PREFIX_BLOCKS
     max_prefix_tokens_to_match: int = 0
     lru_capacity_per_server: int = DEFAULT_LRU_CAPACITY_PER_SERVER
+    auto_tune_capacity_factor: float = 1.0
     block_size: int = field(default=0, metadata=OMIT_UNSET)  # deprecated: a size in characters
 
     def validate(self) -> str | None:
@@ -74,6 +75,10 @@ class ApproxPrefixCacheParams:
             return "maxPrefixTokensToMatch: must be >= 0"
         if self.lru_capacity_per_server < 0:
             return f"lruCapacityPerServer: must be >= 0 (0 = {DEFAULT_LRU_CAPACITY_PER_SERVER})"
+        if not 1.0 <= self.auto_tune_capacity_factor <= 1000.0:
+            return (
+                f"autoTuneCapacityFactor: must be between 1 and 1000, got {self.auto_tune_capacity_factor:g}"
+            )
         if self.block_size < 0:
             return "blockSize: must be >= 0"
         if self.block_size > 0 and self.block_size_tokens == DEFAULT_BLOCK_SIZE_TOKENS:
@@ -177,6 +182,7 @@ class ApproxPrefixCacheProducer(DataProducer, PreRequest):
         self._auto_tune = params.auto_tune
         self._block_size_tokens = params.block_size_tokens or DEFAULT_BLOCK_SIZE_TOKENS
         self._lru_capacity = params.lru_capacity
+        self._capacity_factor = params.auto_tune_capacity_factor
         self._state_key = f"{self.type_name}/{name}"
         self.index = PrefixIndex()
         self._hits = _prefix_metrics.track_index(self.index, name, self.type_name)
@@ -281,7 +287,7 @@ class ApproxPrefixCacheProducer(DataProducer, PreRequest):
         if self._auto_tune:
             n = endpoint.metrics.cache_num_blocks
             if n > 0:
-                return n
+                return int(n * self._capacity_factor)
         return self._lru_capacity
 
     # --- ReplicatedState (HA standbys mirror the leader's index) --------------------------------
