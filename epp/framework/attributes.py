@@ -6,8 +6,9 @@ Plugins declare the keys they ``produces``/``consumes``, so the loader can creat
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 PREFIX_CACHE_MATCH_INFO_KEY = "PrefixCacheMatchInfoKey"
 INFLIGHT_LOAD_KEY = "InFlightLoadKey"
@@ -138,3 +139,157 @@ DEFAULT_PRODUCERS: dict[str, str] = {
     TOKENIZED_PROMPT_KEY: "token-producer",
     LATENCY_PREDICTION_INFO_KEY: "predicted-latency-producer",
 }
+
+
+class PrefixMatches(dict[Any, PrefixCacheMatchInfo]):
+    """``{endpoint: PrefixCacheMatchInfo}`` over a producer's candidates, built from the few matched.
+
+    A prefix producer writes this instead of a full dict: ``get``, ``[]`` and ``in`` answer from the
+    matched keys and the candidate set at once; anything that walks or changes the mapping fills it
+    with every candidate first, so it reads as the plain dict it replaces. ``labels`` gives the
+    bulk path. ``endpoints`` and ``keys`` (their ``metadata.key``) must not change afterwards.
+    """
+
+    __slots__ = ("_counts", "_filled", "_infos", "_keys", "_members", "_order", "_zero")
+
+    def __init__(
+        self,
+        endpoints: Sequence[Any],
+        members: frozenset[Any],
+        keys: Sequence[str],
+        counts: Mapping[str, int],
+        total_blocks: int,
+        block_size_tokens: int,
+    ) -> None:
+        super().__init__()
+        self._order = endpoints
+        self._members = members
+        self._keys = keys
+        self._counts = counts
+        self._zero = PrefixCacheMatchInfo(0, total_blocks, block_size_tokens)
+        self._infos: dict[int | None, PrefixCacheMatchInfo] = {
+            c: PrefixCacheMatchInfo(c, total_blocks, block_size_tokens) for c in set(counts.values())
+        }
+        self._filled = False
+
+    def _fill(self) -> None:
+        if not self._filled:
+            self._filled = True
+            get, infos, zero = self._counts.get, self._infos, self._zero
+            for e in self._order:
+                c = get(e.metadata.key)
+                dict.__setitem__(self, e, zero if c is None else infos[c])
+
+    def labels(
+        self, endpoints: list[Any]
+    ) -> tuple[list[int | None], dict[int | None, PrefixCacheMatchInfo]] | None:
+        """The bulk path when ``endpoints`` are the producer's candidates, in order: per endpoint
+        its matched block count (None for none), and each count's info. None otherwise."""
+        if self._filled or endpoints != self._order:
+            return None
+        infos: dict[int | None, PrefixCacheMatchInfo] = {**self._infos}
+        infos[None] = self._zero
+        counts = self._counts
+        if not counts:
+            return [None] * len(endpoints), infos
+        return list(map(counts.get, self._keys)), infos
+
+    def get(self, endpoint: Any, default: Any = None) -> Any:
+        if self._filled:
+            return dict.get(self, endpoint, default)
+        if endpoint not in self._members:
+            return default
+        c = self._counts.get(endpoint.metadata.key)
+        return self._zero if c is None else self._infos[c]
+
+    def __getitem__(self, endpoint: Any) -> PrefixCacheMatchInfo:
+        info = self.get(endpoint, None)
+        if info is None:
+            raise KeyError(endpoint)
+        return info
+
+    def __contains__(self, endpoint: object) -> bool:
+        return dict.__contains__(self, endpoint) if self._filled else endpoint in self._members
+
+    def __len__(self) -> int:
+        return dict.__len__(self) if self._filled else len(self._members)
+
+    def __iter__(self) -> Iterator[Any]:
+        self._fill()
+        return dict.__iter__(self)
+
+    def __reversed__(self) -> Iterator[Any]:
+        self._fill()
+        return dict.__reversed__(self)
+
+    def __repr__(self) -> str:
+        self._fill()
+        return dict.__repr__(self)
+
+    def __eq__(self, other: object) -> bool:
+        self._fill()
+        if isinstance(other, PrefixMatches):
+            other._fill()
+        return dict.__eq__(self, other)
+
+    def __ne__(self, other: object) -> bool:
+        return not self.__eq__(other)
+
+    __hash__ = None
+
+    def __setitem__(self, endpoint: Any, info: PrefixCacheMatchInfo) -> None:
+        self._fill()
+        dict.__setitem__(self, endpoint, info)
+
+    def __delitem__(self, endpoint: Any) -> None:
+        self._fill()
+        dict.__delitem__(self, endpoint)
+
+    def __or__(self, other: Any) -> Any:
+        self._fill()
+        return dict(self) | other
+
+    def __ior__(self, other: Any) -> Any:
+        self._fill()
+        dict.update(self, other)
+        return self
+
+    def keys(self) -> Any:
+        self._fill()
+        return dict.keys(self)
+
+    def values(self) -> Any:
+        self._fill()
+        return dict.values(self)
+
+    def items(self) -> Any:
+        self._fill()
+        return dict.items(self)
+
+    def copy(self) -> dict[Any, PrefixCacheMatchInfo]:
+        self._fill()
+        return dict(dict.items(self))
+
+    def pop(self, *args: Any) -> Any:
+        self._fill()
+        return dict.pop(self, *args)
+
+    def popitem(self) -> tuple[Any, PrefixCacheMatchInfo]:
+        self._fill()
+        return dict.popitem(self)
+
+    def setdefault(self, *args: Any) -> Any:
+        self._fill()
+        return dict.setdefault(self, *args)
+
+    def update(self, *args: Any, **kwargs: Any) -> None:
+        self._fill()
+        dict.update(self, *args, **kwargs)
+
+    def clear(self) -> None:
+        self._filled = True
+        dict.clear(self)
+
+    def __reduce__(self) -> Any:
+        self._fill()
+        return (dict, (dict(dict.items(self)),))

@@ -12,6 +12,7 @@ from epp.framework.errors import FiltersDrainedError, SchedulingError
 from epp.framework.interfaces import Filter, Picker, Scorer
 from epp.framework.request import LLMRequest
 from epp.framework.results import CycleState, ProfileRunResult, ScoredEndpoint
+from epp.scheduling.bulk import BulkScoring
 from epp.scheduling.data_scope import scope_of
 
 # (extension_point, plugin, seconds) -> None; set by the server to feed the plugin-duration metric.
@@ -34,6 +35,8 @@ class SchedulerProfile:
     Each scorer's scores are clamped to [0, 1], multiplied by its weight and summed per endpoint (no
     division by the sum of weights: argmax and weighted-random picks do not change under a uniform
     scale). The picker receives the scored endpoints in candidate order; an empty pick fails too.
+    Unless a request is traced or explained, the sums come from ``BulkScoring`` (the same numbers,
+    with the plugins' bulk paths and scores reused while the candidates' metrics are unchanged).
     """
 
     name: str
@@ -45,6 +48,8 @@ class SchedulerProfile:
     tracer: Any = None
     record_scores: bool = False  # set ProfileRunResult.scores (--emit-endpoint-scores)
     explain: bool = False  # --log-level=debug: record why it picked what it picked (EXPLANATIONS_KEY)
+    bulk: bool = True  # False: always the per-endpoint path (the bulk path's reference in tests)
+    _bulk: BulkScoring = field(default_factory=BulkScoring, repr=False, compare=False)
 
     def run(self, cycle: CycleState, request: LLMRequest, candidates: list[Endpoint]) -> ProfileRunResult:
         """Run the profile; raises ``SchedulingError`` when it cannot pick an endpoint."""
@@ -101,6 +106,19 @@ class SchedulerProfile:
         if spans is not None:
             spans.filters_done(endpoints)
 
+        if self.picker is None:
+            raise SchedulingError(f"profile '{self.name}' has no picker")
+        if spans is None and top is None and self.bulk and self._bulk.usable(self.scorers):
+            totals = self._bulk.totals(self.scorers, cycle, request, endpoints, timer)
+            t0 = time.perf_counter() if timer else 0.0
+            result = self.picker.pick_totals(cycle, request, endpoints, totals)
+            if result is None:
+                scored = [ScoredEndpoint(e, s) for e, s in zip(endpoints, totals, strict=True)]
+                result = self.picker.pick(cycle, request, scored)
+            if timer:
+                timer("Picker", self.picker, time.perf_counter() - t0)
+            return self._finish(result, endpoints, totals)
+
         n = len(endpoints)
         totals = [0.0] * n
         if spans is not None:
@@ -132,8 +150,6 @@ class SchedulerProfile:
         if spans is not None:
             spans.leave()  # llm_d.epp.scoring
 
-        if self.picker is None:
-            raise SchedulingError(f"profile '{self.name}' has no picker")
         t0 = time.perf_counter() if timer else 0.0
         scored = [ScoredEndpoint(e, s) for e, s in zip(endpoints, totals, strict=True)]
         if spans is not None:
@@ -143,6 +159,12 @@ class SchedulerProfile:
             spans.leave()  # pick_endpoints
         if timer:
             timer("Picker", self.picker, time.perf_counter() - t0)
+        return self._finish(result, endpoints, totals)
+
+    def _finish(
+        self, result: ProfileRunResult, endpoints: list[Endpoint], totals: list[float]
+    ) -> ProfileRunResult:
+        assert self.picker is not None
         if not result.target_endpoints:
             raise SchedulingError(f"picker '{self.picker.name}' returned no endpoint")
         if self.record_scores and result.scores is None:

@@ -10,6 +10,7 @@ from epp.plugins.scorers._metric_scorer import MetricScorer
 class KVCacheUtilizationScorer(MetricScorer):
     type_name = "kv-cache-utilization-scorer"
     category = "Distribution"
+    metrics_only = True
 
     def score_known(self, cycle: CycleState, request: LLMRequest, endpoints: list[Endpoint]) -> list[float]:
         return [1.0 - e.metrics.kv_cache_usage_percent for e in endpoints]

@@ -22,6 +22,7 @@ def min_max_scores(values: Sequence[float]) -> list[float]:
 class QueueScorer(MetricScorer):
     type_name = "queue-scorer"
     category = "Distribution"
+    metrics_only = True
 
     def score_known(self, cycle: CycleState, request: LLMRequest, endpoints: list[Endpoint]) -> list[float]:
         return min_max_scores([e.metrics.waiting_queue_size for e in endpoints])

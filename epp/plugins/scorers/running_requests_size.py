@@ -11,6 +11,7 @@ from epp.plugins.scorers.queue import min_max_scores
 class RunningRequestsSizeScorer(MetricScorer):
     type_name = "running-requests-size-scorer"
     category = "Distribution"
+    metrics_only = True
 
     def score_known(self, cycle: CycleState, request: LLMRequest, endpoints: list[Endpoint]) -> list[float]:
         return min_max_scores([e.metrics.running_requests_size for e in endpoints])

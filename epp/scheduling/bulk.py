@@ -1,0 +1,168 @@
+"""A profile's scoring in bulk: the weighted sums ``SchedulerProfile`` defines, computed with
+C-level passes over the candidates and reused across requests where nothing they read changed.
+
+Per scorer, in profile order:
+
+- ``metrics_only`` scorers: their clamped, weighted scores are a column kept while the candidates
+  are the same objects, their ``Metrics`` objects are the same (or equal) and all are still fresh;
+  so are the sums of the leading run of such scorers (the default profile's queue and KV scorers).
+- scorers with a ``score_grouped`` answer (few distinct scores) add through a label -> weighted
+  score table, in C.
+- any other scorer is called as in the per-endpoint path.
+- a weight of 0 skips a scorer with a bulk path (its sums would not move).
+
+Additions happen in the same order as the per-endpoint path, so the sums are the same floats.
+Weights that are not finite use the per-endpoint path.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+import time
+from collections.abc import Callable, Sequence
+from itertools import repeat
+from typing import Any
+
+from epp.framework.candidates import CandidateMemo
+from epp.framework.endpoint import Endpoint, Metrics
+from epp.framework.errors import SchedulingError
+from epp.framework.interfaces import Scorer
+from epp.framework.request import LLMRequest
+from epp.framework.results import CycleState
+from epp.scheduling.data_scope import scope_of
+
+_METRICS = operator.attrgetter("metrics")
+_FRESH_UNTIL = operator.attrgetter("fresh_until")
+_ADD = operator.add
+_MUL = operator.mul
+Timer = Callable[[str, object, float], None]
+
+
+def has_grouped(scorer: Scorer) -> bool:
+    """True when the scorer's class implements ``score_grouped``."""
+    return type(scorer).score_grouped is not Scorer.score_grouped
+
+
+class BulkScoring:
+    """One profile's reusable state: the last candidates, their metrics, the columns and sums."""
+
+    __slots__ = ("_columns", "_fresh_min", "_lead", "_lead_len", "_memo", "_metrics", "_weights")
+
+    def __init__(self) -> None:
+        self._memo = CandidateMemo()
+        self._metrics: list[Metrics] = []
+        self._fresh_min = -math.inf
+        self._columns: dict[int, list[float]] = {}
+        self._lead: list[float] | None = None
+        self._lead_len = 0
+        self._weights: tuple[tuple[Scorer, float], ...] = ()
+
+    def usable(self, scorers: Sequence[Any]) -> bool:
+        return all(math.isfinite(ws.weight) for ws in scorers)
+
+    def _check(self, scorers: Sequence[Any], endpoints: list[Endpoint], now: float) -> None:
+        """Drop what was kept unless the scorers, candidates and metrics are as before and fresh."""
+        weights = tuple((ws.scorer, ws.weight) for ws in scorers)
+        same = self._memo.update(endpoints) and weights == self._weights
+        metrics = list(map(_METRICS, endpoints))
+        if same and now <= self._fresh_min and metrics == self._metrics:
+            return
+        self._weights = weights
+        self._metrics = metrics
+        self._fresh_min = min(map(_FRESH_UNTIL, metrics), default=math.inf)
+        self._columns = {}
+        self._lead = None
+        lead = 0
+        for scorer, _ in weights:
+            if not scorer.metrics_only:
+                break
+            lead += 1
+        self._lead_len = lead
+
+    def totals(
+        self,
+        scorers: Sequence[Any],
+        cycle: CycleState,
+        request: LLMRequest,
+        endpoints: list[Endpoint],
+        timer: Timer | None,
+    ) -> list[float]:
+        n = len(endpoints)
+        self._check(scorers, endpoints, time.monotonic())
+        lead_len = self._lead_len
+        start = 0
+        totals: list[float] | None = None
+        if lead_len and self._lead is not None:
+            totals = list(self._lead)
+            start = lead_len
+            if timer:
+                for ws in scorers[:lead_len]:
+                    timer("Scorer", ws.scorer, 0.0)
+        columns = self._columns
+        for j in range(start, len(scorers)):
+            ws = scorers[j]
+            scorer, w = ws.scorer, ws.weight
+            t0 = time.perf_counter() if timer else 0.0
+            if scorer.metrics_only:
+                if w != 0.0:
+                    col = columns.get(j)
+                    if col is None:
+                        col = columns[j] = add_dense(None, _call(scorer, cycle, request, endpoints, n), w, n)
+                    totals = list(col) if totals is None else list(map(_ADD, totals, col))
+            elif has_grouped(scorer):
+                if w != 0.0:
+                    cycle.scope = scope_of("Scorer", scorer)
+                    try:
+                        grouped = scorer.score_grouped(cycle, request, endpoints)
+                    finally:
+                        cycle.scope = None
+                    if grouped is None:
+                        totals = add_dense(totals, _call(scorer, cycle, request, endpoints, n), w, n)
+                    else:
+                        labels, by_label = grouped
+                        if len(labels) != n:
+                            raise SchedulingError(
+                                f"scorer '{scorer.name}' returned {len(labels)} labels for {n} endpoints"
+                            )
+                        c = {k: (1.0 if s > 1.0 else s) * w if s > 0.0 else 0.0 for k, s in by_label.items()}
+                        weighted = map(c.__getitem__, labels)
+                        totals = list(weighted) if totals is None else list(map(_ADD, totals, weighted))
+            else:
+                totals = add_dense(totals, _call(scorer, cycle, request, endpoints, n), w, n)
+            if timer:
+                timer("Scorer", scorer, time.perf_counter() - t0)
+            if j == lead_len - 1:
+                if totals is None:
+                    totals = [0.0] * n
+                self._lead = list(totals)
+        return totals if totals is not None else [0.0] * n
+
+
+def _call(
+    scorer: Scorer, cycle: CycleState, request: LLMRequest, endpoints: list[Endpoint], n: int
+) -> Sequence[float]:
+    cycle.scope = scope_of("Scorer", scorer)
+    try:
+        scores = scorer.score(cycle, request, endpoints)
+    finally:
+        cycle.scope = None
+    if len(scores) != n:
+        raise SchedulingError(f"scorer '{scorer.name}' returned {len(scores)} scores for {n} endpoints")
+    return scores
+
+
+def add_dense(totals: list[float] | None, scores: Sequence[float], w: float, n: int) -> list[float]:
+    """``totals`` (None = zeros) plus each score clamped to [0, 1] times ``w``, where it is above 0.
+
+    Scores already in [0, 1] (checked in C: no NaN, none out of range) take C-level passes: a
+    score of 0.0 then adds ``0.0 * w``, which leaves every sum as it was."""
+    if n and min(scores) >= 0.0 and max(scores) <= 1.0 and sum(scores) == sum(scores):
+        col = map(_MUL, scores, repeat(w, n))
+        return list(col) if totals is None else list(map(_ADD, totals, col))
+    if totals is None:
+        totals = [0.0] * n
+    for i, s in enumerate(scores):
+        if s > 0.0:
+            totals[i] += (1.0 if s > 1.0 else s) * w
+    return totals
