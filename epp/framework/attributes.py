@@ -6,8 +6,9 @@ Plugins declare the keys they ``produces``/``consumes``, so the loader can creat
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from itertools import repeat
 from typing import Any
 
 PREFIX_CACHE_MATCH_INFO_KEY = "PrefixCacheMatchInfoKey"
@@ -150,7 +151,17 @@ class PrefixMatches(dict[Any, PrefixCacheMatchInfo]):
     bulk path. ``endpoints`` and ``keys`` (their ``metadata.key``) must not change afterwards.
     """
 
-    __slots__ = ("_counts", "_filled", "_infos", "_keys", "_members", "_order", "_zero")
+    __slots__ = (
+        "_block_size",
+        "_counts",
+        "_filled",
+        "_infos",
+        "_keys",
+        "_members",
+        "_order",
+        "_total",
+        "_zero",
+    )
 
     def __init__(
         self,
@@ -167,40 +178,44 @@ class PrefixMatches(dict[Any, PrefixCacheMatchInfo]):
         self._keys = keys
         self._counts = counts
         self._zero = PrefixCacheMatchInfo(0, total_blocks, block_size_tokens)
-        self._infos: dict[int | None, PrefixCacheMatchInfo] = {
-            c: PrefixCacheMatchInfo(c, total_blocks, block_size_tokens) for c in set(counts.values())
-        }
+        self._total = total_blocks
+        self._block_size = block_size_tokens
+        self._infos: dict[int, PrefixCacheMatchInfo] = {}  # one shared info per count, made on demand
         self._filled = False
 
     def _fill(self) -> None:
         if not self._filled:
             self._filled = True
-            get, infos, zero = self._counts.get, self._infos, self._zero
+            get, info = self._counts.get, self.info
             for e in self._order:
-                c = get(e.metadata.key)
-                dict.__setitem__(self, e, zero if c is None else infos[c])
+                dict.__setitem__(self, e, info(get(e.metadata.key)))
 
-    def labels(
-        self, endpoints: list[Any]
-    ) -> tuple[list[int | None], dict[int | None, PrefixCacheMatchInfo]] | None:
-        """The bulk path when ``endpoints`` are the producer's candidates, in order: per endpoint
-        its matched block count (None for none), and each count's info. None otherwise."""
+    def info(self, count: int | None) -> PrefixCacheMatchInfo:
+        """The (shared) info of a matched block count; None: no match."""
+        if count is None:
+            return self._zero
+        info = self._infos.get(count)
+        if info is None:
+            info = self._infos[count] = PrefixCacheMatchInfo(count, self._total, self._block_size)
+        return info
+
+    def labels(self, endpoints: list[Any]) -> Iterable[int | None] | None:
+        """The bulk path when ``endpoints`` are the producer's candidates, in order: an iterator
+        of each one's matched block count (None: no match; ``info`` turns a count into its info).
+        None for another list."""
         if self._filled or endpoints != self._order:
             return None
-        infos: dict[int | None, PrefixCacheMatchInfo] = {**self._infos}
-        infos[None] = self._zero
         counts = self._counts
         if not counts:
-            return [None] * len(endpoints), infos
-        return list(map(counts.get, self._keys)), infos
+            return repeat(None, len(endpoints))
+        return map(counts.get, self._keys)
 
     def get(self, endpoint: Any, default: Any = None) -> Any:
         if self._filled:
             return dict.get(self, endpoint, default)
         if endpoint not in self._members:
             return default
-        c = self._counts.get(endpoint.metadata.key)
-        return self._zero if c is None else self._infos[c]
+        return self.info(self._counts.get(endpoint.metadata.key))
 
     def __getitem__(self, endpoint: Any) -> PrefixCacheMatchInfo:
         info = self.get(endpoint, None)

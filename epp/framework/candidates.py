@@ -7,7 +7,26 @@ sets and position maps per request.
 
 from __future__ import annotations
 
+import operator
+from typing import Any
+
 from epp.framework.endpoint import Endpoint
+
+FRESH_UNTIL_MIN_KEY = "epp.framework.fresh-until-min"
+"""Cycle-state entry of ``fresh_until_min``: (the candidate list, the least ``fresh_until``)."""
+_FRESH_UNTIL = operator.attrgetter("metrics.fresh_until")
+
+
+def fresh_until_min(cycle: Any, endpoints: list[Endpoint]) -> float:
+    """The least ``metrics.fresh_until`` over ``endpoints`` (inf for none): every candidate's
+    metrics are known at ``now`` iff ``now`` is at most this. Computed once per request and list
+    (kept in the cycle state), for the metric scorers of one request share it."""
+    entry = cycle.get(FRESH_UNTIL_MIN_KEY)
+    if entry is not None and entry[0] is endpoints:
+        return float(entry[1])
+    value = min(map(_FRESH_UNTIL, endpoints), default=float("inf"))
+    cycle[FRESH_UNTIL_MIN_KEY] = (endpoints, value)
+    return value
 
 
 class CandidateMemo:

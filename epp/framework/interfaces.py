@@ -7,7 +7,7 @@ discovery are asynchronous. Nothing here imports the server.
 from __future__ import annotations
 
 import abc
-from collections.abc import Callable, Hashable, Iterator, Mapping, MutableMapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from types import MappingProxyType
@@ -127,10 +127,11 @@ class Scorer(Plugin, abc.ABC):
 
     def score_grouped(
         self, cycle: CycleState, request: LLMRequest, endpoints: list[Endpoint]
-    ) -> tuple[Sequence[Hashable], Mapping[Hashable, float]] | None:
+    ) -> tuple[Iterable[Hashable], Callable[[Any], float]] | None:
         """Bulk path (optional), for scorers whose scores take few distinct values: a label per
-        endpoint, in order, and each label's score; ``score`` would give ``scores[labels[i]]`` to
-        ``endpoints[i]``. None: call ``score``."""
+        endpoint, in order (any iterable, read once), and the score of a label (called once per
+        distinct label); ``score`` would give ``score_of(labels[i])`` to ``endpoints[i]``.
+        None: call ``score``."""
         return None
 
 

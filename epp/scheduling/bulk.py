@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 from itertools import repeat
 from typing import Any
 
-from epp.framework.candidates import CandidateMemo
+from epp.framework.candidates import FRESH_UNTIL_MIN_KEY, CandidateMemo
 from epp.framework.endpoint import Endpoint, Metrics
 from epp.framework.errors import SchedulingError
 from epp.framework.interfaces import Scorer
@@ -35,6 +35,7 @@ from epp.scheduling.data_scope import scope_of
 _METRICS = operator.attrgetter("metrics")
 _FRESH_UNTIL = operator.attrgetter("fresh_until")
 _ADD = operator.add
+_IS = operator.is_
 _MUL = operator.mul
 Timer = Callable[[str, object, float], None]
 
@@ -42,6 +43,23 @@ Timer = Callable[[str, object, float], None]
 def has_grouped(scorer: Scorer) -> bool:
     """True when the scorer's class implements ``score_grouped``."""
     return type(scorer).score_grouped is not Scorer.score_grouped
+
+
+class _LabelTable(dict[Any, float]):
+    """label -> its score clamped to [0, 1] times the weight, computed on a label's first lookup
+    (``__missing__``), so the lookups of the others stay in C."""
+
+    __slots__ = ("_score_of", "_weight")
+
+    def __init__(self, score_of: Callable[[Any], float], weight: float) -> None:
+        super().__init__()
+        self._score_of = score_of
+        self._weight = weight
+
+    def __missing__(self, label: Any) -> float:
+        s = self._score_of(label)
+        v = self[label] = (1.0 if s > 1.0 else s) * self._weight if s > 0.0 else 0.0
+        return v
 
 
 class BulkScoring:
@@ -61,16 +79,21 @@ class BulkScoring:
     def usable(self, scorers: Sequence[Any]) -> bool:
         return all(math.isfinite(ws.weight) for ws in scorers)
 
-    def _check(self, scorers: Sequence[Any], endpoints: list[Endpoint], now: float) -> None:
+    def _check(
+        self, scorers: Sequence[Any], cycle: CycleState, endpoints: list[Endpoint], now: float
+    ) -> None:
         """Drop what was kept unless the scorers, candidates and metrics are as before and fresh."""
         weights = tuple((ws.scorer, ws.weight) for ws in scorers)
         same = self._memo.update(endpoints) and weights == self._weights
+        if same and now <= self._fresh_min and all(map(_IS, map(_METRICS, endpoints), self._metrics)):
+            return  # the same Metrics objects (scrapes replace them whole): nothing to redo
         metrics = list(map(_METRICS, endpoints))
         if same and now <= self._fresh_min and metrics == self._metrics:
-            return
+            return  # new objects with equal values
         self._weights = weights
         self._metrics = metrics
         self._fresh_min = min(map(_FRESH_UNTIL, metrics), default=math.inf)
+        cycle[FRESH_UNTIL_MIN_KEY] = (endpoints, self._fresh_min)  # the metric scorers' check
         self._columns = {}
         self._lead = None
         lead = 0
@@ -89,12 +112,14 @@ class BulkScoring:
         timer: Timer | None,
     ) -> list[float]:
         n = len(endpoints)
-        self._check(scorers, endpoints, time.monotonic())
+        self._check(scorers, cycle, endpoints, time.monotonic())
         lead_len = self._lead_len
         start = 0
         totals: list[float] | None = None
+        shared = False  # totals is the kept lead sums: replace, never change in place
         if lead_len and self._lead is not None:
-            totals = list(self._lead)
+            totals = self._lead
+            shared = True
             start = lead_len
             if timer:
                 for ws in scorers[:lead_len]:
@@ -110,6 +135,7 @@ class BulkScoring:
                     if col is None:
                         col = columns[j] = add_dense(None, _call(scorer, cycle, request, endpoints, n), w, n)
                     totals = list(col) if totals is None else list(map(_ADD, totals, col))
+                    shared = False
             elif has_grouped(scorer):
                 if w != 0.0:
                     cycle.scope = scope_of("Scorer", scorer)
@@ -118,25 +144,32 @@ class BulkScoring:
                     finally:
                         cycle.scope = None
                     if grouped is None:
-                        totals = add_dense(totals, _call(scorer, cycle, request, endpoints, n), w, n)
+                        scores = _call(scorer, cycle, request, endpoints, n)
+                        totals = add_dense(_own(totals, shared), scores, w, n)
+                        shared = False
                     else:
-                        labels, by_label = grouped
-                        if len(labels) != n:
-                            raise SchedulingError(
-                                f"scorer '{scorer.name}' returned {len(labels)} labels for {n} endpoints"
-                            )
-                        c = {k: (1.0 if s > 1.0 else s) * w if s > 0.0 else 0.0 for k, s in by_label.items()}
-                        weighted = map(c.__getitem__, labels)
+                        labels, score_of = grouped
+                        weighted = map(_LabelTable(score_of, w).__getitem__, labels)
                         totals = list(weighted) if totals is None else list(map(_ADD, totals, weighted))
+                        shared = False
+                        if len(totals) != n:
+                            raise SchedulingError(
+                                f"scorer '{scorer.name}' gave {len(totals)} labels for {n} endpoints"
+                            )
             else:
-                totals = add_dense(totals, _call(scorer, cycle, request, endpoints, n), w, n)
+                scores = _call(scorer, cycle, request, endpoints, n)
+                totals = add_dense(_own(totals, shared), scores, w, n)
+                shared = False
             if timer:
                 timer("Scorer", scorer, time.perf_counter() - t0)
             if j == lead_len - 1:
                 if totals is None:
                     totals = [0.0] * n
-                self._lead = list(totals)
-        return totals if totals is not None else [0.0] * n
+                self._lead = totals
+                shared = True
+        if totals is None:
+            return [0.0] * n
+        return list(totals) if shared else totals  # the picker gets its own list
 
 
 def _call(
@@ -152,12 +185,16 @@ def _call(
     return scores
 
 
+def _own(totals: list[float] | None, shared: bool) -> list[float] | None:
+    return list(totals) if shared and totals is not None else totals
+
+
 def add_dense(totals: list[float] | None, scores: Sequence[float], w: float, n: int) -> list[float]:
     """``totals`` (None = zeros) plus each score clamped to [0, 1] times ``w``, where it is above 0.
 
     Scores already in [0, 1] (checked in C: no NaN, none out of range) take C-level passes: a
     score of 0.0 then adds ``0.0 * w``, which leaves every sum as it was."""
-    if n and min(scores) >= 0.0 and max(scores) <= 1.0 and sum(scores) == sum(scores):
+    if n and min(scores) >= 0.0 and max(scores) <= 1.0 and (total := sum(scores)) == total:
         col = map(_MUL, scores, repeat(w, n))
         return list(col) if totals is None else list(map(_ADD, totals, col))
     if totals is None:

@@ -201,7 +201,8 @@ def test_prefix_matches_reads_as_the_plain_dict() -> None:
     with pytest.raises(KeyError):
         m[outsider]
     labels = m.labels(endpoints)
-    assert labels is not None and labels[0] == [None, 3, None, None, None]
+    assert labels is not None and list(labels) == [None, 3, None, None, None]
+    assert m.info(3) is m[endpoints[1]] and m.info(None).match_blocks == 0
     assert m.labels(endpoints[1:]) is None  # another candidate list: no bulk answer
     plain = dict(m.items())
     assert list(plain) == endpoints and [i.match_blocks for i in plain.values()] == [0, 3, 0, 0, 0]

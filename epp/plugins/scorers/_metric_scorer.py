@@ -6,14 +6,13 @@ Only candidates whose metrics are known are scored; every other one gets the mea
 from __future__ import annotations
 
 import abc
-import operator
 import time
 from collections.abc import Sequence
 
 from epp.framework import CycleState, Endpoint, LLMRequest, Scorer
+from epp.framework.candidates import fresh_until_min
 
 NEUTRAL = 0.5
-_FRESH_UNTIL = operator.attrgetter("metrics.fresh_until")
 
 
 class MetricScorer(Scorer, abc.ABC):
@@ -26,7 +25,7 @@ class MetricScorer(Scorer, abc.ABC):
 
     def score(self, cycle: CycleState, request: LLMRequest, endpoints: list[Endpoint]) -> Sequence[float]:
         now = time.monotonic()
-        if not endpoints or min(map(_FRESH_UNTIL, endpoints)) >= now:  # the common case: all known
+        if fresh_until_min(cycle, endpoints) >= now:  # the common case: every candidate known
             return self.score_known(cycle, request, endpoints)
         mask = [now <= e.metrics.fresh_until for e in endpoints]
         known = [e for e, k in zip(endpoints, mask, strict=True) if k]

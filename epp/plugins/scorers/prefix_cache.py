@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -96,13 +96,15 @@ class PrefixCacheScorer(Scorer):
 
     def score_grouped(
         self, cycle: CycleState, request: LLMRequest, endpoints: list[Endpoint]
-    ) -> tuple[Sequence[Hashable], Mapping[Hashable, float]] | None:
+    ) -> tuple[Iterable[Hashable], Callable[[Any], float]] | None:
         infos = cycle.get(PREFIX_CACHE_MATCH_INFO_KEY)
-        grouped = infos.labels(endpoints) if isinstance(infos, PrefixMatches) else None
-        if grouped is None:
+        if not isinstance(infos, PrefixMatches):
             return None
-        labels, by_label = grouped
-        return labels, {c: self._info_score(info) for c, info in by_label.items()}
+        labels = infos.labels(endpoints)  # matched block counts
+        if labels is None:
+            return None
+        info, score = infos.info, self._info_score
+        return labels, lambda count: score(info(count))
 
     def _info_score(self, info: object) -> float:
         if not isinstance(info, PrefixCacheMatchInfo) or info.total_blocks <= 0:
