@@ -267,6 +267,7 @@ async def main() -> None:
     ap.add_argument("--iterations", type=int, default=3000)
     ap.add_argument("--endpoints", default="10,100,1000")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--configs", default=",".join(BUILDERS), help="which of: " + ", ".join(BUILDERS))
     ap.add_argument("--churn", type=int, default=0, help="endpoints whose metrics change before each request")
     args = ap.parse_args()
     counts = [int(x) for x in args.endpoints.split(",")]
@@ -276,6 +277,8 @@ async def main() -> None:
         "produce / schedule / pre_request (median µs)"
     )
     for name, (build, needs_type) in BUILDERS.items():
+        if name not in args.configs.split(","):
+            continue
         if needs_type is not None and registry.lookup(needs_type) is None:
             print(f"{name:<8} skipped: '{needs_type}' is not registered")
             continue
