@@ -49,7 +49,7 @@ class SchedulerProfile:
     record_scores: bool = False  # set ProfileRunResult.scores (--emit-endpoint-scores)
     explain: bool = False  # --log-level=debug: record why it picked what it picked (EXPLANATIONS_KEY)
     bulk: bool = True  # False: always the per-endpoint path (the bulk path's reference in tests)
-    _bulk: BulkScoring = field(default_factory=BulkScoring, repr=False, compare=False)
+    _bulk: BulkScoring = field(default_factory=BulkScoring, init=False, repr=False, compare=False)
 
     def run(self, cycle: CycleState, request: LLMRequest, candidates: list[Endpoint]) -> ProfileRunResult:
         """Run the profile; raises ``SchedulingError`` when it cannot pick an endpoint."""
