@@ -207,3 +207,56 @@ def test_prefix_matches_reads_as_the_plain_dict() -> None:
     plain = dict(m.items())
     assert list(plain) == endpoints and [i.match_blocks for i in plain.values()] == [0, 3, 0, 0, 0]
     assert m == plain and isinstance(m, dict)
+
+
+def test_kept_columns_expire_with_the_metrics_freshness() -> None:
+    """Scores kept while every candidate is fresh are not reused once one goes stale."""
+    now = time.monotonic()
+    endpoints = [
+        Endpoint(
+            EndpointMetadata(f"e{i}", "10.0.0.1", 8000 + i), Metrics(waiting_queue_size=q, fresh_until=f)
+        )
+        for i, (q, f) in enumerate([(0, math.inf), (9, now + 0.05), (5, math.inf), (3, math.inf)])
+    ]
+    scorers = [WeightedScorer(QueueScorer("queue", NoParams()), 1.0)]
+
+    def profile(bulk: bool) -> SchedulerProfile:
+        return SchedulerProfile("p", scorers=scorers, picker=MaxScorePicker("m", PickerParams(4)), bulk=bulk)
+
+    bulk, per_endpoint = profile(True), profile(False)
+    req = _request("hello", 0)
+    order = [e.metadata.name for e in bulk.run(CycleState(), req, list(endpoints)).target_endpoints]
+    assert order == ["e0", "e3", "e2", "e1"]  # all known: shortest queue first
+    time.sleep(max(0.0, now + 0.06 - time.monotonic()))  # e1's metrics go stale: scored neutrally
+    _common.rng.seed(5)
+    got = bulk.run(CycleState(), req, list(endpoints))
+    _common.rng.seed(5)
+    want = per_endpoint.run(CycleState(), req, list(endpoints))
+    assert got.target_endpoints == want.target_endpoints
+    names = [e.metadata.name for e in got.target_endpoints]
+    assert names[0] == "e0" and names.index("e1") < 3  # no longer last
+
+
+def test_weight_zero_bulk_scorers_are_not_called() -> None:
+    calls: list[str] = []
+
+    class _Counted(QueueScorer):
+        def score(self, cycle: CycleState, request: LLMRequest, endpoints: list[Endpoint]) -> Sequence[float]:
+            calls.append(self.name)
+            return super().score(cycle, request, endpoints)
+
+    endpoints = [
+        Endpoint(EndpointMetadata(f"e{i}", "10.0.0.1", 8000 + i), Metrics(fresh_until=math.inf))
+        for i in range(3)
+    ]
+    p = SchedulerProfile(
+        "p",
+        scorers=[
+            WeightedScorer(_Counted("zero", NoParams()), 0.0),
+            WeightedScorer(_Counted("one", NoParams()), 1.0),
+        ],
+        picker=MaxScorePicker("m", PickerParams()),
+    )
+    p.run(CycleState(), _request("x", 0), list(endpoints))
+    p.run(CycleState(), _request("y", 1), list(endpoints))  # same candidates and metrics: kept
+    assert calls == ["one"]
