@@ -119,3 +119,8 @@ bench-pd: install
 .PHONY: bench-status-page
 bench-status-page: install
 	$(PYTHON) bench/status_page.py
+
+.PHONY: bench-scale
+bench-scale: install
+	$(PYTHON) bench/scale.py
+

@@ -1,7 +1,9 @@
 """Benchmark one scheduling cycle as the director runs it: producers, ``Scheduler.schedule``, PreRequest.
 
-Run: ``.venv/bin/python bench/sched.py [--iterations N] [--endpoints 10,100,1000] [--seed S]``;
-median and p99 µs per configuration and endpoint count, with a per-stage breakdown.
+Run: ``.venv/bin/python bench/sched.py [--iterations N] [--endpoints 10,100,1000] [--seed S]
+[--churn K]``; median and p99 µs per configuration and endpoint count, with a per-stage breakdown.
+``--churn K``: before each request (outside the timed part) K random endpoints get a new ``Metrics``
+object, as scrapes landing between requests do (the bulk path then recomputes its columns).
 """
 
 from __future__ import annotations
@@ -212,7 +214,9 @@ async def warm(
         i += 1
 
 
-async def measure(setup: Setup, n_endpoints: int, iterations: int, seed: int) -> dict[str, list[float]]:
+async def measure(
+    setup: Setup, n_endpoints: int, iterations: int, seed: int, churn: int = 0
+) -> dict[str, list[float]]:
     rnd = random.Random(seed)
     endpoints = make_endpoints(n_endpoints, rnd)
     user_text = "Shipment 4471 left Rotterdam on 2025-03-02. " * 7  # system + user ~ 1 KB of JSON
@@ -225,6 +229,14 @@ async def measure(setup: Setup, n_endpoints: int, iterations: int, seed: int) ->
     warmup = min(200, iterations // 5)
     for i in range(warmup + iterations):
         req = make_request(dict(payload), raw, i)
+        for e in rnd.sample(endpoints, k=min(churn, n_endpoints)):
+            e.metrics = Metrics(
+                waiting_queue_size=rnd.randint(0, 20),
+                running_requests_size=rnd.randint(0, 64),
+                kv_cache_usage_percent=rnd.random(),
+                update_time=time.monotonic(),
+                fresh_until=math.inf,
+            )
         candidates = list(endpoints)
         cycle = CycleState()
         t0 = perf()
@@ -255,6 +267,8 @@ async def main() -> None:
     ap.add_argument("--iterations", type=int, default=3000)
     ap.add_argument("--endpoints", default="10,100,1000")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--configs", default=",".join(BUILDERS), help="which of: " + ", ".join(BUILDERS))
+    ap.add_argument("--churn", type=int, default=0, help="endpoints whose metrics change before each request")
     args = ap.parse_args()
     counts = [int(x) for x in args.endpoints.split(",")]
 
@@ -263,6 +277,8 @@ async def main() -> None:
         "produce / schedule / pre_request (median µs)"
     )
     for name, (build, needs_type) in BUILDERS.items():
+        if name not in args.configs.split(","):
+            continue
         if needs_type is not None and registry.lookup(needs_type) is None:
             print(f"{name:<8} skipped: '{needs_type}' is not registered")
             continue
@@ -271,7 +287,7 @@ async def main() -> None:
             if setup is None:
                 print(f"{name:<8} skipped: no configuration yet (see build_{name})")
                 break
-            t = await measure(setup, n, args.iterations, args.seed)
+            t = await measure(setup, n, args.iterations, args.seed, args.churn)
             us = {k: [v * 1e6 for v in vs] for k, vs in t.items()}
             print(
                 f"{name:<8} {n:>9} {statistics.median(us['total']):>10.1f} {p99(us['total']):>9.1f}   "

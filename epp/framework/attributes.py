@@ -6,8 +6,10 @@ Plugins declare the keys they ``produces``/``consumes``, so the loader can creat
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from itertools import repeat
+from typing import Any
 
 PREFIX_CACHE_MATCH_INFO_KEY = "PrefixCacheMatchInfoKey"
 INFLIGHT_LOAD_KEY = "InFlightLoadKey"
@@ -138,3 +140,171 @@ DEFAULT_PRODUCERS: dict[str, str] = {
     TOKENIZED_PROMPT_KEY: "token-producer",
     LATENCY_PREDICTION_INFO_KEY: "predicted-latency-producer",
 }
+
+
+class PrefixMatches(dict[Any, PrefixCacheMatchInfo]):
+    """``{endpoint: PrefixCacheMatchInfo}`` over a producer's candidates, built from the few matched.
+
+    A prefix producer writes this instead of a full dict: ``get``, ``[]`` and ``in`` answer from the
+    matched keys and the candidate set at once; anything that walks or changes the mapping fills it
+    with every candidate first, so it reads as the plain dict it replaces. ``labels`` gives the
+    bulk path. ``endpoints`` and ``keys`` (their ``metadata.key``) must not change afterwards.
+    """
+
+    __slots__ = (
+        "_block_size",
+        "_counts",
+        "_filled",
+        "_infos",
+        "_keys",
+        "_members",
+        "_order",
+        "_total",
+        "_zero",
+    )
+
+    def __init__(
+        self,
+        endpoints: Sequence[Any],
+        members: frozenset[Any],
+        keys: Sequence[str],
+        counts: Mapping[str, int],
+        total_blocks: int,
+        block_size_tokens: int,
+    ) -> None:
+        super().__init__()
+        self._order = endpoints
+        self._members = members
+        self._keys = keys
+        self._counts = counts
+        self._zero = PrefixCacheMatchInfo(0, total_blocks, block_size_tokens)
+        self._total = total_blocks
+        self._block_size = block_size_tokens
+        self._infos: dict[int, PrefixCacheMatchInfo] = {}  # one shared info per count, made on demand
+        self._filled = False
+
+    def _fill(self) -> None:
+        if not self._filled:
+            self._filled = True
+            get, info = self._counts.get, self.info
+            for e in self._order:
+                dict.__setitem__(self, e, info(get(e.metadata.key)))
+
+    def info(self, count: int | None) -> PrefixCacheMatchInfo:
+        """The (shared) info of a matched block count; None: no match."""
+        if count is None:
+            return self._zero
+        info = self._infos.get(count)
+        if info is None:
+            info = self._infos[count] = PrefixCacheMatchInfo(count, self._total, self._block_size)
+        return info
+
+    def labels(self, endpoints: list[Any]) -> Iterable[int | None] | None:
+        """The bulk path when ``endpoints`` are the producer's candidates, in order: an iterator
+        of each one's matched block count (None: no match; ``info`` turns a count into its info).
+        None for another list."""
+        if self._filled or endpoints != self._order:
+            return None
+        counts = self._counts
+        if not counts:
+            return repeat(None, len(endpoints))
+        return map(counts.get, self._keys)
+
+    def get(self, endpoint: Any, default: Any = None) -> Any:
+        if self._filled:
+            return dict.get(self, endpoint, default)
+        if endpoint not in self._members:
+            return default
+        return self.info(self._counts.get(endpoint.metadata.key))
+
+    def __getitem__(self, endpoint: Any) -> PrefixCacheMatchInfo:
+        info = self.get(endpoint, None)
+        if info is None:
+            raise KeyError(endpoint)
+        return info
+
+    def __contains__(self, endpoint: object) -> bool:
+        return dict.__contains__(self, endpoint) if self._filled else endpoint in self._members
+
+    def __len__(self) -> int:
+        return dict.__len__(self) if self._filled else len(self._members)
+
+    def __iter__(self) -> Iterator[Any]:
+        self._fill()
+        return dict.__iter__(self)
+
+    def __reversed__(self) -> Iterator[Any]:
+        self._fill()
+        return dict.__reversed__(self)
+
+    def __repr__(self) -> str:
+        self._fill()
+        return dict.__repr__(self)
+
+    def __eq__(self, other: object) -> bool:
+        self._fill()
+        if isinstance(other, PrefixMatches):
+            other._fill()
+        return dict.__eq__(self, other)
+
+    def __ne__(self, other: object) -> bool:
+        return not self.__eq__(other)
+
+    __hash__ = None
+
+    def __setitem__(self, endpoint: Any, info: PrefixCacheMatchInfo) -> None:
+        self._fill()
+        dict.__setitem__(self, endpoint, info)
+
+    def __delitem__(self, endpoint: Any) -> None:
+        self._fill()
+        dict.__delitem__(self, endpoint)
+
+    def __or__(self, other: Any) -> Any:
+        self._fill()
+        return dict(self) | other
+
+    def __ior__(self, other: Any) -> Any:
+        self._fill()
+        dict.update(self, other)
+        return self
+
+    def keys(self) -> Any:
+        self._fill()
+        return dict.keys(self)
+
+    def values(self) -> Any:
+        self._fill()
+        return dict.values(self)
+
+    def items(self) -> Any:
+        self._fill()
+        return dict.items(self)
+
+    def copy(self) -> dict[Any, PrefixCacheMatchInfo]:
+        self._fill()
+        return dict(dict.items(self))
+
+    def pop(self, *args: Any) -> Any:
+        self._fill()
+        return dict.pop(self, *args)
+
+    def popitem(self) -> tuple[Any, PrefixCacheMatchInfo]:
+        self._fill()
+        return dict.popitem(self)
+
+    def setdefault(self, *args: Any) -> Any:
+        self._fill()
+        return dict.setdefault(self, *args)
+
+    def update(self, *args: Any, **kwargs: Any) -> None:
+        self._fill()
+        dict.update(self, *args, **kwargs)
+
+    def clear(self) -> None:
+        self._filled = True
+        dict.clear(self)
+
+    def __reduce__(self) -> Any:
+        self._fill()
+        return (dict, (dict(dict.items(self)),))

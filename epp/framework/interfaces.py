@@ -7,7 +7,7 @@ discovery are asynchronous. Nothing here imports the server.
 from __future__ import annotations
 
 import abc
-from collections.abc import Callable, Iterator, Mapping, MutableMapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from types import MappingProxyType
@@ -116,9 +116,23 @@ class Scorer(Plugin, abc.ABC):
     """
 
     category: ClassVar[str] = "Distribution"
+    # Bulk path (optional, see docs/plugins.md "Scoring many endpoints"): True when ``score``
+    # depends only on the candidates' ``Metrics`` objects, in order, and on each being fresh now
+    # (``fresh_until``): the profile reuses its last scores while the candidates, their
+    # ``Metrics`` objects and their freshness are unchanged.
+    metrics_only: ClassVar[bool] = False
 
     @abc.abstractmethod
     def score(self, cycle: CycleState, request: LLMRequest, endpoints: list[Endpoint]) -> Sequence[float]: ...
+
+    def score_grouped(
+        self, cycle: CycleState, request: LLMRequest, endpoints: list[Endpoint]
+    ) -> tuple[Iterable[Hashable], Callable[[Any], float]] | None:
+        """Bulk path (optional), for scorers whose scores take few distinct values: a label per
+        endpoint, in order (any iterable, read once), and the score of a label (called once per
+        distinct label); ``score`` would give ``score_of(labels[i])`` to ``endpoints[i]``.
+        None: call ``score``."""
+        return None
 
 
 class Picker(Plugin, abc.ABC):
@@ -128,6 +142,13 @@ class Picker(Plugin, abc.ABC):
     def pick(
         self, cycle: CycleState, request: LLMRequest, scored: list[ScoredEndpoint]
     ) -> ProfileRunResult: ...
+
+    def pick_totals(
+        self, cycle: CycleState, request: LLMRequest, endpoints: list[Endpoint], totals: list[float]
+    ) -> ProfileRunResult | None:
+        """Bulk path (optional): what ``pick`` would return for ``ScoredEndpoint(endpoints[i],
+        totals[i])``, random draws included, without building those objects. None: call ``pick``."""
+        return None
 
 
 class ProfileHandler(Plugin, abc.ABC):

@@ -73,7 +73,7 @@ class Recorded:
         self,
         profile: str,
         scorers: Sequence[Any],
-        raw: Sequence[Sequence[float]],
+        raw: Sequence[Sequence[float] | None],
         endpoints: Sequence[Endpoint],
         totals: Sequence[float],
         picked: Sequence[Endpoint],
@@ -104,13 +104,14 @@ class Recorded:
 def record(
     profile: str,
     scorers: Sequence[tuple[str, float]],
-    raw: Sequence[Sequence[float]],
+    raw: Sequence[Sequence[float] | None],
     endpoints: Sequence[Endpoint],
     totals: Sequence[float],
     picked: Sequence[Endpoint],
 ) -> Decision:
     """The decision from the scores a profile ran on: ``raw[j][i]`` is scorer ``j``'s unweighted score
-    of ``endpoints[i]``, ``totals[i]`` the weighted sum. O(endpoints) for the runners-up."""
+    of ``endpoints[i]`` (``raw[j]`` None: a scorer of weight 0 left uncalled), ``totals[i]`` the
+    weighted sum. O(endpoints) for the runners-up."""
     index = {id(e): i for i, e in enumerate(endpoints)} if len(picked) > 1 else None
     chosen: list[int] = []
     for e in picked:
@@ -127,7 +128,9 @@ def record(
     rows = []
     for i in (*chosen, *runners):
         e = endpoints[i]
-        weighted = tuple(_clamp(raw[j][i]) * w for j, w in enumerate(weights))
+        weighted = tuple(
+            0.0 if row is None else _clamp(row[i]) * w for row, w in zip(raw, weights, strict=True)
+        )
         rows.append(Row(e.metadata.name, e.hostport, i in taken, float(totals[i]), weighted))
     return Decision(profile, len(endpoints), tuple(scorers), tuple(rows))
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -12,6 +12,7 @@ from epp.framework.errors import FiltersDrainedError, SchedulingError
 from epp.framework.interfaces import Filter, Picker, Scorer
 from epp.framework.request import LLMRequest
 from epp.framework.results import CycleState, ProfileRunResult, ScoredEndpoint
+from epp.scheduling.bulk import BulkScoring
 from epp.scheduling.data_scope import scope_of
 from epp.scheduling.decision import DECISION_KEY, Recorded
 from epp.scheduling.scorer_metrics import ScorerMetrics
@@ -36,6 +37,8 @@ class SchedulerProfile:
     Each scorer's scores are clamped to [0, 1], multiplied by its weight and summed per endpoint (no
     division by the sum of weights: argmax and weighted-random picks do not change under a uniform
     scale). The picker receives the scored endpoints in candidate order; an empty pick fails too.
+    Unless a request is traced or explained, the sums come from ``BulkScoring`` (the same numbers,
+    with the plugins' bulk paths and scores reused while the candidates' metrics are unchanged).
     """
 
     name: str
@@ -48,7 +51,9 @@ class SchedulerProfile:
     record_scores: bool = False  # set ProfileRunResult.scores (--emit-endpoint-scores)
     explain: bool = False  # --log-level=debug: record why it picked what it picked (EXPLANATIONS_KEY)
     decide: bool = False  # record each run's Decision (DECISION_KEY): explainable decisions
+    bulk: bool = True  # False: always the per-endpoint path (the bulk path's reference in tests)
     _metrics: ScorerMetrics | None = None  # bound on the first run (the scorers are set by then)
+    _bulk: BulkScoring = field(default_factory=BulkScoring, init=False, repr=False, compare=False)
 
     def run(self, cycle: CycleState, request: LLMRequest, candidates: list[Endpoint]) -> ProfileRunResult:
         """Run the profile; raises ``SchedulingError`` when it cannot pick an endpoint."""
@@ -115,10 +120,23 @@ class SchedulerProfile:
         if spans is not None:
             spans.filters_done(endpoints)
 
+        if self.picker is None:
+            raise SchedulingError(f"profile '{self.name}' has no picker")
+        if spans is None and top is None and self.bulk and self._bulk.usable(self.scorers):
+            rows: list[Sequence[float] | None] = []  # each scorer's scores (None: weight 0, not called)
+            totals = self._bulk.totals(self.scorers, cycle, request, endpoints, timer, rows)
+            t0 = time.perf_counter() if timer else 0.0
+            result = self.picker.pick_totals(cycle, request, endpoints, totals)
+            if result is None:
+                scored = [ScoredEndpoint(e, s) for e, s in zip(endpoints, totals, strict=True)]
+                result = self.picker.pick(cycle, request, scored)
+            if timer:
+                timer("Picker", self.picker, time.perf_counter() - t0)
+            return self._finish(cycle, result, endpoints, totals, rows)
+
         n = len(endpoints)
         totals = [0.0] * n
-        raw: list[Any] | None = [] if self.decide else None
-        rows: list[Any] = []  # each scorer's scores (the per-scorer metrics)
+        rows = []
         if spans is not None:
             spans.scoring(request, len(self.scorers), endpoints)
         for ws in self.scorers:
@@ -132,8 +150,6 @@ class SchedulerProfile:
                 cycle.scope = None
             if spans is not None:
                 spans.scorer_done(scores)
-            if raw is not None:
-                raw.append(tuple(scores))  # as scored: a scorer may reuse its list
             if top is not None:
                 ranked = sorted(zip(scores, (e.metadata.name for e in endpoints), strict=False), reverse=True)
                 top[ws.scorer.name] = [(name, round(float(v), 4)) for v, name in ranked[:_TOP]]
@@ -143,7 +159,7 @@ class SchedulerProfile:
                 raise SchedulingError(
                     f"scorer '{ws.scorer.name}' returned {len(scores)} scores for {n} endpoints"
                 )
-            rows.append(scores)
+            rows.append(tuple(scores))  # as scored: a scorer may reuse its list
             w = ws.weight
             for i, s in enumerate(scores):
                 if s > 0.0:
@@ -151,8 +167,6 @@ class SchedulerProfile:
         if spans is not None:
             spans.leave()  # llm_d.epp.scoring
 
-        if self.picker is None:
-            raise SchedulingError(f"profile '{self.name}' has no picker")
         t0 = time.perf_counter() if timer else 0.0
         scored = [ScoredEndpoint(e, s) for e, s in zip(endpoints, totals, strict=True)]
         if spans is not None:
@@ -162,10 +176,22 @@ class SchedulerProfile:
             spans.leave()  # pick_endpoints
         if timer:
             timer("Picker", self.picker, time.perf_counter() - t0)
+        return self._finish(cycle, result, endpoints, totals, rows)
+
+    def _finish(
+        self,
+        cycle: CycleState,
+        result: ProfileRunResult,
+        endpoints: list[Endpoint],
+        totals: list[float],
+        rows: list[Sequence[float] | None],
+    ) -> ProfileRunResult:
+        """``rows[j]``: scorer ``j``'s unweighted scores of ``endpoints`` (None: not called, weight 0)."""
+        assert self.picker is not None
         if not result.target_endpoints:
             raise SchedulingError(f"picker '{self.picker.name}' returned no endpoint")
-        if raw is not None:  # references only: the explanation is built when something shows it
-            recorded = Recorded(self.name, self.scorers, raw, endpoints, totals, result.target_endpoints)
+        if self.decide:  # references only: the explanation is built when something shows it
+            recorded = Recorded(self.name, self.scorers, rows, endpoints, totals, result.target_endpoints)
             cycle.setdefault(DECISION_KEY, []).append(recorded)
         if rows:
             self._record_scorers(rows, endpoints, result.target_endpoints[0])

@@ -42,9 +42,12 @@ class ScorerMetrics:
     def size(self) -> int:
         return len(self._score)
 
-    def record(self, weights: Sequence[float], scores: Sequence[Sequence[float]], picked: int) -> None:
-        """``scores[k]``: scorer ``k``'s raw scores of the candidates; ``picked``: the index picked."""
+    def record(self, weights: Sequence[float], scores: Sequence[Sequence[float] | None], picked: int) -> None:
+        """``scores[k]``: scorer ``k``'s raw scores of the candidates (None: a scorer of weight 0 that
+        was not called, left out); ``picked``: the index picked."""
         for k, row in enumerate(scores):
+            if row is None:
+                continue
             mine = row[picked]
             clamped = 0.0 if mine <= 0.0 else (1.0 if mine > 1.0 else mine)
             self._score[k].observe(clamped * weights[k])

@@ -68,7 +68,9 @@ class PrefixIndex:
                 if v not in counts:
                     counts[v] = i + 1
             elif v is not None and len(v) > len(counts):  # nested: only a bigger set brings new ones
-                counts.update(dict.fromkeys(v - counts.keys(), i + 1))
+                wider = dict.fromkeys(v, i + 1)  # every holder at this depth, then the deeper ones
+                wider.update(counts)
+                counts = wider
             if len(counts) >= everyone:  # all of S_0 placed: earlier blocks bring no one new
                 break
         return counts

@@ -21,7 +21,8 @@ from epp.framework import (
     SchedulingResult,
     register,
 )
-from epp.framework.attributes import PREFIX_CACHE_MATCH_INFO_KEY, PrefixCacheMatchInfo
+from epp.framework.attributes import PREFIX_CACHE_MATCH_INFO_KEY, PrefixMatches
+from epp.framework.candidates import CandidateMemo
 from epp.framework.cross_replica import SharedLog
 from epp.framework.params import OMIT_UNSET
 from epp.plugins.producers import _prefix_metrics
@@ -190,6 +191,7 @@ class ApproxPrefixCacheProducer(DataProducer, PreRequest):
         self._chains: dict[tuple[int, int, int, int, int | None], tuple[int, ...]] = {}
         self._outbox: list[tuple[list[int], str, int]] | None = None  # HA: updates for the standbys
         self._next_sweep = time.monotonic() + SWEEP_INTERVAL_SECONDS
+        self._candidates = CandidateMemo()
 
     # --- request path -------------------------------------------------------------------------
 
@@ -203,18 +205,12 @@ class ApproxPrefixCacheProducer(DataProducer, PreRequest):
         counts = self.index.match(hashes) if total else {}
         cycle[self._state_key] = _MatchState(hashes, counts, bs)
 
-        zero = PrefixCacheMatchInfo(0, total, bs)
-        if not counts:
-            cycle[PREFIX_CACHE_MATCH_INFO_KEY] = dict.fromkeys(endpoints, zero)
-            return
-        # one shared info per distinct match length; C-level passes over the candidates
-        info_of: dict[int | None, PrefixCacheMatchInfo] = {
-            c: PrefixCacheMatchInfo(c, total, bs) for c in set(counts.values())
-        }
-        info_of[None] = zero
-        keys = [e.metadata.key for e in endpoints]
-        cycle[PREFIX_CACHE_MATCH_INFO_KEY] = dict(
-            zip(endpoints, map(info_of.__getitem__, map(counts.get, keys)), strict=True)
+        # O(matched endpoints): the mapping answers per endpoint from the counts and fills itself
+        # only when walked; the candidates' set and key map are kept while the list is the same
+        memo = self._candidates
+        memo.update(endpoints)
+        cycle[PREFIX_CACHE_MATCH_INFO_KEY] = PrefixMatches(
+            memo.endpoints, memo.members(), memo.keys() if counts else (), counts, total, bs
         )
 
     def pre_request(self, cycle: CycleState, request: LLMRequest, result: SchedulingResult) -> None:

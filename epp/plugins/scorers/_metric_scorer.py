@@ -10,6 +10,7 @@ import time
 from collections.abc import Sequence
 
 from epp.framework import CycleState, Endpoint, LLMRequest, Scorer
+from epp.framework.candidates import fresh_until_min
 
 NEUTRAL = 0.5
 
@@ -24,10 +25,7 @@ class MetricScorer(Scorer, abc.ABC):
 
     def score(self, cycle: CycleState, request: LLMRequest, endpoints: list[Endpoint]) -> Sequence[float]:
         now = time.monotonic()
-        for e in endpoints:
-            if e.metrics.fresh_until < now:
-                break
-        else:  # the common case: every candidate's metrics are known
+        if fresh_until_min(cycle, endpoints) >= now:  # the common case: every candidate known
             return self.score_known(cycle, request, endpoints)
         mask = [now <= e.metrics.fresh_until for e in endpoints]
         known = [e for e, k in zip(endpoints, mask, strict=True) if k]

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from epp.framework import CycleState, Endpoint, Handle, LLMRequest, Scorer, register
-from epp.framework.attributes import PREFIX_CACHE_MATCH_INFO_KEY, PrefixCacheMatchInfo
+from epp.framework.attributes import PREFIX_CACHE_MATCH_INFO_KEY, PrefixCacheMatchInfo, PrefixMatches
 from epp.framework.params import OMIT_UNSET
 from epp.plugins.producers.approx_prefix_cache import ApproxPrefixCacheParams
 from epp.plugins.scorers._data_keys import check_producers
@@ -83,7 +83,6 @@ class PrefixCacheScorer(Scorer):
         if not infos:
             return [0.0] * len(endpoints)
         get = infos.get
-        weight, scale = self._weight, self._scale
         scores: dict[int, float] = {}  # id(info) -> score: the producer shares one info per match length
         out: list[float] = []
         append = out.append
@@ -91,13 +90,28 @@ class PrefixCacheScorer(Scorer):
             info = get(e)
             r = scores.get(id(info))
             if r is None:
-                if isinstance(info, PrefixCacheMatchInfo) and info.total_blocks > 0:
-                    r = info.match_blocks / info.total_blocks
-                    if weight > 0.0:
-                        length = min(1.0, info.match_blocks * info.block_size_tokens / scale)
-                        r = weight * length * length + (1.0 - weight) * r
-                else:
-                    r = 0.0
-                scores[id(info)] = r
+                r = scores[id(info)] = self._info_score(info)
             append(r)
         return out
+
+    def score_grouped(
+        self, cycle: CycleState, request: LLMRequest, endpoints: list[Endpoint]
+    ) -> tuple[Iterable[Hashable], Callable[[Any], float]] | None:
+        infos = cycle.get(PREFIX_CACHE_MATCH_INFO_KEY)
+        if not isinstance(infos, PrefixMatches):
+            return None
+        labels = infos.labels(endpoints)  # matched block counts
+        if labels is None:
+            return None
+        info, score = infos.info, self._info_score
+        return labels, lambda count: score(info(count))
+
+    def _info_score(self, info: object) -> float:
+        if not isinstance(info, PrefixCacheMatchInfo) or info.total_blocks <= 0:
+            return 0.0
+        r = info.match_blocks / info.total_blocks
+        weight = self._weight
+        if weight > 0.0:
+            length = min(1.0, info.match_blocks * info.block_size_tokens / self._scale)
+            r = weight * length * length + (1.0 - weight) * r
+        return r

@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+from operator import attrgetter
+
 from epp.framework import CycleState, Endpoint, LLMRequest, register
 from epp.plugins.scorers._metric_scorer import MetricScorer
 from epp.plugins.scorers.queue import min_max_scores
+
+_RUNNING = attrgetter("metrics.running_requests_size")
 
 
 @register
 class RunningRequestsSizeScorer(MetricScorer):
     type_name = "running-requests-size-scorer"
     category = "Distribution"
+    metrics_only = True
 
     def score_known(self, cycle: CycleState, request: LLMRequest, endpoints: list[Endpoint]) -> list[float]:
-        return min_max_scores([e.metrics.running_requests_size for e in endpoints])
+        return min_max_scores(list(map(_RUNNING, endpoints)))
