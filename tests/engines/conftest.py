@@ -41,3 +41,10 @@ def rig(tmp_path: Path) -> Iterator[Rig]:
         yield r
     finally:
         r.close()
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Engine tests wait for engines to start (a minute or two on 2 busy cores): a longer timeout."""
+    for item in items:
+        if "tests/engines/" in str(item.fspath) and item.get_closest_marker("timeout") is None:
+            item.add_marker(pytest.mark.timeout(900))
