@@ -342,6 +342,7 @@ def wait_for(what: str, check: Any, timeout: float = 20.0, interval: float = 0.2
 
 def prompt(tag: str, blocks: int = 4) -> str:
     """A prompt of about ``blocks`` x 32 tokens or more, unique by ``tag`` from its first token on."""
-    words = "alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima mike".split()
+    words = ["alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf"]
+    words += ["hotel", "india", "juliet", "kilo", "lima", "mike"]
     body = " ".join(words[(i * 7 + len(tag)) % len(words)] for i in range(blocks * 32))
     return f"{tag} {body}"

@@ -26,7 +26,7 @@ def test_requests_after_idle_gaps_never_fail(pool: Pool, rig: Rig) -> None:
         time.sleep(rng.uniform(0, GAP[1]))  # streams out of phase
         for _ in range(PER_STREAM):
             body = {"model": pool.model, "prompt": prompt(uuid.uuid4().hex[:8], blocks=1), "max_tokens": 2}
-            status, headers, data = http(front.envoy.url + "/v1/completions", body)
+            status, _, data = http(front.envoy.url + "/v1/completions", body)
             if status != 200:
                 failures.append((status, data[:120].decode(errors="replace")))
             time.sleep(rng.uniform(*GAP))
