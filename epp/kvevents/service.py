@@ -7,10 +7,18 @@ socket; the asyncio loop never runs ingestion. Per stream the batch sequence is 
 
 - sequence lower than the last one (the engine restarted): the endpoint is cleared, then replayed
   from 0 when a replay socket is configured;
+- the stream resumes after its socket disconnected or its server was down (``endpoint_down``): the
+  engine may have restarted (its numbering starts again at 0, so even an equal sequence number is no
+  duplicate). With a replay socket the batch last seen is asked again and compared with the one
+  applied (same engine: the stream goes on; otherwise the endpoint is cleared and replayed from 0);
+  without one the endpoint is cleared and the next batch is taken as it comes;
 - a gap: replay from last + 1; without replay, or when the replay fails (no answer within
   ``REPLAY_IDLE_TIMEOUT``, the start no longer buffered, a malformed reply), the endpoint is cleared
   (its entries are stale) and the stream goes on live; a failed replay is not retried for
   ``REPLAY_COOLDOWN``;
+- a replay answer that skips sequence numbers, or stops without its end marker after some batches
+  (an engine's ROUTER drops what exceeds its send high-water mark), is asked again from the first
+  missing batch; ``REPLAY_RETRIES`` answers in a row that bring nothing new fail the replay;
 - a malformed message: counted, the endpoint cleared (its events were lost);
 - an unreachable socket: ZMQ keeps reconnecting; every retry is counted.
 
@@ -40,6 +48,8 @@ log = structlog.get_logger("epp.kvevents")
 
 REPLAY_IDLE_TIMEOUT = 2.0
 REPLAY_COOLDOWN = 30.0
+REPLAY_RETRIES = 3  # answers in a row without a new batch before a replay fails
+REPLAY_MAX_ROUNDS = 64  # answers per replay at most (a 10,000-batch buffer over 1,000-batch answers)
 MAX_PENDING = 100_000  # live messages held while a replay runs
 MAX_MESSAGE_BYTES = 128 << 20  # a larger message drops the connection (ZMQ reconnects)
 _BURST = 256  # messages taken from one socket per poll round (fairness)
@@ -75,6 +85,10 @@ class _Replay:
     expected: int
     deadline: float
     received: int = 0
+    verify: bool = False  # the first answer must be the batch last applied (``start``), unchanged
+    matched: bool = False
+    retries: int = 0  # answers in a row that brought no new batch
+    rounds: int = 1
 
 
 @dataclass(slots=True)
@@ -84,6 +98,8 @@ class _Seq:
     pod: str
     replay_endpoint: str = ""
     last: int | None = None
+    digest: int = 0  # hash of the last applied batch (restart check after a reconnection)
+    suspect: bool = False  # disconnected or down since ``last``: check for a restart on resuming
     topic: str = ""
     replay: _Replay | None = None
     pending: list[tuple[str, int, bytes]] = field(default_factory=list)
@@ -192,6 +208,12 @@ class KVEventsIngester:
         self._commands.append(("remove", key))
         self._wake()
 
+    def endpoint_down(self, key: str, down: bool) -> None:
+        """The endpoint's server was found gone (``down``), or back: on its return its stream is
+        checked for a restart (see the module docstring)."""
+        self._commands.append(("down", (key, down)))
+        self._wake()
+
     def _wake(self) -> None:
         with self._wake_lock:
             if self._wake_tx is not None:
@@ -258,7 +280,10 @@ class KVEventsIngester:
         for seq in self._replaying():
             assert seq.replay is not None
             if now >= seq.replay.deadline:
-                self._replay_failed(seq, "replay-timeout", "no replay answer in time")
+                if seq.replay.received > 0 or seq.replay.rounds > 1:
+                    self._replay_again(seq, "the replay answer stopped before its end")
+                else:
+                    self._replay_failed(seq, "replay-timeout", "no replay answer in time")
         self.index.expire(now)
         if self.central_endpoint and self._central is None and now >= self._next_bind:
             self._open_central()  # the address was taken: keep trying, as the reference does
@@ -276,6 +301,18 @@ class KVEventsIngester:
                 self._add(*arg)
             elif op == "remove":
                 self._remove(arg)
+            elif op == "down":
+                self._set_down(*arg)
+
+    def _set_down(self, key: str, down: bool) -> None:
+        stream = self.streams.get(key)
+        seq = stream.seq if stream is not None else self._central_seq.get(key)
+        if seq is None:
+            return
+        if down:
+            seq.suspect = True
+        elif seq.suspect:
+            self._resync(seq)
 
     def _add(self, target: Target, subscribe: bool) -> None:
         old = self._targets.get(target.key)
@@ -462,6 +499,11 @@ class KVEventsIngester:
             self._hold(seq, topic, n, payload)
             return
         seq.topic = topic
+        if seq.suspect and seq.last is not None:
+            self._resync(seq)
+            if seq.replay is not None:
+                self._hold(seq, topic, n, payload)
+                return
         last = seq.last
         if last is not None:
             if n == last:
@@ -502,6 +544,7 @@ class KVEventsIngester:
 
     def _process(self, seq: _Seq, n: int, payload: bytes) -> None:
         seq.last = n
+        seq.digest = hash(payload)
         try:
             self.applier.apply(seq.pod, decode_batch(payload, self.engine))
         except DecodeError as e:
@@ -520,12 +563,42 @@ class KVEventsIngester:
         self.index.clear_pod(pod)
         self.applier.forget(pod)
 
+    def _resync(self, seq: _Seq) -> None:
+        """The stream resumes after a disconnection or a down server: was the engine restarted?"""
+        seq.suspect = False
+        if seq.last is None:
+            return
+        if seq.replay is not None:
+            self._close_replay(seq)
+        if self._can_replay(seq):
+            self._start_replay(seq, seq.last, verify=True)
+            return
+        log.info("KV-event stream resumed without replay: endpoint cleared", endpoint=seq.pod, last=seq.last)
+        metrics.ENDPOINT_CLEARS.labels(seq.pod, "restart").inc()
+        self._clear(seq.pod)
+        seq.last = None
+
+    def _restarted(self, seq: _Seq, **kw: Any) -> None:
+        """The replay showed another engine behind the stream: clear, rebuild from 0."""
+        log.warning(
+            "KV-event replay differs from the batch applied: engine restarted", endpoint=seq.pod, **kw
+        )
+        metrics.ENDPOINT_CLEARS.labels(seq.pod, "restart").inc()
+        self._close_replay(seq)
+        self._clear(seq.pod)
+        seq.last = None
+        if self._can_replay(seq):
+            self._start_replay(seq, 0)
+        else:
+            self._flush_pending(seq)
+
     # --- replay -------------------------------------------------------------------------------
 
-    def _start_replay(self, seq: _Seq, start: int) -> None:
+    def _start_replay(self, seq: _Seq, start: int, verify: bool = False) -> None:
         assert self._ctx is not None
         dealer = self._ctx.socket(zmq.DEALER)
         dealer.setsockopt(zmq.LINGER, 0)
+        dealer.setsockopt(zmq.RCVHWM, MAX_PENDING)  # take the answer in as fast as it comes
         try:
             dealer.connect(seq.replay_endpoint)
             dealer.send_multipart([b"", start.to_bytes(8, "big")], zmq.NOBLOCK)
@@ -534,7 +607,7 @@ class KVEventsIngester:
             seq.replay = None
             self._replay_failed(seq, "replay-connect", "cannot request a replay", error=str(e))
             return
-        seq.replay = _Replay(dealer, start, start, time.monotonic() + REPLAY_IDLE_TIMEOUT)
+        seq.replay = _Replay(dealer, start, start, time.monotonic() + REPLAY_IDLE_TIMEOUT, verify=verify)
         self._poller.register(dealer, zmq.POLLIN)
         self._by_socket[dealer] = ("replay", seq)
 
@@ -570,29 +643,50 @@ class KVEventsIngester:
                 self._replay_failed(seq, "replay-incomplete", "malformed replay sequence")
                 return
             if seq_b == _END_SEQ or not payload:
-                self._replay_done(seq)
+                if replay.verify:
+                    self._restarted(seq, last=replay.start, replayed="nothing")
+                else:
+                    self._replay_done(seq)
                 return
             n = int.from_bytes(seq_b, "big")
+            if replay.verify:
+                if n != replay.start or hash(payload) != seq.digest:
+                    self._restarted(seq, last=replay.start, got=n)
+                    return
+                replay.verify, replay.matched, replay.expected = False, True, n + 1
+                continue
             if n < replay.expected:
                 continue
             if n > replay.expected and (replay.start > 0 or replay.received > 0):
-                self._replay_failed(
-                    seq,
-                    "replay-incomplete",
-                    "replay skipped sequence numbers",
-                    expected=replay.expected,
-                    got=n,
-                )
+                self._replay_again(seq, "the replay answer skipped batches", got=n)
                 return
             replay.received += 1
             replay.expected = n + 1
             seq.topic = topic
             self._process(seq, n, payload)
 
+    def _replay_again(self, seq: _Seq, reason: str, **kw: Any) -> None:
+        """Ask the rest of an incomplete replay answer again, from its first missing batch."""
+        replay = seq.replay
+        assert replay is not None
+        retries = 0 if replay.received > 0 else replay.retries + 1
+        if retries > REPLAY_RETRIES or replay.rounds >= REPLAY_MAX_ROUNDS:
+            self._replay_failed(
+                seq, "replay-incomplete", reason, expected=replay.expected, rounds=replay.rounds, **kw
+            )
+            return
+        start, rounds = replay.expected, replay.rounds + 1
+        log.info(reason + ": asking again", endpoint=seq.pod, expected=start, **kw)
+        metrics.REPLAYS.labels(seq.pod, "retried").inc()
+        self._close_replay(seq)
+        self._start_replay(seq, start)
+        if seq.replay is not None:
+            seq.replay.retries, seq.replay.rounds = retries, rounds
+
     def _replay_done(self, seq: _Seq) -> None:
         replay = seq.replay
         assert replay is not None
-        if replay.start > 0 and replay.received == 0:
+        if replay.start > 0 and replay.received == 0 and not replay.matched:
             self._replay_failed(
                 seq, "replay-incomplete", "replay start no longer buffered", start=replay.start
             )
@@ -636,8 +730,11 @@ class KVEventsIngester:
             if kind == zmq.EVENT_CONNECTED:
                 stream.connected = True
                 log.info("kv-events subscriber connected", endpoint=key, address=stream.endpoint)
+                if stream.seq.suspect:
+                    self._resync(stream.seq)
             elif kind == zmq.EVENT_DISCONNECTED:
                 stream.connected = False
+                stream.seq.suspect = True
                 log.info("kv-events subscriber disconnected", endpoint=key, address=stream.endpoint)
             elif kind == zmq.EVENT_CONNECT_RETRIED:
                 metrics.RECONNECTIONS.labels(key).inc()

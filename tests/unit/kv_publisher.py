@@ -62,10 +62,19 @@ def batch(events: list[Any], *, encoding: str = "array", rank: int | None = None
 
 
 class Publisher:
-    """Publishes ``[topic, seq, payload]``; ``replay_port`` serves the buffer like vLLM's ROUTER."""
+    """Publishes ``[topic, seq, payload]``; ``replay_port`` serves the buffer like vLLM's ROUTER.
+
+    ``replay_drops[i] = (first, end)``: answer ``i`` loses its messages ``first`` to ``end`` (``None``:
+    all the rest, the end marker too), as vLLM's ROUTER does beyond its send high-water mark."""
 
     def __init__(
-        self, port: int, *, topic: str = "kv@pod@m", replay_port: int = 0, connect: str = ""
+        self,
+        port: int,
+        *,
+        topic: str = "kv@pod@m",
+        replay_port: int = 0,
+        connect: str = "",
+        replay_drops: list[tuple[int, int | None]] | None = None,
     ) -> None:
         self.ctx = zmq.Context()
         self.pub = self.ctx.socket(zmq.XPUB)
@@ -79,6 +88,7 @@ class Publisher:
         self.seq = 0
         self.buffer: list[tuple[int, bytes]] = []
         self.replay_requests: list[int] = []
+        self.replay_drops = list(replay_drops or [])
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         if replay_port:
@@ -115,11 +125,16 @@ class Publisher:
                 continue
             client, _, start_b = router.recv_multipart()
             start = int.from_bytes(start_b, "big")
+            answer = len(self.replay_requests)
             self.replay_requests.append(start)
-            for n, payload in list(self.buffer):
-                if n >= start:
-                    router.send_multipart([client, b"", n.to_bytes(8, "big"), payload])
-            router.send_multipart([client, b"", END, b""])
+            first, end = self.replay_drops[answer] if answer < len(self.replay_drops) else (-1, -1)
+            sent = [(n, p) for n, p in list(self.buffer) if n >= start]
+            for i, (n, payload) in enumerate(sent):
+                if first <= i and (end is None or i < end):
+                    continue
+                router.send_multipart([client, b"", n.to_bytes(8, "big"), payload])
+            if end is not None:
+                router.send_multipart([client, b"", END, b""])
         router.close(0)
 
     def close(self) -> None:

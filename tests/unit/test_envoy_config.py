@@ -474,7 +474,7 @@ def test_failover_retries_once_on_the_fallback_cluster_and_logs_failed_attempts(
         assert threshold["max_retries"] == ec.CIRCUIT_BREAKER_LIMIT  # not Envoy's 3
     for route in _routes(b):
         assert route["route"]["retry_policy"] == {
-            "retry_on": "connect-failure,reset-before-request",  # never on a response
+            "retry_on": "connect-failure,reset",  # only while the client has received nothing
             "num_retries": 1,
         }
     (log,) = _filters(b)["envoy.filters.http.router"]["upstream_log"]

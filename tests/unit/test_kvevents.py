@@ -9,7 +9,7 @@ import msgspec
 import pytest
 
 from epp.kvcache import BlockKeyer, KVBlockIndex, block_extras
-from epp.kvevents import DecodeError, EventApplier, KVEventsIngester, Target, decode_batch
+from epp.kvevents import DecodeError, EventApplier, KVEventsIngester, Target, decode_batch, service
 from epp.kvevents import metrics as m
 from epp.kvevents.decode import AllBlocksCleared, BlockRemoved, BlockStored
 from tests.unit.kv_publisher import Publisher, batch, free_port, removed, stored, wait
@@ -489,3 +489,135 @@ def test_central_socket_bind_is_retried_when_the_address_is_taken() -> None:
     finally:
         rig.ing.stop()
         ctx.term()
+
+
+# --- engine restarts seen as a reconnection (vLLM numbers each engine's batches from 0) ---------
+
+
+def _reconnected(rig: Rig, old: Publisher, **kw: object) -> Publisher:
+    """``old`` goes away (its socket closes, as a killed engine's does); another publisher binds the
+    same ports; returns it once the ingester is subscribed again."""
+    old.close()
+    wait(lambda: not rig.ing.streams[POD].connected, what="disconnection seen")
+    new = Publisher(rig.port, **kw)  # type: ignore[arg-type]
+    new.wait_subscribed()
+    return new
+
+
+def test_restart_whose_first_batch_repeats_the_last_sequence_number(rig: Rig) -> None:
+    old = Publisher(rig.port)
+    new: Publisher | None = None
+    try:
+        rig.ing.add_endpoint(_target())
+        old.wait_subscribed()
+        old.send(batch([stored([101, 102], T1)]))  # seq 0: the old engine's only batch
+        wait(lambda: rig.holds(POD, T1) == 2)
+        new = _reconnected(rig, old)
+        # without a replay socket nothing tells whether it is the same engine: its blocks go at once
+        wait(lambda: rig.holds(POD, T1) == 0, what="the old engine's blocks cleared on reconnection")
+        new.send(batch([stored([201], T2)]))  # seq 0 again: the new engine's first batch, no duplicate
+        wait(lambda: rig.holds(POD, T2) == 1, what="the new engine's first batch kept")
+    finally:
+        (new or old).close()
+
+
+def test_reconnection_compares_the_replayed_last_batch(replay_rig: Rig) -> None:
+    rig = replay_rig
+    old = Publisher(rig.port, replay_port=rig.replay_port)
+    new: Publisher | None = None
+    try:
+        rig.ing.add_endpoint(_target())
+        old.wait_subscribed()
+        wait(lambda: old.replay_requests == [0] and rig.ing.streams[POD].seq.replay is None)
+        old.send(batch([stored([101, 102], T1)]))
+        old.send(batch([stored([103], T2, parent=102)]))
+        wait(lambda: rig.holds(POD, T1 + T2) == 3)
+        # the same engine behind a new connection: its buffer answers the last batch unchanged
+        buffer = list(old.buffer)
+        new = _reconnected(rig, old, replay_port=rig.replay_port)
+        new.buffer, new.seq = buffer, len(buffer)
+        wait(lambda: new.replay_requests == [1], what="the last batch asked again")
+        wait(lambda: rig.ing.streams[POD].seq.replay is None)
+        assert rig.holds(POD, T1 + T2) == 3
+        new.send(batch([stored([301], [7, 7, 7, 7])]))
+        wait(lambda: rig.holds(POD, [7, 7, 7, 7]) == 1)
+        assert rig.holds(POD, T1 + T2) == 3
+        # a restarted engine: an empty buffer; its old blocks go before it publishes anything
+        old, new = new, None
+        new = _reconnected(rig, old, replay_port=rig.replay_port)
+        wait(lambda: new.replay_requests == [2, 0], what="the last batch asked, then a replay from 0")
+        wait(lambda: rig.holds(POD, T1) == 0 and rig.holds(POD, [7, 7, 7, 7]) == 0, what="cleared")
+        new.send(batch([stored([401], [6, 6, 6, 6])]))  # seq 0
+        wait(lambda: rig.holds(POD, [6, 6, 6, 6]) == 1, what="the new engine's first batch kept")
+    finally:
+        (new or old).close()
+
+
+# --- replay answers that lose messages (vLLM's ROUTER drops beyond its send high-water mark) ----
+
+
+def _history(pub: Publisher, n: int) -> None:
+    """``n`` batches the engine published before the EPP subscribed (only in its replay buffer)."""
+    for i in range(n):
+        pub.send(batch([stored([1000 + i], [i + 1] * BS)]), publish=False)
+
+
+def _holds_history(rig: Rig, n: int) -> int:
+    return sum(rig.holds(POD, [i + 1] * BS) for i in range(n))
+
+
+def test_a_replay_gap_asks_again_from_the_missing_batch(replay_rig: Rig) -> None:
+    rig = replay_rig
+    pub = Publisher(rig.port, replay_port=rig.replay_port, replay_drops=[(10, 15)])
+    clears = m.ENDPOINT_CLEARS.labels(POD, "replay-incomplete")
+    before = clears.value
+    try:
+        _history(pub, 30)
+        rig.ing.add_endpoint(_target())
+        pub.wait_subscribed()
+        wait(lambda: _holds_history(rig, 30) == 30, what="the whole buffer indexed")
+        assert pub.replay_requests == [0, 10]
+        assert rig.ing.streams[POD].seq.last == 29
+        assert clears.value == before
+    finally:
+        pub.close()
+
+
+def test_a_replay_cut_short_is_asked_again_until_complete(
+    replay_rig: Rig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(service, "REPLAY_IDLE_TIMEOUT", 0.3)
+    rig = replay_rig
+    # the first two answers stop (end marker lost too) after 10 and 5 batches
+    pub = Publisher(rig.port, replay_port=rig.replay_port, replay_drops=[(10, None), (5, None)])
+    try:
+        _history(pub, 30)
+        rig.ing.add_endpoint(_target())
+        pub.wait_subscribed()
+        wait(lambda: _holds_history(rig, 30) == 30, what="the whole buffer indexed")
+        assert pub.replay_requests == [0, 10, 15]
+        pub.send(batch([stored([2000], T2)]))  # live traffic goes on in order
+        wait(lambda: rig.holds(POD, T2) == 1)
+        assert _holds_history(rig, 30) == 30
+    finally:
+        pub.close()
+
+
+def test_replay_retries_without_progress_are_bounded(
+    replay_rig: Rig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(service, "REPLAY_IDLE_TIMEOUT", 0.3)
+    rig = replay_rig
+    drops: list[tuple[int, int | None]] = [(10, None)] + [(0, None)] * 20  # never any further
+    pub = Publisher(rig.port, replay_port=rig.replay_port, replay_drops=drops)
+    failed = m.REPLAYS.labels(POD, "failed")
+    before = failed.value
+    try:
+        _history(pub, 30)
+        rig.ing.add_endpoint(_target())
+        pub.wait_subscribed()
+        wait(lambda: failed.value == before + 1, what="the replay given up")
+        assert pub.replay_requests == [0] + [10] * (service.REPLAY_RETRIES + 1)
+        assert _holds_history(rig, 30) == 0  # what was replayed can no longer be trusted alone
+    finally:
+        pub.close()

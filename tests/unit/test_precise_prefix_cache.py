@@ -9,6 +9,7 @@ import pytest
 
 from epp.framework import CycleState, ProfileRunResult, SchedulingResult
 from epp.framework.attributes import PREFIX_CACHE_MATCH_INFO_KEY, PrefixCacheMatchInfo, TokenizedPrompt
+from epp.framework.endpoint import SCRAPE_CONNECT_FAILURE, Metrics
 from epp.framework.interfaces import EndpointEvent, EventType
 from epp.framework.params import decode_params
 from epp.plugins.producers.precise_prefix_cache import PrecisePrefixCacheParams, PrecisePrefixCacheProducer
@@ -204,3 +205,26 @@ async def test_speculative_entries_for_decode_and_prefill_expire(
     await until(lambda: len(p.index) == 0, timeout=10)  # expired by the ingestion thread
     infos = (await _produce(p, _request(TOKENS), [d, pf]))[PREFIX_CACHE_MATCH_INFO_KEY]
     assert infos[d].match_blocks == 0
+
+
+async def test_a_down_engine_s_blocks_attract_nothing_and_are_checked_on_its_return(
+    producer: tuple[PrecisePrefixCacheProducer, int],
+) -> None:
+    p, port = producer
+    e0 = f.endpoint("e0", "127.0.0.1", 8000)
+    pub = Publisher(port)
+    try:
+        p.extract_metadata(e0)
+        await asyncio.to_thread(pub.wait_subscribed)
+        pub.send(batch([stored(list(range(100, 106)), TOKENS[:24], bs=4)]))
+        await until(lambda: bool(p.index.match(p.keyer.keys(TOKENS), [e0.metadata.key])))
+        e0.metrics = Metrics(failure=SCRAPE_CONNECT_FAILURE)  # the scraper found no server
+        infos = (await _produce(p, _request(TOKENS), [e0]))[PREFIX_CACHE_MATCH_INFO_KEY]
+        assert infos[e0].match_blocks == 0
+        e0.metrics = Metrics()  # back: maybe another engine; without replay its old blocks go
+        await _produce(p, _request(TOKENS), [e0])
+        await until(lambda: not p.index.match(p.keyer.keys(TOKENS), [e0.metadata.key]))
+        infos = (await _produce(p, _request(TOKENS), [e0]))[PREFIX_CACHE_MATCH_INFO_KEY]
+        assert infos[e0].match_blocks == 0
+    finally:
+        pub.close()

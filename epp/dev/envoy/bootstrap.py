@@ -31,9 +31,14 @@ ORIGINAL_DST_CLUSTER = "original_destination_cluster"
 # Fail-over (see failover_clusters): attempt 1 to the EPP's destination, the one retry to its fallback.
 FALLBACK_DST_CLUSTER = "fallback_destination_cluster"
 FAILOVER_CLUSTER = "epp_destination"
-# Retried once, only when the request cannot have reached an engine (no connection, or a reset
-# before any response byte); never on a response, so a generation is never run twice.
-FAILOVER_RETRY_ON = "connect-failure,reset-before-request"
+# Retried once, only while the client has received nothing: no connection, or a reset before any
+# response byte (an engine closing an idle keep-alive connection as the request arrives, or dying
+# before it answered); never on a response, so no output is ever delivered twice.
+FAILOVER_RETRY_ON = "connect-failure,reset"
+# Engine connections idle this long are closed by Envoy, before the engine closes them itself:
+# vLLM's server (uvicorn) closes idle keep-alive connections after 5 s, and a request Envoy sends on
+# a connection the engine is closing fails (503, flag UC). Below every engine's keep-alive.
+UPSTREAM_IDLE_TIMEOUT = "4s"
 # The upstream access log of failed attempts, streamed to the EPP's AccessLogService (passive health).
 UPSTREAM_FAILURE_LOG = "epp-upstream-failures"
 # Envoy response flags of attempts that failed at the engine: connection failure, connection
@@ -780,6 +785,18 @@ def original_dst_cluster(max_retries: int | None = None) -> dict[str, Any]:
         "connect_timeout": "1000s",
         "circuit_breakers": _circuit_breakers(max_retries),
         "original_dst_lb_config": {"use_http_header": True, "http_header_name": DESTINATION_HEADER},
+        "typed_extension_protocol_options": engine_protocol_options(),
+    }
+
+
+def engine_protocol_options() -> dict[str, Any]:
+    """HTTP/1.1 to the engines, idle connections closed after ``UPSTREAM_IDLE_TIMEOUT``."""
+    return {
+        "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+            "@type": f"{_TYPE}.upstreams.http.v3.HttpProtocolOptions",
+            "common_http_protocol_options": {"idle_timeout": UPSTREAM_IDLE_TIMEOUT},
+            "explicit_http_config": {"http_protocol_options": {}},
+        }
     }
 
 
@@ -821,6 +838,7 @@ def static_cluster(name: str, endpoints: Sequence[str]) -> dict[str, Any]:
         "connect_timeout": "5s",
         "circuit_breakers": _circuit_breakers(),
         "load_assignment": _load_assignment(name, [split_host_port(e) for e in endpoints]),
+        "typed_extension_protocol_options": engine_protocol_options(),
     }
 
 

@@ -271,6 +271,7 @@ class PrecisePrefixCacheProducer(DataProducer, PreRequest):
         self._ttl = params.speculative_ttl_seconds
         self._state_key = f"{self.type_name}/{name}"
         self._warned = False
+        self._down: set[str] = set()
 
     # --- request path -------------------------------------------------------------------------
 
@@ -319,7 +320,7 @@ class PrecisePrefixCacheProducer(DataProducer, PreRequest):
         if not keys:
             return
         start = time.perf_counter() if self._metrics else 0.0
-        matches = self.index.match(keys, [e.metadata.key for e in endpoints])
+        matches = self.index.match(keys, self._serving(endpoints))
         if self._metrics:
             kv_metrics.LOOKUP_LATENCY.observe(time.perf_counter() - start)
         total, bs = len(keys), self.block_size
@@ -333,6 +334,24 @@ class PrecisePrefixCacheProducer(DataProducer, PreRequest):
         cycle[PREFIX_CACHE_MATCH_INFO_KEY] = infos
         if self._speculative:
             cycle[self._state_key] = keys
+
+    def _serving(self, endpoints: list[Endpoint]) -> list[str]:
+        """The keys of the endpoints whose server is not down (a dead engine's blocks attract
+        nothing); a change either way is handed to ingestion (a returning engine may have restarted)."""
+        keys: list[str] = []
+        down = self._down
+        for e in endpoints:
+            key = e.metadata.key
+            if e.metrics.down:
+                if key not in down:
+                    down.add(key)
+                    self.ingester.endpoint_down(key, True)
+                continue
+            if key in down:
+                down.discard(key)
+                self.ingester.endpoint_down(key, False)
+            keys.append(key)
+        return keys
 
     def pre_request(self, cycle: CycleState, request: LLMRequest, result: SchedulingResult) -> None:
         keys: list[int] | None = cycle.pop(self._state_key, None)
@@ -385,6 +404,7 @@ class PrecisePrefixCacheProducer(DataProducer, PreRequest):
     def remove_endpoint(self, key: str) -> None:
         """The endpoint left: unsubscribe and forget what it held."""
         self._wired.discard(key)
+        self._down.discard(key)
         self.ingester.remove_endpoint(key)
         if not self.ingester.running:
             self.index.remove_pod(key)
