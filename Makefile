@@ -115,3 +115,13 @@ engines:
 
 test-engines: install
 	EPP_ENGINE_TESTS=1 $(BIN)/pytest -q -p no:cacheprovider tests/engines
+
+# Routing on three real vLLM engines (after `make engines`): random, default and precise configs,
+# vLLM's own prefix-cache hit rate, TTFT, failures; the simulator's figures on the same workload.
+# BENCH_REAL_ARGS="--configs precise --no-sim", "--sessions 40".
+bench-routing-real: install
+	$(PYTHON) bench/routing_real.py $(BENCH_REAL_ARGS)
+
+# epp sim against a real vLLM (after `make engines`): the same black-box probes, one table.
+sim-fidelity: install
+	$(PYTHON) bench/sim_fidelity.py $(FIDELITY_ARGS)

@@ -66,12 +66,14 @@ def vllm_argv(
     max_model_len: int = 4096,
     block_size: int = VLLM_BLOCK_SIZE,
     loras: Mapping[str, Path] | None = None,
+    scale_out: bool = True,
     extra: Sequence[str] = (),
 ) -> list[str]:
     """vLLM's OpenAI server on 127.0.0.1:``port`` serving ``model_dir`` (the tiny model) as ``served_name``.
 
     ``kv_pub`` > 0 publishes KV events there (replay socket on ``kv_replay``); ``num_blocks`` > 0
-    caps the KV cache at that many blocks; ``loras`` maps adapter names to their directories.
+    caps the KV cache at that many blocks; ``loras`` maps adapter names to their directories;
+    ``scale_out`` False leaves the render endpoints off (vLLM's default: they answer 403).
     """
     model = model_dir or tiny_model()
     argv = [
@@ -85,7 +87,7 @@ def vllm_argv(
         f"--block-size={block_size}",
         f"--max-model-len={max_model_len}",
         "--enable-prefix-caching",
-        "--enable-scale-out",
+        *(["--enable-scale-out"] if scale_out else []),
         "--enable-prompt-tokens-details",
         "--disable-uvicorn-access-log",
     ]
