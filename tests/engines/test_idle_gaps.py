@@ -14,7 +14,9 @@ from tests.integration.harness import Rig
 
 STREAMS = 8
 PER_STREAM = 40
-GAP = (5.0, 6.0)  # seconds between a stream's requests: just past uvicorn's 5 s keep-alive
+# seconds between a stream's requests: around uvicorn's 5 s keep-alive, where Envoy may reuse a
+# connection the engine is closing
+GAP = (4.9, 5.2)
 
 
 def test_requests_after_idle_gaps_never_fail(pool: Pool, rig: Rig) -> None:

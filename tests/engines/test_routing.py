@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 import uuid
 
 from tests.engines.harness import (
@@ -141,6 +142,7 @@ def test_cached_tokens_reported_and_recorded(pool: Pool, rig: Rig) -> None:
     front = start_front(rig, pool, response_phases=True)
     text = prompt(_tag(), blocks=4)
     front.complete(text)
+    time.sleep(3.0)  # the engine's KV events reach the EPP: the second request follows the first
     _, answer = front.complete(text)
     cached = answer["usage"]["prompt_tokens_details"]["cached_tokens"]
     assert cached >= 3 * pool.block_size
