@@ -240,6 +240,13 @@ def _add_serve(sub: Any) -> None:
         help="scraped metrics older than this (or never scraped) are unknown: metric-based scorers "
         "score the endpoint neutrally and the pool gauges leave it out (default 2s)",
     )
+    p.add_argument(
+        "--metrics-scrape-timeout",
+        type=_positive_duration,
+        default=None,
+        help="how long one scrape of an endpoint's metrics may take (default: the staleness threshold "
+        "less one refresh interval, at least 1s: 1.95s with the defaults)",
+    )
     add_bool(p, "--disable-endpoint-subset-filter", False, "ignore Envoy's subset hint")
     add_bool(
         p,
@@ -762,6 +769,7 @@ def _serve(args: argparse.Namespace) -> int:
         refresh_metrics_interval=args.refresh_metrics_interval,
         refresh_prometheus_metrics_interval=args.refresh_prometheus_metrics_interval,
         metrics_staleness_threshold=args.metrics_staleness_threshold,
+        metrics_scrape_timeout=args.metrics_scrape_timeout or 0.0,
         disable_endpoint_subset_filter=args.disable_endpoint_subset_filter,
         max_request_body_bytes=args.max_request_body_bytes,
         max_buffered_request_body_bytes=args.max_buffered_request_body_bytes,

@@ -14,7 +14,7 @@ from typing import Any
 import structlog
 
 from epp.datalayer.notifications import EndpointEvents
-from epp.datalayer.scraper import DEFAULT_STALENESS, MetricsScraper
+from epp.datalayer.scraper import DEFAULT_STALENESS, MetricsScraper, default_timeout
 from epp.datalayer.store import EndpointStore
 from epp.framework.interfaces import (
     AttributeExtractor,
@@ -58,7 +58,9 @@ class DataLayer:
         sources: Sequence[tuple[DataSource, Sequence[Extractor]]],
         refresh_interval: float,
         staleness: float = DEFAULT_STALENESS,
+        timeout: float = 0.0,
     ) -> None:
+        """``timeout``: of one scrape (0: ``default_timeout`` of each source's period)."""
         self.scrapers: list[MetricsScraper] = []
         self.endpoint_events: list[EndpointEvents] = []
         self.notification_sources: list[tuple[DataSource, list[Extractor]]] = []
@@ -87,7 +89,14 @@ class DataLayer:
                     effective_s=period,
                 )
             self.scrapers.append(
-                MetricsScraper(store, source, extractors, interval=period, staleness=staleness)
+                MetricsScraper(
+                    store,
+                    source,
+                    extractors,
+                    interval=period,
+                    staleness=staleness,
+                    timeout=timeout or default_timeout(period, staleness),
+                )
             )
         for source, exts in sources:
             if isinstance(source, EndpointSource):

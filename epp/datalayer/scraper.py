@@ -34,8 +34,16 @@ from epp.metrics import DATALAYER_EXTRACT_ERRORS, DATALAYER_POLL_ERRORS
 log = structlog.get_logger("epp.datalayer.scraper")
 
 DEFAULT_INTERVAL = 0.05
-DEFAULT_TIMEOUT = 1.0
 DEFAULT_STALENESS = 2.0
+MIN_DEFAULT_TIMEOUT = 1.0
+DEFAULT_TIMEOUT = max(MIN_DEFAULT_TIMEOUT, DEFAULT_STALENESS - DEFAULT_INTERVAL)
+
+
+def default_timeout(interval: float, staleness: float) -> float:
+    """The scrape timeout when none is set: what is left of the staleness threshold after one
+    interval (a scrape answering within it refreshes the metrics before they go stale; a later
+    answer is stale anyway), and at least 1 s."""
+    return max(MIN_DEFAULT_TIMEOUT, staleness - interval)
 
 
 def is_stale(endpoint: Endpoint, threshold: float, now: float | None = None) -> bool:

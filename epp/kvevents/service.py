@@ -22,6 +22,10 @@ socket; the asyncio loop never runs ingestion. Per stream the batch sequence is 
 - a malformed message: counted, the endpoint cleared (its events were lost);
 - an unreachable socket: ZMQ keeps reconnecting; every retry is counted.
 
+Topics: an endpoint's own socket takes batches whose topic starts with ``topic_filter`` and those
+without a topic (vLLM's default topic is ``""``: the socket names the endpoint); other topics are
+dropped, counted and logged. The central socket needs the topic to name the endpoint.
+
 Control calls (``add_endpoint``, ``remove_endpoint``, ``stop``) may come from any thread.
 """
 
@@ -354,7 +358,7 @@ class KVEventsIngester:
         sub.setsockopt(zmq.RECONNECT_IVL_MAX, 5000)
         if ":" in target.address:
             sub.setsockopt(zmq.IPV6, 1)
-        sub.setsockopt(zmq.SUBSCRIBE, self.topic_filter.encode())
+        sub.setsockopt(zmq.SUBSCRIBE, b"")  # topics filtered in _recv_live (vLLM's default is "")
         monitor = sub.get_monitor_socket(_MONITOR_EVENTS)
         if target.replay_port:
             replay = self._endpoint_of(target, 0, target.replay_port)
@@ -402,7 +406,7 @@ class KVEventsIngester:
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.RCVHWM, MAX_PENDING)
         sock.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
-        sock.setsockopt(zmq.SUBSCRIBE, self.topic_filter.encode())
+        sock.setsockopt(zmq.SUBSCRIBE, b"")  # a topic not naming an endpoint is reported in _resolve
         try:
             sock.bind(self.central_endpoint)
         except zmq.ZMQError as e:
@@ -436,6 +440,17 @@ class KVEventsIngester:
             msg = self._frames(frames, key)
             if msg is None:
                 self._lost(stream.seq, "frame", "malformed KV-events frame", frames=len(frames))
+                continue
+            if msg[0] and not msg[0].startswith(self.topic_filter):
+                metrics.ZMQ_ERRORS.labels(key, "topic").inc()
+                self._log(
+                    key,
+                    "topic",
+                    "KV events of another topic dropped: the engine's kv-events topic must start with "
+                    "topicFilter (or be empty, vLLM's default)",
+                    topic=msg[0],
+                    topic_filter=self.topic_filter,
+                )
                 continue
             self._sequence(stream.seq, *msg)
 
@@ -487,7 +502,15 @@ class KVEventsIngester:
         metrics.ZMQ_ERRORS.labels("", "unknown_pod").inc()
         if pod_id not in self._unknown_pods and len(self._unknown_pods) < 1024:
             self._unknown_pods.add(pod_id)
-            log.warning("KV events from an unknown endpoint dropped", topic=topic)
+            if len(parts) != 3 or not topic.startswith(self.topic_filter):
+                log.warning(
+                    "KV events on the central socket whose topic names no endpoint dropped: set the "
+                    "engine's kv-events topic to kv@<pod IP>@<model> (vLLM's default topic is empty)",
+                    topic=topic,
+                    topic_filter=self.topic_filter,
+                )
+            else:
+                log.warning("KV events from an unknown endpoint dropped", topic=topic)
         return None
 
     def _can_replay(self, seq: _Seq) -> bool:

@@ -73,6 +73,7 @@ class ServeOptions:
     refresh_metrics_interval: float = 0.05
     refresh_prometheus_metrics_interval: float = 5.0
     metrics_staleness_threshold: float = 2.0
+    metrics_scrape_timeout: float = 0.0  # 0: the staleness threshold less one interval, at least 1 s
     disable_endpoint_subset_filter: bool = False
     max_request_body_bytes: int = 10 << 20
     max_buffered_request_body_bytes: int = 256 << 20
@@ -219,6 +220,7 @@ class EppServer:
             cfg.data_sources,
             refresh_interval=opts.refresh_metrics_interval,
             staleness=opts.metrics_staleness_threshold,
+            timeout=opts.metrics_scrape_timeout,
         )
         self.scraper = self.data_layer.metrics_scraper
         self.pool_gauges = PoolGauges(

@@ -52,7 +52,7 @@ def test_epp_down(rig: Rig, mode: str, how: str) -> None:
 
     # Fail-open: served by a fallback endpoint, without an EPP decision, and a client header cannot
     # steer it (the rogue sim is not a fallback endpoint). Envoy's health check notices the EPP's
-    # absence within about half a second.
+    # absence within about 1.5 s (three failed checks in a row).
     _wait_until_epp_marked_unhealthy(open_envoy)
     for _ in range(6):
         m = marker()

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 import yaml
 
+from epp import cli
 from epp.dev.envoy import bootstrap as ec
 from epp.dev.envoy import cli as envoy_cli
 from epp.dev.envoy import exchange
@@ -502,3 +503,18 @@ def test_upstream_failures_become_openai_errors_naming_the_endpoint() -> None:
         assert "status_code" not in mapper  # Envoy's status is kept
         (header,) = mapper["headers_to_add"]
         assert header["header"] == {"key": "x-epp-upstream-endpoint", "value": "%UPSTREAM_HOST%"}
+
+
+def test_the_generator_s_transport_matches_epp_serve_s_default(capsys: pytest.CaptureFixture[str]) -> None:
+    # epp serve serves TLS by default (self-signed): the printed bootstrap talks TLS unless told not to
+    assert cli.build_parser().parse_args(["serve"]).secure_serving is True
+    assert envoy_cli.main([]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("# TLS to the EPP") and "--plaintext" in out
+    assert "transport_socket" in _clusters(yaml.safe_load(out))["ext_proc"]
+    assert envoy_cli.main(["--plaintext"]) == 0
+    out = capsys.readouterr().out
+    assert "--secure-serving=false" in out.splitlines()[0]
+    assert "transport_socket" not in _clusters(yaml.safe_load(out))["ext_proc"]
+    with pytest.raises(SystemExit):
+        envoy_cli.main(["--plaintext", "--tls"])

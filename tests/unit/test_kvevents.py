@@ -621,3 +621,26 @@ def test_replay_retries_without_progress_are_bounded(
         assert _holds_history(rig, 30) == 0  # what was replayed can no longer be trusted alone
     finally:
         pub.close()
+
+
+# --- topics: vLLM publishes with topic "" unless told otherwise -------------------------------
+
+
+def test_events_without_a_topic_are_taken_and_foreign_topics_dropped(rig: Rig) -> None:
+    bare = Publisher(rig.port, topic="")  # vLLM's default topic
+    errors = m.ZMQ_ERRORS.labels(POD, "topic")
+    before = errors.value
+    try:
+        rig.ing.add_endpoint(_target())
+        bare.wait_subscribed()
+        bare.send(batch([stored([101, 102], T1)]))
+        wait(lambda: rig.holds(POD, T1) == 2, what="events without a topic indexed")
+        bare.topic = b"other@pod@m"  # a topic that does not start with topicFilter
+        bare.send(batch([stored([201], T2)]))
+        wait(lambda: errors.value == before + 1, what="the foreign topic counted")
+        bare.topic = b"kv@pod@m"
+        bare.send(batch([stored([301], [7, 7, 7, 7])]), seq=1)
+        wait(lambda: rig.holds(POD, [7, 7, 7, 7]) == 1)
+        assert rig.holds(POD, T2) == 0
+    finally:
+        bare.close()

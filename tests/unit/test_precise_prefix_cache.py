@@ -6,6 +6,7 @@ import asyncio
 from collections.abc import AsyncIterator
 
 import pytest
+from structlog.testing import capture_logs
 
 from epp.framework import CycleState, ProfileRunResult, SchedulingResult
 from epp.framework.attributes import PREFIX_CACHE_MATCH_INFO_KEY, PrefixCacheMatchInfo, TokenizedPrompt
@@ -228,3 +229,18 @@ async def test_a_down_engine_s_blocks_attract_nothing_and_are_checked_on_its_ret
         assert infos[e0].match_blocks == 0
     finally:
         pub.close()
+
+
+async def test_an_engine_block_size_other_than_block_size_tokens_is_named_once(
+    producer: tuple[PrecisePrefixCacheProducer, int],
+) -> None:
+    p, _ = producer
+    e0 = f.endpoint("e0", "127.0.0.1", 8000, metrics=Metrics(cache_block_size=128))  # vLLM CPU's default
+    e1 = f.endpoint("e1", "127.0.0.2", 8000, metrics=Metrics(cache_block_size=4))  # as configured
+    with capture_logs() as logs:
+        for _ in range(3):
+            await _produce(p, _request(TOKENS), [e0, e1])
+    told = [e for e in logs if "block size differs" in e["event"]]
+    assert [(e["endpoint"], e["engine_block_size"], e["block_size_tokens"]) for e in told] == [
+        (e0.metadata.key, 128, 4)
+    ]

@@ -12,8 +12,10 @@ import pytest
 from aiohttp import web
 from prometheus_client import REGISTRY
 
+from epp import cli
 from epp.datalayer.pool_gauges import PoolGauges
-from epp.datalayer.scraper import MetricsScraper, is_stale
+from epp.datalayer.runtime import DataLayer
+from epp.datalayer.scraper import DEFAULT_TIMEOUT, MetricsScraper, default_timeout, is_stale
 from epp.datalayer.store import EndpointStore
 from epp.framework import ConfigError, Endpoint, EndpointMetadata, Metrics, MetricsState
 from epp.framework.params import decode_params
@@ -533,3 +535,43 @@ async def test_pool_gauges_task_refreshes_periodically() -> None:
         assert _gauge("inference_pool_average_queue_size", {"name": "pool-b"}) == 5
     finally:
         await gauges.stop()
+
+
+# --- the scrape timeout ------------------------------------------------------------------------
+
+
+def test_default_scrape_timeout_follows_the_interval_and_staleness() -> None:
+    assert default_timeout(0.05, 2.0) == pytest.approx(1.95)  # the defaults
+    assert default_timeout(1.0, 10.0) == 9.0
+    assert default_timeout(0.5, 1.0) == 1.0  # at least 1 s
+    assert pytest.approx(1.95) == DEFAULT_TIMEOUT
+
+
+async def test_a_scrape_slower_than_a_second_still_refreshes_with_the_defaults(server: MetricsServer) -> None:
+    server.delay = 1.3  # a real vLLM's /metrics under load (measured up to 1.37 s)
+    store = EndpointStore()
+    store.upsert(_metadata(server.port))
+    layer = DataLayer(store, _metrics_source(), refresh_interval=INTERVAL)
+    errors_before = _poll_errors()
+    layer.start()
+    try:
+        await until(lambda: _endpoint(store).metrics.waiting_queue_size == 3, timeout=15)
+        assert _poll_errors() == errors_before
+    finally:
+        await layer.stop()
+
+
+def _metrics_source() -> list[tuple[MetricsDataSource, list[CoreMetricsExtractor]]]:
+    params = decode_params(MetricsDataSourceParams, {}, "source")
+    source = MetricsDataSource("metrics-data-source", params)
+    return [(source, [CoreMetricsExtractor("core-metrics-extractor", CoreMetricsExtractorParams())])]
+
+
+def test_the_scrape_timeout_flag() -> None:
+    parser = cli.build_parser()
+    assert parser.parse_args(["serve", "--metrics-scrape-timeout=3s"]).metrics_scrape_timeout == 3.0
+    assert parser.parse_args(["serve"]).metrics_scrape_timeout is None
+    (scraper,) = DataLayer(
+        EndpointStore(), _metrics_source(), refresh_interval=INTERVAL, timeout=3.0
+    ).scrapers
+    assert scraper.timeout == 3.0

@@ -52,6 +52,8 @@ async def start_sim() -> AsyncIterator[StartSim]:
             "time_to_first_token": 0.0,
             "prefill_time_per_token": 0.0,
             "inter_token_latency": 0.0,
+            "enable_prompt_tokens_details": True,  # as the stacks start it (vLLM's flags)
+            "enable_scale_out": True,
         } | overrides
         server = SimServer(SimConfig(**options))
         await server.start()
@@ -383,7 +385,11 @@ async def test_kv_cache_usage_is_running_blocks_over_capacity(
 async def test_info_metrics(start_sim: StartSim, session: aiohttp.ClientSession) -> None:
     sim = await start_sim(kv_cache_size=77, block_size=32, max_loras=3)
     samples = await scrape(session, sim.url)
-    assert metric(samples, "vllm:cache_config_info", block_size="32", num_gpu_blocks="77") == 1
+    (cache,) = [
+        dict(lab) for (n, lab), value in samples.items() if n == "vllm:cache_config_info" and value == 1
+    ]
+    assert (cache["block_size"], cache["num_gpu_blocks"], cache["engine"]) == ("32", "77", "0")
+    assert len(cache) == 37 and "model_name" not in cache  # vLLM 0.32 CacheConfig fields, engine
     lora = metric(
         samples, "vllm:lora_requests_info", max_lora="3", running_lora_adapters="", waiting_lora_adapters=""
     )
@@ -647,3 +653,82 @@ async def test_metrics_port_and_dcgm_port(start_sim: StartSim, session: aiohttp.
     assert sample.value == 25.0  # 1 of 4 sequences
     assert sample.labels["pod"] == f"sim-{sim.port}"
     running.close()
+
+
+# --------------------------------------------------------------------------- vLLM 0.32's behaviours
+
+
+async def _idle_connection_closed_after(port: int, wait: float) -> bool:
+    """One request on a keep-alive connection, then ``wait`` s idle: has the server closed it?"""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(b"GET /v1/models HTTP/1.1\r\nHost: sim\r\n\r\n")
+        await writer.drain()
+        head = await reader.readuntil(b"\r\n\r\n")
+        length = int(
+            next(h for h in head.split(b"\r\n") if h.lower().startswith(b"content-length")).split(b":")[1]
+        )
+        await reader.readexactly(length)
+        try:
+            return await asyncio.wait_for(reader.read(1), wait) == b""
+        except TimeoutError:
+            return False
+    finally:
+        writer.close()
+
+
+async def test_idle_connections_are_closed_after_the_keep_alive(start_sim: StartSim) -> None:
+    assert SimConfig().keep_alive == 5.0  # vLLM's uvicorn
+    sim = await start_sim(keep_alive=0.3)
+    assert await _idle_connection_closed_after(sim.port, 3.0)
+    sim = await start_sim(keep_alive=30.0)
+    assert not await _idle_connection_closed_after(sim.port, 1.0)
+
+
+async def test_prompt_tokens_details_only_with_the_flag(
+    start_sim: StartSim, session: aiohttp.ClientSession
+) -> None:
+    for flag, details in ((False, None), (True, {"cached_tokens": 0})):
+        sim = await start_sim(enable_prompt_tokens_details=flag)
+        async with session.post(f"{sim.url}/v1/completions", json={"prompt": "hi", "max_tokens": 2}) as r:
+            assert (await r.json())["usage"]["prompt_tokens_details"] == details
+    assert SimConfig().enable_prompt_tokens_details is False  # vLLM's default
+
+
+@pytest.mark.parametrize(
+    "path", ["/v1/completions/render", "/v1/chat/completions/render", "/inference/v1/generate"]
+)
+async def test_render_and_token_in_answer_403_without_scale_out(
+    path: str, start_sim: StartSim, session: aiohttp.ClientSession
+) -> None:
+    assert SimConfig().enable_scale_out is False  # vLLM 0.32's default
+    sim = await start_sim(enable_scale_out=False)
+    async with session.post(f"{sim.url}{path}", json={"prompt": "hi"}) as r:
+        assert r.status == 403
+        error = (await r.json())["error"]
+    assert "--enable-scale-out" in error["message"] and error["type"] == "PermissionDeniedError"
+
+
+async def test_vllm_0_32_metric_families(start_sim: StartSim, session: aiohttp.ClientSession) -> None:
+    sim = await start_sim(block_size=4)
+    prompt = "the same long prompt " * 8
+    for _ in range(2):
+        async with session.post(f"{sim.url}/v1/completions", json={"prompt": prompt, "max_tokens": 3}) as r:
+            assert r.status == 200
+    samples = await scrape(session, sim.url)
+    assert (
+        metric(samples, "vllm:prompt_tokens_cached_total")
+        == metric(samples, "vllm:prefix_cache_hits_total")
+        > 0
+    )
+    assert metric(samples, "vllm:num_requests_waiting_by_reason", reason="capacity") == 0
+    assert metric(samples, "vllm:num_requests_waiting_by_reason", reason="deferred") == 0
+    assert metric(samples, "vllm:num_preemptions_total") == 0
+    for phase in (
+        "e2e_request_latency",
+        "request_inference_time",
+        "request_prefill_time",
+        "request_decode_time",
+    ):
+        assert metric(samples, f"vllm:{phase}_seconds_count") == 2, phase
+        assert metric(samples, f"vllm:{phase}_seconds_bucket", le="+Inf") == 2, phase

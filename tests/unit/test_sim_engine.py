@@ -38,6 +38,7 @@ def config(**overrides: Any) -> SimConfig:
         "inter_token_latency": 2.0,
         "block_size": 4,
         "kv_cache_size": 100,
+        "enable_prompt_tokens_details": True,  # as the stacks start it (vLLM's flag)
     } | overrides
     return SimConfig(**options)
 
@@ -280,6 +281,7 @@ async def sim() -> AsyncIterator[SimServer]:
             block_size=4,
             lora_modules=("ad1", "ad2"),
             max_loras=2,
+            enable_prompt_tokens_details=True,
         )
     )
     await server.start()

@@ -178,7 +178,7 @@ async def test_block_stored_carries_vllm_fields_hashes_and_sequence(encoding: st
         prompt = list(range(100, 110))  # 10 tokens: 2 full blocks of 4
         await complete(http, server.url, prompt)
         topic, seq, batch = await sub.recv()
-        assert topic == f"kv@sim-{server.port}@demo".encode()
+        assert topic == b""  # vLLM's default topic
         assert seq == first_seq
         assert isinstance(batch, list) and len(batch) == 3
         ts, events, rank = batch
@@ -485,7 +485,7 @@ async def test_the_epp_sim_process_publishes_hashes_seeded_by_pythonhashseed() -
                 if await sub.sock.poll(50):
                     break
             topic, _, (_, events, rank) = await sub.recv()
-        assert (topic, rank) == (b"kv@pod-x@demo", 0)
+        assert (topic, rank) == (b"", 0)  # vLLM's default topic
         assert events[0]["block_hashes"] == expected_hashes(events[0]["token_ids"], seed="0")
     finally:
         sub.close()

@@ -36,7 +36,13 @@ async def session() -> AsyncIterator[aiohttp.ClientSession]:
 
 
 async def _sim(**overrides: Any) -> SimServer:
-    options: dict[str, Any] = {"port": 0, "time_scale": 0.0, "served_model_names": ("alias",)} | overrides
+    options: dict[str, Any] = {
+        "port": 0,
+        "time_scale": 0.0,
+        "served_model_names": ("alias",),
+        "enable_scale_out": True,  # as the stacks start them (vLLM's flags)
+        "enable_prompt_tokens_details": True,
+    } | overrides
     server = SimServer(SimConfig(**options))
     await server.start()
     return server

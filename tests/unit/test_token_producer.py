@@ -18,8 +18,11 @@ import pytest
 from aiohttp import web
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from structlog.testing import capture_logs
 
 from epp.datalayer.store import EndpointStore
+from epp.dev.sim.engine import SimConfig
+from epp.dev.sim.server import SimServer
 from epp.framework import ApiKind, DataProducer, LLMRequest, RequestBody, register, registry
 from epp.framework.attributes import DEFAULT_PRODUCERS, TOKENIZED_PROMPT_KEY, TokenizedPrompt
 from epp.framework.results import CycleState
@@ -31,6 +34,7 @@ from epp.plugins.producers.token_producer import TokenProducer
 from epp.plugins.scorers.context_length_aware import request_length
 from epp.server.director import Director, DirectorHooks
 from tests.unit.factories import chat, completions, config, config_error, metadata, request
+from tests.unit.polling import until
 
 # --- helpers ------------------------------------------------------------------------------------------
 
@@ -666,3 +670,21 @@ def test_exact_tokens_replace_the_estimate_in_counting_plugins() -> None:
         7,
         7,
     )
+
+
+async def test_a_render_server_without_scale_out_is_named_at_start(vllm_producer: MakeProducer) -> None:
+    # vLLM 0.32 (and epp sim) answer 403 on the render endpoints unless started with --enable-scale-out
+    sim = SimServer(SimConfig(port=0, time_scale=0.0, model="base/model"))
+    await sim.start()
+    try:
+        p = await vllm_producer("tp", url=sim.url)
+        with capture_logs() as logs:
+            await p.start_serving()
+            await until(lambda: any("--enable-scale-out" in e["event"] for e in logs))
+            assert p._probe is not None
+            tp = await _produce(p, chat([{"role": "user", "content": "hi"}], model="base/model"))
+            assert tp is None  # refused: no token ids
+        assert sum("--enable-scale-out" in e["event"] for e in logs) == 1
+    finally:
+        await p.stop_serving()
+        await sim.stop()

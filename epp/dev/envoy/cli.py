@@ -83,7 +83,18 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m epp.dev.envoy
         help="a request header whose value (ip:port,ip:port) becomes the subset hint: the EPP picks only "
         "among those endpoints",
     )
-    parser.add_argument("--tls", action="store_true", help="TLS to the EPP, accepting any certificate")
+    transport = parser.add_mutually_exclusive_group()
+    transport.add_argument(
+        "--tls",
+        action="store_true",
+        help="TLS to the EPP, accepting any certificate (the default: `epp serve` serves TLS with a "
+        "self-signed certificate unless --secure-serving=false)",
+    )
+    transport.add_argument(
+        "--plaintext",
+        action="store_true",
+        help="plain-text HTTP/2 to the EPP: for `epp serve --secure-serving=false` (as `epp run` starts it)",
+    )
     parser.add_argument(
         "--tls-cert-dir",
         metavar="DIR",
@@ -122,7 +133,9 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m epp.dev.envoy
             print(f"wrote {out / name}")
         return 0
     modes = modes_for_file(args.config_file)
-    tls: bool | EppTls = args.tls
+    tls: bool | EppTls = not args.plaintext
+    if args.tls_cert_dir and args.plaintext:
+        parser.error("--plaintext and --tls-cert-dir contradict each other")
     if args.tls_cert_dir:
         tls = EppTls(args.tls_cert_dir, args.tls_sds_dir, server_name=args.tls_server_name)
         if args.write_sds:
@@ -132,6 +145,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m epp.dev.envoy
                 (out / name).write_text(SDS_HEADER + render(doc))
     elif args.write_sds:
         parser.error("--write-sds needs --tls-cert-dir")
+    sys.stdout.write(_transport_note(tls))
     sys.stdout.write(
         render(
             envoy_bootstrap(
@@ -155,3 +169,16 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m epp.dev.envoy
         )
     )
     return 0
+
+
+def _transport_note(tls: bool | EppTls) -> str:
+    """A comment heading the bootstrap: which ``epp serve`` it connects to (none for mutual TLS,
+    which names its certificates)."""
+    if isinstance(tls, EppTls):
+        return ""
+    if tls:
+        return (
+            "# TLS to the EPP, any certificate accepted: epp serve's default (--secure-serving=true,\n"
+            "# self-signed). For epp serve --secure-serving=false generate with --plaintext.\n"
+        )
+    return "# Plain text to the EPP: for epp serve --secure-serving=false (a TLS EPP refuses it).\n"

@@ -62,9 +62,10 @@ def build_app(config: SimConfig) -> web.Application:
     app.router.add_get("/v1/models", inference.models)
     app.router.add_post("/tokenize", tokenize.tokenize)
     app.router.add_post("/detokenize", tokenize.detokenize)
-    app.router.add_post("/v1/completions/render", tokenize.render_completions)
-    app.router.add_post("/v1/chat/completions/render", tokenize.render_chat)
-    app.router.add_post("/inference/v1/generate", generate.vllm_generate)
+    scale_out = config.enable_scale_out
+    app.router.add_post("/v1/completions/render", tokenize.render_completions if scale_out else _no_scale_out)
+    app.router.add_post("/v1/chat/completions/render", tokenize.render_chat if scale_out else _no_scale_out)
+    app.router.add_post("/inference/v1/generate", generate.vllm_generate if scale_out else _no_scale_out)
     app.router.add_post("/generate", generate.sglang_generate)
     app.router.add_get("/health", health)
     if not config.metrics_port:
@@ -108,3 +109,14 @@ async def debug_requests(request: web.Request) -> web.Response:
 
 async def clear_debug_requests(request: web.Request) -> web.Response:
     return json_response({"cleared": request.app[JOURNAL_KEY].clear()})
+
+
+SCALE_OUT_DISABLED = (
+    "Scale-out endpoints are disabled. Restart vllm serve with --enable-scale-out to enable them."
+)
+
+
+async def _no_scale_out(request: web.Request) -> web.Response:
+    """vLLM 0.32 without ``--enable-scale-out``: the render and token-in endpoints answer 403."""
+    error = {"message": SCALE_OUT_DISABLED, "type": "PermissionDeniedError", "param": None, "code": 403}
+    return web.json_response({"error": error}, status=403)

@@ -205,7 +205,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="JSON",
         help='vLLM\'s KV events config, e.g. \'{"enable_kv_cache_events": true, "endpoint": "tcp://*:5557",'
         ' "replay_endpoint": "tcp://*:5558"}\' (fields: enable_kv_cache_events, publisher, endpoint,'
-        " replay_endpoint, buffer_steps, hwm, max_queue_size, topic; topic default kv@<pod>@<model>;"
+        ' replay_endpoint, buffer_steps, hwm, max_queue_size, topic; topic default "" as vLLM\'s;'
         " rank i: ports + i; default off)",
     )
     add(
@@ -238,6 +238,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         " and sha256_cbor since 0.29, else random) (default %(default)s)",
     )
     add("--seed", type=int, default=d.seed, help="random seed for jitter and failure injection")
+    add(
+        "--enable-prompt-tokens-details",
+        action="store_true",
+        help="report usage.prompt_tokens_details (cached prompt tokens), as vLLM's flag; without it they are"
+        " null, as in vLLM",
+    )
+    add(
+        "--enable-scale-out",
+        action="store_true",
+        help="serve the render (/v1/completions/render, /v1/chat/completions/render) and token-in"
+        " (/inference/v1/generate) endpoints, as vLLM 0.32's flag; without it they answer 403, as in vLLM",
+    )
+    add(
+        "--keep-alive",
+        type=_non_negative_float,
+        default=d.keep_alive,
+        metavar="SECONDS",
+        help="an idle keep-alive connection is closed after this long, as vLLM's server does after 5 s"
+        " (default %(default)s)",
+    )
     add(
         "--time-scale",
         type=_non_negative_float,

@@ -84,6 +84,12 @@ class SimConfig:
     prefix_caching_hash_algo: str = DEFAULT_HASH_ALGORITHM
     hash_seed: str | None = field(default_factory=seed_from_env)
     """vLLM's block-hash seed (``PYTHONHASHSEED``); ``None``: vLLM's default (fixed since 0.29)."""
+    keep_alive: float = 5.0
+    """Seconds an idle keep-alive connection stays open (vLLM's uvicorn: 5 s)."""
+    enable_prompt_tokens_details: bool = False
+    """``usage.prompt_tokens_details`` (cached tokens) in answers; ``null`` without, as vLLM."""
+    enable_scale_out: bool = False
+    """The render and token-in endpoints; without, they answer 403, as vLLM 0.32's."""
 
     def __post_init__(self) -> None:
         self.served_model_names = tuple(self.served_model_names)
@@ -268,6 +274,12 @@ class EngineCounters:
     time_to_first_token: Histogram = field(default_factory=lambda: Histogram(TTFT_BUCKETS))
     inter_token_latency: Histogram = field(default_factory=lambda: Histogram(ITL_BUCKETS))
     request_queue_time: Histogram = field(default_factory=lambda: Histogram(QUEUE_TIME_BUCKETS))
+    prompt_tokens_cached: int = 0
+    # vLLM's request_latency_buckets (the queue time's) for the phases of finished requests
+    e2e_request_latency: Histogram = field(default_factory=lambda: Histogram(QUEUE_TIME_BUCKETS))
+    request_inference_time: Histogram = field(default_factory=lambda: Histogram(QUEUE_TIME_BUCKETS))
+    request_prefill_time: Histogram = field(default_factory=lambda: Histogram(QUEUE_TIME_BUCKETS))
+    request_decode_time: Histogram = field(default_factory=lambda: Histogram(QUEUE_TIME_BUCKETS))
 
     def copy(self) -> EngineCounters:
         return dataclasses.replace(
@@ -276,6 +288,10 @@ class EngineCounters:
             time_to_first_token=self.time_to_first_token.copy(),
             inter_token_latency=self.inter_token_latency.copy(),
             request_queue_time=self.request_queue_time.copy(),
+            e2e_request_latency=self.e2e_request_latency.copy(),
+            request_inference_time=self.request_inference_time.copy(),
+            request_prefill_time=self.request_prefill_time.copy(),
+            request_decode_time=self.request_decode_time.copy(),
         )
 
 
@@ -385,9 +401,10 @@ class Engine:
         try:
             if seq.granted is not None:
                 await seq.granted
+            scheduled = loop.time()
             await asyncio.sleep(self.config.delay_seconds(seq.ttft_ms))
             self._counters.prompt_tokens += seq.spec.prompt_tokens
-            last = loop.time()
+            last = first = loop.time()
             self._counters.time_to_first_token.observe(last - seq.arrival)
             for index in range(seq.output_tokens):
                 if index:
@@ -403,9 +420,17 @@ class Engine:
                 final = index == seq.output_tokens - 1
                 token_id, text = self._output.at(index)
                 yield Token(index, text, seq.finish_reason if final else None, token_id)
+            self._observe_phases(seq.arrival, scheduled, first, loop.time())
             self._finish(seq)
         finally:
             self.abort(seq)
+
+    def _observe_phases(self, arrival: float, scheduled: float, first: float, end: float) -> None:
+        counters = self._counters
+        counters.e2e_request_latency.observe(end - arrival)
+        counters.request_inference_time.observe(end - scheduled)
+        counters.request_prefill_time.observe(first - scheduled)
+        counters.request_decode_time.observe(end - first)
 
     def abort(self, seq: Sequence) -> None:
         """Release the queue place or running slot of a request; a no-op once it has finished."""
@@ -492,6 +517,7 @@ class Engine:
         seq.ttft_ms = seq.lora_load_ms + self.latency.ttft_ms(seq.uncached_tokens, len(self._running))
         self._counters.prefix_cache_queries += seq.spec.prompt_tokens
         self._counters.prefix_cache_hits += seq.cached_tokens
+        self._counters.prompt_tokens_cached += seq.cached_tokens
         self._counters.request_queue_time.observe(asyncio.get_running_loop().time() - seq.arrival)
         if seq.granted is not None and not seq.granted.done():
             seq.granted.set_result(None)

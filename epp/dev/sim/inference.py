@@ -49,7 +49,9 @@ async def _inference(request: web.Request, *, chat: bool) -> web.StreamResponse:
     body = decode_body(raw)
     cache_salt = _cache_salt(body)
     parsed = await off_loop(len(raw), parse_request, body, config, engine.tokenizer, chat=chat)
-    completion = Completion(parsed, _request_id(request, chat=chat))
+    completion = Completion(
+        parsed, _request_id(request, chat=chat), prompt_tokens_details=config.enable_prompt_tokens_details
+    )
     spec = RequestSpec.of(
         completion.request_id,
         parsed.model,

@@ -61,8 +61,8 @@ CORRUPT_PAYLOAD = b"\xc1not-msgpack"
 class KVEventsConfig:
     """vLLM's ``--kv-events-config`` (``KVEventsConfig``), as JSON on the command line.
 
-    ``topic`` ``None`` (not given) means the simulator's default ``kv@<pod>@<model>``, the llm-d
-    deployment convention; real vLLM's default topic is ``""``.
+    ``topic`` ``None`` (not given) means vLLM's default, ``""`` (no topic); the llm-d deployment
+    convention sets ``kv@<pod>@<model>``, which a central EPP socket needs to name the endpoint.
     """
 
     enable_kv_cache_events: bool = False

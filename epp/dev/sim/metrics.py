@@ -54,15 +54,24 @@ def _state_gauges(config: SimConfig, snap: EngineSnapshot) -> Iterable[Metric]:
     yield _gauge(
         "vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", model, snap.kv_cache_usage
     )
+    by_reason = GaugeMetricFamily(
+        "vllm:num_requests_waiting_by_reason",
+        "Number of waiting requests by reason. Reason labels: 'capacity' = waiting for scheduling "
+        "capacity; 'deferred' = deferred by transient constraints (LoRA budget, KV transfer, blocked "
+        "status). Sum of all reasons equals vllm:num_requests_waiting.",
+        labels=["model_name", "reason"],
+    )
+    by_reason.add_metric([model, "capacity"], snap.waiting)  # the simulator defers nothing
+    by_reason.add_metric([model, "deferred"], 0)
+    yield by_reason
 
 
 def _info_gauges(config: SimConfig, snap: EngineSnapshot) -> Iterable[Metric]:
+    info = _cache_config(config)
     cache = GaugeMetricFamily(
-        "vllm:cache_config_info",
-        "Information of the LLMEngine CacheConfig",
-        labels=["block_size", "model_name", "num_gpu_blocks"],
+        "vllm:cache_config_info", "Information of the LLMEngine CacheConfig", labels=list(info)
     )
-    cache.add_metric([str(config.block_size), config.model, str(config.kv_cache_size)], 1.0)
+    cache.add_metric(list(info.values()), 1.0)
     yield cache
     lora = GaugeMetricFamily(
         "vllm:lora_requests_info",
@@ -100,6 +109,13 @@ def _counters(config: SimConfig, snap: EngineSnapshot) -> Iterable[Metric]:
         model,
         counters.prefix_cache_hits,
     )
+    yield _counter(
+        "vllm:prompt_tokens_cached",
+        "Number of cached prompt tokens (local + external).",
+        model,
+        counters.prompt_tokens_cached,
+    )
+    yield _counter("vllm:num_preemptions", "Cumulative number of preemption from the engine.", model, 0)
 
 
 def _histogram(name: str, doc: str, model: str, histogram: Histogram) -> HistogramMetricFamily:
@@ -128,6 +144,71 @@ def _histograms(config: SimConfig, snap: EngineSnapshot) -> Iterable[Metric]:
         model,
         counters.request_queue_time,
     )
+    yield _histogram(
+        "vllm:e2e_request_latency_seconds",
+        "Histogram of e2e request latency in seconds.",
+        model,
+        counters.e2e_request_latency,
+    )
+    yield _histogram(
+        "vllm:request_inference_time_seconds",
+        "Histogram of time spent in RUNNING phase for request.",
+        model,
+        counters.request_inference_time,
+    )
+    yield _histogram(
+        "vllm:request_prefill_time_seconds",
+        "Histogram of time spent in PREFILL phase for request.",
+        model,
+        counters.request_prefill_time,
+    )
+    yield _histogram(
+        "vllm:request_decode_time_seconds",
+        "Histogram of time spent in DECODE phase for request.",
+        model,
+        counters.request_decode_time,
+    )
+
+
+def _cache_config(config: SimConfig) -> dict[str, str]:
+    """``vllm:cache_config_info``'s labels as vLLM 0.32 writes them (its CacheConfig's fields, as
+    strings, and ``engine``), with the simulator's block size, block count and hash algorithm."""
+    info = dict.fromkeys(_CACHE_CONFIG_NONE, "None")
+    info.update(
+        block_size=str(config.block_size),
+        user_specified_block_size="True",
+        gpu_memory_utilization="0.92",
+        cache_dtype="auto",
+        is_attention_free="False",
+        enable_prefix_caching="True",
+        prefix_caching_hash_algo=config.prefix_caching_hash_algo,
+        prefix_cache_retention_interval="0",
+        kv_cache_dtype_skip_layers="[]",
+        mamba_cache_dtype="auto",
+        mamba_ssm_cache_dtype="auto",
+        mamba_cache_mode="none",
+        enable_mamba_shared_prefix_checkpoint="False",
+        replayssm_buffer_len="16",
+        use_replayssm="False",
+        use_kda_recoverssm="False",
+        num_gpu_blocks=str(config.kv_cache_size),
+        num_cpu_blocks="None",
+        kv_cache_size_tokens=str(config.kv_cache_size * config.block_size),
+        kv_sharing_fast_prefill="False",
+        swa_bounded_replay="True",
+        kv_offloading_backend="native",
+        _block_size_resolved="True",
+        engine=str(config.data_parallel_rank),
+    )
+    return info
+
+
+_CACHE_CONFIG_NONE = (
+    "kv_cache_layout", "prefix_match_unit", "num_gpu_blocks_override", "sliding_window",
+    "mamba_page_size_padded", "skip_page_size_padded", "mamba_block_size",
+    "effective_attention_block_size", "kv_cache_max_concurrency", "hash_block_size",
+    "cache_hit_alignment_tokens", "kv_cache_memory_bytes", "kv_offloading_size",
+)  # fmt: skip
 
 
 GARBAGE_METRICS = b"<html><body>\x00\xff upstream {{ not [prometheus] text\n</body></html>\n"

@@ -186,6 +186,8 @@ class Completion:
     created: int = field(default_factory=lambda: int(time.time()))
     kv_transfer_params: dict[str, Any] | None = None
     """Returned to a prefill request (``do_remote_decode``) so the decoder can fetch the KV."""
+    prompt_tokens_details: bool = True
+    """``usage.prompt_tokens_details`` filled (vLLM's ``--enable-prompt-tokens-details``), else null."""
 
     @property
     def object_name(self) -> str:
@@ -201,7 +203,9 @@ class Completion:
             "prompt_tokens": prompt,
             "completion_tokens": completion,
             "total_tokens": prompt + completion,
-            "prompt_tokens_details": {"cached_tokens": seq.cached_tokens},
+            "prompt_tokens_details": {"cached_tokens": seq.cached_tokens}
+            if self.prompt_tokens_details
+            else None,
         }
 
     def full(self, text: str, finish_reason: str | None, seq: Sequence) -> dict[str, Any]:

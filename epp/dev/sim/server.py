@@ -43,7 +43,9 @@ class SimServer:
         return f"http://{self.config.host}:{self.port}"
 
     async def start(self) -> None:
-        runner = web.AppRunner(self.app, handler_cancellation=True, access_log=None)
+        runner = web.AppRunner(
+            self.app, handler_cancellation=True, access_log=None, keepalive_timeout=self.config.keep_alive
+        )
         await runner.setup()
         await web.TCPSite(runner, self.config.host, self.config.port).start()
         self._runner = runner
@@ -62,11 +64,11 @@ class SimServer:
         log.info("sim.started", url=self.url, pod=self.config.pod_name(self.port), model=self.config.model)
 
     def _start_kv_events(self, pod: str) -> None:
-        """Start the KV-event publisher (if enabled); its default topic is ``kv@<pod>@<model>``."""
+        """Start the KV-event publisher (if enabled); its default topic is vLLM's, ``""``."""
         events = self.config.kv_events_config
         if events is None or not events.enabled:
             return
-        topic = events.topic if events.topic is not None else f"kv@{pod}@{self.config.model}"
+        topic = events.topic if events.topic is not None else ""
         self.publisher = ZmqEventPublisher(
             events,
             topic=topic,

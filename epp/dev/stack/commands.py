@@ -47,8 +47,13 @@ def python_argv(*args: str) -> list[str]:
     return [sys.executable, "-m", "epp", *args]
 
 
+# Every stack's simulator runs as the docs tell users to start vLLM: render and token-in endpoints
+# on (token-producer, P/D), cached prompt tokens reported (llm_d_epp_request_cached_tokens).
+SIM_VLLM_FLAGS = ("--enable-scale-out", "--enable-prompt-tokens-details")
+
+
 def sim_argv(port: int, name: str, model: str = "demo", extra: Sequence[str] = ()) -> list[str]:
-    return python_argv("sim", "--port", str(port), "--model", model, "--name", name, *extra)
+    return python_argv("sim", "--port", str(port), "--model", model, "--name", name, *SIM_VLLM_FLAGS, *extra)
 
 
 def serve_argv(

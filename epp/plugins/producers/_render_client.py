@@ -148,6 +148,7 @@ class RenderClient:
         self._hits = RENDER_CACHE.labels(plugin_name, "hit")
         self._misses = RENDER_CACHE.labels(plugin_name, "miss")
         self._log = _RateLog()
+        self._told_scale_out = False
 
     # --- the request path -------------------------------------------------------------------------
 
@@ -235,6 +236,8 @@ class RenderClient:
             raise RenderError("connect", f"POST {url}: {e}") from e
         except OSError as e:
             raise RenderError("connect", f"POST {url}: {e}") from e
+        if status == 403:
+            self._refused(url)
         if status < 200 or status >= 300:
             snippet = raw[:_ERROR_SNIPPET].decode("utf-8", "replace")
             raise RenderError("status", f"POST {url}: status {status}: {snippet}")
@@ -243,6 +246,26 @@ class RenderClient:
         except orjson.JSONDecodeError as e:
             raise RenderError("decode", f"POST {url}: answer is not JSON: {e}") from e
         return _parse_answer(answer, url, path == COMPLETIONS_RENDER_PATH)
+
+    def _refused(self, url: str) -> None:
+        """vLLM 0.32 serves its render endpoints only with ``--enable-scale-out``: say so once."""
+        if self._told_scale_out:
+            return
+        self._told_scale_out = True
+        log.warning(
+            "token-producer: the render server refuses (403): start vLLM with --enable-scale-out "
+            "(vLLM 0.32 serves its render endpoints only then); until it does, requests get no token "
+            "ids and no precise prefix match",
+            plugin=self._plugin,
+            url=url,
+        )
+
+    async def probe(self) -> None:
+        """One small render at start-up, so that a refusing server is named before traffic comes."""
+        try:
+            await self._post(COMPLETIONS_RENDER_PATH, {"model": self.model, "prompt": "a"}, self.timeout)
+        except RenderError:
+            pass  # a server not up yet, or an error a request will report; only a 403 is named
 
     async def close(self) -> None:
         session, self._session = self._session, None

@@ -272,6 +272,7 @@ class PrecisePrefixCacheProducer(DataProducer, PreRequest):
         self._state_key = f"{self.type_name}/{name}"
         self._warned = False
         self._down: set[str] = set()
+        self._block_size_told: set[str] = set()
 
     # --- request path -------------------------------------------------------------------------
 
@@ -342,6 +343,18 @@ class PrecisePrefixCacheProducer(DataProducer, PreRequest):
         down = self._down
         for e in endpoints:
             key = e.metadata.key
+            engine_bs = e.metrics.cache_block_size
+            if engine_bs and engine_bs != self.block_size and key not in self._block_size_told:
+                self._block_size_told.add(key)
+                log.warning(
+                    "precise-prefix-cache-producer: the engine's KV-cache block size differs from "
+                    "tokenProcessorConfig.blockSizeTokens, so its blocks match no request: set them equal "
+                    "(vLLM's --block-size; its CPU backend defaults to 128)",
+                    plugin=self.name,
+                    endpoint=key,
+                    engine_block_size=engine_bs,
+                    block_size_tokens=self.block_size,
+                )
             if e.metrics.down:
                 if key not in down:
                     down.add(key)
@@ -405,6 +418,7 @@ class PrecisePrefixCacheProducer(DataProducer, PreRequest):
         """The endpoint left: unsubscribe and forget what it held."""
         self._wired.discard(key)
         self._down.discard(key)
+        self._block_size_told.discard(key)
         self.ingester.remove_endpoint(key)
         if not self.ingester.running:
             self.index.remove_pod(key)

@@ -193,6 +193,7 @@ class TokenProducer(DataProducer):
         self._estimator: Estimator | None = None
         self._render: RenderClient | None = None
         self._local: _LocalBackend | None = None
+        self._probe: asyncio.Task[None] | None = None
         if self.backend == "vllm":
             cfg = params.vllm or VllmParams()
             timeout, mm_timeout = cfg.seconds()
@@ -243,9 +244,15 @@ class TokenProducer(DataProducer):
             body.tokenized = TokenizedPrompt(rendered.token_ids, mm_hashes=rendered.mm_items)
 
     async def start_serving(self) -> None:
-        """Nothing to start: connections and the worker thread are created on first use."""
+        """Connections and the worker thread are created on first use; the render backend is probed
+        once in the background (a server refusing renders is named in the log at once)."""
+        if self._render is not None:
+            self._probe = asyncio.create_task(self._render.probe(), name=f"{self.name}-render-probe")
 
     async def stop_serving(self) -> None:
+        if self._probe is not None:
+            self._probe.cancel()
+            self._probe = None
         await self.close()
 
     async def close(self) -> None:
