@@ -203,7 +203,9 @@ def main(argv: list[str] | None = None) -> int:
         sim_port, sim_kv, sim_replay = stack.free_ports(3)
         sim_args = ["--tokenizer", str(engines.tiny_model()), "--block-size", str(engines.VLLM_BLOCK_SIZE)]
         sim_args += stack.kv_events_sim_args(sim_kv, sim_replay)
-        child = st.start_sim("sim", sim_port, model=args.model, args=sim_args)
+        # as the vLLM below: cached-token usage on, render endpoints at their default (off)
+        sim_argv = stack.python_argv("sim", "--port", str(sim_port), "--model", args.model, "--name", "sim")
+        child = st.supervisor.start("sim", [*sim_argv, "--enable-prompt-tokens-details", *sim_args])
         st.wait_sim(child, f"http://127.0.0.1:{sim_port}")
         if args.vllm_url:
             real = Target(
