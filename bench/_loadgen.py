@@ -107,15 +107,15 @@ def plan_sessions(
     system_chars: int,
     turn_chars: int,
     seed: int,
-    shared_systems: int = 0,
+    system_groups: int = 0,
 ) -> list[Session]:
-    """Multi-turn sessions; the same arguments always give the same conversations. With
-    ``shared_systems`` N > 0 session s uses system prompt s mod N (agents of N kinds), else its own."""
+    """Multi-turn sessions; the same arguments always give the same conversations. ``system_groups``
+    > 0: session s has the system prompt of group s mod ``system_groups`` (else one of its own)."""
     rng = random.Random(f"sessions-{seed}")
     out: list[Session] = []
     at = 0.0
     for s in range(sessions):
-        system = system_prompt(1000 + (s % shared_systems if shared_systems > 0 else s), system_chars, seed)
+        system = system_prompt(1000 + (s % system_groups if system_groups > 0 else s), system_chars, seed)
         conv = []
         for t in range(turns):
             user = f"Turn {t} of session {s} ({rng.getrandbits(48):012x}): " + _text(rng, turn_chars)
@@ -307,10 +307,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     add("--turn-chars", type=int, default=2000, help="sessions scenario: user message length (2000)")
     add("--think-time", type=float, default=1.0, help="sessions scenario: mean think time in s (1.0)")
     add(
-        "--shared-systems",
+        "--system-groups",
         type=int,
         default=0,
-        help="sessions scenario: sessions share this many system prompts (default 0: one each)",
+        help="sessions scenario: sessions share the system prompts of this many groups (default 0: one each)",
     )
     return parser.parse_args(argv)
 
@@ -325,7 +325,7 @@ def main(argv: list[str] | None = None) -> int:
             system_chars=args.prompt_chars,
             turn_chars=args.turn_chars,
             seed=args.seed,
-            shared_systems=args.shared_systems,
+            system_groups=args.system_groups,
         )
         coro: Any = run_sessions(
             _urls(args.url),

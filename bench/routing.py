@@ -146,7 +146,7 @@ def working_set_tokens(args: argparse.Namespace) -> int:
 
     tok = load_tokenizer(DEFAULT_TOKENIZER_DIR)
     sessions = _loadgen.plan_sessions(
-        shared_systems=args.shared_systems,
+        system_groups=args.shared_systems,
         sessions=args.sessions,
         turns=args.turns,
         rate=args.rate,
@@ -377,7 +377,7 @@ def loadgen_argv(url: str, args: argparse.Namespace, output: Path) -> list[str]:
             str(args.turn_chars),
             "--think-time",
             str(args.think_time),
-            "--shared-systems",
+            "--system-groups",
             str(args.shared_systems),
         ]
     return [

@@ -18,6 +18,7 @@ import signal
 import sys
 import tempfile
 import time
+import urllib.parse
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -25,10 +26,11 @@ from typing import Any
 import yaml
 
 from epp.dev.envoy.bootstrap import DEFAULT_BODY_MODE
-from epp.dev.stack.files import precise_config, uses_kv_events
+from epp.dev.stack import engines
+from epp.dev.stack.files import precise_config, uses_kv_events, vllm_engines_config
 from epp.dev.stack.local import LocalStack, StackOptions
 from epp.dev.stack.pd import PDStack
-from epp.dev.stack.probes import Interrupted
+from epp.dev.stack.probes import READY_TIMEOUT, Interrupted
 from epp.dev.stack.supervisor import SIM_MAX_RESTARTS, SIM_RESTART_WINDOW, Child, ChildExited
 
 
@@ -45,6 +47,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="ARG",
         help="an extra flag for every simulator (--sim-arg --max-num-seqs=2, or --sim-arg=--max-num-seqs=2); "
         "repeat it for several",
+    )
+    add(
+        "--engine",
+        choices=("sim", "vllm"),
+        default="sim",
+        help="what --sims starts: epp sim (default) or real vLLM engines from `make engines` (the tiny "
+        "model; prefix caching, KV events on --kv-events ports, default 5557; routed on them)",
+    )
+    add(
+        "--endpoints",
+        default="",
+        metavar="URL[,URL...]",
+        help="put the stack in front of engines already running (http://host:port, comma-separated) "
+        "instead of starting any",
     )
     add("--port", type=int, default=8081, help="Envoy listener port (default 8081)")
     add("--admin-port", type=int, default=19000, help="Envoy admin port (default 19000)")
@@ -185,6 +201,18 @@ def options_from_args(args: argparse.Namespace) -> StackOptions:
         if loaded is not None and not isinstance(loaded, dict):
             raise SystemExit(f"error: --config-file {args.config_file}: not a YAML mapping")
         config = loaded
+    endpoints = _endpoints(args.endpoints)
+    if args.engine == "vllm" and not endpoints:
+        why = engines.missing()
+        if why:
+            raise SystemExit(f"error: --engine vllm: {why}")
+        args.kv_events = args.kv_events or 5557
+        if config is None:
+            config = vllm_engines_config(str(engines.tiny_model()), engines.VLLM_BLOCK_SIZE)
+    if args.kv_events and endpoints:
+        raise SystemExit(
+            "error: --kv-events starts publishers on the stack's engines; --endpoints starts none"
+        )
     if args.kv_events and config is None:
         config = precise_config()  # the events are what --kv-events is for: route on them
     elif args.kv_events and config is not None and not uses_kv_events(config):
@@ -195,7 +223,10 @@ def options_from_args(args: argparse.Namespace) -> StackOptions:
             file=sys.stderr,
         )
     return StackOptions(
-        sims=args.sims,
+        sims=0 if endpoints else args.sims,
+        engine=args.engine,
+        endpoints=endpoints,
+        ready_timeout=VLLM_READY_TIMEOUT if args.engine == "vllm" else READY_TIMEOUT,
         sim_base_port=args.sim_base_port,
         model=args.model,
         sim_args=list(args.sim_arg),
@@ -216,6 +247,23 @@ def options_from_args(args: argparse.Namespace) -> StackOptions:
         replicas=args.replicas,
         redis_port=args.redis_port,
     )
+
+
+# vLLM loads torch and warms up for a minute or more on a busy machine.
+VLLM_READY_TIMEOUT = 600.0
+
+
+def _endpoints(text: str) -> list[str]:
+    """``host:port`` of each ``http://host:port`` (or bare ``host:port``) of ``--endpoints``."""
+    out = []
+    for item in (x.strip() for x in text.split(",")):
+        if not item:
+            continue
+        parsed = urllib.parse.urlsplit(item if "://" in item else f"http://{item}")
+        if parsed.scheme != "http" or not parsed.hostname or not parsed.port or parsed.path not in ("", "/"):
+            raise SystemExit(f"error: --endpoints: {item!r} is not http://host:port")
+        out.append(f"{parsed.hostname}:{parsed.port}")
+    return out
 
 
 class _Stop:
@@ -277,14 +325,14 @@ def _epps(stack: LocalStack) -> str:
 
 def _usage(stack: LocalStack) -> str:
     o = stack.opts
-    sims = ", ".join(f"127.0.0.1:{p}" for p in o.sim_ports)
+    sims = ", ".join(o.upstreams)
     restarted = "A simulator" if o.replicas == 1 else "A simulator, EPP replica or Redis"
     fatal = "the EPP or Envoy exiting" if o.replicas == 1 else "Envoy exiting"
     return f"""
 epp stack ready ({o.body_mode}, fail-{"open" if o.fail_open else "closed"}{_routing(o)})
   Envoy      {stack.url}  (admin http://127.0.0.1:{o.admin_port})
 {_epps(stack)}
-  simulators {sims}  (model {o.model!r})
+  {_kind(o):<10} {sims}  (model {o.model!r})
   endpoints  {stack.endpoints_file}  (edit it to add or remove endpoints)
   config     {stack.config_file}  (the EPP's config: edits apply without a restart)
   logs       {stack.supervisor.log_dir}
@@ -299,6 +347,10 @@ Try:
 {o.sim_restart_window:g} s); {fatal} stops the stack.
 Ctrl-C stops everything.
 """
+
+
+def _kind(o: StackOptions) -> str:
+    return "engines" if o.endpoints else ("vLLM" if o.engine == "vllm" else "simulators")
 
 
 def _routing(o: StackOptions) -> str:
@@ -329,7 +381,8 @@ def main(args: argparse.Namespace) -> int:
     try:
         try:
             epps = "the EPP" if opts.replicas == 1 else f"{opts.replicas} EPP replicas, Redis"
-            print(f"starting {opts.sims} simulators, {epps} and Envoy (work dir {workdir}) ...", flush=True)
+            what = f"{opts.sims} {_kind(opts)}, " if opts.sims else ""
+            print(f"starting {what}{epps} and Envoy (work dir {workdir}) ...", flush=True)
             stack.start(abort=stop.is_set)
         except Interrupted:
             return 0

@@ -56,6 +56,18 @@ def endpoints_document(
     }
 
 
+def given_endpoints(addresses: Sequence[str]) -> dict[str, Any]:
+    """The endpoints document for engines already running at ``host:port`` addresses
+    (``epp run --endpoints``): ``engine-<i>``."""
+    endpoints = []
+    for i, address in enumerate(addresses):
+        host, _, port = address.rpartition(":")
+        endpoints.append(
+            {"name": f"engine-{i}", "namespace": "default", "address": host, "port": port, "labels": {}}
+        )
+    return {"endpoints": endpoints}
+
+
 def write_atomic(path: Path, text: str) -> None:
     """Write ``text`` to ``path`` by renaming a temporary file over it (watchers never see half a file)."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
@@ -134,6 +146,14 @@ def precise_config(block_size: int = 16) -> dict[str, Any]:
             }
         ],
     }
+
+
+def vllm_engines_config(tokenizer: str, block_size: int) -> dict[str, Any]:
+    """The scheduling of ``epp run --engine vllm``: :func:`precise_config` on the engines' KV events
+    with their model's own tokenizer (``tokenizer``, a directory) and block size."""
+    config = precise_config(block_size)
+    config["plugins"][0] = {"type": "token-producer", "parameters": {"local": {"path": tokenizer}}}
+    return config
 
 
 def uses_kv_events(config: dict[str, Any]) -> bool:

@@ -21,8 +21,9 @@ import yaml
 
 from epp.dev.envoy.bootstrap import DEFAULT_BODY_MODE, EXT_PROC_CLUSTER, envoy_bootstrap, render
 from epp.dev.envoy.exchange import RESPONSE_BODY_MODE, ResponseModes, modes_for_document
+from epp.dev.stack import engines
 from epp.dev.stack.commands import envoy_argv, epp_socket, serve_argv, sim_argv
-from epp.dev.stack.files import epp_config, with_redis_syncer, write_endpoints
+from epp.dev.stack.files import epp_config, given_endpoints, with_redis_syncer, write_atomic, write_endpoints
 from epp.dev.stack.probes import (
     READY_TIMEOUT,
     envoy_hosts_healthy,
@@ -224,6 +225,8 @@ class StackOptions:
     redis_port: int = 0  # replicas > 1: the private redis-server's port (0: a free one)
     share_state: bool = True  # replicas > 1: False runs them without Redis, each learning alone
     socket_dir: str = ""  # the EPPs' Unix sockets' directory ("": LocalStack's work directory)
+    engine: str = "sim"  # "vllm": real vLLM engines from `make engines` in place of the simulators
+    endpoints: list[str] = field(default_factory=list)  # host:port of engines already running (no sims)
 
     @classmethod
     def on_free_ports(
@@ -260,6 +263,11 @@ class StackOptions:
     @property
     def sim_ports(self) -> list[int]:
         return [self.sim_base_port + i for i in range(self.sims)]
+
+    @property
+    def upstreams(self) -> list[str]:
+        """``host:port`` of every engine the EPP routes to (started by the stack or given)."""
+        return list(self.endpoints) or [f"127.0.0.1:{p}" for p in self.sim_ports]
 
     def kv_events_ports(self, sim: int) -> tuple[int, int]:
         """(PUB port, replay port) of sim ``sim``'s KV events (only when ``kv_events_base_port``)."""
@@ -398,12 +406,18 @@ class LocalStack(Stack):
         if redis_binary:
             self.start_redis(redis_binary)
         for i, port in enumerate(o.sim_ports):
+            if o.engine == "vllm":
+                self.sims.append(self.start_vllm(i, port))
+                continue
             self.sims.append(
                 self.start_sim(
                     f"sim-{i}", port, model=o.model, args=o.sim_argv_extra(i), restart=o.sim_restart
                 )
             )
-        write_endpoints(self.endpoints_file, o.sim_ports, labels=o.endpoint_labels())
+        if o.endpoints:
+            write_atomic(self.endpoints_file, yaml.safe_dump(given_endpoints(o.endpoints), sort_keys=False))
+        else:
+            write_endpoints(self.endpoints_file, o.sim_ports, labels=o.endpoint_labels())
         config = self.epp_document()
         restart = o.sim_restart if o.replicas > 1 else None
         for i, ports in enumerate(o.epps()):
@@ -424,6 +438,14 @@ class LocalStack(Stack):
             "envoy", self.bootstrap(), log_level=o.envoy_log_level, concurrency=o.envoy_concurrency
         )
         self.wait_ready(abort)
+
+    def start_vllm(self, i: int, port: int) -> Child:
+        """Engine ``i``: vLLM from ``make engines`` (the tiny model) on ``port``, its KV events on the
+        stack's KV-events ports, restarted like a simulator."""
+        o = self.opts
+        pub, replay = o.kv_events_ports(i) if o.kv_events_base_port else (0, 0)
+        argv = engines.vllm_argv(port, kv_pub=pub, kv_replay=replay, served_name=o.model, extra=o.sim_args)
+        return self.supervisor.start(f"vllm-{i}", argv, env=engines.vllm_env(), restart=o.sim_restart)
 
     def start_redis(self, binary: str) -> Child:
         """The replicas' private ``redis-server`` on 127.0.0.1 (restarted, empty, when it exits)."""
@@ -458,7 +480,7 @@ class LocalStack(Stack):
             extproc_socket=first.socket,  # Envoy and the EPP side by side: a Unix socket
             body_mode=o.body_mode,
             fail_open=o.fail_open,
-            fallback_endpoints=[f"127.0.0.1:{p}" for p in o.sim_ports],
+            fallback_endpoints=o.upstreams,
             extproc_health_port=first.health if o.fail_open else 0,
         )
         if o.replicas == 1:
@@ -474,6 +496,7 @@ class LocalStack(Stack):
             (c.name, http_ok(f"http://127.0.0.1:{p}/health"))
             for c, p in zip(self.sims, o.sim_ports, strict=True)
         ]
+        checks += [(f"engine {a}", http_ok(f"http://{a}/health")) for a in o.endpoints]
         for child, ports in zip(self.epps, o.epps(), strict=True):
             name = "EPP" if o.replicas == 1 else child.name
             checks.append((f"{name} readiness", lambda h=ports.health: grpc_serving(h)))  # type: ignore[misc]
