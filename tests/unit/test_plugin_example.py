@@ -39,7 +39,7 @@ def installed_example(tmp_path: Path) -> Iterator[None]:
 
 
 def test_example_plugin_loads_from_its_entry_point_and_steers_scheduling(installed_example: None) -> None:
-    config = _blocks("yaml")[-1]
+    (config,) = [b for b in _blocks("yaml") if "type: prefer-label-scorer" in b]  # the example's config
     cfg = load_config(config)
     endpoints = [endpoint(f"e{i}", f"10.0.0.{i}", labels={"zone": "a" if i == 3 else "b"}) for i in range(5)]
     for _ in range(20):
