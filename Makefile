@@ -115,3 +115,9 @@ bench-pd: install
 .PHONY: bench-status-page
 bench-status-page: install
 	$(PYTHON) bench/status_page.py
+
+# Many LoRA adapters with Zipf popularity: adapter loads per minute and TTFT, lora-affinity-scorer
+# against the residency plugins. LORA_ARGS="--requests 120" for a short run, "--rate 40".
+.PHONY: bench-lora
+bench-lora: install
+	$(PYTHON) bench/lora.py $(LORA_ARGS)
