@@ -6,7 +6,8 @@ or a map with ``"type"`` (vLLM >= 0.24, SGLang >= 0.5.20), read by field name. P
 ``BlockStored``: vLLM's ``lora_name, extra_keys, group_idx, kv_cache_spec_kind`` follow ``medium``,
 where SGLang has its metadata map (``cache_salt``); both engines' layouts decode whatever
 ``engine`` says. ``session_id`` (vLLM and SGLang: the session of the request behind a store) is
-read from the map form and SGLang's metadata map. Block hashes are ints (taken as uint64) or bytes (the last 8 bytes, big-endian).
+read from the map form and SGLang's metadata map. Block hashes are ints (taken as uint64) or bytes
+(the last 8 bytes, big-endian).
 Bad input raises ``DecodeError``; unknown event tags are skipped (counted in ``EventBatch.unknown``).
 """
 
