@@ -230,9 +230,15 @@ def test_extractor_reads_residency_metrics() -> None:
 def test_extractor_without_residency_keeps_the_info_series() -> None:
     residency = (b"vllm:lora_adapter_loaded", b"vllm:num_gpu_loaded", b"vllm:max_gpu")
     page = b"\n".join(line for line in RESIDENCY_PAGE.splitlines() if not line.startswith(residency))
-    m = CoreMetricsExtractor("c", CoreMetricsExtractorParams()).extract(endpoint("e"), page).metrics
+    extractor = CoreMetricsExtractor("c", CoreMetricsExtractorParams())
+    m = extractor.extract(endpoint("e"), page).metrics
     assert m is not None and not m.lora_residency
     assert m.max_active_models == 4 and m.lora_level("a") == "gpu" and m.lora_level("b") == ""
+    e = endpoint("e")
+    e.metrics = extractor.extract(e, RESIDENCY_PAGE).metrics or e.metrics
+    assert e.metrics.lora_level("b") == "cpu"
+    m = extractor.extract(e, page).metrics  # the engine no longer reports residency
+    assert m is not None and not m.lora_residency and m.lora_level("b") == ""
 
 
 # --- the simulator's adapter slots ----------------------------------------------------------------

@@ -227,7 +227,7 @@ def extract_metrics(mapping: EngineMapping, previous: Metrics, body: bytes) -> E
     if mapping.lora is not None:
         _extract_lora(mapping.lora, body, changes, errors)
     if mapping.lora_loaded is not None:
-        _extract_residency(mapping, body, changes)
+        _extract_residency(mapping, body, changes, previous.lora_residency)
     if mapping.cache_info is not None:
         _extract_cache_info(mapping, body, changes, errors)
     _extract_values(
@@ -289,7 +289,9 @@ def _extract_lora(selector: Selector, body: bytes, changes: dict[str, object], e
         changes["max_active_models"] = info.max_lora
 
 
-def _extract_residency(mapping: EngineMapping, body: bytes, changes: dict[str, object]) -> None:
+def _extract_residency(
+    mapping: EngineMapping, body: bytes, changes: dict[str, object], had_residency: bool
+) -> None:
     """The adapters resident on the GPU and in the host cache (engines without LoRA, or older ones,
     export none of these families: not an error, the LoRA info series stays the only source)."""
     assert mapping.lora_loaded is not None
@@ -303,6 +305,10 @@ def _extract_residency(mapping: EngineMapping, body: bytes, changes: dict[str, o
             levels[name] = level
     gpu = mapping.lora_gpu_loaded.value(body) if mapping.lora_gpu_loaded is not None else None
     if gpu is None and not levels:
+        if had_residency:  # the engine stopped reporting (restarted without it): forget it
+            changes["lora_residency"] = False
+            changes["loaded_adapters"] = MappingProxyType({})
+            changes["gpu_loaded_adapters"] = 0
         return
     changes["lora_residency"] = True
     changes["loaded_adapters"] = MappingProxyType(levels)
