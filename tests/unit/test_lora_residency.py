@@ -101,6 +101,12 @@ def test_scorer_base_model_requests_avoid_engines_busy_with_adapters() -> None:
     assert got["idle"] > got["busy"]
 
 
+def test_scorer_leaves_a_fleet_without_adapter_slots_alone() -> None:
+    eps = [ep(f"e{i}", lora_residency=False, max_active_models=0) for i in range(4)]
+    got = scores(build(LoraLoadStateScorer), "some-model", eps)
+    assert len(set(got.values())) == 1  # no placement bonus herding base-model traffic onto one engine
+
+
 @pytest.mark.parametrize(
     ("raw", "field", "reason"),
     [

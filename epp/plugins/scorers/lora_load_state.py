@@ -109,8 +109,17 @@ class LoraLoadStateScorer(MetricScorer):
 
 
 def _is_base_model(model: str, endpoints: list[Endpoint]) -> bool:
-    """The request names a base model an endpoint serves (or names nothing): no adapter to place."""
-    return not model or any(model in e.metrics.served_models for e in endpoints)
+    """No adapter to place: the request names nothing, or a base model an endpoint serves, or no
+    candidate serves adapters at all (no adapter slots reported)."""
+    if not model:
+        return True
+    lora = False
+    for e in endpoints:
+        m = e.metrics
+        if model in m.served_models:
+            return True
+        lora = lora or m.max_active_models > 0
+    return not lora
 
 
 def _base_model_headroom(m: Metrics) -> float:
