@@ -144,3 +144,9 @@ bench-routing-real: install
 # epp sim against a real vLLM (after `make engines`): the same black-box probes, one table.
 sim-fidelity: install
 	$(PYTHON) bench/sim_fidelity.py $(FIDELITY_ARGS)
+
+# Many LoRA adapters with Zipf popularity: adapter loads per minute and TTFT, lora-affinity-scorer
+# against the residency plugins. LORA_ARGS="--requests 120" for a short run, "--rate 40".
+.PHONY: bench-lora
+bench-lora: install
+	$(PYTHON) bench/lora.py $(LORA_ARGS)

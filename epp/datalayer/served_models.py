@@ -38,7 +38,7 @@ class ServedModels:
         new: set[str] = set()
         for endpoint in self._store.endpoints():
             m = endpoint.metrics
-            for names in (m.served_models, m.active_models, m.waiting_models):
+            for names in (m.served_models, m.active_models, m.waiting_models, m.loaded_adapters):
                 new.update(n for n in names if n not in known)
         if new:
             known.update(new)

@@ -18,7 +18,7 @@ from typing import Any
 
 from epp.datalayer.store import EndpointStore
 from epp.framework.cross_replica import SharedValue
-from epp.framework.endpoint import Endpoint, Metrics
+from epp.framework.endpoint import LORA_CPU, LORA_GPU, Endpoint, Metrics
 
 STATE_KEY = "endpoint-metrics"
 
@@ -129,6 +129,9 @@ def _encode(m: Metrics, now_wall: float, now: float) -> dict[str, Any]:
         "ma": m.max_active_models,
         "sm": list(m.served_models),
         "f": m.failure,
+        "la": dict(m.loaded_adapters),
+        "gl": m.gpu_loaded_adapters,
+        "lr": m.lora_residency,
     }
 
 
@@ -153,6 +156,9 @@ def _decode(
         failure=v["f"],
         inflight_at_scrape=endpoint.inflight,  # what this replica sent is not in the owner's view
         peak_running=max(current.peak_running, v["r"]),
+        loaded_adapters=dict(v.get("la") or {}),  # absent from an older owner's publication
+        gpu_loaded_adapters=v.get("gl", 0),
+        lora_residency=bool(v.get("lr", False)),
     )
 
 
@@ -166,6 +172,13 @@ def _count(v: Any) -> bool:
 
 def _counts(v: Any) -> bool:
     return isinstance(v, dict) and all(isinstance(k, str) and _count(x) for k, x in v.items())
+
+
+def _levels(v: Any) -> bool:
+    """A map of adapter name to residency level (``gpu`` / ``cpu``)."""
+    return isinstance(v, dict) and all(
+        isinstance(k, str) and level in (LORA_GPU, LORA_CPU) for k, level in v.items()
+    )
 
 
 def valid_snapshot(v: Any) -> bool:
@@ -187,6 +200,9 @@ def valid_snapshot(v: Any) -> bool:
             and type(v["s"]) in (int, float)
             and type(v["a"]) in (int, float)
             and math.isfinite(v["a"])
+            and _levels(v.get("la", {}))
+            and _count(v.get("gl", 0))
+            and type(v.get("lr", False)) is bool
         )
     except (KeyError, TypeError):
         return False

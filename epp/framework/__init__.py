@@ -1,6 +1,6 @@
 """Contracts of epp: data types and plugin interfaces. Plugins depend on this package only."""
 
-from epp.framework.endpoint import Endpoint, EndpointMetadata, Metrics, MetricsState
+from epp.framework.endpoint import LORA_CPU, LORA_GPU, Endpoint, EndpointMetadata, Metrics, MetricsState
 from epp.framework.errors import ConfigError, ErrorCode, InferenceError, SchedulingError
 from epp.framework.flow import BandView, FlowKey, FlowView, QueueItem
 from epp.framework.interfaces import (
@@ -54,6 +54,8 @@ from epp.framework.results import (
 )
 
 __all__ = [
+    "LORA_CPU",
+    "LORA_GPU",
     "Admitter",
     "ApiKind",
     "BandView",

@@ -21,6 +21,12 @@ KV_EVENTS_REPLAY_PORT_LABEL = "epp/kv-events-replay-port"
 """Endpoint label: the port of the endpoint's KV-events replay (ROUTER) socket."""
 
 
+LORA_GPU = "gpu"
+"""``Metrics.loaded_adapters`` level: the adapter holds a GPU slot (servable at once)."""
+LORA_CPU = "cpu"
+"""``Metrics.loaded_adapters`` level: the adapter is in the host (CPU) cache only."""
+
+
 @dataclass(slots=True, frozen=True)
 class EndpointMetadata:
     """Identity and addressing of one endpoint. ``name`` is unique within ``namespace``.
@@ -76,6 +82,8 @@ class Metrics:
     sent since (or saw finish since) are the difference to the current count, which the snapshot
     cannot show yet (flow control's in-flight credit). ``peak_running`` is the most requests any
     scrape has shown running there: a lower bound of the engine's batch size.
+    ``loaded_adapters`` (adapter -> ``LORA_GPU`` / ``LORA_CPU``) and ``gpu_loaded_adapters``: the LoRA
+    adapters resident in the engine's caches, when it reports them (``lora_residency``).
     """
 
     waiting_queue_size: int = 0
@@ -92,6 +100,32 @@ class Metrics:
     failure: str = ""
     inflight_at_scrape: int = 0
     peak_running: int = 0
+    loaded_adapters: Mapping[str, str] = field(default_factory=lambda: _EMPTY)
+    gpu_loaded_adapters: int = 0
+    lora_residency: bool = False
+
+    def lora_level(self, adapter: str) -> str:
+        """Where ``adapter`` is resident: ``LORA_GPU``, ``LORA_CPU`` or ``""`` (not resident).
+
+        From the residency metrics when the engine reports them (``lora_residency``); otherwise an
+        adapter with running requests counts as on the GPU and nothing is known of the host cache.
+        """
+        if self.lora_residency:
+            return self.loaded_adapters.get(adapter, "")
+        return LORA_GPU if adapter in self.active_models else ""
+
+    def lora_slots_used(self) -> int:
+        """GPU adapter slots taken (without residency metrics: adapters running or waiting)."""
+        if self.lora_residency:
+            return self.gpu_loaded_adapters
+        return len(self.active_models) + len(self.waiting_models)
+
+    def lora_idle_resident(self) -> bool:
+        """True when a GPU-resident adapter has no running request (loading another evicts it)."""
+        if not self.lora_residency:
+            return False
+        active = self.active_models
+        return any(level == LORA_GPU and name not in active for name, level in self.loaded_adapters.items())
 
     def known(self, now: float) -> bool:
         """True while the snapshot is fresh (``now`` is ``time.monotonic()``)."""

@@ -5,7 +5,9 @@ tagged array ``["BlockStored", ...]`` (vLLM <= 0.23, SGLang <= 0.5.19; older ver
 or a map with ``"type"`` (vLLM >= 0.24, SGLang >= 0.5.20), read by field name. Positional
 ``BlockStored``: vLLM's ``lora_name, extra_keys, group_idx, kv_cache_spec_kind`` follow ``medium``,
 where SGLang has its metadata map (``cache_salt``); both engines' layouts decode whatever
-``engine`` says. Block hashes are ints (taken as uint64) or bytes (the last 8 bytes, big-endian).
+``engine`` says. ``session_id`` (vLLM and SGLang: the session of the request behind a store) is
+read from the map form and SGLang's metadata map. Block hashes are ints (taken as uint64) or bytes
+(the last 8 bytes, big-endian).
 Bad input raises ``DecodeError``; unknown event tags are skipped (counted in ``EventBatch.unknown``).
 """
 
@@ -63,6 +65,7 @@ class BlockStored:
     group_idx: int | None = None
     spec_kind: str | None = None
     cache_salt: str | None = None  # SGLang: the salt of the request that stored the blocks
+    session_id: str | None = None  # the session of the request that stored (or reused) the blocks
 
 
 @dataclass(slots=True)
@@ -172,9 +175,10 @@ def _stored(fields: list[Any], sglang: bool = False) -> BlockStored:
     if group is not None and group < 0:
         raise DecodeError(f"BlockStored: group_idx: negative value {group}")
     eighth = _at(fields, 7)
-    salt = None
+    salt = session = None
     if isinstance(eighth, dict):  # SGLang 0.5.18-0.5.19: BlockStoredMetadata
         salt = _opt_str(eighth.get("cache_salt"), "BlockStored: metadata.cache_salt")
+        session = _opt_str(eighth.get("session_id"), "BlockStored: metadata.session_id")
         eighth = None
     return BlockStored(
         block_hashes=_hashes(fields[1], "BlockStored"),
@@ -188,12 +192,14 @@ def _stored(fields: list[Any], sglang: bool = False) -> BlockStored:
         group_idx=group,
         spec_kind=None if sglang else _opt_str(_at(fields, 10), "BlockStored: kv_cache_spec_kind"),
         cache_salt=salt,
+        session_id=session,
     )
 
 
 def _stored_map(ev: dict[str, Any]) -> BlockStored:
     stored = _stored(["BlockStored", *(ev.get(n) for n in _STORED_FIELDS)])
     stored.cache_salt = _opt_str(ev.get("cache_salt"), "BlockStored: cache_salt")
+    stored.session_id = _opt_str(ev.get("session_id"), "BlockStored: session_id")
     return stored
 
 

@@ -14,6 +14,7 @@ from epp.plugins.filters import encode_filter as encode_filter
 from epp.plugins.filters import endpoint_attribute_filter as endpoint_attribute_filter
 from epp.plugins.filters import header_based_testing as header_based_testing
 from epp.plugins.filters import label_selector as label_selector
+from epp.plugins.filters import lora_residency_filter as lora_residency_filter
 from epp.plugins.filters import multicluster_session_affinity_filter as multicluster_session_affinity_filter
 from epp.plugins.filters import prefill_filter as prefill_filter
 from epp.plugins.filters import prefix_cache_affinity as prefix_cache_affinity
@@ -73,6 +74,7 @@ from epp.plugins.scorers import kv_cache_utilization, queue
 from epp.plugins.scorers import latency as latency
 from epp.plugins.scorers import load_aware as load_aware
 from epp.plugins.scorers import lora_affinity as lora_affinity
+from epp.plugins.scorers import lora_load_state as lora_load_state
 from epp.plugins.scorers import mm_embeddings_cache_scorer as mm_embeddings_cache_scorer
 from epp.plugins.scorers import multicluster_kv_cache_utilization as multicluster_kv_cache_utilization
 from epp.plugins.scorers import multicluster_prefix_cache as multicluster_prefix_cache

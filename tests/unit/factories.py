@@ -59,6 +59,9 @@ class MetricFields(TypedDict, total=False):
     failure: str
     inflight_at_scrape: int
     peak_running: int
+    loaded_adapters: Mapping[str, str]
+    gpu_loaded_adapters: int
+    lora_residency: bool
 
 
 class MetadataFields(TypedDict, total=False):

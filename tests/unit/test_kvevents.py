@@ -163,6 +163,21 @@ def test_engine_type_sglang_reads_sglang_0_5_23_maps() -> None:
     )
 
 
+def test_session_id_of_a_store_is_decoded_from_maps_and_sglang_metadata() -> None:
+    sglang_map = _map("BlockStored", **SGLANG_0_5_23)
+    vllm_map = _map("BlockStored", **SGLANG_0_5_23 | {"cache_salt": None, "session_id": "chat-9"})
+    sglang_array = ["BlockStored", [1], None, T1[:BS], BS, None, "GPU", {"session_id": "s2"}]
+    bare = ["BlockStored", [1], None, T1[:BS], BS, None, "GPU", None, [None], 0, "full_attention"]
+    events = decode_batch(
+        msgspec.msgpack.encode([0.0, [sglang_map, vllm_map, sglang_array, bare], None])
+    ).events
+    assert [e.session_id for e in events if isinstance(e, BlockStored)] == ["s1", "chat-9", "s2", None]
+    with pytest.raises(DecodeError, match="session_id"):
+        decode_batch(
+            msgspec.msgpack.encode([0.0, [_map("BlockStored", **SGLANG_0_5_23 | {"session_id": 5})]])
+        )
+
+
 @pytest.mark.parametrize("layout", ["map-0.5.23", "array-0.5.19"])
 def test_sglang_cache_salt_keeps_tenants_apart(layout: str) -> None:
     applier = EventApplier(KVBlockIndex(), BlockKeyer(BS))

@@ -62,16 +62,21 @@ def test_the_owner_publishes_the_other_installs_and_skips() -> None:
             kv_cache_usage_percent=0.5,
             update_time=now - 0.1,
             fresh_until=now + 1.9,
+            loaded_adapters={"ad": "gpu", "cold": "cpu"},
+            gpu_loaded_adapters=1,
+            lora_residency=True,
         )
     published = a.spec().supply()
     owned_by_a = {e.metadata.key for e in store_a.endpoints() if a.owns(e)}
     assert set(published) == owned_by_a and 0 < len(owned_by_a) < 20
     assert all(valid_snapshot(v) for v in published.values())
     assert not valid_snapshot({**next(iter(published.values())), "w": -1})
+    assert not valid_snapshot({**next(iter(published.values())), "la": {"ad": "disk"}})
     b.spec().install(published)
     for e in store_b.endpoints():
         if e.metadata.key in owned_by_a:
             assert (e.metrics.waiting_queue_size, e.metrics.running_requests_size) == (3, 5)
+            assert e.metrics.lora_level("ad") == "gpu" and e.metrics.lora_level("cold") == "cpu"
             assert e.metrics.known(time.monotonic())
             assert 0.05 < time.monotonic() - e.metrics.update_time < 1.0  # the owner's age kept
             assert b.skip(e)  # a scrapes it

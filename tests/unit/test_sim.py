@@ -396,6 +396,20 @@ async def test_info_metrics(start_sim: StartSim, session: aiohttp.ClientSession)
     assert lora > 1_000_000_000  # a Unix timestamp
 
 
+async def test_lora_residency_metrics(start_sim: StartSim, session: aiohttp.ClientSession) -> None:
+    sim = await start_sim(lora_modules=["a", "b"], max_loras=1, max_cpu_loras=2)
+    for name in ("a", "b"):
+        async with session.post(f"{sim.url}/v1/completions", json={"model": name, "prompt": "hi"}) as resp:
+            assert resp.status == 200
+    samples = await scrape(session, sim.url)
+    assert metric(samples, "vllm:lora_adapter_loaded", adapter_name="b", level="gpu", pinned="false") == 1
+    assert metric(samples, "vllm:lora_adapter_loaded", adapter_name="a", level="cpu", pinned="false") == 1
+    assert metric(samples, "vllm:num_gpu_loaded_lora_adapters") == 1
+    assert metric(samples, "vllm:num_cpu_loaded_lora_adapters") == 1
+    assert metric(samples, "vllm:max_gpu_lora_adapters") == 1
+    assert metric(samples, "vllm:lora_adapter_load_seconds_count") == 2
+
+
 # --------------------------------------------------------------------------- errors
 
 

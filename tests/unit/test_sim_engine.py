@@ -20,7 +20,7 @@ from epp.dev.sim.cli import add_arguments, config_from_args
 from epp.dev.sim.engine import Engine, RequestSpec, SeqState, Sequence, SimConfig
 from epp.dev.sim.kvcache import KVCache, PromptBlocks
 from epp.dev.sim.latency import LatencyModel
-from epp.dev.sim.lora import LoraSlots
+from epp.dev.sim.lora import FROM_DISK, RESIDENT, LoraSlots
 from epp.dev.sim.openai import parse_request
 from epp.dev.sim.server import SimCluster, SimServer, rank_configs
 from epp.tokenization import DEFAULT_TOKENIZER_DIR, load_tokenizer
@@ -230,10 +230,10 @@ async def test_remote_prefill_skips_the_prefill_cost() -> None:
 
 def test_lora_slots_evict_only_idle_adapters() -> None:
     slots = LoraSlots(max_loras=1)
-    assert slots.acquire("a", []) is True
-    assert slots.acquire("a", ["a"]) is False
+    assert slots.acquire("a", []) == FROM_DISK
+    assert slots.acquire("a", ["a"]) == RESIDENT
     assert not slots.can_acquire("b", ["a"]) and slots.acquire("b", ["a"]) is None
-    assert slots.acquire("b", []) is True
+    assert slots.acquire("b", []) == FROM_DISK
     assert slots.loaded == ("b",)
 
 

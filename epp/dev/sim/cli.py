@@ -150,6 +150,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="time to load an adapter into a slot in ms (default %(default)s)",
     )
     add(
+        "--max-cpu-loras",
+        type=_non_negative_int,
+        default=d.max_cpu_loras,
+        help="LoRA adapters kept in the host cache, GPU-resident ones included (default: --max-loras)",
+    )
+    add(
+        "--lora-host-load-time",
+        type=_non_negative_float,
+        default=d.lora_host_load_time,
+        metavar="MS",
+        help="time to load an adapter from the host cache into a slot in ms (default %(default)s)",
+    )
+    add(
         "--failure-injection-rate",
         type=_probability,
         default=d.failure_injection_rate,

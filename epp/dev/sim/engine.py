@@ -21,8 +21,15 @@ from epp.dev.sim.kv_events import (
     layout_of,
 )
 from epp.dev.sim.kvcache import Allocation, KVCache, KVEvent, PromptBlocks
-from epp.dev.sim.latency import ITL_BUCKETS, QUEUE_TIME_BUCKETS, TTFT_BUCKETS, Histogram, LatencyModel
-from epp.dev.sim.lora import LoraSlots
+from epp.dev.sim.latency import (
+    ITL_BUCKETS,
+    LORA_LOAD_BUCKETS,
+    QUEUE_TIME_BUCKETS,
+    TTFT_BUCKETS,
+    Histogram,
+    LatencyModel,
+)
+from epp.dev.sim.lora import FROM_DISK, FROM_HOST, LoraSlots
 from epp.dev.sim.tokens import output_tokens, tokenizer_for
 from epp.tokenization import Tokenizer
 
@@ -65,6 +72,10 @@ class SimConfig:
     lora_modules: tuple[str, ...] = ()
     max_loras: int = 1
     lora_load_time: float = 10.0
+    max_cpu_loras: int = 0
+    """Host (CPU) cache of adapters, GPU-resident ones included; 0: ``max_loras`` (vLLM's default)."""
+    lora_host_load_time: float = 2.0
+    """ms to copy an adapter from the host cache into a GPU slot (a cold load costs ``lora_load_time``)."""
     failure_injection_rate: float = 0.0
     failure_types: tuple[str, ...] = FAILURE_TYPES
     metrics_fault: str = "none"
@@ -121,6 +132,8 @@ class SimConfig:
             "time_to_first_token_std_dev",
             "inter_token_latency_std_dev",
             "lora_load_time",
+            "max_cpu_loras",
+            "lora_host_load_time",
             "time_scale",
         ):
             _require(getattr(self, name) >= 0, f"{name} must be >= 0")
@@ -133,6 +146,10 @@ class SimConfig:
             self.metrics_fault in METRICS_FAULTS, f"metrics_fault must be one of {', '.join(METRICS_FAULTS)}"
         )
         _require(not self.lora_modules or self.max_loras >= 1, "max_loras must be >= 1 with lora_modules")
+        _require(
+            self.max_cpu_loras == 0 or self.max_cpu_loras >= self.max_loras,
+            "max_cpu_loras must be 0 (= max_loras) or >= max_loras",
+        )
         clash = set(self.lora_modules) & set(self.model_names)
         _require(not clash, f"lora_modules must differ from the served model names: {sorted(clash)}")
         _require(self.port + self.data_parallel_size - 1 <= 65535, "data-parallel ports must be <= 65535")
@@ -285,6 +302,8 @@ class EngineCounters:
     request_inference_time: Histogram = field(default_factory=lambda: Histogram(QUEUE_TIME_BUCKETS))
     request_prefill_time: Histogram = field(default_factory=lambda: Histogram(QUEUE_TIME_BUCKETS))
     request_decode_time: Histogram = field(default_factory=lambda: Histogram(QUEUE_TIME_BUCKETS))
+    lora_adapter_load: Histogram = field(default_factory=lambda: Histogram(LORA_LOAD_BUCKETS))
+    """Adapter loads into a GPU slot (from the host cache or cold), in seconds: its count is the loads."""
 
     def copy(self) -> EngineCounters:
         return dataclasses.replace(
@@ -297,6 +316,7 @@ class EngineCounters:
             request_inference_time=self.request_inference_time.copy(),
             request_prefill_time=self.request_prefill_time.copy(),
             request_decode_time=self.request_decode_time.copy(),
+            lora_adapter_load=self.lora_adapter_load.copy(),
         )
 
 
@@ -311,6 +331,10 @@ class EngineSnapshot:
     waiting_lora_adapters: tuple[str, ...]
     counters: EngineCounters
     timestamp: float
+    gpu_lora_adapters: tuple[str, ...] = ()
+    """Adapters holding a GPU slot."""
+    cpu_lora_adapters: tuple[str, ...] = ()
+    """Adapters in the host cache only."""
 
 
 @dataclass(slots=True, frozen=True)
@@ -352,7 +376,7 @@ class Engine:
         )
         self.kv_event_sink: Callable[[list[KVEvent]], None] | None = None
         """Receives each scheduling step's KV events (the publisher's ``publish``)."""
-        self.loras = LoraSlots(config.max_loras)
+        self.loras = LoraSlots(config.max_loras, config.max_cpu_loras)
         self.latency = LatencyModel(
             time_to_first_token=config.time_to_first_token,
             prefill_time_per_token=config.prefill_time_per_token,
@@ -465,6 +489,8 @@ class Engine:
             waiting_lora_adapters=_adapters(self._waiting),
             counters=self._counters.copy(),
             timestamp=time.time(),
+            gpu_lora_adapters=self.loras.loaded,
+            cpu_lora_adapters=self.loras.host_only,
         )
 
     def peaks(self) -> EnginePeaks:
@@ -505,12 +531,12 @@ class Engine:
                 allocation = self.kv.allocate(seq.blocks, seq.spec.prompt_tokens)
                 if allocation is None:
                     return
-                loaded = seq.lora is not None and self.loras.acquire(seq.lora, self._busy_adapters())
-                self._start(seq, allocation, lora_loaded=bool(loaded))
+                source = self.loras.acquire(seq.lora, self._busy_adapters()) if seq.lora is not None else None
+                self._start(seq, allocation, lora_source=source)
         finally:
             self._flush_kv_events()
 
-    def _start(self, seq: Sequence, allocation: Allocation, *, lora_loaded: bool) -> None:
+    def _start(self, seq: Sequence, allocation: Allocation, *, lora_source: str | None) -> None:
         self._waiting.remove(seq)
         seq.state = SeqState.RUNNING
         seq.allocation = allocation
@@ -518,7 +544,15 @@ class Engine:
         self._peak_running = max(self._peak_running, len(self._running))
         seq.cached_tokens = allocation.hit_tokens
         seq.uncached_tokens = 0 if seq.spec.remote_prefill else seq.spec.prompt_tokens - seq.cached_tokens
-        seq.lora_load_ms = self.config.lora_load_time if lora_loaded else 0.0
+        seq.lora_load_ms = (
+            self.config.lora_load_time
+            if lora_source == FROM_DISK
+            else self.config.lora_host_load_time
+            if lora_source == FROM_HOST
+            else 0.0
+        )
+        if lora_source in (FROM_DISK, FROM_HOST):
+            self._counters.lora_adapter_load.observe(self.config.delay_seconds(seq.lora_load_ms))
         seq.ttft_ms = seq.lora_load_ms + self.latency.ttft_ms(seq.uncached_tokens, len(self._running))
         self._counters.prefix_cache_queries += seq.spec.prompt_tokens
         self._counters.prefix_cache_hits += seq.cached_tokens

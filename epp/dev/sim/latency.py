@@ -22,6 +22,9 @@ QUEUE_TIME_BUCKETS = (
 )  # fmt: skip
 """vLLM's buckets for ``vllm:request_queue_time_seconds``."""
 
+LORA_LOAD_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+"""Buckets of the simulator's ``vllm:lora_adapter_load_seconds``."""
+
 
 @dataclass(slots=True)
 class LatencyModel:

@@ -81,6 +81,35 @@ def _info_gauges(config: SimConfig, snap: EngineSnapshot) -> Iterable[Metric]:
     running, waiting = ",".join(snap.running_lora_adapters), ",".join(snap.waiting_lora_adapters)
     lora.add_metric([str(config.max_loras), config.model, running, waiting], snap.timestamp)
     yield lora
+    if config.lora_modules:
+        yield from _lora_residency(config, snap)
+
+
+def _lora_residency(config: SimConfig, snap: EngineSnapshot) -> Iterable[Metric]:
+    """Where adapters are resident (vLLM's residency gauges), only with LoRA enabled."""
+    model = config.model
+    loaded = GaugeMetricFamily(
+        "vllm:lora_adapter_loaded",
+        "1 while the LoRA adapter is resident at this level.",
+        labels=["adapter_name", "level", "model_name", "pinned"],
+    )
+    for level, names in (("gpu", snap.gpu_lora_adapters), ("cpu", snap.cpu_lora_adapters)):
+        for name in names:
+            loaded.add_metric([name, level, model, "false"], 1.0)
+    yield loaded
+    yield _gauge(
+        "vllm:num_gpu_loaded_lora_adapters",
+        "Number of LoRA adapters holding a GPU slot.",
+        model,
+        len(snap.gpu_lora_adapters),
+    )
+    yield _gauge(
+        "vllm:num_cpu_loaded_lora_adapters",
+        "Number of LoRA adapters in the host cache only.",
+        model,
+        len(snap.cpu_lora_adapters),
+    )
+    yield _gauge("vllm:max_gpu_lora_adapters", "Number of GPU LoRA adapter slots.", model, config.max_loras)
 
 
 def _counters(config: SimConfig, snap: EngineSnapshot) -> Iterable[Metric]:
@@ -168,6 +197,13 @@ def _histograms(config: SimConfig, snap: EngineSnapshot) -> Iterable[Metric]:
         model,
         counters.request_decode_time,
     )
+    if config.lora_modules:
+        yield _histogram(
+            "vllm:lora_adapter_load_seconds",
+            "Histogram of LoRA adapter loads into a GPU slot, in seconds.",
+            model,
+            counters.lora_adapter_load,
+        )
 
 
 def _cache_config(config: SimConfig) -> dict[str, str]:

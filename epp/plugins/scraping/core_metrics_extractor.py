@@ -11,7 +11,7 @@ from types import MappingProxyType
 
 import structlog
 
-from epp.framework import Endpoint, Extractor, Metrics, register
+from epp.framework import LORA_CPU, LORA_GPU, Endpoint, Extractor, Metrics, register
 from epp.framework.endpoint_attributes import scalar_metric_key
 from epp.framework.interfaces import ExtractResult, Handle
 from epp.framework.params import ensure_valid
@@ -47,6 +47,9 @@ class EngineConfig:
     cache_block_size_spec: str | None = None
     cache_num_blocks_spec: str | None = None
     custom_metrics: tuple[CustomMetricConfig, ...] | None = None
+    lora_loaded_spec: str | None = None
+    lora_gpu_loaded_spec: str | None = None
+    lora_gpu_slots_spec: str | None = None
 
     def validate(self) -> str | None:
         problem = _validate_custom_metrics(self.custom_metrics or ())
@@ -77,6 +80,9 @@ BUILTIN_ENGINES: Mapping[str, EngineConfig] = MappingProxyType(
             cache_info_spec="vllm:cache_config_info",
             cache_block_size_label_name="block_size",
             cache_num_blocks_label_name="num_gpu_blocks",
+            lora_loaded_spec="vllm:lora_adapter_loaded",
+            lora_gpu_loaded_spec="vllm:num_gpu_loaded_lora_adapters",
+            lora_gpu_slots_spec="vllm:max_gpu_lora_adapters",
         ),
         "sglang": EngineConfig(
             name="sglang",
@@ -149,6 +155,9 @@ class EngineMapping:
     cache_block_size: Selector | None
     cache_num_blocks: Selector | None
     custom: tuple[tuple[str, Selector], ...] = ()  # (attribute key, selector)
+    lora_loaded: Selector | None = None
+    lora_gpu_loaded: Selector | None = None
+    lora_gpu_slots: Selector | None = None
 
 
 @register
@@ -217,6 +226,8 @@ def extract_metrics(mapping: EngineMapping, previous: Metrics, body: bytes) -> E
             changes["served_models"] = served
     if mapping.lora is not None:
         _extract_lora(mapping.lora, body, changes, errors)
+    if mapping.lora_loaded is not None:
+        _extract_residency(mapping, body, changes, previous.lora_residency)
     if mapping.cache_info is not None:
         _extract_cache_info(mapping, body, changes, errors)
     _extract_values(
@@ -276,6 +287,36 @@ def _extract_lora(selector: Selector, body: bytes, changes: dict[str, object], e
         errors.append(f"metric {selector}: invalid or missing max_lora label")
     else:
         changes["max_active_models"] = info.max_lora
+
+
+def _extract_residency(
+    mapping: EngineMapping, body: bytes, changes: dict[str, object], had_residency: bool
+) -> None:
+    """The adapters resident on the GPU and in the host cache (engines without LoRA, or older ones,
+    export none of these families: not an error, the LoRA info series stays the only source)."""
+    assert mapping.lora_loaded is not None
+    levels: dict[str, str] = {}
+    for sample in mapping.lora_loaded.samples(body, with_labels=True):
+        name = sample.labels.get("adapter_name", "")
+        level = sample.labels.get("level", "")
+        if not name or sample.value <= 0 or level not in (LORA_GPU, LORA_CPU):
+            continue
+        if levels.get(name) != LORA_GPU:  # a GPU copy wins over a host-cache one
+            levels[name] = level
+    gpu = mapping.lora_gpu_loaded.value(body) if mapping.lora_gpu_loaded is not None else None
+    if gpu is None and not levels:
+        if had_residency:  # the engine stopped reporting (restarted without it): forget it
+            changes["lora_residency"] = False
+            changes["loaded_adapters"] = MappingProxyType({})
+            changes["gpu_loaded_adapters"] = 0
+        return
+    changes["lora_residency"] = True
+    changes["loaded_adapters"] = MappingProxyType(levels)
+    on_gpu = sum(1 for level in levels.values() if level == LORA_GPU)
+    changes["gpu_loaded_adapters"] = int(gpu) if gpu is not None and math.isfinite(gpu) else on_gpu
+    slots = mapping.lora_gpu_slots.value(body) if mapping.lora_gpu_slots is not None else None
+    if slots is not None and math.isfinite(slots) and slots >= 0:
+        changes["max_active_models"] = int(slots)
 
 
 def _extract_cache_info(
@@ -338,6 +379,9 @@ def _compile(cfg: EngineConfig) -> EngineMapping:
             (scalar_metric_key(c.attribute_key), Selector.parse(c.metric_spec))
             for c in cfg.custom_metrics or ()
         ),
+        lora_loaded=sel(cfg.lora_loaded_spec),
+        lora_gpu_loaded=sel(cfg.lora_gpu_loaded_spec),
+        lora_gpu_slots=sel(cfg.lora_gpu_slots_spec),
     )
 
 
