@@ -710,6 +710,14 @@ def _objectives(path: str, pool_name: str, *, kube: bool) -> Any:
         raise SystemExit(2) from None
 
 
+def _pool_config(args: argparse.Namespace) -> Callable[[Any], Any]:
+    """Loads the config again for another pool's endpoint store (an EPP serving several pools)."""
+    from epp.config import load_config
+
+    text, source = _config_text(args)
+    return lambda store: load_config(text, source=source, endpoints=store.endpoints, **_config_options(args))
+
+
 def _serve(args: argparse.Namespace) -> int:
     notes = check_reference_flags(args)  # first: it may configure gRPC before gRPC is loaded
     from epp import labels, logs
@@ -799,6 +807,8 @@ def _serve(args: argparse.Namespace) -> int:
         except tracing.TracingConfigError as e:
             raise SystemExit(f"error: --tracing: {e}") from None
 
+    pool_config = _pool_config(args) if cfg.discovery is not None else None  # a file may list pools
+
     async def main() -> None:
         kube = None
         if kube_opts is not None:
@@ -811,7 +821,9 @@ def _serve(args: argparse.Namespace) -> int:
                 )
             except KubeConfigError as e:
                 raise SystemExit(f"error: {e}") from None
-        await EppServer(cfg, opts, store, kube=kube, objectives=objectives, config_watch=watch).run()
+        await EppServer(
+            cfg, opts, store, kube=kube, objectives=objectives, config_watch=watch, pool_config=pool_config
+        ).run()
 
     try:
         run_async(main)

@@ -71,8 +71,13 @@ class DataLayer:
         staleness: float = DEFAULT_STALENESS,
         *,
         own_thread: bool = True,
+        runner: ScrapeLoop | None = None,
     ) -> None:
-        self.runner: ScrapeLoop | None = ScrapeLoop() if own_thread else None
+        """``runner``: a data-layer thread shared with other pools' data layers (not stopped here)."""
+        self._owns_runner = runner is None
+        if runner is None and own_thread:
+            runner = ScrapeLoop()
+        self.runner: ScrapeLoop | None = runner
         self.scrapers: list[MetricsScraper] = []
         self.endpoint_events: list[EndpointEvents] = []
         self.notification_sources: list[tuple[DataSource, list[Extractor]]] = []
@@ -183,7 +188,7 @@ class DataLayer:
         self._watches.clear()
         for scraper in self.scrapers:
             await scraper.stop()
-        if self.runner is not None:
+        if self.runner is not None and self._owns_runner:
             await self.runner.stop()
         for pushed in self.pushed:
             await asyncio.to_thread(pushed.stop)

@@ -43,6 +43,7 @@ from epp.server import body_message, h2grpc, replies
 from epp.server.body_message import BodyMessage
 from epp.server.body_rewrite import model_literal_pairs, replace_existing_model
 from epp.server.director import EPP_OWNED_HEADERS, Director, Routing
+from epp.server.pools import PoolRegistry, route_pool
 from epp.server.stream_limits import RequestPhaseLimits
 from epp.server.usage import UsageReader
 
@@ -813,8 +814,12 @@ class ExternalProcessor(ep_grpc.ExternalProcessorServicer):
     stream ends, in-flight accounting is released.
     """
 
-    def __init__(self, director: Director, opts: StreamOptions | None = None) -> None:
+    def __init__(
+        self, director: Director, opts: StreamOptions | None = None, *, pools: PoolRegistry | None = None
+    ) -> None:
+        """``pools``: with several pools, each stream's director is its pool's (``PoolRegistry.select``)."""
         self.director = director
+        self.pools = pools
         self.opts = opts = opts or StreamOptions()
         self.limits = RequestPhaseLimits(
             opts.request_idle_timeout, opts.max_buffered_body_bytes, metrics.EXTPROC_BUFFERED_BYTES.labels()
@@ -833,6 +838,9 @@ class ExternalProcessor(ep_grpc.ExternalProcessorServicer):
         code = "OK"
         read, write = context.read, context.write
         stream.writer = write
+        pools = self.pools
+        if pools is not None and not pools.multi:
+            pools = None  # one pool: every stream is its director's
         try:
             while True:
                 req = await read()
@@ -856,6 +864,9 @@ class ExternalProcessor(ep_grpc.ExternalProcessorServicer):
                         out = await stream.on_request_chunk(chunk, eos)
                         del chunk
                     elif which == "request_headers":
+                        if pools is not None:
+                            named = route_pool(context.invocation_metadata() or ())
+                            stream.director = pools.select(named, stream.metadata).director
                         out = stream.on_request_headers(req)
                     elif which == "response_headers":
                         out = stream.on_response_headers(req)

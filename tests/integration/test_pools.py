@@ -1,0 +1,123 @@
+"""One EPP serving several pools behind one Envoy (file discovery, an endpoints file grouped by pool).
+
+Envoy's bootstrap (``envoy_bootstrap(pools=...)``) has a virtual host per pool whose routes name the
+pool to the EPP in the ext_proc stream's gRPC metadata.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import pytest
+import yaml
+
+from epp.dev.stack.files import write_atomic
+from tests.integration.harness import SUBSET_HEADER, Envoy, Rig, Sim, chat_body, marker
+
+pytestmark = pytest.mark.integration
+
+POOLS = ("pool-a", "pool-b", "pool-c")
+
+
+def _write_pools(path: Path, pools: Mapping[str, Sequence[Sim]]) -> None:
+    document = {
+        "pools": [
+            {
+                "name": name,
+                "endpoints": [{"name": s.name, "address": "127.0.0.1", "port": s.port} for s in sims],
+            }
+            for name, sims in pools.items()
+        ]
+    }
+    write_atomic(path, yaml.safe_dump(document, sort_keys=False))
+
+
+def _post(envoy: Envoy, pool: str, headers: Mapping[str, str] | None = None) -> tuple[int, int | None, str]:
+    m = marker()
+    resp = envoy.post("/v1/chat/completions", chat_body(m), {"Host": pool, **(headers or {})})
+    return resp.status, resp.port, resp.body.decode(errors="replace")
+
+
+def _wait_serving(envoy: Envoy, pool: str, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        status, _, body = _post(envoy, pool)
+        if status == 200:
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{pool} not serving: {status} {body}")
+        time.sleep(0.1)
+
+
+def test_three_pools_behind_one_envoy(rig: Rig) -> None:
+    sims = rig.start_sims(7)
+    members = {"pool-a": sims[0:2], "pool-b": sims[2:4], "pool-c": sims[4:6]}
+    epp = rig.start_epp([])
+    _write_pools(epp.endpoints_file, members)
+    envoy = rig.start_envoy(
+        epp, pools=[*POOLS, "pool-z"], subset_hint_header=SUBSET_HEADER, wait_for_traffic=False
+    )
+    for pool in POOLS:
+        _wait_serving(envoy, pool)
+
+    # every request lands in its own pool, whatever pool header the client sends
+    for pool, own in members.items():
+        ports = {s.port for s in own}
+        seen: set[int | None] = set()
+        for i in range(12):
+            other = POOLS[(POOLS.index(pool) + 1 + i) % 3]
+            status, port, body = _post(envoy, pool, {"x-epp-pool": other} if i % 2 else None)
+            assert status == 200, body
+            assert port in ports, (pool, port)
+            seen.add(port)
+        assert seen == ports  # both of the pool's endpoints serve
+    for sim in sims[:6]:  # the client's pool header never reaches an engine
+        assert all("x-epp-pool" not in entry["headers"] for entry in sim.journal())
+
+    # a route naming a pool the EPP does not serve: 404 naming it
+    status, _, body = _post(envoy, "pool-z")
+    assert status == 404, body
+    assert "pool-z" in body
+    # no route metadata: the subset hint's endpoints pick the pool
+    target = sims[3]
+    resp = envoy.post("/v1/chat/completions", chat_body(marker()), {SUBSET_HEADER: target.address})
+    assert resp.status == 200, resp
+    assert resp.port == target.port
+    # no route metadata, no hint: 404, nothing routed
+    resp = envoy.post("/v1/chat/completions", chat_body(marker()))
+    assert resp.status == 404, resp
+    assert "x-epp-pool" in resp.body.decode()
+    assert sims[6].journal() == []
+
+    # a pool added to the file serves; a pool removed stops
+    _write_pools(epp.endpoints_file, {**members, "pool-z": [sims[6]]})
+    _wait_serving(envoy, "pool-z")
+    status, port, _ = _post(envoy, "pool-z")
+    assert (status, port) == (200, sims[6].port)
+    del members["pool-c"]
+    _write_pools(epp.endpoints_file, {**members, "pool-z": [sims[6]]})
+    deadline = time.monotonic() + 20
+    while _post(envoy, "pool-c")[0] != 404:
+        assert time.monotonic() < deadline, "pool-c still served after its removal"
+        time.sleep(0.1)
+    status, port, _ = _post(envoy, "pool-a")
+    assert status == 200 and port in {sims[0].port, sims[1].port}
+
+
+def test_one_pool_faults_do_not_reach_another(rig: Rig) -> None:
+    """Pool b's endpoints are all dead (metrics failing, connections refused): pool a serves on."""
+    sims = rig.start_sims(2)
+    epp = rig.start_epp([])
+    dead = [Sim(f"dead-{i}", port, sims[0].child, "127.0.0.1") for i, port in enumerate((1, 2))]
+    _write_pools(epp.endpoints_file, {"pool-a": sims, "pool-b": dead})
+    envoy = rig.start_envoy(epp, pools=["pool-a", "pool-b"], wait_for_traffic=False)
+    _wait_serving(envoy, "pool-a")
+    ports = {s.port for s in sims}
+    for _ in range(20):
+        status, port, body = _post(envoy, "pool-a")
+        assert status == 200, body
+        assert port in ports
+        status, _, _ = _post(envoy, "pool-b")
+        assert status != 200
