@@ -170,7 +170,17 @@ def _add_serve(sub: Any) -> None:
     _add_allow_experimental(p)
     k = p.add_argument_group("Kubernetes discovery (one of --pool-name, --endpoint-selector)")
     k.add_argument(
-        "--pool-name", default="", help="InferencePool to serve (with file discovery: the pool's name only)"
+        "--pool-name",
+        default="",
+        action=_PoolNames,
+        help="InferencePool to serve (with file discovery: the pool's name only); repeat it to serve "
+        "several pools from one EPP",
+    )
+    k.add_argument(
+        "--pool-selector",
+        default="",
+        help="serve every InferencePool of --pool-namespace matching this label selector k=v,... "
+        "(pools that appear or go are followed)",
     )
     k.add_argument(
         "--pool-namespace",
@@ -341,6 +351,15 @@ def _add_serve(sub: Any) -> None:
     _add_log_flags(p)
     add_reference_flags(p)
     p.set_defaults(func=_serve)
+
+
+class _PoolNames(argparse.Action):
+    """``--pool-name`` repeated: ``pool_names`` lists them all, ``pool_name`` is the first."""
+
+    def __call__(self, parser: Any, namespace: argparse.Namespace, values: Any, option: Any = None) -> None:
+        names = [*(getattr(namespace, "pool_names", None) or []), str(values)]
+        namespace.pool_names = names
+        namespace.pool_name = names[0]
 
 
 def _add_h2_limits(p: argparse.ArgumentParser) -> None:
@@ -615,7 +634,15 @@ def _kube_options(args: argparse.Namespace, file_discovery: bool) -> Any:
         if args.ha_enable_leader_election:
             raise SystemExit("error: --ha-enable-leader-election needs Kubernetes discovery (--pool-name)")
         return None
-    if bool(args.pool_name) == bool(args.endpoint_selector):
+    pool_names = tuple(dict.fromkeys(getattr(args, "pool_names", None) or ()))
+    if args.pool_selector and args.endpoint_selector:
+        raise SystemExit("error: --pool-selector and --endpoint-selector are exclusive")
+    if args.pool_selector:
+        try:
+            parse_endpoint_selector(args.pool_selector)
+        except ValueError as e:
+            raise SystemExit(f'error: invalid "pool-selector": {e}') from None
+    if bool(args.pool_name or args.pool_selector) == bool(args.endpoint_selector):
         hint = (
             ""
             if args.pool_name
@@ -623,14 +650,18 @@ def _kube_options(args: argparse.Namespace, file_discovery: bool) -> Any:
             "file-discovery plugin (README.md, 'Endpoints without Kubernetes')"
         )
         raise SystemExit(f"error: either pool-name or endpoint-selector must be set{hint}")
-    if not args.pool_namespace:
-        raise SystemExit('error: "pool-namespace" must not be empty')
+    if not args.pool_namespace and not args.pool_selector:
+        raise SystemExit(
+            'error: "pool-namespace" must not be empty (but with --pool-selector: every namespace)'
+        )
     port = args.model_server_metrics_port
     if port is not None and not 1 <= port <= 65535:
         raise SystemExit(f'error: invalid port number {port} in "model-server-metrics-port"')
     opts = KubeOptions(
         namespace=args.pool_namespace,
         pool_name=args.pool_name,
+        pool_names=pool_names if len(pool_names) > 1 or args.pool_selector else (),
+        pool_selector=args.pool_selector,
         pool_group=args.pool_group,
         kubeconfig=args.kubeconfig,
         metrics_port=args.model_server_metrics_port,
@@ -807,7 +838,8 @@ def _serve(args: argparse.Namespace) -> int:
         except tracing.TracingConfigError as e:
             raise SystemExit(f"error: --tracing: {e}") from None
 
-    pool_config = _pool_config(args) if cfg.discovery is not None else None  # a file may list pools
+    several = kube_opts is not None and (kube_opts.pool_names or kube_opts.pool_selector)
+    pool_config = _pool_config(args) if cfg.discovery is not None or several else None
 
     async def main() -> None:
         kube = None

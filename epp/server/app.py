@@ -34,7 +34,7 @@ from epp.framework import (
 from epp.framework.cross_replica import CrossReplicaContributor
 from epp.promlite import start_http_server
 from epp.scheduling import Scheduler
-from epp.server import h2grpc, heap, upstream_failures
+from epp.server import h2grpc, heap, pool_metrics, upstream_failures
 from epp.server.config_reload import ConfigWatcher, Reload
 from epp.server.director import Director, DirectorHooks
 from epp.server.extproc import ExternalProcessor, StreamOptions, add_to_server
@@ -179,7 +179,7 @@ class EppServer:
         self._serving_hooks = primary.serving
         self.flow_control = primary.flow_control
         promlite.configure_exposition(  # /metrics shows the families of what is loaded
-            emit_deprecated=opts.emit_deprecated_metrics, loaded=_metric_owners(cfg, self.flow_control)
+            emit_deprecated=opts.emit_deprecated_metrics, loaded=self._metric_owners(cfg)
         )
         self.director = primary.director
         self.stream_options = StreamOptions(
@@ -311,9 +311,14 @@ class EppServer:
             self.cfg, document=candidate.document, scheduler=plan.scheduler, plugins=plan.plugins
         )
         promlite.configure_exposition(
-            emit_deprecated=self.opts.emit_deprecated_metrics,
-            loaded=_metric_owners(self.cfg, self.flow_control),
+            emit_deprecated=self.opts.emit_deprecated_metrics, loaded=self._metric_owners(self.cfg)
         )
+
+    def _metric_owners(self, cfg: LoadedConfig) -> set[str]:
+        owners = _metric_owners(cfg, self.flow_control)
+        if self.pool_config is not None:  # may serve several pools: the per-pool request counts
+            owners.add(pool_metrics.OWNER)
+        return owners
 
     def stop(self) -> None:
         """First call: graceful shutdown. A second call (Ctrl-C twice) skips the drain delay."""
@@ -443,6 +448,9 @@ class EppServer:
                     kube.leader.on_change = self._leadership
                     pool = kube.discovery
                     kube.leader.can_lead = lambda: pool.ready  # a replica that can't serve never leads
+                bind = getattr(kube.discovery, "bind_pools", None)
+                if bind is not None:  # several InferencePools: each pool's pods go to its own store
+                    bind(self.pools)
                 await kube.start(self.store)
                 self.data_layer.start_watches(kube.api, kube.discovery.namespace)
             else:

@@ -43,6 +43,7 @@ from epp.server import body_message, h2grpc, replies
 from epp.server.body_message import BodyMessage
 from epp.server.body_rewrite import model_literal_pairs, replace_existing_model
 from epp.server.director import EPP_OWNED_HEADERS, Director, Routing
+from epp.server.pool_metrics import POOL_REQUEST_ERROR_TOTAL, POOL_REQUEST_TOTAL
 from epp.server.pools import PoolRegistry, route_pool
 from epp.server.stream_limits import RequestPhaseLimits
 from epp.server.usage import UsageReader
@@ -841,6 +842,7 @@ class ExternalProcessor(ep_grpc.ExternalProcessorServicer):
         pools = self.pools
         if pools is not None and not pools.multi:
             pools = None  # one pool: every stream is its director's
+        pool_name = ""
         try:
             while True:
                 req = await read()
@@ -866,7 +868,9 @@ class ExternalProcessor(ep_grpc.ExternalProcessorServicer):
                     elif which == "request_headers":
                         if pools is not None:
                             named = route_pool(context.invocation_metadata() or ())
-                            stream.director = pools.select(named, stream.metadata).director
+                            pool = pools.select(named, stream.metadata)
+                            stream.director, pool_name = pool.director, pool.name
+                            POOL_REQUEST_TOTAL.labels(pool_name).inc()
                         out = stream.on_request_headers(req)
                     elif which == "response_headers":
                         out = stream.on_response_headers(req)
@@ -880,6 +884,8 @@ class ExternalProcessor(ep_grpc.ExternalProcessorServicer):
                         out = []
                 except InferenceError as err:
                     stream.error = err
+                    if pools is not None:
+                        POOL_REQUEST_ERROR_TOTAL.labels(pool_name, err.code.text).inc()
                     if stream.routing is None:  # the request phase ended here
                         _REQUEST_PROCESSING.observe(time.monotonic() - stream.t_received)
                     LOGS.log(

@@ -90,6 +90,12 @@ def test_three_pools_behind_one_envoy(rig: Rig) -> None:
     assert resp.status == 404, resp
     assert "x-epp-pool" in resp.body.decode()
     assert sims[6].journal() == []
+    page = epp.metrics()
+    for pool in POOLS:
+        assert f'llm_d_epp_pool_request_total{{inference_pool="{pool}"}}' in page
+    assert 'llm_d_epp_pool_request_error_total{error_code="NotFound",inference_pool=""}' in page or (
+        'llm_d_epp_pool_request_error_total{inference_pool="",error_code="NotFound"}' in page
+    )
 
     # a pool added to the file serves; a pool removed stops
     _write_pools(epp.endpoints_file, {**members, "pool-z": [sims[6]]})
@@ -121,3 +127,55 @@ def test_one_pool_faults_do_not_reach_another(rig: Rig) -> None:
         assert port in ports
         status, _, _ = _post(envoy, "pool-b")
         assert status != 200
+
+
+def test_three_inferencepools_from_the_api_server(rig: Rig, tmp_path: Path) -> None:
+    """``--pool-selector``: pools labelled for this EPP are served; one created at run time starts
+    serving, one deleted stops."""
+    from epp.dev import stack
+    from tests.fakekube import FakeKube, objects
+
+    ns = "inference"
+    hosts = [f"127.0.0.{21 + i}" for i in range(4)]
+    port = stack.free_port()
+    sims = rig.start_sims(4, prefix="pod", hosts=hosts, port=port)
+    owner = {"pool-a": sims[0:2], "pool-b": sims[2:3], "pool-c": sims[3:4]}
+
+    def pool(name: str) -> dict[str, object]:
+        obj = objects.inference_pool(ns, (port,), name=name, selector={"app": name})
+        obj["metadata"]["labels"] = {"epp": "shared"}  # type: ignore[index]
+        return obj
+
+    with FakeKube(bookmark_interval=0.5) as kube:
+        for name in ("pool-a", "pool-b"):
+            kube.create(pool(name))
+        for name, members in owner.items():
+            for sim in members:
+                kube.create(objects.pod(ns, sim.name, sim.host, labels={"app": name}))
+        config = kube.write_kubeconfig(tmp_path / "kubeconfig")
+        args = ["--pool-namespace", ns, "--kubeconfig", str(config), "--pool-selector", "epp=shared"]
+        epp = rig.start_epp([], file_discovery=False, extra=args)
+        envoy = rig.start_envoy(epp, pools=list(owner), wait_for_traffic=False)
+        for name in ("pool-a", "pool-b"):
+            _wait_serving(envoy, name)
+            for _ in range(8):
+                m = marker()
+                resp = envoy.post(
+                    "/v1/chat/completions", chat_body(m), {"Host": name, "x-epp-pool": "pool-c"}
+                )
+                assert resp.status == 200, resp
+                assert resp.headers["x-inference-pod"] in {s.name for s in owner[name]}, name
+        assert _post(envoy, "pool-c")[0] == 404  # not created yet
+
+        kube.create(pool("pool-c"))  # appears at run time
+        _wait_serving(envoy, "pool-c")
+        resp = envoy.post("/v1/chat/completions", chat_body(marker()), {"Host": "pool-c"})
+        assert resp.headers["x-inference-pod"] == sims[3].name
+
+        kube.delete(objects.POOL_API, "InferencePool", ns, "pool-b")  # deleted: no longer served
+        deadline = time.monotonic() + 20
+        while _post(envoy, "pool-b")[0] != 404:
+            assert time.monotonic() < deadline, "pool-b still served after its deletion"
+            time.sleep(0.1)
+        assert _post(envoy, "pool-a")[0] == 200
+        assert stack.grpc_serving(epp.health_port)  # ready: every selected pool synced once
