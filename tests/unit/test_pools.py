@@ -161,3 +161,28 @@ def test_a_pools_entry_of_the_wrong_shape_is_rejected() -> None:
         parse_endpoints(b"pools: [{name: a}]")
     with pytest.raises(FileDiscoveryError):
         parse_endpoints(b"pools: {a: []}")
+
+
+def test_envoy_config_names_each_pool_on_its_routes() -> None:
+    from epp.dev.envoy.bootstrap import EXT_PROC_FILTER, envoy_bootstrap
+
+    bootstrap = envoy_bootstrap(pools=["a", "b"])
+    hcm = bootstrap["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
+    hosts = hcm["route_config"]["virtual_hosts"]
+    assert [h["domains"] for h in hosts] == [["a", "a:*"], ["b", "b:*"], ["*"]]
+    for host, pool in zip(hosts[:2], ("a", "b"), strict=True):
+        for route in host["routes"]:
+            override = route["typed_per_filter_config"][EXT_PROC_FILTER]["overrides"]
+            assert override["grpc_initial_metadata"] == [{"key": "x-epp-pool", "value": pool}]
+    assert all(EXT_PROC_FILTER not in r.get("typed_per_filter_config", {}) for r in hosts[2]["routes"])
+
+
+def test_epp_run_pools_split_the_sims_round_robin() -> None:
+    from epp.dev.stack.local import StackOptions
+
+    opts = StackOptions(sims=5, pools=2)
+    labels = opts.endpoint_labels()
+    assert [labels[f"sim-{i}"][POOL_LABEL] for i in range(5)] == ["pool-1", "pool-2"] * 2 + ["pool-1"]
+    assert StackOptions(sims=3).endpoint_labels() == {} and StackOptions(sims=3).pool_names == []
+    with pytest.raises(ValueError, match="pools"):
+        StackOptions(sims=1, pools=2).check()
