@@ -6,9 +6,11 @@ pool to the EPP in the ext_proc stream's gRPC metadata.
 
 from __future__ import annotations
 
+import concurrent.futures
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -179,3 +181,53 @@ def test_three_inferencepools_from_the_api_server(rig: Rig, tmp_path: Path) -> N
             time.sleep(0.1)
         assert _post(envoy, "pool-a")[0] == 200
         assert stack.grpc_serving(epp.health_port)  # ready: every selected pool synced once
+
+
+def _queued(epp: Any) -> float:
+    total = 0.0
+    for line in epp.metrics().splitlines():
+        if line.startswith("llm_d_epp_flow_control_queue_size"):
+            total += float(line.rpartition(" ")[2])
+    return total
+
+
+def test_one_pools_full_flow_control_queue_does_not_reach_another(rig: Rig) -> None:
+    """Flow control gated by one in-flight request per pool, one queued request at most: pool b is
+    saturated and its queue full (429), while pool a's requests are served at once."""
+    (slow,) = rig.start_sims(1, extra=["--inter-token-latency", "200", "--max-tokens", "20"])  # ~4 s
+    fast = rig.start_sims(2)
+    config = {
+        "featureGates": ["flowControl"],
+        "plugins": [
+            {"name": "gate", "type": "concurrency-detector", "parameters": {"maxConcurrency": 1}},
+            {"name": "fair", "type": "round-robin-fairness-policy"},
+        ],
+        "flowControl": {
+            "saturationDetector": {"pluginRef": "gate"},
+            "defaultPriorityBand": {"fairnessPolicyRef": "fair"},
+            "maxRequests": 1,
+        },
+    }
+    epp = rig.start_epp([], config=config)
+    _write_pools(epp.endpoints_file, {"pool-a": fast, "pool-b": [slow]})
+    envoy = rig.start_envoy(epp, pools=["pool-a", "pool-b"], wait_for_traffic=False)
+    _wait_serving(envoy, "pool-a")
+    with concurrent.futures.ThreadPoolExecutor(2) as threads:
+        in_flight = threads.submit(_post, envoy, "pool-b")
+        deadline = time.monotonic() + 20
+        while not slow.journal():
+            assert time.monotonic() < deadline, "pool-b's first request never reached its engine"
+            time.sleep(0.02)
+        waiting = threads.submit(_post, envoy, "pool-b")
+        while _queued(epp) < 1:
+            assert time.monotonic() < deadline, "pool-b's second request never queued"
+            time.sleep(0.02)
+        assert _post(envoy, "pool-b")[0] == 429  # pool-b's queue is full
+        ports = {s.port for s in fast}
+        for _ in range(10):
+            status, port, body = _post(envoy, "pool-a")
+            assert status == 200, body
+            assert port in ports
+        assert not in_flight.done()  # pool a was served while pool b's request still ran
+        assert in_flight.result(timeout=30)[0] == 200
+        assert waiting.result(timeout=30)[0] == 200
