@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 PYTHON := $(BIN)/python
 
-.PHONY: install lock image image-test run test test-unit test-integration lint bench-cpu bench-sched bench-routing bench-kube bench-kv-index bench-soak bench-tokenize bench-overload bench-failover bench-replicas bench-h2-attacks clean
+.PHONY: install lock image image-test run test test-unit test-integration lint bench-cpu bench-sched bench-routing bench-kube bench-kv-index bench-soak bench-tokenize bench-overload bench-failover bench-replicas bench-h2-attacks clean bench-pools
 
 install: $(VENV)/.installed
 
@@ -105,3 +105,7 @@ bench-h2-attacks: install
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache
+
+# POOLS_ARGS="--pools 1,10 --requests 1000" for a shorter run
+bench-pools: install
+	$(PYTHON) bench/pools.py $(POOLS_ARGS)
