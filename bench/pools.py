@@ -100,6 +100,8 @@ async def load(url: str, pools: dict[str, set[int]], requests: int, connections:
                 await resp.read()
                 if resp.status != 200:
                     counts[1] += 1
+                    if counts[1] == 1:
+                        print(f"first failure: {resp.status} {(await resp.read())[:300]!r}", flush=True)
                     continue
                 counts[0] += 1
                 if int(resp.headers.get("x-inference-port", "0")) not in pools[pool]:
@@ -112,7 +114,10 @@ async def load(url: str, pools: dict[str, set[int]], requests: int, connections:
 
 
 def run(n_pools: int, requests: int, connections: int, workdir: Path) -> dict[str, Any]:
-    ports = [stack.free_port() for _ in range(n_pools * PER_POOL)]
+    unique: set[int] = set()
+    while len(unique) < n_pools * PER_POOL:  # free_port() may return a port twice
+        unique.add(stack.free_port())
+    ports = sorted(unique)
     pools = {f"pool-{i}": set(ports[i * PER_POOL : (i + 1) * PER_POOL]) for i in range(n_pools)}
     endpoints = workdir / f"endpoints-{n_pools}.yaml"
     document = {

@@ -523,8 +523,9 @@ class EppServer:
         finally:
             # Also after a failed start-up (a port in use, bad TLS files): release the Lease, close
             # the API client and stop every task, so the process exits cleanly with its error.
-            if self.flow_control is not None:  # queued requests: 503 rejected-shutting-down
-                self.flow_control.close()
+            for each in self.pools.pools.values():  # queued requests: 503 rejected-shutting-down
+                if each.flow_control is not None:
+                    each.flow_control.close()
             if server is not None:
                 await server.stop(opts.grace_period)
             await self.processor.close()
