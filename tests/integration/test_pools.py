@@ -231,3 +231,37 @@ def test_one_pools_full_flow_control_queue_does_not_reach_another(rig: Rig) -> N
         assert not in_flight.done()  # pool a was served while pool b's request still ran
         assert in_flight.result(timeout=30)[0] == 200
         assert waiting.result(timeout=30)[0] == 200
+
+
+def test_inferencepools_of_every_namespace(rig: Rig, tmp_path: Path) -> None:
+    """``--pool-namespace ''``: labelled pools of any namespace are served, named NAMESPACE/NAME; a
+    request goes to the pool its subset hint's endpoints belong to."""
+    from epp.dev import stack
+    from tests.fakekube import FakeKube, objects
+
+    port = stack.free_port()
+    sims = rig.start_sims(2, prefix="pod", hosts=["127.0.0.31", "127.0.0.32"], port=port)
+    with FakeKube(bookmark_interval=0.5) as kube:
+        for ns, sim in zip(("team-a", "team-b"), sims, strict=True):
+            pool = objects.inference_pool(ns, (port,), name="chat", selector={"app": "chat"})
+            pool["metadata"]["labels"] = {"epp": "shared"}
+            kube.create(pool)
+            kube.create(objects.pod(ns, sim.name, sim.host, labels={"app": "chat"}))
+        config = kube.write_kubeconfig(tmp_path / "kubeconfig")
+        args = ["--pool-namespace", "", "--kubeconfig", str(config), "--pool-selector", "epp=shared"]
+        epp = rig.start_epp([], file_discovery=False, extra=args)
+        envoy = rig.start_envoy(
+            epp, pools=["team-a/chat"], subset_hint_header=SUBSET_HEADER, wait_for_traffic=False
+        )
+        for sim in sims:
+            deadline = time.monotonic() + 20
+            while True:
+                resp = envoy.post("/v1/chat/completions", chat_body(marker()), {SUBSET_HEADER: sim.address})
+                if resp.status == 200:
+                    break
+                assert time.monotonic() < deadline, (resp.status, resp.body[:300])
+                time.sleep(0.1)
+            assert resp.headers["x-inference-pod"] == sim.name
+        resp = envoy.post("/v1/chat/completions", chat_body(marker()))
+        assert resp.status == 404
+        assert "team-a/chat" in resp.body.decode() and "team-b/chat" in resp.body.decode()
