@@ -16,6 +16,7 @@ import pytest
 import yaml
 
 from epp.dev.stack.files import write_atomic
+from epp.framework.wire import POOL_LABEL
 from tests.integration.harness import SUBSET_HEADER, Envoy, Rig, Sim, chat_body, marker
 
 pytestmark = pytest.mark.integration
@@ -208,8 +209,10 @@ def test_one_pools_full_flow_control_queue_does_not_reach_another(rig: Rig) -> N
             "maxRequests": 1,
         },
     }
-    epp = rig.start_epp([], config=config)
-    _write_pools(epp.endpoints_file, {"pool-a": fast, "pool-b": [slow]})
+    # the pools exist from the start (an endpoints file labelled by pool): no request meets the
+    # first pool, empty, whose flow control would hold it
+    labels = {s.name: {POOL_LABEL: "pool-a"} for s in fast} | {slow.name: {POOL_LABEL: "pool-b"}}
+    epp = rig.start_epp([*fast, slow], config=config, labels=labels)
     envoy = rig.start_envoy(epp, pools=["pool-a", "pool-b"], wait_for_traffic=False)
     _wait_serving(envoy, "pool-a")
     with concurrent.futures.ThreadPoolExecutor(2) as threads:
