@@ -31,6 +31,8 @@ class PoolRegistryLike(Protocol):
 
     def remove(self, name: str) -> None: ...
 
+    multi: bool
+
 
 class PoolSetDiscovery:
     """Duck-types ``PoolDiscovery`` for the server (``on_status``, ``ready``, ``start``, ``stop``);
@@ -74,6 +76,7 @@ class PoolSetDiscovery:
 
     def bind_pools(self, registry: PoolRegistryLike) -> None:
         self.registry = registry
+        registry.multi = True  # from the start, a request is matched to its pool (404 before it exists)
 
     async def start(self, notifier: EndpointNotifier) -> None:
         """``notifier`` (the first pool's store) is unused: each pool has its own store."""
