@@ -54,10 +54,12 @@ def _wait_serving(envoy: Envoy, pool: str, timeout: float = 20.0) -> None:
         time.sleep(0.1)
 
 
-def test_three_pools_behind_one_envoy(rig: Rig) -> None:
+@pytest.mark.parametrize("server", ["epp", "grpcio"])
+def test_three_pools_behind_one_envoy(rig: Rig, server: str) -> None:
+    """Also on the grpcio ext_proc server: both give the route's metadata to the pool choice."""
     sims = rig.start_sims(7)
     members = {"pool-a": sims[0:2], "pool-b": sims[2:4], "pool-c": sims[4:6]}
-    epp = rig.start_epp([])
+    epp = rig.start_epp([], extra=["--extproc-server", server])
     _write_pools(epp.endpoints_file, members)
     envoy = rig.start_envoy(
         epp, pools=[*POOLS, "pool-z"], subset_hint_header=SUBSET_HEADER, wait_for_traffic=False
