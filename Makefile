@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 PYTHON := $(BIN)/python
 
-.PHONY: install lock image image-test run test test-unit test-integration lint bench-cpu bench-sched bench-routing bench-kube bench-kv-index bench-soak bench-tokenize bench-overload bench-failover bench-replicas bench-h2-attacks clean
+.PHONY: install lock image image-test run test test-unit test-integration lint bench-cpu bench-sched bench-routing bench-kube bench-kv-index bench-soak bench-tokenize bench-overload bench-failover bench-replicas bench-h2-attacks clean bench-pools
 
 install: $(VENV)/.installed
 
@@ -150,3 +150,7 @@ sim-fidelity: install
 .PHONY: bench-lora
 bench-lora: install
 	$(PYTHON) bench/lora.py $(LORA_ARGS)
+
+# POOLS_ARGS="--pools 1,10 --requests 1000" for a shorter run
+bench-pools: install
+	$(PYTHON) bench/pools.py $(POOLS_ARGS)

@@ -178,7 +178,17 @@ def _add_serve(sub: Any) -> None:
     _add_allow_experimental(conf)
     k = p.add_argument_group("Kubernetes discovery (one of --pool-name, --endpoint-selector)")
     k.add_argument(
-        "--pool-name", default="", help="InferencePool to serve (with file discovery: the pool's name only)"
+        "--pool-name",
+        default="",
+        action=_PoolNames,
+        help="InferencePool to serve (with file discovery: the pool's name only); repeat it to serve "
+        "several pools from one EPP",
+    )
+    k.add_argument(
+        "--pool-selector",
+        default="",
+        help="serve every InferencePool of --pool-namespace matching this label selector k=v,... "
+        "(pools that appear or go are followed)",
     )
     k.add_argument(
         "--pool-namespace",
@@ -398,6 +408,15 @@ def _add_decision_flags(p: argparse.ArgumentParser) -> None:
     add_bool(
         g, "--status-page", True, "serve /status (HTML) and /status.json on the metrics port (default true)"
     )
+
+
+class _PoolNames(argparse.Action):
+    """``--pool-name`` repeated: ``pool_names`` lists them all, ``pool_name`` is the first."""
+
+    def __call__(self, parser: Any, namespace: argparse.Namespace, values: Any, option: Any = None) -> None:
+        names = [*(getattr(namespace, "pool_names", None) or []), str(values)]
+        namespace.pool_names = names
+        namespace.pool_name = names[0]
 
 
 def _add_h2_limits(p: argparse.ArgumentParser) -> None:
@@ -672,7 +691,15 @@ def _kube_options(args: argparse.Namespace, file_discovery: bool) -> Any:
         if args.ha_enable_leader_election:
             raise SystemExit("error: --ha-enable-leader-election needs Kubernetes discovery (--pool-name)")
         return None
-    if bool(args.pool_name) == bool(args.endpoint_selector):
+    pool_names = tuple(dict.fromkeys(getattr(args, "pool_names", None) or ()))
+    if args.pool_selector and args.endpoint_selector:
+        raise SystemExit("error: --pool-selector and --endpoint-selector are exclusive")
+    if args.pool_selector:
+        try:
+            parse_endpoint_selector(args.pool_selector)
+        except ValueError as e:
+            raise SystemExit(f'error: invalid "pool-selector": {e}') from None
+    if bool(args.pool_name or args.pool_selector) == bool(args.endpoint_selector):
         hint = (
             ""
             if args.pool_name
@@ -680,14 +707,18 @@ def _kube_options(args: argparse.Namespace, file_discovery: bool) -> Any:
             "file-discovery plugin (README.md, 'Endpoints without Kubernetes')"
         )
         raise SystemExit(f"error: either pool-name or endpoint-selector must be set{hint}")
-    if not args.pool_namespace:
-        raise SystemExit('error: "pool-namespace" must not be empty')
+    if not args.pool_namespace and not args.pool_selector:
+        raise SystemExit(
+            'error: "pool-namespace" must not be empty (but with --pool-selector: every namespace)'
+        )
     port = args.model_server_metrics_port
     if port is not None and not 1 <= port <= 65535:
         raise SystemExit(f'error: invalid port number {port} in "model-server-metrics-port"')
     opts = KubeOptions(
         namespace=args.pool_namespace,
         pool_name=args.pool_name,
+        pool_names=pool_names if len(pool_names) > 1 or args.pool_selector else (),
+        pool_selector=args.pool_selector,
         pool_group=args.pool_group,
         kubeconfig=args.kubeconfig,
         metrics_port=args.model_server_metrics_port,
@@ -765,6 +796,14 @@ def _objectives(path: str, pool_name: str, *, kube: bool) -> Any:
     except ObjectivesFileError as e:
         print(f"error: --objectives-file {e}", file=sys.stderr)
         raise SystemExit(2) from None
+
+
+def _pool_config(args: argparse.Namespace) -> Callable[[Any], Any]:
+    """Loads the config again for another pool's endpoint store (an EPP serving several pools)."""
+    from epp.config import load_config
+
+    text, source = _config_text(args)
+    return lambda store: load_config(text, source=source, endpoints=store.endpoints, **_config_options(args))
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -862,6 +901,9 @@ def _serve(args: argparse.Namespace) -> int:
         except tracing.TracingConfigError as e:
             raise SystemExit(f"error: --tracing: {e}") from None
 
+    several = kube_opts is not None and (kube_opts.pool_names or kube_opts.pool_selector)
+    pool_config = _pool_config(args) if cfg.discovery is not None or several else None
+
     async def main() -> None:
         kube = None
         if kube_opts is not None:
@@ -874,7 +916,9 @@ def _serve(args: argparse.Namespace) -> int:
                 )
             except KubeConfigError as e:
                 raise SystemExit(f"error: {e}") from None
-        await EppServer(cfg, opts, store, kube=kube, objectives=objectives, config_watch=watch).run()
+        await EppServer(
+            cfg, opts, store, kube=kube, objectives=objectives, config_watch=watch, pool_config=pool_config
+        ).run()
 
     try:
         run_async(main)

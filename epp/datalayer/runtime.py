@@ -72,9 +72,14 @@ class DataLayer:
         timeout: float = 0.0,
         *,
         own_thread: bool = True,
+        runner: ScrapeLoop | None = None,
     ) -> None:
-        """``timeout``: of one scrape (0: ``default_timeout`` of each source's period)."""
-        self.runner: ScrapeLoop | None = ScrapeLoop() if own_thread else None
+        """``timeout``: of one scrape (0: ``default_timeout`` of each source's period). ``runner``: a
+        data-layer thread shared with other pools' data layers (not stopped here)."""
+        self._owns_runner = runner is None
+        if runner is None and own_thread:
+            runner = ScrapeLoop()
+        self.runner: ScrapeLoop | None = runner
         self.scrapers: list[MetricsScraper] = []
         self.endpoint_events: list[EndpointEvents] = []
         self.notification_sources: list[tuple[DataSource, list[Extractor]]] = []
@@ -186,7 +191,7 @@ class DataLayer:
         self._watches.clear()
         for scraper in self.scrapers:
             await scraper.stop()
-        if self.runner is not None:
+        if self.runner is not None and self._owns_runner:
             await self.runner.stop()
         for pushed in self.pushed:
             await asyncio.to_thread(pushed.stop)

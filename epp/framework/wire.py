@@ -22,6 +22,12 @@ SUBSET_NAMESPACE: Final = "envoy.lb.subset_hint"
 SUBSET_KEY: Final = "x-gateway-destination-endpoint-subset"
 """The subset hint's key in ``SUBSET_NAMESPACE``; also a request header only the EPP may write."""
 
+POOL_METADATA_KEY: Final = "x-epp-pool"
+"""The pool a route is for: gRPC metadata on the ext_proc stream (Envoy's per-route
+``grpc_initial_metadata``); a request header of that name from a client is never honoured."""
+POOL_LABEL: Final = "epp.llm-d.ai/pool"
+"""The endpoint label by which file discovery groups endpoints into pools."""
+
 # Request headers the EPP reads.
 REQUEST_ID_HEADER: Final = "x-request-id"
 OBJECTIVE_HEADER: Final = "x-gateway-inference-objective"

@@ -149,10 +149,7 @@ class PoolDiscovery:
     # --- EndpointSource ------------------------------------------------------------------------
 
     async def start(self, notifier: EndpointNotifier) -> None:
-        self.pods = PodEndpoints(
-            notifier, self.namespace, metrics_port=self.metrics_port, on_synced=self._pods_synced
-        )
-        self.pod_reflector = Reflector(self.api, POD, self.namespace, self.pods)
+        await self.start_pods(notifier)
         if self.static_spec is not None:
             self._set_status(False, "listing pods")
             await self._apply_spec(self.static_spec)
@@ -166,6 +163,14 @@ class PoolDiscovery:
             field_selector=f"metadata.name={self.pool_name}",
         )
         self.pool_reflector.start()
+
+    async def start_pods(self, notifier: EndpointNotifier) -> None:
+        """Ready to follow pods into ``notifier``; the pool's spec comes through ``pool_changed``
+        (from ``start``'s own pool watch, or from a watch of several pools)."""
+        self.pods = PodEndpoints(
+            notifier, self.namespace, metrics_port=self.metrics_port, on_synced=self._pods_synced
+        )
+        self.pod_reflector = Reflector(self.api, POD, self.namespace, self.pods)
 
     async def stop(self) -> None:
         if self.pool_reflector is not None:

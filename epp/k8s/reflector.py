@@ -96,6 +96,12 @@ class Reflector:
         self._rng = random.Random()
         self._log = log.bind(kind=kind.kind, namespace=namespace)
 
+    def _key(self, obj: dict[str, Any]) -> str:
+        """The cache key: the name, or ``namespace/name`` when every namespace is watched."""
+        if self.namespace:
+            return name_of(obj)
+        return f"{(obj.get('metadata') or {}).get('namespace', '')}/{name_of(obj)}"
+
     # --- lifecycle ---------------------------------------------------------------------------
 
     def start(self) -> None:
@@ -196,7 +202,7 @@ class Reflector:
                 version = str(meta.get("resourceVersion", ""))
             for obj in page.get("items") or ():
                 if isinstance(obj, dict) and name_of(obj):
-                    items[name_of(obj)] = _trim(obj)
+                    items[self._key(obj)] = _trim(obj)
             token = str(meta.get("continue") or "")
             if not token:
                 break
@@ -274,7 +280,7 @@ class Reflector:
             if version:
                 self.resource_version = version
             return
-        name = name_of(obj)
+        name = self._key(obj)
         _trim(obj)
         if kind in ("ADDED", "MODIFIED"):
             prev = self.cache.get(name)

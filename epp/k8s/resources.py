@@ -74,11 +74,19 @@ async def call(api: client.ApiClient, kind: Kind, namespace: str, **params: Any)
     # The library's stubs describe the preloaded (model) results; unpreloaded it is the raw response.
     if kind.group == "":
         core: Any = client.CoreV1Api(api)
+        if not namespace:  # every namespace (a cluster-wide EPP)
+            return await getattr(core, f"list_{_snake(kind.kind)}_for_all_namespaces")(
+                _preload_content=False, **params
+            )
         method = getattr(core, f"list_namespaced_{_snake(kind.kind)}", None)
         if method is None:
             raise ValueError(f"core kind {kind.kind} is not supported")
         return await method(namespace, _preload_content=False, **params)
     custom: Any = client.CustomObjectsApi(api)
+    if not namespace:
+        return await custom.list_cluster_custom_object(
+            kind.group, kind.version, kind.plural, _preload_content=False, **params
+        )
     return await custom.list_namespaced_custom_object(
         kind.group, kind.version, namespace, kind.plural, _preload_content=False, **params
     )

@@ -15,7 +15,8 @@ from epp.k8s.client import api_client
 from epp.k8s.leader import LeaderElector, lease_name, new_identity
 from epp.k8s.pods import PoolSpec
 from epp.k8s.policy_watchers import PolicyWatchers
-from epp.k8s.pool_discovery import DEFAULT_APP_PROTOCOLS, PoolDiscovery
+from epp.k8s.pool_discovery import DEFAULT_APP_PROTOCOLS, PoolDiscovery, parse_endpoint_selector
+from epp.k8s.pool_set import PoolSetDiscovery
 from epp.k8s.resources import POOL_GROUP
 
 log = structlog.get_logger("epp.k8s")
@@ -26,6 +27,8 @@ class KubeOptions:
     namespace: str = "default"
     pool_name: str = ""  # InferencePool mode
     pool_group: str = POOL_GROUP
+    pool_names: tuple[str, ...] = ()  # several InferencePools (--pool-name repeated)
+    pool_selector: str = ""  # every InferencePool with these labels (--pool-selector)
     selector: dict[str, str] = field(default_factory=dict)  # standalone mode
     target_ports: tuple[int, ...] = ()
     kubeconfig: str | None = None
@@ -45,7 +48,7 @@ class KubeRuntime:
     (InferencePool mode only) and the leader elector; the server starts and stops them."""
 
     api: client.ApiClient
-    discovery: PoolDiscovery
+    discovery: PoolDiscovery | PoolSetDiscovery
     policy_watchers: PolicyWatchers | None = None
     leader: LeaderElector | None = None
     objectives: ObjectiveStore | None = None
@@ -57,7 +60,28 @@ class KubeRuntime:
     ) -> KubeRuntime:
         """``pool_name`` is the pool's identity (the InferencePool, or the standalone pool's name)."""
         api = await api_client(opts.kubeconfig)
-        if opts.pool_name:
+        objectives: ObjectiveStore | None
+        rewrites: RewriteStore | None
+        policy_watchers: PolicyWatchers | None
+        discovery: PoolDiscovery | PoolSetDiscovery
+        if opts.pool_names or opts.pool_selector:
+            discovery = PoolSetDiscovery(
+                api,
+                opts.namespace,
+                names=opts.pool_names,
+                selector=_selector_text(opts.pool_selector),
+                pool_group=opts.pool_group,
+                metrics_port=opts.metrics_port,
+                app_protocols=app_protocols,
+            )
+            objectives = rewrites = None
+            policy_watchers = None
+            log.info(
+                "several InferencePools: InferenceObjective and InferenceModelRewrite are not watched",
+                pools=list(opts.pool_names),
+                selector=opts.pool_selector,
+            )
+        elif opts.pool_name:
             discovery = PoolDiscovery(
                 api,
                 opts.namespace,
@@ -66,13 +90,9 @@ class KubeRuntime:
                 metrics_port=opts.metrics_port,
                 app_protocols=app_protocols,
             )
-            objectives: ObjectiveStore | None = ObjectiveStore(
-                pool_name=opts.pool_name, pool_group=opts.pool_group
-            )
-            rewrites: RewriteStore | None = RewriteStore(pool_name=opts.pool_name, pool_group=opts.pool_group)
-            policy_watchers: PolicyWatchers | None = PolicyWatchers(
-                api, opts.namespace, objectives=objectives, rewrites=rewrites
-            )
+            objectives = ObjectiveStore(pool_name=opts.pool_name, pool_group=opts.pool_group)
+            rewrites = RewriteStore(pool_name=opts.pool_name, pool_group=opts.pool_group)
+            policy_watchers = PolicyWatchers(api, opts.namespace, objectives=objectives, rewrites=rewrites)
         else:
             spec = PoolSpec(selector=opts.selector, target_ports=opts.target_ports)
             discovery = PoolDiscovery(
@@ -109,3 +129,10 @@ class KubeRuntime:
             await self.policy_watchers.stop()
         await self.discovery.stop()
         await self.api.close()
+
+
+def _selector_text(selector: str) -> str:
+    """``k=v,...`` in the API's label-selector syntax ("" selects every pool)."""
+    if not selector:
+        return ""
+    return ",".join(f"{k}={v}" for k, v in parse_endpoint_selector(selector).items())

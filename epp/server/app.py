@@ -19,6 +19,7 @@ from epp.datalayer.cross_replica import CrossReplicaRuntime
 from epp.datalayer.objectives import ObjectiveStore
 from epp.datalayer.pool_gauges import PoolGauges
 from epp.datalayer.runtime import DataLayer
+from epp.datalayer.scrape_loop import ScrapeLoop
 from epp.datalayer.served_models import ServedModels
 from epp.datalayer.store import EndpointStore
 from epp.flowcontrol import FlowController, settings_from_spec
@@ -33,13 +34,14 @@ from epp.framework import (
 from epp.framework.cross_replica import CrossReplicaContributor
 from epp.promlite import start_http_server
 from epp.scheduling import Scheduler
-from epp.server import h2grpc, heap, status_page, upstream_failures
+from epp.server import h2grpc, heap, pool_metrics, status_page, upstream_failures
 from epp.server.config_reload import ConfigWatcher, Reload
 from epp.server.decisions import DecisionLog
 from epp.server.director import Director, DirectorHooks
 from epp.server.extproc import ExternalProcessor, StreamOptions, add_to_server
 from epp.server.health import Health
 from epp.server.metrics_port import MetricsPort
+from epp.server.pools import Pool, PoolNotifier, PoolRegistry
 from epp.server.replication import ReplicationFollower, ReplicationHub
 from epp.server.tls import (
     REPLICA_NAME,
@@ -157,60 +159,40 @@ class EppServer:
         kube: KubeRuntime | None = None,
         objectives: ObjectiveStore | None = None,
         config_watch: tuple[str, Callable[[str], LoadedConfig]] | None = None,
+        pool_config: Callable[[EndpointStore], LoadedConfig] | None = None,
     ) -> None:
-        """``objectives``: priorities from ``--objectives-file`` (without Kubernetes)."""
+        """``objectives``: priorities from ``--objectives-file`` (without Kubernetes).
+        ``pool_config``: loads the config again for another pool's store (an EPP serving several
+        pools); without it, the EPP serves one pool."""
         self.cfg = cfg
         self.config_watch = config_watch  # --watch-config-file: the file and how to load a candidate
         self.opts = opts
         self.store = store if store is not None else EndpointStore()  # an empty store is falsy
         self.kube = kube
-        self._state_holders = [p for p in cfg.plugins.values() if isinstance(p, EndpointStateHolder)]
-        if (
-            self._state_holders
-        ):  # release per-endpoint plugin state (prefix index, counters) with the endpoint
-            self.store.subscribe(on_remove=self._endpoint_removed)
-        self._metadata_extractors = [p for p in cfg.plugins.values() if isinstance(p, MetadataExtractor)]
-        if self._metadata_extractors:  # endpoint attributes derived from labels (topology)
-            self.store.subscribe(on_add=self._extract_metadata, on_update=self._extract_metadata)
-        self._serving_hooks: list[ServingHooks] = [
-            p for p in cfg.plugins.values() if isinstance(p, ServingHooks)
-        ]
         self.health = Health(leader_election=kube is not None and kube.leader is not None)
         self._stop = asyncio.Event()
         self._hurry = asyncio.Event()
-        scheduler = cfg.scheduler
-        assert isinstance(scheduler, Scheduler)
-        self._prepare(scheduler)
         if opts.grpc_stream_metrics:
             metrics.enable_grpc_stream_metrics()
-        self.flow_control = _flow_controller(cfg, self.store, opts.pool_name)
+        self._objectives = kube.objectives if kube is not None else objectives
+        self._rewrites = kube.rewrites if kube is not None else None
+        self.pool_config = pool_config  # another pool's own LoadedConfig (several pools)
+        self._runner = ScrapeLoop()  # every pool's scrapes run on the data layer's one thread
+        self._running = False
+        self._background: list[asyncio.Future[None]] = []
+        self._decisions: DecisionLog | None = (
+            DecisionLog(opts.decision_ring_size, opts.decision_log_sample_rate) if self._decides() else None
+        )
+        primary = self._build_pool(opts.pool_name, cfg, self.store)
+        self.pools = PoolRegistry(primary, self._new_pool if pool_config is not None else None)
+        self.pools.on_added = self._pool_added
+        self.pools.on_removed = self._pool_removed
+        self._serving_hooks = primary.serving
+        self.flow_control = primary.flow_control
         promlite.configure_exposition(  # /metrics shows the families of what is loaded
-            emit_deprecated=opts.emit_deprecated_metrics, loaded=_metric_owners(cfg, self.flow_control)
+            emit_deprecated=opts.emit_deprecated_metrics, loaded=self._metric_owners(cfg)
         )
-        self.director = Director(
-            self.store,
-            cfg.parsers,
-            scheduler,
-            DirectorHooks(
-                cfg.producers,
-                cfg.admitters,
-                cfg.pre_request,
-                cfg.request_done,
-                request_header=cfg.request_header,
-                screeners=cfg.screeners,
-                responders=cfg.responders,
-            ),
-            use_subset_hint=not opts.disable_endpoint_subset_filter,
-            saturation_detector=cfg.saturation_detector,
-            objectives=kube.objectives if kube is not None else objectives,
-            rewrites=kube.rewrites if kube is not None else None,
-            client_model_rewrite=opts.allow_model_rewrite_header,
-            flow_control=self.flow_control,
-            propagate_priority=cfg.propagate_priority,
-        )
-        self.director.explain = logs.debug_enabled()
-        if self._decides():
-            self.director.decisions = DecisionLog(opts.decision_ring_size, opts.decision_log_sample_rate)
+        self.director = primary.director
         self.stream_options = StreamOptions(
             max_body_bytes=opts.max_request_body_bytes,
             debug_response_header=opts.debug_response_header,
@@ -224,23 +206,107 @@ class EppServer:
             decision_metadata=opts.decision_metadata,
             decision_header=opts.decision_response_header,
         )
-        self.processor = ExternalProcessor(self.director, self.stream_options)
-        metrics.ENDPOINT_INFLIGHT.endpoints = self.store.endpoints
-        self.data_layer = DataLayer(
-            self.store,
+        self.processor = ExternalProcessor(self.director, self.stream_options, pools=self.pools)
+        metrics.ENDPOINT_INFLIGHT.endpoints = self.pools.endpoints
+        self.data_layer = primary.data_layer
+        self.scraper = self.data_layer.metrics_scraper
+        self.pool_gauges = primary.gauges
+        self.served_models = ServedModels(self.store)  # bounds the model_name metric labels
+
+    def _build_pool(self, name: str, cfg: LoadedConfig, store: EndpointStore) -> Pool:
+        """One pool's runtime from its own config: store listeners, director, data layer, gauges."""
+        opts = self.opts
+        holders: list[EndpointStateHolder] = [
+            p for p in cfg.plugins.values() if isinstance(p, EndpointStateHolder)
+        ]
+        if holders:  # release per-endpoint plugin state (prefix index, counters) with the endpoint
+            store.subscribe(on_remove=lambda e: _remove_endpoint_state(holders, e))
+        extractors: list[MetadataExtractor] = [
+            p for p in cfg.plugins.values() if isinstance(p, MetadataExtractor)
+        ]
+        if extractors:  # endpoint attributes derived from labels (topology)
+            extract = lambda e: _extract_metadata(extractors, e)  # noqa: E731
+            store.subscribe(on_add=extract, on_update=extract)
+        scheduler = cfg.scheduler
+        assert isinstance(scheduler, Scheduler)
+        self._prepare(scheduler)
+        flow_control = _flow_controller(cfg, store, name)
+        director = Director(
+            store,
+            cfg.parsers,
+            scheduler,
+            DirectorHooks(
+                cfg.producers,
+                cfg.admitters,
+                cfg.pre_request,
+                cfg.request_done,
+                request_header=cfg.request_header,
+                screeners=cfg.screeners,
+                responders=cfg.responders,
+            ),
+            use_subset_hint=not opts.disable_endpoint_subset_filter,
+            saturation_detector=cfg.saturation_detector,
+            objectives=self._objectives,
+            rewrites=self._rewrites,
+            client_model_rewrite=opts.allow_model_rewrite_header,
+            flow_control=flow_control,
+            propagate_priority=cfg.propagate_priority,
+        )
+        director.explain = logs.debug_enabled()
+        director.decisions = self._decisions  # one ring and sampled log for every pool
+        data_layer = DataLayer(
+            store,
             cfg.data_sources,
             refresh_interval=opts.refresh_metrics_interval,
             staleness=opts.metrics_staleness_threshold,
             timeout=opts.metrics_scrape_timeout,
+            runner=self._runner,
         )
-        self.scraper = self.data_layer.metrics_scraper
-        self.pool_gauges = PoolGauges(
-            self.store,
-            pool_name=opts.pool_name,
+        gauges = PoolGauges(
+            store,
+            pool_name=name,
             interval=opts.refresh_prometheus_metrics_interval,
             staleness=opts.metrics_staleness_threshold,
         )
-        self.served_models = ServedModels(self.store)  # bounds the model_name metric labels
+        serving: list[ServingHooks] = [p for p in cfg.plugins.values() if isinstance(p, ServingHooks)]
+        return Pool(name, cfg, store, director, flow_control, data_layer, gauges, serving)
+
+    def _new_pool(self, name: str) -> Pool:
+        """Another pool (several pools): the same ``EndpointPickerConfig``, its own plugin instances."""
+        assert self.pool_config is not None
+        store = EndpointStore()
+        store.synced = True
+        return self._build_pool(name, self.pool_config(store), store)
+
+    def _pool_added(self, pool: Pool) -> None:
+        if self._running:
+            self._background.append(asyncio.ensure_future(self._start_pool(pool)))
+
+    def _pool_removed(self, pool: Pool) -> None:
+        self._background.append(asyncio.ensure_future(self._stop_pool(pool)))
+
+    async def _start_pool(self, pool: Pool) -> None:
+        if pool.started:
+            return
+        pool.started = True
+        pool.data_layer.start()
+        pool.gauges.start()
+        for hook in pool.serving:
+            await hook.start_serving()
+
+    async def _stop_pool(self, pool: Pool) -> None:
+        if not pool.started:
+            return
+        pool.started = False
+        if pool.flow_control is not None:
+            pool.flow_control.close()
+        for hook in reversed(pool.serving):
+            try:
+                await hook.stop_serving()
+            except Exception as e:
+                log.error("plugin failed to stop", plugin=repr(hook), error=repr(e))
+        await pool.data_layer.stop()
+        await pool.gauges.stop()
 
     def _prepare(self, scheduler: Scheduler) -> None:
         scheduler.timer = metrics.observe_plugin
@@ -271,9 +337,14 @@ class EppServer:
             self.cfg, document=candidate.document, scheduler=plan.scheduler, plugins=plan.plugins
         )
         promlite.configure_exposition(
-            emit_deprecated=self.opts.emit_deprecated_metrics,
-            loaded=_metric_owners(self.cfg, self.flow_control),
+            emit_deprecated=self.opts.emit_deprecated_metrics, loaded=self._metric_owners(self.cfg)
         )
+
+    def _metric_owners(self, cfg: LoadedConfig) -> set[str]:
+        owners = _metric_owners(cfg, self.flow_control)
+        if self.pool_config is not None:  # may serve several pools: the per-pool request counts
+            owners.add(pool_metrics.OWNER)
+        return owners
 
     def stop(self) -> None:
         """First call: graceful shutdown. A second call (Ctrl-C twice) skips the drain delay."""
@@ -348,20 +419,18 @@ class EppServer:
         )
         return hub, follower
 
+    def _notifier(self) -> EndpointStore | PoolNotifier:
+        """Where file discovery writes: the store, or by pool when the EPP may serve several."""
+        if self.pool_config is None:
+            return self.store
+        return PoolNotifier(self.pools, lambda problem: self.health.set_degraded("pools", problem))
+
     def _pool_status(self, ready: bool, reason: str) -> None:
         self.store.synced = ready
         self.health.set_condition_soon("pool", ready, reason)
 
     def _leadership(self, leader: bool) -> None:
         self.health.set_condition_soon("leader", leader, "" if leader else "not the leader")
-
-    def _extract_metadata(self, endpoint: Endpoint) -> None:
-        for extractor in self._metadata_extractors:
-            extractor.extract_metadata(endpoint)
-
-    def _endpoint_removed(self, endpoint: Endpoint) -> None:
-        for holder in self._state_holders:
-            holder.remove_endpoint(endpoint.metadata.key)
 
     async def run(self) -> None:
         opts, cfg = self.opts, self.cfg
@@ -407,6 +476,9 @@ class EppServer:
                     kube.leader.on_change = self._leadership
                     pool = kube.discovery
                     kube.leader.can_lead = lambda: pool.ready  # a replica that can't serve never leads
+                bind = getattr(kube.discovery, "bind_pools", None)
+                if bind is not None:  # several InferencePools: each pool's pods go to its own store
+                    bind(self.pools)
                 await kube.start(self.store)
                 self.data_layer.start_watches(kube.api, kube.discovery.namespace)
             else:
@@ -414,7 +486,7 @@ class EppServer:
                 if discovery is not None:
                     # a rejected update keeps the last good endpoints: reported, readiness unchanged
                     discovery.on_problem = lambda problem: self.health.set_degraded("discovery", problem)
-                    await discovery.start(self.store)
+                    await discovery.start(self._notifier())
                 self.store.synced = True
                 await self.health.set_condition("pool", True)
                 log.info("endpoints loaded", count=len(self.store))
@@ -422,6 +494,9 @@ class EppServer:
             for hook in self._serving_hooks:
                 serving.append(hook)
                 await hook.start_serving()
+            self.pools.primary.started = self._running = True
+            for each in list(self.pools.pools.values()):  # the other pools discovery found
+                await self._start_pool(each)
             if replication is not None:
                 for part in replication:
                     part.start()
@@ -476,8 +551,9 @@ class EppServer:
         finally:
             # Also after a failed start-up (a port in use, bad TLS files): release the Lease, close
             # the API client and stop every task, so the process exits cleanly with its error.
-            if self.flow_control is not None:  # queued requests: 503 rejected-shutting-down
-                self.flow_control.close()
+            for each in self.pools.pools.values():  # queued requests: 503 rejected-shutting-down
+                if each.flow_control is not None:
+                    each.flow_control.close()
             if server is not None:
                 await server.stop(opts.grace_period)
             await self.processor.close()
@@ -486,7 +562,14 @@ class EppServer:
                     await started.stop_serving()
                 except Exception as e:
                     log.error("plugin failed to stop", plugin=repr(started), error=repr(e))
+            self._running = False
+            for each in list(self.pools.pools.values()):
+                if each is not self.pools.primary:
+                    await self._stop_pool(each)
+            for pending in self._background:
+                pending.cancel()
             await self.data_layer.stop()
+            await self._runner.stop()
             if cross_replica is not None:
                 await cross_replica.stop()
             await self.pool_gauges.stop()
@@ -502,6 +585,16 @@ class EppServer:
             await health_server.stop(0)
             if replication_server is not None:
                 await replication_server.stop(0)
+
+
+def _extract_metadata(extractors: list[MetadataExtractor], endpoint: Endpoint) -> None:
+    for extractor in extractors:
+        extractor.extract_metadata(endpoint)
+
+
+def _remove_endpoint_state(holders: list[EndpointStateHolder], endpoint: Endpoint) -> None:
+    for holder in holders:
+        holder.remove_endpoint(endpoint.metadata.key)
 
 
 def _metric_owners(cfg: LoadedConfig, flow_control: FlowController | None) -> set[str]:

@@ -46,6 +46,8 @@ from epp.server.body_rewrite import model_literal_pairs, replace_existing_model
 from epp.server.decisions import METADATA_KEY as DECISION_KEY
 from epp.server.decisions import RESPONSE_HEADER as DECISION_HEADER
 from epp.server.director import EPP_OWNED_HEADERS, Director, Routing
+from epp.server.pool_metrics import POOL_REQUEST_ERROR_TOTAL, POOL_REQUEST_TOTAL
+from epp.server.pools import PoolRegistry, route_pool
 from epp.server.stream_limits import RequestPhaseLimits
 from epp.server.usage import UsageReader
 
@@ -873,8 +875,12 @@ class ExternalProcessor(ep_grpc.ExternalProcessorServicer):
     stream ends, in-flight accounting is released.
     """
 
-    def __init__(self, director: Director, opts: StreamOptions | None = None) -> None:
+    def __init__(
+        self, director: Director, opts: StreamOptions | None = None, *, pools: PoolRegistry | None = None
+    ) -> None:
+        """``pools``: with several pools, each stream's director is its pool's (``PoolRegistry.select``)."""
         self.director = director
+        self.pools = pools
         self.opts = opts = opts or StreamOptions()
         self.limits = RequestPhaseLimits(
             opts.request_idle_timeout, opts.max_buffered_body_bytes, metrics.EXTPROC_BUFFERED_BYTES.labels()
@@ -893,6 +899,10 @@ class ExternalProcessor(ep_grpc.ExternalProcessorServicer):
         code = "OK"
         read, write = context.read, context.write
         stream.writer = write
+        pools = self.pools
+        if pools is not None and not pools.multi:
+            pools = None  # one pool: every stream is its director's
+        pool_name = ""
         try:
             while True:
                 req = await read()
@@ -916,6 +926,11 @@ class ExternalProcessor(ep_grpc.ExternalProcessorServicer):
                         out = await stream.on_request_chunk(chunk, eos)
                         del chunk
                     elif which == "request_headers":
+                        if pools is not None:
+                            named = route_pool(context.invocation_metadata() or ())
+                            pool = pools.select(named, stream.metadata)
+                            stream.director, pool_name = pool.director, pool.name
+                            POOL_REQUEST_TOTAL.labels(pool_name).inc()
                         out = stream.on_request_headers(req)
                     elif which == "response_headers":
                         out = stream.on_response_headers(req)
@@ -929,6 +944,8 @@ class ExternalProcessor(ep_grpc.ExternalProcessorServicer):
                         out = []
                 except InferenceError as err:
                     stream.error = err
+                    if pools is not None:
+                        POOL_REQUEST_ERROR_TOTAL.labels(pool_name, err.code.text).inc()
                     if stream.routing is None:  # the request phase ended here
                         _REQUEST_PROCESSING.observe(time.monotonic() - stream.t_received)
                     LOGS.log(

@@ -55,6 +55,7 @@ PYPROJECT = REPO / "pyproject.toml"
 
 KUSTOMIZATIONS = (
     "base", "vllm", "inferencepool", "ha", "standalone", "cert-manager", "shared-state", "monitoring", "pd",
+    "pools",
 )  # fmt: skip
 # The oldest Kubernetes version docs/deploy.md supports, and the newest the validator bundles.
 K8S_VERSIONS = ("1.29", kubernetes_validate.latest_version())
@@ -797,6 +798,30 @@ def test_inference_pool_mode_wiring() -> None:
     assert rule["backendRefs"] == [
         {"group": "inference.networking.k8s.io", "kind": "InferencePool", "name": pool["metadata"]["name"]}
     ]
+
+
+def test_pools_overlay_one_epp_for_every_labelled_pool() -> None:
+    name = "pools"
+    (deployment,) = epp_deployments(name)
+    opts = kube_options(deployment)
+    assert opts.namespace == "" and opts.pool_selector == "llm-d.ai/epp=epp" and opts.pool_name == ""
+    pools = objects(name, "InferencePool")
+    assert len(pools) == 3
+    service = one(name, "Service", "epp")
+    for pool in pools:
+        assert pool["metadata"]["labels"]["llm-d.ai/epp"] == "epp"  # selected
+        ref = pool["spec"]["endpointPickerRef"]
+        assert ref["name"] == service["metadata"]["name"]
+        assert ref["port"]["number"] in {p["port"] for p in service["spec"]["ports"]}
+    selectors = [tuple(sorted(p["spec"]["selector"]["matchLabels"].items())) for p in pools]
+    assert len(set(selectors)) == 3  # no pod in two pools
+    routed = {r["spec"]["rules"][0]["backendRefs"][0]["name"] for r in objects(name, "HTTPRoute")}
+    assert routed == {p["metadata"]["name"] for p in pools}
+    (role,) = objects(name, "ClusterRole")
+    assert role["rules"] == [POD_READ, POOL_READ]
+    (binding,) = objects(name, "ClusterRoleBinding")
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    assert binding["subjects"][0]["name"] == deployment["spec"]["template"]["spec"]["serviceAccountName"]
 
 
 def test_vllm_example() -> None:

@@ -8,6 +8,7 @@ deploy/README.md.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -18,12 +19,14 @@ from epp.framework.wire import (
     DESTINATION_HEADER,
     FALLBACK_HEADER,
     LB_NAMESPACE,
+    POOL_METADATA_KEY,
     REWRITE_METADATA_KEY,
     SUBSET_KEY,
     SUBSET_NAMESPACE,
 )
 
 EXT_PROC_CLUSTER = "ext_proc"
+EXT_PROC_FILTER = "envoy.filters.http.ext_proc"
 # The second ext_proc filter of the FULL_DUPLEX_STREAMED bootstraps (see rewrite_response_filter).
 REWRITE_FILTER = "epp-response-rewrite"
 REWRITE_STAT_PREFIX = "rewrite"
@@ -121,8 +124,14 @@ def envoy_bootstrap(
     stripped_headers: Sequence[str] = DEFAULT_STRIPPED_HEADERS,
     access_log: bool = False,
     failover: bool = True,
+    pools: Sequence[str] = (),
 ) -> dict[str, Any]:
     """Build an Envoy bootstrap routing every request through the EPP's ext_proc service.
+
+    ``pools``: one EPP serving several InferencePools. Each pool gets a virtual host whose domain is
+    the pool's name (``Host: NAME``); its routes tell the EPP the pool through the ext_proc stream's
+    gRPC metadata (``ExtProcPerRoute`` ``grpc_initial_metadata`` ``x-epp-pool: NAME``). Other hosts
+    name no pool (the EPP then goes by the subset hint, else answers 404).
 
     ``failover``: a request whose engine cannot be reached (connection refused, reset before any
     response) is retried once on the EPP's fallback endpoint (``failover_clusters``), and each such
@@ -174,14 +183,17 @@ def envoy_bootstrap(
         authority=f"{extproc_host}:{extproc_port}",
         failover=failover,
     )
+    routes = route_config(
+        fail_open=fail_open,
+        buffered=body_mode in ("BUFFERED", "BUFFERED_PARTIAL", "STREAMED"),
+        rewrite_route=needs_rewrite_filter(body_mode, response_body_mode, response_header_mode),
+        failover=failover,
+    )
+    if pools:
+        routes = pool_routes(routes, pools)
     hcm = http_connection_manager(
         filters,
-        route_config(
-            fail_open=fail_open,
-            buffered=body_mode in ("BUFFERED", "BUFFERED_PARTIAL", "STREAMED"),
-            rewrite_route=needs_rewrite_filter(body_mode, response_body_mode, response_header_mode),
-            failover=failover,
-        ),
+        routes,
         stripped_headers=stripped_headers,
         access_log=access_log,
     )
@@ -351,7 +363,7 @@ def ext_proc_filter(
     headers (the routing) once the body is complete, then each chunk with an empty reply.
     """
     config: dict[str, Any] = {
-        "name": "envoy.filters.http.ext_proc",
+        "name": EXT_PROC_FILTER,
         "typed_config": {
             "@type": f"{_TYPE}.filters.http.ext_proc.v3.ExternalProcessor",
             "grpc_service": _ext_proc_service(authority),
@@ -469,6 +481,26 @@ def route_config(
     if buffered:
         vhost["request_body_buffer_limit"] = BUFFERED_BODY_LIMIT
     return {"name": "inference", "virtual_hosts": [vhost]}
+
+
+def pool_routes(routes: dict[str, Any], pools: Sequence[str]) -> dict[str, Any]:
+    """A virtual host per pool (domain: the pool's name) ahead of the catch-all one, its routes
+    naming the pool to the EPP in the ext_proc stream's gRPC metadata."""
+    default = routes["virtual_hosts"][0]
+    hosts: list[dict[str, Any]] = []
+    for pool in dict.fromkeys(pools):
+        vhost = copy.deepcopy(default)
+        vhost["name"] = f"pool-{pool}"
+        vhost["domains"] = [pool, f"{pool}:*"]
+        for route in vhost["routes"]:
+            route["name"] = f"{route['name']}-{pool}"
+            per_route = route.setdefault("typed_per_filter_config", {})
+            per_route[EXT_PROC_FILTER] = {
+                "@type": f"{_TYPE}.filters.http.ext_proc.v3.ExtProcPerRoute",
+                "overrides": {"grpc_initial_metadata": [{"key": POOL_METADATA_KEY, "value": pool}]},
+            }
+        hosts.append(vhost)
+    return {**routes, "virtual_hosts": [*hosts, default]}
 
 
 def _route(cluster: str, *, name: str, headers: list[dict[str, Any]] | None = None) -> dict[str, Any]:

@@ -126,6 +126,14 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m epp.dev.envoy
         help="no retry of a request whose engine cannot be reached on the EPP's fallback endpoint, "
         "and no failed-attempt log to the EPP (passive health)",
     )
+    parser.add_argument(
+        "--pool",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="one EPP for several pools: a virtual host per pool (Host: NAME) whose routes name the pool "
+        "to the EPP (ext_proc gRPC metadata x-epp-pool); repeatable",
+    )
     args = parser.parse_args(argv)
     if args.write:
         out = Path(args.write)
@@ -167,6 +175,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m epp.dev.envoy
                 tls=tls,
                 extproc_health_port=args.extproc_health_port,
                 extproc_socket=args.extproc_socket,
+                pools=args.pool,
             )
         )
     )

@@ -38,6 +38,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of ``epp run``."""
     add = parser.add_argument
     add("--sims", type=int, default=3, help="number of simulated vLLM servers (default 3)")
+    add(
+        "--pools",
+        type=_positive_int,
+        default=1,
+        help="pools (default 1); above 1 the simulators are split round robin into pool-1..N served "
+        "by the one EPP, each pool behind its own Envoy virtual host (curl -H 'Host: pool-1' ...)",
+    )
     add("--sim-base-port", type=int, default=8000, help="port of the first simulator (default 8000)")
     add("--model", default="demo", help="model name the simulators serve (default demo)")
     add(
@@ -246,6 +253,7 @@ def options_from_args(args: argparse.Namespace) -> StackOptions:
         response_phases=args.response_phases,
         replicas=args.replicas,
         redis_port=args.redis_port,
+        pools=args.pools,
     )
 
 
@@ -333,7 +341,7 @@ epp stack ready ({o.body_mode}, fail-{"open" if o.fail_open else "closed"}{_rout
   Envoy      {stack.url}  (admin http://127.0.0.1:{o.admin_port})
 {_epps(stack)}
   {_kind(o):<10} {sims}  (model {o.model!r})
-  endpoints  {stack.endpoints_file}  (edit it to add or remove endpoints)
+  endpoints  {stack.endpoints_file}  (edit it to add or remove endpoints){_pools(o)}
   config     {stack.config_file}  (the EPP's config: edits apply without a restart)
   logs       {stack.supervisor.log_dir}
 
@@ -351,6 +359,15 @@ Ctrl-C stops everything.
 
 def _kind(o: StackOptions) -> str:
     return "engines" if o.endpoints else ("vLLM" if o.engine == "vllm" else "simulators")
+
+
+def _pools(o: StackOptions) -> str:
+    if not o.pool_names:
+        return ""
+    return (
+        f"\n  pools      {', '.join(o.pool_names)} (one EPP; send -H 'Host: pool-1' ... to choose one: "
+        "a request naming no pool is a 404)"
+    )
 
 
 def _routing(o: StackOptions) -> str:

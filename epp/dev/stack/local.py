@@ -39,6 +39,7 @@ from epp.dev.stack.redis_server import missing_message, redis_argv, redis_pong, 
 from epp.dev.stack.replicas import Replica, spread_ext_proc
 from epp.dev.stack.supervisor import SIM_MAX_RESTARTS, SIM_RESTART_WINDOW, Child, RestartPolicy, Supervisor
 from epp.framework.endpoint import KV_EVENTS_PORT_LABEL, KV_EVENTS_REPLAY_PORT_LABEL
+from epp.framework.wire import POOL_LABEL
 
 
 def kv_events_sim_args(pub: int, replay: int) -> list[str]:
@@ -227,6 +228,7 @@ class StackOptions:
     socket_dir: str = ""  # the EPPs' Unix sockets' directory ("": LocalStack's work directory)
     engine: str = "sim"  # "vllm": real vLLM engines from `make engines` in place of the simulators
     endpoints: list[str] = field(default_factory=list)  # host:port of engines already running (no sims)
+    pools: int = 1  # > 1: the sims split round robin into pools pool-1..N, a virtual host (Host) each
 
     @classmethod
     def on_free_ports(
@@ -281,10 +283,20 @@ class StackOptions:
         return [*self.sim_args, *kv_events_sim_args(*self.kv_events_ports(sim))]
 
     def endpoint_labels(self) -> dict[str, dict[str, str]]:
-        """Per endpoint name, the labels announcing its KV-events ports to the EPP."""
-        if not self.kv_events_base_port:
-            return {}
-        return {f"sim-{i}": kv_events_labels(*self.kv_events_ports(i)) for i in range(self.sims)}
+        """Per endpoint name, the labels announcing its KV-events ports to the EPP, and its pool."""
+        labels: dict[str, dict[str, str]] = {f"sim-{i}": {} for i in range(self.sims)}
+        if self.kv_events_base_port:
+            for i in range(self.sims):
+                labels[f"sim-{i}"].update(kv_events_labels(*self.kv_events_ports(i)))
+        if self.pools > 1:
+            for i in range(self.sims):
+                labels[f"sim-{i}"][POOL_LABEL] = self.pool_names[i % self.pools]
+        return {name: value for name, value in labels.items() if value}
+
+    @property
+    def pool_names(self) -> list[str]:
+        """The pools of ``--pools N`` (none with one pool)."""
+        return [f"pool-{i + 1}" for i in range(self.pools)] if self.pools > 1 else []
 
     def epps(self) -> list[EppPorts]:
         """Every EPP replica's ports: ``replica_ports``, else replica i on the first one's + i x 100."""
@@ -335,6 +347,8 @@ class StackOptions:
         one port used twice, or no Unix socket path short enough (see :func:`epp_socket`)."""
         if self.replicas < 1:
             raise ValueError(f"replicas: must be at least 1, got {self.replicas}")
+        if self.pools > 1 and self.sims < self.pools:
+            raise ValueError(f"pools: {self.pools} pools need at least as many --sims, got {self.sims}")
         if self.replica_ports is not None and len(self.replica_ports) != self.replicas:
             raise ValueError(f"replica_ports: {len(self.replica_ports)} for {self.replicas} replicas")
         twice = sorted(p for p, n in Counter(self.all_ports()).items() if n > 1)
@@ -482,6 +496,7 @@ class LocalStack(Stack):
             fail_open=o.fail_open,
             fallback_endpoints=o.upstreams,
             extproc_health_port=first.health if o.fail_open else 0,
+            pools=o.pool_names,
         )
         if o.replicas == 1:
             return bootstrap
@@ -508,7 +523,12 @@ class LocalStack(Stack):
                     lambda: envoy_hosts_healthy(o.admin_port, EXT_PROC_CLUSTER, o.replicas),
                 )
             )
-        checks.append(("GET /v1/models through Envoy", http_ok(f"{self.url}/v1/models")))
+        for pool in o.pool_names:  # each pool's virtual host
+            checks.append(
+                (f"GET /v1/models through Envoy for {pool}", http_ok(f"{self.url}/v1/models", host=pool))
+            )
+        if not o.pool_names:
+            checks.append(("GET /v1/models through Envoy", http_ok(f"{self.url}/v1/models")))
         for what, check in checks:
             self.wait(what, check, abort=abort)
 

@@ -49,10 +49,11 @@ def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
     return False
 
 
-def http_status(url: str, timeout: float = 2.0) -> int | None:
-    """Status of ``GET url``; None when the connection fails."""
+def http_status(url: str, timeout: float = 2.0, host: str = "") -> int | None:
+    """Status of ``GET url`` (with ``host``: that ``Host`` header); None when the connection fails."""
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as resp:
+        req = urllib.request.Request(url, headers={"Host": host} if host else {})
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
             resp.read()
             return int(resp.status)
     except urllib.error.HTTPError as e:
@@ -61,9 +62,9 @@ def http_status(url: str, timeout: float = 2.0) -> int | None:
         return None
 
 
-def http_ok(url: str) -> Callable[[], bool]:
+def http_ok(url: str, host: str = "") -> Callable[[], bool]:
     """A check for :func:`wait_until`: ``GET url`` answers 200."""
-    return lambda: http_status(url) == 200
+    return lambda: http_status(url, host=host) == 200
 
 
 def grpc_serving(port: int, service: str = "readiness", host: str = "127.0.0.1") -> bool:

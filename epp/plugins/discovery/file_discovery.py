@@ -18,6 +18,7 @@ import yaml
 from epp.background import BackgroundTask
 from epp.framework import ConfigError, EndpointDiscovery, EndpointMetadata, EndpointNotifier, register
 from epp.framework.interfaces import Handle, Plugin
+from epp.framework.wire import POOL_LABEL
 from epp.plugins.discovery._metrics import FILE_INVALID_ENTRIES, FILE_LOAD_FAILURES, FILE_REJECTED
 
 log = structlog.get_logger("epp.discovery.file")
@@ -306,23 +307,71 @@ def parse_endpoints(content: bytes, path: str = "<endpoints>", hostnames: bool =
         raise FileDiscoveryError(
             f"unmarshalling {path}: 'endpoints' must be a list, got {_kind(entries)}", "invalid_shape"
         )
+    grouped = _pool_entries(doc.get("pools"), path)
     endpoints: dict[str, EndpointMetadata] = {}
     invalid: list[str] = []
-    for index, entry in enumerate(entries):
+    pool_of: dict[str, str] = {}  # "ip:port" -> pool (an endpoint belongs to one pool)
+    listed = [(entry, index, None) for index, entry in enumerate(entries)] + grouped
+    for entry, index, pool in listed:
         try:
-            metadata = _endpoint(entry, index, hostnames)
+            metadata = _endpoint(entry, index, hostnames, pool)
+            _one_pool(metadata, endpoints, pool_of)
         except ValueError as e:
             invalid.append(str(e))
             continue
         endpoints.pop(metadata.key, None)  # last wins, and keeps file order of the winners
         endpoints[metadata.key] = metadata
-    return LoadResult(endpoints=endpoints, invalid=tuple(invalid), entries=len(entries))
+    return LoadResult(endpoints=endpoints, invalid=tuple(invalid), entries=len(listed))
 
 
-def _endpoint(entry: Any, index: int, hostnames: bool = False) -> EndpointMetadata:
-    """One validated entry; raises ``ValueError`` with the reference's message style."""
+def _pool_entries(pools: Any, path: str) -> list[tuple[Any, int, str | None]]:
+    """``pools: [{name: P, endpoints: [...]}]``: each entry with its pool's name."""
+    if pools is None:
+        return []
+    if not isinstance(pools, list):
+        raise FileDiscoveryError(
+            f"unmarshalling {path}: 'pools' must be a list, got {_kind(pools)}", "invalid_shape"
+        )
+    out: list[tuple[Any, int, str | None]] = []
+    for n, group in enumerate(pools):
+        name = group.get("name") if isinstance(group, dict) else None
+        members = group.get("endpoints") if isinstance(group, dict) else None
+        if not isinstance(name, str) or not name or not isinstance(members, list):
+            raise FileDiscoveryError(
+                f"unmarshalling {path}: pools[{n}] must be a mapping with a 'name' and an 'endpoints' list",
+                "invalid_shape",
+            )
+        out.extend((entry, index, name) for index, entry in enumerate(members))
+    return out
+
+
+def _one_pool(
+    metadata: EndpointMetadata, endpoints: Mapping[str, EndpointMetadata], pool_of: dict[str, str]
+) -> None:
+    """An endpoint (its key, its address) listed in two pools is an error: the later entry is invalid."""
+    pool = metadata.labels.get(POOL_LABEL, "")
+    earlier = endpoints.get(metadata.key)
+    if earlier is not None and earlier.labels.get(POOL_LABEL, "") != pool:
+        raise ValueError(
+            f"endpoint {metadata.key!r} is listed in pools {earlier.labels.get(POOL_LABEL, '')!r} and "
+            f"{pool!r}: an endpoint belongs to one pool"
+        )
+    hostport = f"{metadata.address}:{metadata.port}"
+    other = pool_of.setdefault(hostport, pool)
+    if other != pool:
+        raise ValueError(
+            f"endpoint {metadata.key!r}: {hostport} is listed in pools {other!r} and {pool!r}: "
+            "an endpoint belongs to one pool"
+        )
+
+
+def _endpoint(entry: Any, index: int, hostnames: bool = False, pool: str | None = None) -> EndpointMetadata:
+    """One validated entry; raises ``ValueError`` with the reference's message style.
+
+    ``pool``: the pool the entry is listed under (``pools``), else its own ``pool`` field if any."""
     if not isinstance(entry, dict):
-        raise ValueError(f"endpoints[{index}]: expected a mapping, got {_kind(entry)}")
+        where = f"pool {pool!r} endpoints" if pool else "endpoints"
+        raise ValueError(f"{where}[{index}]: expected a mapping, got {_kind(entry)}")
     name = entry.get("name")
     if not isinstance(name, str) or not name:
         raise ValueError(f"endpoints[{index}]: missing or invalid name {name!r}")
@@ -346,6 +395,11 @@ def _endpoint(entry: Any, index: int, hostnames: bool = False) -> EndpointMetada
     labels = _labels(entry.get("labels"))
     if labels is None:
         raise ValueError(f'endpoint "{name}": labels must be a mapping of strings to scalars')
+    own = entry.get("pool")
+    if own is not None and (not isinstance(own, str) or (pool and own != pool)):
+        raise ValueError(f'endpoint "{name}": invalid pool {own!r}')
+    if pool or own:
+        labels[POOL_LABEL] = str(pool or own)
     metrics_host = _join_host(str(address), str(port))
     if hostnames and labels.get("metricsAddress"):
         metrics_host = _join_host(labels["metricsAddress"], labels.get("metricsPort") or str(port))

@@ -1,0 +1,272 @@
+"""One EPP serving several pools behind one Envoy (file discovery, an endpoints file grouped by pool).
+
+Envoy's bootstrap (``envoy_bootstrap(pools=...)``) has a virtual host per pool whose routes name the
+pool to the EPP in the ext_proc stream's gRPC metadata.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from epp.dev.stack.files import write_atomic
+from epp.framework.wire import POOL_LABEL
+from tests.integration.harness import SUBSET_HEADER, Envoy, Rig, Sim, chat_body, marker
+
+pytestmark = pytest.mark.integration
+
+POOLS = ("pool-a", "pool-b", "pool-c")
+
+
+def _write_pools(path: Path, pools: Mapping[str, Sequence[Sim]]) -> None:
+    document = {
+        "pools": [
+            {
+                "name": name,
+                "endpoints": [{"name": s.name, "address": "127.0.0.1", "port": s.port} for s in sims],
+            }
+            for name, sims in pools.items()
+        ]
+    }
+    write_atomic(path, yaml.safe_dump(document, sort_keys=False))
+
+
+def _post(envoy: Envoy, pool: str, headers: Mapping[str, str] | None = None) -> tuple[int, int | None, str]:
+    m = marker()
+    resp = envoy.post("/v1/chat/completions", chat_body(m), {"Host": pool, **(headers or {})})
+    return resp.status, resp.port, resp.body.decode(errors="replace")
+
+
+def _wait_serving(envoy: Envoy, pool: str, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        status, _, body = _post(envoy, pool)
+        if status == 200:
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{pool} not serving: {status} {body}")
+        time.sleep(0.1)
+
+
+@pytest.mark.parametrize("server", ["epp", "grpcio"])
+def test_three_pools_behind_one_envoy(rig: Rig, server: str) -> None:
+    """Also on the grpcio ext_proc server: both give the route's metadata to the pool choice."""
+    sims = rig.start_sims(7)
+    members = {"pool-a": sims[0:2], "pool-b": sims[2:4], "pool-c": sims[4:6]}
+    epp = rig.start_epp([], extra=["--extproc-server", server])
+    _write_pools(epp.endpoints_file, members)
+    envoy = rig.start_envoy(
+        epp, pools=[*POOLS, "pool-z"], subset_hint_header=SUBSET_HEADER, wait_for_traffic=False
+    )
+    for pool in POOLS:
+        _wait_serving(envoy, pool)
+
+    # every request lands in its own pool, whatever pool header the client sends
+    for pool, own in members.items():
+        ports = {s.port for s in own}
+        seen: set[int | None] = set()
+        for i in range(12):
+            other = POOLS[(POOLS.index(pool) + 1 + i) % 3]
+            status, port, body = _post(envoy, pool, {"x-epp-pool": other} if i % 2 else None)
+            assert status == 200, body
+            assert port in ports, (pool, port)
+            seen.add(port)
+        assert seen == ports  # both of the pool's endpoints serve
+    for sim in sims[:6]:  # the client's pool header never reaches an engine
+        assert all("x-epp-pool" not in entry["headers"] for entry in sim.journal())
+
+    # a route naming a pool the EPP does not serve: 404 naming it
+    status, _, body = _post(envoy, "pool-z")
+    assert status == 404, body
+    assert "pool-z" in body
+    # no route metadata: the subset hint's endpoints pick the pool
+    target = sims[3]
+    resp = envoy.post("/v1/chat/completions", chat_body(marker()), {SUBSET_HEADER: target.address})
+    assert resp.status == 200, resp
+    assert resp.port == target.port
+    # no route metadata, no hint: 404, nothing routed
+    resp = envoy.post("/v1/chat/completions", chat_body(marker()))
+    assert resp.status == 404, resp
+    assert "x-epp-pool" in resp.body.decode()
+    assert sims[6].journal() == []
+    page = epp.metrics()
+    for pool in POOLS:
+        assert f'llm_d_epp_pool_request_total{{inference_pool="{pool}"}}' in page
+    assert 'llm_d_epp_pool_request_error_total{error_code="NotFound",inference_pool=""}' in page or (
+        'llm_d_epp_pool_request_error_total{inference_pool="",error_code="NotFound"}' in page
+    )
+
+    # a pool added to the file serves; a pool removed stops
+    _write_pools(epp.endpoints_file, {**members, "pool-z": [sims[6]]})
+    _wait_serving(envoy, "pool-z")
+    status, port, _ = _post(envoy, "pool-z")
+    assert (status, port) == (200, sims[6].port)
+    del members["pool-c"]
+    _write_pools(epp.endpoints_file, {**members, "pool-z": [sims[6]]})
+    deadline = time.monotonic() + 20
+    while _post(envoy, "pool-c")[0] != 404:
+        assert time.monotonic() < deadline, "pool-c still served after its removal"
+        time.sleep(0.1)
+    status, port, _ = _post(envoy, "pool-a")
+    assert status == 200 and port in {sims[0].port, sims[1].port}
+
+
+def test_one_pool_faults_do_not_reach_another(rig: Rig) -> None:
+    """Pool b's endpoints are all dead (metrics failing, connections refused): pool a serves on."""
+    sims = rig.start_sims(2)
+    epp = rig.start_epp([])
+    dead = [Sim(f"dead-{i}", port, sims[0].child, "127.0.0.1") for i, port in enumerate((1, 2))]
+    _write_pools(epp.endpoints_file, {"pool-a": sims, "pool-b": dead})
+    envoy = rig.start_envoy(epp, pools=["pool-a", "pool-b"], wait_for_traffic=False)
+    _wait_serving(envoy, "pool-a")
+    ports = {s.port for s in sims}
+    for _ in range(20):
+        status, port, body = _post(envoy, "pool-a")
+        assert status == 200, body
+        assert port in ports
+        status, _, _ = _post(envoy, "pool-b")
+        assert status != 200
+
+
+def test_three_inferencepools_from_the_api_server(rig: Rig, tmp_path: Path) -> None:
+    """``--pool-selector``: pools labelled for this EPP are served; one created at run time starts
+    serving, one deleted stops."""
+    from epp.dev import stack
+    from tests.fakekube import FakeKube, objects
+
+    ns = "inference"
+    hosts = [f"127.0.0.{21 + i}" for i in range(4)]
+    port = stack.free_port()
+    sims = rig.start_sims(4, prefix="pod", hosts=hosts, port=port)
+    owner = {"pool-a": sims[0:2], "pool-b": sims[2:3], "pool-c": sims[3:4]}
+
+    def pool(name: str) -> dict[str, object]:
+        obj = objects.inference_pool(ns, (port,), name=name, selector={"app": name})
+        obj["metadata"]["labels"] = {"epp": "shared"}  # type: ignore[index]
+        return obj
+
+    with FakeKube(bookmark_interval=0.5) as kube:
+        for name in ("pool-a", "pool-b"):
+            kube.create(pool(name))
+        for name, members in owner.items():
+            for sim in members:
+                kube.create(objects.pod(ns, sim.name, sim.host, labels={"app": name}))
+        config = kube.write_kubeconfig(tmp_path / "kubeconfig")
+        args = ["--pool-namespace", ns, "--kubeconfig", str(config), "--pool-selector", "epp=shared"]
+        epp = rig.start_epp([], file_discovery=False, extra=args)
+        envoy = rig.start_envoy(epp, pools=list(owner), wait_for_traffic=False)
+        for name in ("pool-a", "pool-b"):
+            _wait_serving(envoy, name)
+            for _ in range(8):
+                m = marker()
+                resp = envoy.post(
+                    "/v1/chat/completions", chat_body(m), {"Host": name, "x-epp-pool": "pool-c"}
+                )
+                assert resp.status == 200, resp
+                assert resp.headers["x-inference-pod"] in {s.name for s in owner[name]}, name
+        assert _post(envoy, "pool-c")[0] == 404  # not created yet
+
+        kube.create(pool("pool-c"))  # appears at run time
+        _wait_serving(envoy, "pool-c")
+        resp = envoy.post("/v1/chat/completions", chat_body(marker()), {"Host": "pool-c"})
+        assert resp.headers["x-inference-pod"] == sims[3].name
+
+        kube.delete(objects.POOL_API, "InferencePool", ns, "pool-b")  # deleted: no longer served
+        deadline = time.monotonic() + 20
+        while _post(envoy, "pool-b")[0] != 404:
+            assert time.monotonic() < deadline, "pool-b still served after its deletion"
+            time.sleep(0.1)
+        assert _post(envoy, "pool-a")[0] == 200
+        assert stack.grpc_serving(epp.health_port)  # ready: every selected pool synced once
+
+
+def _queued(epp: Any) -> float:
+    total = 0.0
+    for line in epp.metrics().splitlines():
+        if line.startswith("llm_d_epp_flow_control_queue_size"):
+            total += float(line.rpartition(" ")[2])
+    return total
+
+
+def test_one_pools_full_flow_control_queue_does_not_reach_another(rig: Rig) -> None:
+    """Flow control gated by one in-flight request per pool, one queued request at most: pool b is
+    saturated and its queue full (429), while pool a's requests are served at once."""
+    (slow,) = rig.start_sims(1, extra=["--inter-token-latency", "200", "--max-tokens", "20"])  # ~4 s
+    fast = rig.start_sims(2)
+    config = {
+        "featureGates": ["flowControl"],
+        "plugins": [
+            {"name": "gate", "type": "concurrency-detector", "parameters": {"maxConcurrency": 1}},
+            {"name": "fair", "type": "round-robin-fairness-policy"},
+        ],
+        "flowControl": {
+            "saturationDetector": {"pluginRef": "gate"},
+            "defaultPriorityBand": {"fairnessPolicyRef": "fair"},
+            "maxRequests": 1,
+        },
+    }
+    # the pools exist from the start (an endpoints file labelled by pool): no request meets the
+    # first pool, empty, whose flow control would hold it
+    labels = {s.name: {POOL_LABEL: "pool-a"} for s in fast} | {slow.name: {POOL_LABEL: "pool-b"}}
+    epp = rig.start_epp([*fast, slow], config=config, labels=labels)
+    envoy = rig.start_envoy(epp, pools=["pool-a", "pool-b"], wait_for_traffic=False)
+    _wait_serving(envoy, "pool-a")
+    with concurrent.futures.ThreadPoolExecutor(2) as threads:
+        in_flight = threads.submit(_post, envoy, "pool-b")
+        deadline = time.monotonic() + 20
+        while not slow.journal():
+            assert time.monotonic() < deadline, "pool-b's first request never reached its engine"
+            time.sleep(0.02)
+        waiting = threads.submit(_post, envoy, "pool-b")
+        while _queued(epp) < 1:
+            assert time.monotonic() < deadline, "pool-b's second request never queued"
+            time.sleep(0.02)
+        assert _post(envoy, "pool-b")[0] == 429  # pool-b's queue is full
+        ports = {s.port for s in fast}
+        for _ in range(10):
+            status, port, body = _post(envoy, "pool-a")
+            assert status == 200, body
+            assert port in ports
+        assert not in_flight.done()  # pool a was served while pool b's request still ran
+        assert in_flight.result(timeout=30)[0] == 200
+        assert waiting.result(timeout=30)[0] == 200
+
+
+def test_inferencepools_of_every_namespace(rig: Rig, tmp_path: Path) -> None:
+    """``--pool-namespace ''``: labelled pools of any namespace are served, named NAMESPACE/NAME; a
+    request goes to the pool its subset hint's endpoints belong to."""
+    from epp.dev import stack
+    from tests.fakekube import FakeKube, objects
+
+    port = stack.free_port()
+    sims = rig.start_sims(2, prefix="pod", hosts=["127.0.0.31", "127.0.0.32"], port=port)
+    with FakeKube(bookmark_interval=0.5) as kube:
+        for ns, sim in zip(("team-a", "team-b"), sims, strict=True):
+            pool = objects.inference_pool(ns, (port,), name="chat", selector={"app": "chat"})
+            pool["metadata"]["labels"] = {"epp": "shared"}
+            kube.create(pool)
+            kube.create(objects.pod(ns, sim.name, sim.host, labels={"app": "chat"}))
+        config = kube.write_kubeconfig(tmp_path / "kubeconfig")
+        args = ["--pool-namespace", "", "--kubeconfig", str(config), "--pool-selector", "epp=shared"]
+        epp = rig.start_epp([], file_discovery=False, extra=args)
+        envoy = rig.start_envoy(
+            epp, pools=["team-a/chat"], subset_hint_header=SUBSET_HEADER, wait_for_traffic=False
+        )
+        for sim in sims:
+            deadline = time.monotonic() + 20
+            while True:
+                resp = envoy.post("/v1/chat/completions", chat_body(marker()), {SUBSET_HEADER: sim.address})
+                if resp.status == 200:
+                    break
+                assert time.monotonic() < deadline, (resp.status, resp.body[:300])
+                time.sleep(0.1)
+            assert resp.headers["x-inference-pod"] == sim.name
+        resp = envoy.post("/v1/chat/completions", chat_body(marker()))
+        assert resp.status == 404
+        assert "team-a/chat" in resp.body.decode() and "team-b/chat" in resp.body.decode()
