@@ -8,8 +8,7 @@ import http.client
 import json
 import threading
 import time
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -20,7 +19,7 @@ from epp.dev.envoy import bootstrap as envoy_config
 from epp.dev.stack.redis_server import RedisServer
 from epp.dev.stack.replicas import Replica, spread_ext_proc
 from tests.integration.harness import MODEL, SUBSET_HEADER, Envoy, Epp, Rig, request
-from tests.redis_fixture import require_redis_server
+from tests.redis_fixture import redis_server as redis_server
 
 pytestmark = pytest.mark.integration
 
@@ -31,16 +30,6 @@ INFLIGHT_FIELD = "inflight-load-producer/inflight-load-producer|default/{}"
 DETECTOR_FIELD = "utilization-detector/utilization-detector|default/{}"
 SESSION_LOG = "log:session-affinity-scorer/session-affinity-scorer"
 SESSION_HEADER = "x-session-id"
-
-
-@pytest.fixture
-def store(tmp_path: Path) -> Iterator[RedisServer]:
-    require_redis_server()
-    server = RedisServer(tmp_path).start()
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 def _config(address: str) -> dict[str, Any]:
@@ -186,15 +175,15 @@ def _envoy_over(rig: Rig, epps: list[Epp], name: str) -> Envoy:
 
 
 def test_three_replicas_behind_one_envoy_share_prefix_index_and_in_flight_load(
-    rig: Rig, store: RedisServer
+    rig: Rig, redis_server: RedisServer
 ) -> None:
     # Output at 50 ms a token: a request of 1 token is quick, one of 400 stays in flight.
     sims = rig.start_sims(2, extra=["--inter-token-latency", "50"])
-    config = _config(store.address)
+    config = _config(redis_server.address)
     epps = [rig.start_epp(sims, name=f"epp-{i}", config=config) for i in range(3)]
     by_port = {e.grpc_port: e for e in epps}
     envoy = _envoy_over(rig, epps, "envoy-replicas")
-    raw = redis.Redis(host="127.0.0.1", port=store.port)
+    raw = redis.Redis(host="127.0.0.1", port=redis_server.port)
 
     # 1. A block routed by one replica steers the same prompt to the same endpoint through the others.
     log_key = f"{PREFIX}log:approx-prefix-cache-producer/approx-prefix-cache-producer"
@@ -307,15 +296,17 @@ def _started(envoy: Envoy, before: dict[int, int]) -> int:
     return changed[0]
 
 
-def test_three_replicas_share_session_pins_and_the_detectors_credit(rig: Rig, store: RedisServer) -> None:
+def test_three_replicas_share_session_pins_and_the_detectors_credit(
+    rig: Rig, redis_server: RedisServer
+) -> None:
     sims = rig.start_sims(2, extra=["--inter-token-latency", "50"])
-    config = _session_config(store.address)
+    config = _session_config(redis_server.address)
     # one scrape at start-up, then none for 30 s: the detector works on the in-flight credit
     extra = ["--refresh-metrics-interval", "30s", "--allow-experimental-plugins"]
     epps = [rig.start_epp(sims, name=f"epp-{i}", config=config, extra=extra) for i in range(3)]
     by_port = {e.grpc_port: e for e in epps}
     envoy = _envoy_over(rig, epps, "envoy-sessions")
-    raw = redis.Redis(host="127.0.0.1", port=store.port)
+    raw = redis.Redis(host="127.0.0.1", port=redis_server.port)
 
     # 1. A session pinned through one replica is routed to the same endpoint through the others
     # (without sharing each of them would pick at random: 10 coin flips).

@@ -19,7 +19,7 @@ import concurrent.futures
 import json
 import subprocess
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +38,7 @@ from tests.prometheus_fixture import (
     require_prometheus,
     rule_groups,
 )
-from tests.redis_fixture import require_redis_server
+from tests.redis_fixture import redis_server as redis_server
 
 pytestmark = pytest.mark.integration
 
@@ -207,22 +207,12 @@ def _evaluate(prom: Prometheus, files: list[Path], at: float) -> tuple[list[str]
     return ok, empty, engine_empty, engine_ok
 
 
-@pytest.fixture
-def store(tmp_path: Path) -> Iterator[RedisServer]:
-    require_redis_server()
-    server = RedisServer(tmp_path).start()
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
 def _errors(prom: Prometheus, selector: str) -> float:
     return sum(float(r["value"][1]) for r in prom.query(f"sum(llm_d_epp_request_error_total{{{selector}}})"))
 
 
 def test_dashboards_have_data_and_alerts_fire_on_the_fault(
-    rig: Rig, store: RedisServer, tmp_path: Path
+    rig: Rig, redis_server: RedisServer, tmp_path: Path
 ) -> None:
     prometheus, promtool = require_prometheus()
     if not (REFERENCE / "README.md").is_file():
@@ -257,7 +247,7 @@ def test_dashboards_have_data_and_alerts_fire_on_the_fault(
         rig.stack.wait_sim(sim.child, sim.url)
     # Two replicas sharing state through Redis: one behind the generated bootstrap (response
     # headers, no body), one behind an Envoy that also streams the response bodies.
-    config = _config(store.address)
+    config = _config(redis_server.address)
     extra = ["--enable-grpc-stream-metrics", "--allow-experimental-plugins=true"]
     epps = [rig.start_epp(sims, name=f"epp-{i}", config=config, labels=labels, extra=extra) for i in range(2)]
     shipped = rig.start_envoy(epps[0])

@@ -6,8 +6,7 @@ scraped again within the bound (the owner's grace, 3 sync intervals + 2 scrapes,
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -15,7 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from epp.dev.stack.redis_server import RedisServer
 from tests.integration.harness import Epp, Rig, Sim, request
-from tests.redis_fixture import require_redis_server
+from tests.redis_fixture import redis_server as redis_server
 
 pytestmark = pytest.mark.integration
 
@@ -23,16 +22,6 @@ SYNC_S = 0.05
 SCRAPE_S = 0.1
 RATE = 1 / SCRAPE_S  # one EPP's scrapes per second per engine
 BOUND_S = 3 * SYNC_S + 2 * SCRAPE_S + SCRAPE_S
-
-
-@pytest.fixture
-def store(tmp_path: Path) -> Iterator[RedisServer]:
-    require_redis_server()
-    server = RedisServer(tmp_path).start()
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 def _config(address: str) -> dict[str, Any]:
@@ -83,10 +72,10 @@ def _rates(sims: list[Sim], seconds: float) -> list[float]:
 
 
 def test_three_replicas_share_the_scrape_and_take_over_a_dead_replicas_engines(
-    rig: Rig, store: RedisServer
+    rig: Rig, redis_server: RedisServer
 ) -> None:
     sims = rig.start_sims(4)
-    epps = [rig.start_epp(sims, name=f"epp-{i}", config=_config(store.address)) for i in range(3)]
+    epps = [rig.start_epp(sims, name=f"epp-{i}", config=_config(redis_server.address)) for i in range(3)]
     _wait(
         "every replica sees its 2 peers",
         lambda: all(_sample(e, "llm_d_epp_cross_replica_peers") == 2 for e in epps),
