@@ -599,16 +599,20 @@ class FlowController:
     def _caps(self, band: Band, sat: float) -> Mapping[str, float] | None:
         """The band's fairness policy's in-flight caps for this cycle, given the pool's concurrency
         capacity, measured here: the requests in flight over the saturation they cause, smoothed,
-        from cycles that find the pool at least half saturated."""
-        inflight = 0
-        for b in self._order:
-            inflight += b.inflight_total
-        if sat >= _CAPACITY_MIN_SATURATION and inflight:
-            estimate = inflight / sat
-            c = self._capacity
-            self._capacity = estimate if c <= 0.0 else c + _CAPACITY_SMOOTHING * (estimate - c)
+        from cycles that find the pool at least half saturated. Below that, nothing is capped (the
+        policy is given 0.0), so a capacity that grew is measured again before caps hold it."""
+        capacity = 0.0
+        if sat >= _CAPACITY_MIN_SATURATION:
+            inflight = 0
+            for b in self._order:
+                inflight += b.inflight_total
+            if inflight:
+                estimate = inflight / sat
+                c = self._capacity
+                self._capacity = estimate if c <= 0.0 else c + _CAPACITY_SMOOTHING * (estimate - c)
+            capacity = self._capacity
         try:
-            return band.fairness.flow_caps(band, self._capacity)
+            return band.fairness.flow_caps(band, capacity)
         except Exception as e:
             log.error("fairness policy failed on caps", band=band.priority, error=repr(e))
             return None

@@ -202,3 +202,26 @@ async def test_the_controller_holds_a_flood_at_its_share_so_a_light_burst_goes_a
     await asyncio.gather(*flood, *burst, return_exceptions=True)
     for p in held:
         p.done()
+
+
+async def test_caps_lift_when_the_pool_turns_out_to_take_more() -> None:
+    slots = Slots(capacity=8)
+    rig = Rig(FlowControlSettings(default_band=band(fairness=FairShareFairnessPolicy("fs", None))), slots)
+    held: list[Any] = []
+
+    async def take(name: str, flow: str) -> None:
+        permit = await rig.fc.admit(request(name, flow=flow), 0.0)
+        permit.release()
+        slots.inflight += 1
+        held.append(permit)
+
+    await take("light-0", "light")
+    flood = [asyncio.ensure_future(take(f"flood-{i}", "flood")) for i in range(8)]
+    await asyncio.sleep(0.05)
+    assert slots.inflight == 5 and rig.fc.queued == 4  # held at the share of 8
+    slots.capacity = 32  # the engines take more now: the pool is far from half saturated
+    rig.fc.kick()
+    await asyncio.wait_for(asyncio.gather(*flood), 1)  # no stale cap holds the flood
+    assert slots.inflight == 9 and rig.fc.queued == 0
+    for p in held:
+        p.done()
