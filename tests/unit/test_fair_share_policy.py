@@ -52,6 +52,17 @@ def in_flight(b: Band, flow: str, n: int) -> None:
         b.started(flow)
 
 
+def served(b: Band, policy: FairnessPolicy, flow: str, n: int) -> None:
+    """``n`` requests of ``flow`` queued, dispatched through ``policy`` and in flight."""
+    for _ in range(n):
+        queue(b, flow)
+        fq = b.flow(flow)
+        assert fq is not None
+        item = b.pop(fq)
+        policy.dispatched(b, item)
+        b.started(flow)
+
+
 def test_a_flood_over_its_share_is_capped_and_the_light_flow_is_picked() -> None:
     policy = FairShareFairnessPolicy("fs", None)
     b = real_band(policy)
@@ -105,7 +116,7 @@ def test_a_recently_served_flow_keeps_its_share_for_the_active_window(
     queue(b, "light", 1)
     item = b.pop(b.flow("light"))  # type: ignore[arg-type]
     policy.dispatched(b, item)  # served, and already finished: nothing queued or in flight
-    in_flight(b, "flood", 3)
+    served(b, policy, "flood", 3)
     queue(b, "flood", 2)
     now[0] += 1.0
     assert policy.flow_caps(b, 8.0) == {"flood": 4.0}  # the light flow's share is kept
@@ -115,9 +126,27 @@ def test_a_recently_served_flow_keeps_its_share_for_the_active_window(
     nb = real_band(no_window)
     queue(nb, "light", 1)
     no_window.dispatched(nb, nb.pop(nb.flow("light")))  # type: ignore[arg-type]
-    in_flight(nb, "flood", 3)
+    served(nb, no_window, "flood", 3)
     queue(nb, "flood", 2)
     assert no_window.flow_caps(nb, 8.0) is None
+
+
+def test_a_flow_served_under_its_rate_share_is_uncapped_and_goes_first() -> None:
+    policy = FairShareFairnessPolicy("fs", None)
+    b = real_band(policy)
+    served(b, policy, "flood", 6)
+    served(b, policy, "light", 1)
+    queue(b, "flood", 3)
+    queue(b, "light", 3)
+    assert policy.flow_caps(b, 8.0) == {"flood": 4.0}  # the light flow has no cap
+    for _ in range(3):  # past its in-flight share of 4: its rate is what counts
+        policy.flow_caps(b, 8.0)
+        picked = policy.pick(b)
+        assert picked is not None and picked.key.id == "light"
+        b.pop(b.flow("light"))  # type: ignore[arg-type]
+        b.started("light")
+    policy.flow_caps(b, 8.0)
+    assert policy.pick(b) is None  # the flood is over its cap of 4
 
 
 def test_flows_under_their_caps_take_turns_in_id_order() -> None:
@@ -144,7 +173,9 @@ plugins:
 - {type: queue-scorer}
 - {type: max-score-picker}
 - {type: single-profile-handler}
-- {name: fair, type: fair-share-fairness-policy, parameters: {reserve: 0.5, activeWindowSeconds: 2}}
+- name: fair
+  type: fair-share-fairness-policy
+  parameters: {reserve: 0.5, activeWindowSeconds: 2, rateWindowSeconds: 5}
 flowControl:
   defaultPriorityBand: {fairnessPolicyRef: fair}
 schedulingProfiles:
@@ -159,6 +190,7 @@ schedulingProfiles:
         ("{reserve: 1.5}", "reserve", "[0.0, 1.0]"),
         ("{reserve: -0.1}", "reserve", "[0.0, 1.0]"),
         ("{activeWindowSeconds: -1}", "activeWindowSeconds", "[0, 3600]"),
+        ("{rateWindowSeconds: 0}", "rateWindowSeconds", "[0.01, 3600]"),
         ("{quantum: 3}", "quantum", "unknown parameter"),
     ):
         err = load_error(f"plugins:\n- {{type: fair-share-fairness-policy, parameters: {params}}}\n")

@@ -3,7 +3,8 @@
 While several flows of a band are active, each may hold in flight at most its share of the pool's
 measured concurrency capacity; the unused part of a light flow's share stays free for it (``reserve``),
 so its next request dispatches at once instead of waiting for a release behind a flood. A flow
-alone in its band has no cap. Flows take turns, in fairness-id order, among those under their caps.
+dispatched at less than the band's mean rate (``rateWindowSeconds``) is light: uncapped, and first.
+A flow alone in its band has no cap. Flows take turns, in fairness-id order, among those eligible.
 """
 
 from __future__ import annotations
@@ -21,12 +22,15 @@ from epp.framework.params import ensure_valid
 class FairShareParams:
     reserve: float = 1.0
     active_window_seconds: float = 1.0
+    rate_window_seconds: float = 2.0
 
     def validate(self) -> str | None:
         if not 0.0 <= self.reserve <= 1.0:  # also NaN
             return f"reserve: must be in [0.0, 1.0], got {self.reserve:g}"
         if not 0.0 <= self.active_window_seconds <= 3600.0:
             return f"activeWindowSeconds: must be in [0, 3600], got {self.active_window_seconds:g}"
+        if not 0.01 <= self.rate_window_seconds <= 3600.0:
+            return f"rateWindowSeconds: must be in [0.01, 3600], got {self.rate_window_seconds:g}"
         return None
 
 
@@ -35,6 +39,8 @@ class _State:
     last: str | None = None  # fairness id picked last (the rotation's cursor)
     seen: dict[str, float] = field(default_factory=dict)  # fairness id -> last dispatch (monotonic)
     caps: dict[str, float] = field(default_factory=dict)  # this cycle's caps (empty: none)
+    rates: dict[str, tuple[float, float]] = field(default_factory=dict)  # id -> (dispatch rate, as of)
+    light: set[str] = field(default_factory=set)  # this cycle's flows served under their rate share
 
 
 @register
@@ -53,6 +59,7 @@ class FairShareFairnessPolicy(FairnessPolicy):
         super().__init__(name, params, handle)
         self._reserve = params.reserve
         self._window = params.active_window_seconds
+        self._tau = params.rate_window_seconds
 
     def new_state(self) -> _State:
         return _State()
@@ -65,8 +72,9 @@ class FairShareFairnessPolicy(FairnessPolicy):
 
     def flow_caps(self, band: BandView, capacity: float) -> Mapping[str, float] | None:
         state = self._state(band)
-        caps = state.caps
+        caps, light = state.caps, state.light
         caps.clear()
+        light.clear()
         now = time.monotonic()
         seen = state.seen
         horizon = now - self._window
@@ -74,9 +82,14 @@ class FairShareFairnessPolicy(FairnessPolicy):
             del seen[fid]
         queued = [flow.key.id for flow in band.flows()]
         active = {*queued, *band.inflight_flows(), *seen}
+        rates = state.rates
+        for fid in [f for f in rates if f not in active]:
+            del rates[fid]  # an idle flow's rate starts again from zero
         k = len(active)
         if k <= 1 or capacity <= 0.0:
             return None
+        rate = {fid: self._rate(state, fid, now) for fid in active}
+        fair_rate = sum(rate.values()) / k
         share = capacity / k
         reserve = self._reserve
         claims = 0.0
@@ -87,18 +100,28 @@ class FairShareFairnessPolicy(FairnessPolicy):
             claim[fid] = c
             claims += c
         for fid in queued:
+            if rate[fid] < fair_rate:
+                light.add(fid)  # served under its share of the band's rate: no cap, and first
+                continue
             rest = capacity - (claims - claim[fid])
             caps[fid] = rest if rest > share else share
         return caps
 
+    def _rate(self, state: _State, fid: str, now: float) -> float:
+        """``fid``'s dispatches per second, decayed exponentially over ``rateWindowSeconds``."""
+        value, at = state.rates.get(fid, (0.0, now))
+        return value * math.exp((at - now) / self._tau)
+
     def pick(self, band: BandView) -> FlowView | None:
         state = self._state(band)
-        caps = state.caps
+        caps, light = state.caps, state.light
         last = state.last
         first: FlowView | None = None  # the smallest eligible id (where the rotation wraps to)
         after: FlowView | None = None  # the smallest eligible id greater than the last pick
         for flow in band.flows():
             fid = flow.key.id
+            if light and fid not in light:
+                continue  # flows served under their rate share go first
             if caps and band.inflight_of(fid) >= caps.get(fid, math.inf):
                 continue
             if first is None or fid < first.key.id:
@@ -111,5 +134,9 @@ class FairShareFairnessPolicy(FairnessPolicy):
         return chosen
 
     def dispatched(self, band: BandView, item: QueueItem) -> None:
+        state = self._state(band)
+        now = time.monotonic()
+        fid = item.key.id
+        state.rates[fid] = (self._rate(state, fid, now) + 1.0 / self._tau, now)
         if self._window > 0.0:
-            self._state(band).seen[item.key.id] = time.monotonic()
+            state.seen[fid] = now
