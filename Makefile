@@ -105,3 +105,9 @@ bench-h2-attacks: install
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache
+
+# The flow controller alone under a flood, per fairness policy (no Envoy, engines or machine load).
+# FAIRNESS_ARGS="--duration 30 --seed 2", "--policies round-robin fair-share".
+.PHONY: bench-fairness
+bench-fairness: install
+	$(PYTHON) bench/fairness_inprocess.py $(FAIRNESS_ARGS)
