@@ -71,8 +71,9 @@ def test_a_flood_over_its_share_is_capped_and_the_light_flow_is_picked() -> None
     queue(b, "flood", 3)
     queue(b, "light", 1)
     caps = policy.flow_caps(b, 8.0)
-    # share 4 each; the light flow's unused 3 stay reserved: the flood may hold 8 - 4 = 4
-    assert caps == {"flood": 4.0, "light": 4.0}
+    # share 4 each; the light flow's unused 3 stay reserved: the flood may hold 8 - 4 = 4; the
+    # light flow, with less backlog, asks for less than the band's mean and has no cap
+    assert caps == {"flood": 4.0}
     picked = policy.pick(b)
     assert picked is not None and picked.key.id == "light"
     b.pop(b.flow("light"))  # type: ignore[arg-type]
@@ -131,15 +132,15 @@ def test_a_recently_served_flow_keeps_its_share_for_the_active_window(
     assert no_window.flow_caps(nb, 8.0) is None
 
 
-def test_a_flow_served_under_its_rate_share_is_uncapped_and_goes_first() -> None:
+def test_a_flow_asking_under_its_rate_share_is_uncapped_and_goes_first() -> None:
     policy = FairShareFairnessPolicy("fs", None)
     b = real_band(policy)
     served(b, policy, "flood", 6)
     served(b, policy, "light", 1)
-    queue(b, "flood", 3)
+    queue(b, "flood", 30)  # a flood's backlog is demand too
     queue(b, "light", 3)
     assert policy.flow_caps(b, 8.0) == {"flood": 4.0}  # the light flow has no cap
-    for _ in range(3):  # past its in-flight share of 4: its rate is what counts
+    for _ in range(3):  # past its in-flight share of 4: its rate and backlog are what count
         policy.flow_caps(b, 8.0)
         picked = policy.pick(b)
         assert picked is not None and picked.key.id == "light"
@@ -156,7 +157,7 @@ def test_flows_under_their_caps_take_turns_in_id_order() -> None:
         queue(b, flow, 2)
     order = []
     for _ in range(6):
-        policy.flow_caps(b, 100.0)
+        policy.flow_caps(b, 0.0)  # no caps: the rotation alone
         flow = policy.pick(b)
         assert flow is not None
         order.append(flow.key.id)
@@ -257,3 +258,16 @@ async def test_caps_lift_when_the_pool_turns_out_to_take_more() -> None:
     assert slots.inflight == 9 and rig.fc.queued == 0
     for p in held:
         p.done()
+
+
+def test_a_capped_flood_is_not_light_however_little_it_was_served() -> None:
+    policy = FairShareFairnessPolicy("fs", None)
+    b = real_band(policy)
+    served(b, policy, "steady", 5)  # served more than the flood lately ...
+    served(b, policy, "flood", 3)
+    queue(b, "flood", 40)  # ... but the flood's backlog is its demand
+    queue(b, "steady", 1)
+    caps = policy.flow_caps(b, 16.0)
+    assert caps == {"flood": 8.0}  # the steady flow is light: no cap, first
+    picked = policy.pick(b)
+    assert picked is not None and picked.key.id == "steady"

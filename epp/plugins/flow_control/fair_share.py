@@ -3,7 +3,8 @@
 While several flows of a band are active, each may hold in flight at most its share of the pool's
 measured concurrency capacity; the unused part of a light flow's share stays free for it (``reserve``),
 so its next request dispatches at once instead of waiting for a release behind a flood. A flow
-dispatched at less than the band's mean rate (``rateWindowSeconds``) is light: uncapped, and first.
+asking for less than the band's mean rate (served over ``rateWindowSeconds``, plus its backlog
+spread over that window) is light: uncapped, and first.
 A flow alone in its band has no cap. Flows take turns, in fairness-id order, among those eligible.
 """
 
@@ -80,7 +81,8 @@ class FairShareFairnessPolicy(FairnessPolicy):
         horizon = now - self._window
         for fid in [f for f, t in seen.items() if t < horizon]:
             del seen[fid]
-        queued = [flow.key.id for flow in band.flows()]
+        backlog = {flow.key.id: len(flow) for flow in band.flows()}
+        queued = list(backlog)
         active = {*queued, *band.inflight_flows(), *seen}
         rates = state.rates
         for fid in [f for f in rates if f not in active]:
@@ -88,8 +90,10 @@ class FairShareFairnessPolicy(FairnessPolicy):
         k = len(active)
         if k <= 1 or capacity <= 0.0:
             return None
-        rate = {fid: self._rate(state, fid, now) for fid in active}
-        fair_rate = sum(rate.values()) / k
+        # demand: the rate served plus the backlog spread over the window (a flood's queue counts)
+        tau = self._tau
+        demand = {fid: self._rate(state, fid, now) + backlog.get(fid, 0) / tau for fid in active}
+        fair_demand = sum(demand.values()) / k
         share = capacity / k
         reserve = self._reserve
         claims = 0.0
@@ -100,8 +104,8 @@ class FairShareFairnessPolicy(FairnessPolicy):
             claim[fid] = c
             claims += c
         for fid in queued:
-            if rate[fid] < fair_rate:
-                light.add(fid)  # served under its share of the band's rate: no cap, and first
+            if demand[fid] < fair_demand:
+                light.add(fid)  # asks for less than its share of the band's rate: no cap, and first
                 continue
             rest = capacity - (claims - claim[fid])
             caps[fid] = rest if rest > share else share
