@@ -154,3 +154,9 @@ bench-lora: install
 # POOLS_ARGS="--pools 1,10 --requests 1000" for a shorter run
 bench-pools: install
 	$(PYTHON) bench/pools.py $(POOLS_ARGS)
+
+# The flow controller alone under a flood, per fairness policy (no Envoy, engines or machine load).
+# FAIRNESS_ARGS="--duration 30 --seed 2", "--policies round-robin fair-share".
+.PHONY: bench-fairness
+bench-fairness: install
+	$(PYTHON) bench/fairness_inprocess.py $(FAIRNESS_ARGS)

@@ -4,7 +4,8 @@ Fresh ``epp sim`` servers, ``epp serve`` in InferencePool mode (a fake Kubernete
 pool, the pods and the InferenceObjectives that give priorities) and Envoy per run. The fleet's
 capacity is measured first (closed loop), then each run drives Poisson arrivals at fractions of it:
 ``alone`` (the steady tenant only), ``no-fc`` (everything, the EPP without flow control), ``fc``
-(everything, a flow-control config) and ``fc-stale`` (``fc`` with a slow metrics scrape). Per run
+(everything, a flow-control config), ``fc-fair`` (``fc`` with ``fair-share-fairness-policy``
+instead of round robin) and ``fc-stale`` (``fc`` with a slow metrics scrape). Per run
 and tenant: client-side TTFT, completions, rejections by status and dropped reason; the simulators'
 exact peak queues; the EPP's flow-control and latency-predictor metrics; then the target checks.
 Set-up and how to read the tables: docs/benchmarks.md.
@@ -75,7 +76,9 @@ TENANT = {t.name: t for t in TENANTS}
 # maxConcurrency = --max-num-seqs: nothing waits in an engine); ``fc-stale`` on scraped metrics
 # (utilization-detector, queueDepthThreshold 1) that are stale between 15 s scrapes, where the
 # in-flight credit stands in for them.
-def fc_config(max_num_seqs: int, *, scraped: bool) -> dict[str, Any]:
+def fc_config(
+    max_num_seqs: int, *, scraped: bool, fairness: str = "round-robin-fairness-policy"
+) -> dict[str, Any]:
     gate: dict[str, Any] = (
         {"name": "gate", "type": "utilization-detector", "parameters": {"queueDepthThreshold": 1}}
         if scraped
@@ -84,7 +87,7 @@ def fc_config(max_num_seqs: int, *, scraped: bool) -> dict[str, Any]:
     return {
         "featureGates": ["flowControl"],
         "plugins": [
-            {"name": "round-robin", "type": "round-robin-fairness-policy"},
+            {"name": "round-robin", "type": fairness},
             gate,
             {"type": "active-request-scorer"},
             {"type": "max-score-picker"},
@@ -116,12 +119,20 @@ class RunSpec:
     tenants: tuple[str, ...]
     flow_control: bool
     stale: bool = False
+    fairness: str = "round-robin-fairness-policy"  # the built-in config's band-0 fairness policy
 
 
 RUNS = {
     "alone": RunSpec("alone", "the steady tenant alone", ("steady",), False),
     "no-fc": RunSpec("no-fc", "all traffic, no flow control", ("steady", "flood", "sheddable"), False),
     "fc": RunSpec("fc", "all traffic, flow control", ("steady", "flood", "sheddable"), True),
+    "fc-fair": RunSpec(
+        "fc-fair",
+        "all traffic, flow control with fair-share-fairness-policy",
+        ("steady", "flood", "sheddable"),
+        True,
+        fairness="fair-share-fairness-policy",
+    ),
     "fc-stale": RunSpec(
         "fc-stale",
         "all traffic, flow control, slow metrics scrape",
@@ -502,9 +513,9 @@ def run_one(
     """One run on a fresh stack; ``capacity`` is empty until calibrated (then done on this stack,
     when its config has no flow control)."""
     if spec.flow_control:
-        builtin = fc_config(args.max_num_seqs, scraped=spec.stale)
+        builtin = fc_config(args.max_num_seqs, scraped=spec.stale, fairness=spec.fairness)
         config = load_config(args.fc_config) if args.fc_config else builtin
-        label = args.fc_config or "the built-in flow-control config"
+        label = args.fc_config or f"the built-in flow-control config ({spec.fairness})"
     else:
         config = load_config(args.baseline_config)
         label = args.baseline_config or "EPP defaults"
@@ -629,6 +640,7 @@ def checks(results: dict[str, RunResult], args: argparse.Namespace) -> list[Chec
         return r if r is not None and not r.failure else None
 
     alone, fc, stale = ok(results.get("alone")), ok(results.get("fc")), ok(results.get("fc-stale"))
+    fair = ok(results.get("fc-fair"))
     nofc = ok(results.get("no-fc"))
     out = []
 
@@ -649,6 +661,15 @@ def checks(results: dict[str, RunResult], args: argparse.Namespace) -> list[Chec
         )
     else:
         out.append(Check("steady TTFT p90 with FC <= 1.5x alone", f"needs runs alone and fc{ref}", "n/a"))
+    with_fair = steady_p90(fair)
+    name = "steady TTFT p90 with FC, fair share <= 2.0x alone"
+    if base and with_fair is not None:
+        ratio = with_fair / base
+        rr = f" (round robin {with_fc / base:.2f}x)" if with_fc is not None else ""
+        value = f"{with_fair:.0f} ms / {base:.0f} ms = {ratio:.2f}x{rr}"
+        out.append(Check(name, value, "PASS" if ratio <= 2.0 else "FAIL"))
+    else:
+        out.append(Check(name, "needs runs alone and fc-fair", "n/a"))
     name = "priority >= 0 dropped while sheddable was served = 0"
     ref = f" (no-fc {_counted(nofc.critical_dropped_with_sheddable)})" if nofc else ""
     if fc is not None:
@@ -708,7 +729,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     add("--flood", type=float, default=3.0, help="flooding tenant's rate, fraction of capacity (default 3.0)")
     add("--sheddable", type=float, default=0.5, help="sheddable rate, fraction of capacity (default 0.5)")
     add("--timeout", type=float, default=15.0, help="client timeout per request in seconds (default 15)")
-    add("--fc-config", default=None, help="EndpointPickerConfig file for fc runs (default: the built-in one)")
+    add(
+        "--fc-config",
+        default=None,
+        help="EndpointPickerConfig file for the fc, fc-fair and fc-stale runs (default: the built-in ones)",
+    )
     add("--baseline-config", default=None, help="EndpointPickerConfig file for alone/no-fc (default: none)")
     add(
         "--metrics-interval",
@@ -758,7 +783,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     if args.fc_config is None:
         for scraped in (False, True):
-            doc = fc_config(args.max_num_seqs, scraped=scraped)
+            doc = fc_config(args.max_num_seqs, scraped=scraped)  # fc-fair: fc with fair-share-fairness-policy
             print(
                 f"built-in config of {'fc-stale' if scraped else 'fc'}:\n"
                 + yaml.safe_dump(doc, sort_keys=False).rstrip()

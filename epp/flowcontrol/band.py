@@ -121,6 +121,13 @@ class Band:
         peers = self._peers
         return n + peers.get(flow_id, 0) if peers else n
 
+    def inflight_flows(self) -> Iterator[str]:
+        """Fairness ids with requests in flight (here or, with a syncer, at another replica)."""
+        peers = self._peers
+        if not peers:
+            return iter(list(self._inflight))
+        return iter(list({**self._inflight, **peers}))
+
     def local_inflight(self) -> dict[str, int]:
         """This replica's in-flight requests by flow id (a copy)."""
         return dict(self._inflight)

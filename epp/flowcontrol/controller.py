@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -29,7 +30,7 @@ from epp.flowcontrol.settings import FlowControlSettings
 from epp.framework.cross_replica import SharedValue, fold_sum, valid_count
 from epp.framework.endpoint import Endpoint
 from epp.framework.errors import DroppedReason, ErrorCode, InferenceError, dropped
-from epp.framework.flow import FlowKey
+from epp.framework.flow import FlowKey, FlowView
 from epp.framework.interfaces import SaturationDetector
 from epp.framework.request import LLMRequest
 from epp.framework.roles import INTERLEAVED_ROLES, PREFILL_ROLES, ROLE_DECODE, ROLE_LABEL
@@ -50,6 +51,8 @@ DEFAULT_TICK = 0.005  # seconds between dispatch cycles while requests wait
 REVOCATION_TIMEOUT = 5.0  # a revoked stream that has not ended by then no longer holds eviction back
 _MAX_CYCLES_PER_PUMP = 512  # then yield to the event loop and go on
 _REFRESH_DELAY = 0.05  # seconds from a request's end to the idle saturation gauges' refresh
+_CAPACITY_MIN_SATURATION = 0.5  # the concurrency capacity is measured from cycles at least this saturated
+_CAPACITY_SMOOTHING = 0.2  # weight of each new measurement of the concurrency capacity
 _MAX_PUSH_OUTS = 64  # queued items pushed out for one arrival (more only when their bytes differ)
 SHARED_STATE_KEY = "flow-control/inflight"
 MAX_SHARED_FLOW_ID = 1024  # characters; a longer fairness id's share stays with its replica
@@ -205,6 +208,7 @@ class FlowController:
         self._order: list[Band] = []  # every band, highest priority first
         self._seq = itertools.count()
         self._pending = 0  # dispatched, not routed yet
+        self._capacity = 0.0  # the pool's measured concurrency capacity in requests (0: unknown)
         self.queued = 0
         self.queued_bytes = 0
         self._closed = False
@@ -568,11 +572,16 @@ class FlowController:
                         if self._victims:
                             self._reclaim(band, sat - ceilings[i], now)
                     return False  # head-of-line gating: lower bands wait too
+                caps = self._caps(band, sat)
                 try:
                     flow = band.fairness.pick(band)
                 except Exception as e:
                     log.error("fairness policy failed", band=band.priority, error=repr(e))
                     flow = next(band.flows(), None)
+                if caps:
+                    flow = self._under_cap(band, flow, caps)
+                    if flow is None:
+                        return False  # every queued flow is at its cap: the room is kept for them
                 if not isinstance(flow, FlowQueue) or not len(flow):
                     continue
                 if band.fairness.share_in_flight and self._over_share(band, flow):
@@ -586,6 +595,45 @@ class FlowController:
             return False
         finally:
             m.CYCLE_DURATION.observe(time.perf_counter() - t0)
+
+    def _caps(self, band: Band, sat: float) -> Mapping[str, float] | None:
+        """The band's fairness policy's in-flight caps for this cycle, given the pool's concurrency
+        capacity, measured here: the requests in flight over the saturation they cause, smoothed,
+        from cycles that find the pool at least half saturated. Below that, nothing is capped (the
+        policy is given 0.0), so a capacity that grew is measured again before caps hold it."""
+        capacity = 0.0
+        if sat >= _CAPACITY_MIN_SATURATION:
+            inflight = 0
+            for b in self._order:
+                inflight += b.inflight_total
+            if inflight:
+                estimate = inflight / sat
+                c = self._capacity
+                self._capacity = estimate if c <= 0.0 else c + _CAPACITY_SMOOTHING * (estimate - c)
+            capacity = self._capacity
+        try:
+            return band.fairness.flow_caps(band, capacity)
+        except Exception as e:
+            log.error("fairness policy failed on caps", band=band.priority, error=repr(e))
+            return None
+
+    @staticmethod
+    def _under_cap(band: Band, flow: FlowView | None, caps: Mapping[str, float]) -> FlowQueue | None:
+        """``flow`` when it is under its cap, else the band's first queued flow that is."""
+        if isinstance(flow, FlowQueue) and len(flow):
+            fid = flow.key.id
+            if band.inflight_of(fid) < caps.get(fid, math.inf):
+                return flow
+        for other in band.flows():
+            fid = other.key.id
+            if band.inflight_of(fid) < caps.get(fid, math.inf):
+                return other
+        return None
+
+    @property
+    def capacity(self) -> float:
+        """The pool's measured concurrency capacity in requests (0.0: not measured yet)."""
+        return self._capacity
 
     def _over_share(self, band: Band, flow: FlowQueue) -> bool:
         """Whether ``flow`` holds more than its share of the band's in-flight requests while

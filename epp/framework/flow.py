@@ -86,3 +86,16 @@ class BandView(Protocol):
     def flow(self, flow_id: str) -> FlowView | None:
         """The non-empty flow with this fairness id, or None."""
         ...
+
+    @property
+    def inflight_total(self) -> int:
+        """The band's requests dispatched and not finished (the fleet's, with a syncer)."""
+        ...
+
+    def inflight_of(self, flow_id: str) -> int:
+        """The in-flight requests of this fairness id in the band."""
+        ...
+
+    def inflight_flows(self) -> Iterator[str]:
+        """The fairness ids with requests in flight in the band."""
+        ...

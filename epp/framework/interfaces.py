@@ -364,6 +364,16 @@ class FairnessPolicy(Plugin, abc.ABC):
     def new_state(self) -> Any:
         return None
 
+    def flow_caps(self, band: BandView, capacity: float) -> Mapping[str, float] | None:
+        """In-flight caps for this dispatch cycle, by fairness id, given ``capacity``: the pool's
+        measured concurrency capacity (the requests in flight that saturate it; 0.0 while the pool
+        is less than half saturated or none has been measured). Called once per cycle before
+        ``pick`` for a band that is not gated. A flow may dispatch only while its in-flight
+        requests are under its cap (a flow missing from the map has none); when no queued flow is
+        under its cap, the band holds the room it left and the bands below it wait too. None (the
+        default): no caps."""
+        return None
+
     @abc.abstractmethod
     def pick(self, band: BandView) -> FlowView | None: ...
 

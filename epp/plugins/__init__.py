@@ -23,6 +23,7 @@ from epp.plugins.filters import slo_headroom_tier as slo_headroom_tier
 from epp.plugins.filters import topology_affinity_filter as topology_affinity_filter
 from epp.plugins.filters import utilization_filter as utilization_filter
 from epp.plugins.flow_control import edf as edf
+from epp.plugins.flow_control import fair_share as fair_share
 from epp.plugins.flow_control import fcfs as fcfs
 from epp.plugins.flow_control import global_strict as global_strict
 from epp.plugins.flow_control import priority_holdback as priority_holdback
