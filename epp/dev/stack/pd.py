@@ -22,7 +22,7 @@ from epp.dev.envoy.exchange import RESPONSE_BODY_MODE, ResponseModes, modes_for_
 from epp.dev.stack.commands import python_argv
 from epp.dev.stack.files import epp_config, write_endpoints
 from epp.dev.stack.local import LocalStack, StackOptions
-from epp.dev.stack.probes import free_ports, grpc_serving, http_ok, port_in_use
+from epp.dev.stack.probes import epp_scraped, free_ports, grpc_serving, http_ok, port_in_use
 from epp.dev.stack.supervisor import Child
 
 ROLE_LABEL = "llm-d.ai/role"
@@ -250,6 +250,7 @@ class PDStack(LocalStack):
         ]
         (e,) = o.epps()
         checks.append(("EPP readiness", lambda: grpc_serving(e.health)))
+        checks.append(("every endpoint scraped by the EPP", epp_scraped(e.metrics, len(o.sim_ports))))
         checks.append(("Envoy", http_ok(f"http://127.0.0.1:{o.admin_port}/ready")))
         checks.append(("GET /v1/models through Envoy", http_ok(f"{self.url}/v1/models")))
         for what, check in checks:

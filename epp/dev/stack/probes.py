@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import socket
 import time
 import urllib.error
@@ -65,6 +66,26 @@ def http_status(url: str, timeout: float = 2.0, host: str = "") -> int | None:
 def http_ok(url: str, host: str = "") -> Callable[[], bool]:
     """A check for :func:`wait_until`: ``GET url`` answers 200."""
     return lambda: http_status(url, host=host) == 200
+
+
+def epp_scraped(metrics_port: int, count: int, host: str = "127.0.0.1") -> Callable[[], bool]:
+    """A check for :func:`wait_until`: the EPP's ``/status.json`` lists ``count`` endpoints or more,
+    each scraped once (a profile leaves never-scraped endpoints out while others are healthy). True
+    when the status page is off (404): nothing to wait for."""
+
+    def check() -> bool:
+        url = f"http://{host}:{metrics_port}/status.json"
+        try:
+            with urllib.request.urlopen(url, timeout=2.0) as resp:
+                doc = json.load(resp)
+        except urllib.error.HTTPError as e:
+            return e.code == 404
+        except (OSError, ValueError):
+            return False
+        eps = [e for pool in doc.get("pools", []) for e in pool.get("endpoints", [])]
+        return len(eps) >= count and all(e.get("metrics_age_s") is not None for e in eps)
+
+    return check
 
 
 def grpc_serving(port: int, service: str = "readiness", host: str = "127.0.0.1") -> bool:
