@@ -34,11 +34,6 @@ def _subscribed(front: Front, pool: Pool) -> None:
 EVENTS_SETTLE = 3.0
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="flaky on real engines (passed on one run of merged main, failed on the fresh-clone CI run: the "
-    "restarted engine's first batch was not yet indexed when routed); open in issue 35",
-)
 def test_killed_engine_restarted_loses_its_old_blocks_and_keeps_its_first_batch(pool: Pool, rig: Rig) -> None:
     """An engine whose previous life published exactly one batch (sequence 0) is killed and started
     again: its first new batch (sequence 0 again) is indexed, and the blocks it lost never attract a

@@ -9,8 +9,6 @@ import threading
 import time
 import uuid
 
-import pytest
-
 from tests.engines.harness import (
     UPSTREAM_HEADER,
     Front,
@@ -111,11 +109,6 @@ def test_precise_routing_confirmed_by_vllm_prefix_cache_hits(pool: Pool, rig: Ri
         _precise_hit(front, pool, pool.model)
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="flaky on real engines (passed on one run of merged main, failed on the fresh-clone CI run: "
-    "routed to the engine without the adapter's prefix); open in issue 35",
-)
 def test_lora_adapter_routed_by_its_events(pool: Pool, rig: Rig) -> None:
     if not pool.lora:
         import pytest
