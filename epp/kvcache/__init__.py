@@ -1,5 +1,6 @@
 """Precise prefix-cache bookkeeping: request block keys (``block_keys``) and the KV-block index
-(``index``) that KV events fill and requests are matched against."""
+(``index``) that KV events fill and requests are matched against, and which endpoints hold a
+session's blocks (``sessions``)."""
 
 from epp.kvcache.block_keys import (
     HASH_ALGORITHMS,
@@ -18,6 +19,7 @@ from epp.kvcache.index import (
     KVBlockIndex,
     PodMatch,
 )
+from epp.kvcache.sessions import SessionResidency
 
 __all__ = [
     "DEFAULT_POD_CACHE_SIZE",
@@ -30,6 +32,7 @@ __all__ = [
     "KVBlockIndex",
     "PodMatch",
     "PrefixKeyCache",
+    "SessionResidency",
     "block_extras",
     "realign_extras",
     "token_bytes",

@@ -6,15 +6,18 @@ the event), namespaced by ``lora_name`` (which vLLM also lists first in every bl
 ``extra_keys``: dropped there, the namespace carries it), tainted by the per-block extras and by
 SGLang's ``cache_salt`` on the first block of a chain; a store without tokens only adds a tier to
 blocks already held. A re-store of a block already held is no second copy. BlockRemoved: by engine
-key and tier. AllBlocksCleared: the endpoint is cleared. Hybrid-attention groups whose kind cannot
-serve a prefix match are skipped (counted); a group whose kind was never announced (vLLM 0.20 and
-0.21 send ``group_idx`` alone) is a full-attention group while the endpoint announced no kind.
+key and tier. AllBlocksCleared: the endpoint is cleared. A store labelled with a ``session_id``
+(and indexed) is remembered in the session residency, which removals and clears keep current.
+Hybrid-attention groups whose kind cannot serve a prefix match are skipped (counted); a group
+whose kind was never announced (vLLM 0.20 and 0.21 send ``group_idx`` alone) is a full-attention
+group while the endpoint announced no kind.
 """
 
 from __future__ import annotations
 
 from epp.kvcache.block_keys import BlockKeyer, realign_extras, token_bytes
 from epp.kvcache.index import KVBlockIndex
+from epp.kvcache.sessions import SessionResidency
 from epp.kvevents import metrics
 from epp.kvevents.decode import AllBlocksCleared, BlockRemoved, BlockStored, DecodeError, EventBatch
 
@@ -46,14 +49,19 @@ _MAX_LORAS = 4096
 class EventApplier:
     """Turns an endpoint's event batches into index updates (called on the ingestion thread)."""
 
-    def __init__(self, index: KVBlockIndex, keyer: BlockKeyer) -> None:
+    def __init__(
+        self, index: KVBlockIndex, keyer: BlockKeyer, sessions: SessionResidency | None = None
+    ) -> None:
         self.index = index
         self.keyer = keyer
+        self.sessions = sessions  # which endpoints hold a session's blocks (None: not kept)
         self.loras: set[str] = set()  # adapter names seen in events (request-side namespaces)
         self._groups: dict[str, dict[int, str]] = {}  # pod -> group -> cache kind
 
     def forget(self, pod: str) -> None:
         self._groups.pop(pod, None)
+        if self.sessions is not None:
+            self.sessions.forget_pod(pod)
 
     def apply(self, pod: str, batch: EventBatch) -> int:
         """Apply ``batch``; the number of blocks it announced. ``DecodeError`` for bad token ids
@@ -68,6 +76,8 @@ class EventApplier:
                 self._removed(pod, ev)
             elif isinstance(ev, AllBlocksCleared):
                 self.index.clear_pod(pod)
+                if self.sessions is not None:
+                    self.sessions.forget_pod(pod)
         return blocks
 
     def _group_kind(self, pod: str, group: int, announced: str | None) -> str | None:
@@ -94,6 +104,7 @@ class EventApplier:
         tier = index.tier(ev.medium)
         if not ev.token_ids:
             index.store_tier(pod, ev.block_hashes, tier)
+            self._session(pod, ev, tier)
             return
         parent: int | None = None
         if ev.parent is not None:
@@ -119,6 +130,12 @@ class EventApplier:
         keys = self.keyer.keys(data, namespace=namespace, parent=parent, extras=extras)
         if keys:
             index.store(pod, ev.block_hashes, keys, tier)
+            self._session(pod, ev, tier)
+
+    def _session(self, pod: str, ev: BlockStored, tier: int) -> None:
+        """A labelled store of the first tier (the engine's own cache) joins its session's blocks."""
+        if ev.session_id and tier == 0 and self.sessions is not None:
+            self.sessions.stored(pod, ev.session_id, ev.block_hashes)
 
     @staticmethod
     def _undigestible(ev: BlockStored, kind: str) -> str:
@@ -141,7 +158,10 @@ class EventApplier:
                     _kind_label(kind), "unknown_group" if kind is None else "unsupported_cache_kind"
                 ).inc()
                 return
-        forwarded = self.index.remove(pod, ev.block_hashes, self.index.tier(ev.medium))
+        tier = self.index.tier(ev.medium)
+        forwarded = self.index.remove(pod, ev.block_hashes, tier)
+        if tier == 0 and self.sessions is not None:
+            self.sessions.removed(pod, ev.block_hashes)
         if forwarded:
             metrics.DEDUP_FORWARDED.inc(forwarded)
 

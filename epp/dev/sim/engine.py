@@ -226,6 +226,8 @@ class RequestSpec:
     """The KV of the prompt comes from a remote prefill worker: no local prefill cost."""
     cache_salt: str | None = None
     """vLLM's ``cache_salt``: an extra key of the first block's hash (so the whole chain)."""
+    session_id: str | None = None
+    """vLLM's ``session_id``: labels the KV events of the blocks the request stores."""
 
     @classmethod
     def of(
@@ -237,9 +239,10 @@ class RequestSpec:
         *,
         remote_prefill: bool = False,
         cache_salt: str | None = None,
+        session_id: str | None = None,
     ) -> RequestSpec:
         """A spec whose prompt content is known (so prefix caching applies)."""
-        return cls(request_id, model, len(prompt), max_tokens, prompt, remote_prefill, cache_salt)
+        return cls(request_id, model, len(prompt), max_tokens, prompt, remote_prefill, cache_salt, session_id)
 
 
 @dataclass(slots=True, eq=False)
@@ -409,6 +412,7 @@ class Engine:
                 lora_name=lora,
                 lora_id=self.config.lora_modules.index(lora) + 1 if lora is not None else None,
                 cache_salt=spec.cache_salt,
+                session_id=spec.session_id,
             ),
         )
         loop = asyncio.get_running_loop()

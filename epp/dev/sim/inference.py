@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, ParamSpec, TypeVar
 
 import structlog
@@ -28,6 +28,7 @@ from epp.dev.sim.openai import (
 log = structlog.get_logger("epp.sim")
 
 FORCE_ERROR_HEADER = "x-sim-force-error"
+SESSION_ID_HEADER = "X-Session-ID"
 
 
 async def completions(request: web.Request) -> web.StreamResponse:
@@ -48,6 +49,7 @@ async def _inference(request: web.Request, *, chat: bool) -> web.StreamResponse:
     engine = request.app[ENGINE_KEY]
     body = decode_body(raw)
     cache_salt = _cache_salt(body)
+    session_id = session_id_of(body, request.headers)
     parsed = await off_loop(len(raw), parse_request, body, config, engine.tokenizer, chat=chat)
     completion = Completion(
         parsed, _request_id(request, chat=chat), prompt_tokens_details=config.enable_prompt_tokens_details
@@ -59,6 +61,7 @@ async def _inference(request: web.Request, *, chat: bool) -> web.StreamResponse:
         parsed.max_tokens,
         remote_prefill=parsed.remote_prefill and config.role != "prefill",
         cache_salt=cache_salt,
+        session_id=session_id,
     )
     try:
         seq = engine.submit(spec)
@@ -82,6 +85,23 @@ def _cache_salt(body: dict[str, Any]) -> str | None:
     if not isinstance(salt, str) or not salt:
         raise bad_request("Parameter 'cache_salt' must be a non-empty string if provided.", "cache_salt")
     return salt
+
+
+def session_id_of(body: dict[str, Any], headers: Mapping[str, str]) -> str | None:
+    """vLLM's session of a request: the body's ``session_id``, else the ``X-Session-ID`` header,
+    else ``vllm_xargs.session_id``; None without one (a non-string is ignored, as vLLM does)."""
+    sid = body.get("session_id")
+    if isinstance(sid, str) and sid:
+        return sid
+    sid = headers.get(SESSION_ID_HEADER)
+    if sid:
+        return sid
+    xargs = body.get("vllm_xargs")
+    if isinstance(xargs, dict):
+        sid = xargs.get("session_id")
+        if isinstance(sid, str) and sid:
+            return sid
+    return None
 
 
 OFF_LOOP_BYTES = 64 * 1024

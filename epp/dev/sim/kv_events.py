@@ -272,7 +272,7 @@ def _stored_fields(event: BlocksStored, layout: Layout, block_size: int, int_has
             None,  # SGLang's adapters are namespaced inside its hashes, lora_id is never set
             MEDIUM_GPU,
             event.cache_salt,
-            None,
+            event.session_id,
             event.lora_name,
         ]
     return [
@@ -289,7 +289,7 @@ def _stored_fields(event: BlocksStored, layout: Layout, block_size: int, int_has
         None,
         None,
         None,
-        None,
+        event.session_id,
         None,
     ]
 

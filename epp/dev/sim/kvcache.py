@@ -27,6 +27,7 @@ class PromptBlocks:
     lora_name: str | None = None
     lora_id: int | None = None
     cache_salt: str | None = None
+    session_id: str | None = None  # the request's (vLLM and SGLang label their stores with it)
 
 
 @dataclass(slots=True, frozen=True)
@@ -40,6 +41,7 @@ class BlocksStored:
     lora_name: str | None
     lora_id: int | None
     cache_salt: str | None = None  # the request's (SGLang's events carry it)
+    session_id: str | None = None  # the request's session (vLLM >= 0.30, SGLang >= 0.5.20)
 
 
 @dataclass(slots=True, frozen=True)
@@ -152,10 +154,14 @@ class KVCache:
         lora_name: str | None = None,
         lora_id: int | None = None,
         cache_salt: str | None = None,
+        session_id: str | None = None,
     ) -> PromptBlocks:
-        """A prompt's blocks with their hashes (the LoRA name and cache salt are part of them)."""
+        """A prompt's blocks with their hashes (the LoRA name and cache salt are part of them; the
+        session id only labels the events)."""
         hashes, keys = self.hasher.hashes(token_ids, lora_name=lora_name, cache_salt=cache_salt)
-        return PromptBlocks(token_ids, hashes, keys, lora_name, lora_id, cache_salt or None)
+        return PromptBlocks(
+            token_ids, hashes, keys, lora_name, lora_id, cache_salt or None, session_id or None
+        )
 
     def lookup(self, hashes: Sequence[bytes], prompt_tokens: int) -> int:
         """The number of leading blocks of a prompt that are cached (the last token never hits)."""
@@ -278,4 +284,5 @@ class KVCache:
             lora_name=prompt.lora_name,
             lora_id=prompt.lora_id,
             cache_salt=prompt.cache_salt,
+            session_id=prompt.session_id,
         )

@@ -6,7 +6,9 @@ Per request the tokenized prompt (``token-producer``) becomes block keys, matche
 index: ``PrefixCacheMatchInfo`` per candidate, its ``match_blocks`` the tier-weighted length of the
 endpoint's contiguous match. PreRequest adds speculative entries for the picked endpoints
 (``speculativeIndexing``). Subscriptions follow the endpoint store (and endpoint events when the
-plugin is an extractor of an ``endpoint-notification-source``).
+plugin is an extractor of an ``endpoint-notification-source``). Stores that the engines label with
+a ``session_id`` fill ``sessions`` (which endpoints hold each session's blocks), read by
+``session-affinity-scorer`` / ``-filter`` through ``sessionIdConfig.kvEventsProducerName``.
 """
 
 from __future__ import annotations
@@ -39,7 +41,14 @@ from epp.framework.durations import parse_go_duration
 from epp.framework.endpoint import KV_EVENTS_PORT_LABEL, KV_EVENTS_REPLAY_PORT_LABEL
 from epp.framework.interfaces import EndpointEvent, EventType, Plugin
 from epp.framework.params import OMIT_UNSET
-from epp.kvcache import HASH_ALGORITHMS, BlockKeyer, KVBlockIndex, PrefixKeyCache, block_extras
+from epp.kvcache import (
+    HASH_ALGORITHMS,
+    BlockKeyer,
+    KVBlockIndex,
+    PrefixKeyCache,
+    SessionResidency,
+    block_extras,
+)
 from epp.kvevents import EventApplier, KVEventsIngester, Target
 from epp.kvevents import metrics as kv_metrics
 from epp.plugins.producers import _prefix_metrics
@@ -254,7 +263,8 @@ class PrecisePrefixCacheProducer(DataProducer, PreRequest):
             kv_metrics.track_index(self.index)
         self._log_every = ic.kv_block_index_config.logging_interval if self._metrics else 0.0
         self._next_log = 0.0
-        self.applier = EventApplier(self.index, self.keyer)
+        self.sessions = SessionResidency()
+        self.applier = EventApplier(self.index, self.keyer, self.sessions)
         ev = params.kv_events_config
         pd = ev.pod_discovery_config
         self.ingester = KVEventsIngester(
@@ -435,6 +445,7 @@ class PrecisePrefixCacheProducer(DataProducer, PreRequest):
         self.ingester.remove_endpoint(key)
         if not self.ingester.running:
             self.index.remove_pod(key)
+            self.sessions.forget_pod(key)
 
     # --- serving lifecycle --------------------------------------------------------------------
 

@@ -5,6 +5,15 @@ base64 of the serving endpoint's ``namespace/name``) and ``session_id`` (a clien
 identifier bound server-side to the endpoint that served it, in a TTL-evicted map). With a
 cross-replica syncer the ``session_id`` map is shared: every binding made, moved or refreshed by
 one replica is a record the others apply, so a session pinned by one replica is honoured by all.
+
+With ``sessionIdConfig.kvEventsProducerName`` (an epp extension) the ``session_id`` strategy also
+reads what the engines report: their KV events label each stored block with the ``session_id`` of
+the request behind it (vLLM since 0.30, SGLang 0.5.20), which a ``precise-prefix-cache-producer``
+keeps per session. The candidate holding most of the session's blocks is the target when it holds
+more of them than the bound endpoint does (a tie keeps the binding); so a session's next turn finds
+its engine even where its re-rendered history no longer matches any cached prefix, after its
+binding expired, or on a replica that never bound it. The session id is forwarded to the engine in
+``engineSessionHeader`` (``x-session-id``, read by vLLM) unless the request carries that header.
 """
 
 from __future__ import annotations
@@ -20,6 +29,7 @@ from typing import Any
 import structlog
 
 from epp.framework import (
+    ConfigError,
     CycleState,
     Endpoint,
     Handle,
@@ -33,6 +43,7 @@ from epp.framework import (
 from epp.framework.cross_replica import SharedLog, valid_time
 from epp.framework.params import OMIT_UNSET
 from epp.framework.wire import SESSION_TOKEN_HEADER
+from epp.kvcache.sessions import SessionResidency
 from epp.plugins.producers.session_id import request_attribute_key
 
 __all__ = [
@@ -92,11 +103,17 @@ class SessionIdSource:
 @dataclass(slots=True, frozen=True)
 class SessionIdConfig:
     """``sources`` in priority order (default: the header ``x-session-id``); a binding unused for
-    ``evictionTtlSeconds`` is dropped by a sweep every ``evictionSweepSeconds`` (0 = the default)."""
+    ``evictionTtlSeconds`` is dropped by a sweep every ``evictionSweepSeconds`` (0 = the default).
+    ``kvEventsProducerName`` (epp): the ``precise-prefix-cache-producer`` whose KV events say which
+    endpoints hold the session's blocks; with it the session id goes to the engine in
+    ``engineSessionHeader`` (when ``forwardSessionId``)."""
 
     sources: tuple[SessionIdSource, ...] = ()
     eviction_ttl_seconds: float = DEFAULT_EVICTION_TTL_SECONDS
     eviction_sweep_seconds: float = DEFAULT_EVICTION_SWEEP_SECONDS
+    kv_events_producer_name: str = field(default="", metadata=OMIT_UNSET)
+    forward_session_id: bool = field(default=True, metadata=OMIT_UNSET)
+    engine_session_header: str = field(default=DEFAULT_SESSION_ID_HEADER, metadata=OMIT_UNSET)
 
     def __post_init__(self) -> None:
         if not self.sources:
@@ -111,6 +128,8 @@ class SessionIdConfig:
             return f"evictionTtlSeconds: must be > 0, got {self.eviction_ttl_seconds}"
         if not self.eviction_sweep_seconds > 0:
             return f"evictionSweepSeconds: must be > 0, got {self.eviction_sweep_seconds}"
+        if self.forward_session_id and not self.engine_session_header.strip():
+            return "engineSessionHeader: must not be empty when forwardSessionId is true"
         return None
 
 
@@ -306,7 +325,7 @@ class SessionAffinity:
     """One plugin instance's session affinity: ``target`` (the session's endpoint among the
     candidates, or None), ``pre_request`` (commits bindings), ``response_header`` (the token)."""
 
-    def __init__(self, plugin_key: str, params: SessionAffinityParams) -> None:
+    def __init__(self, plugin_key: str, params: SessionAffinityParams, handle: Handle | None = None) -> None:
         self.strategy = params.strategy
         self.profile_name = params.profile_name
         self._state_key = plugin_key  # cycle / request state of this instance
@@ -321,6 +340,18 @@ class SessionAffinity:
         self.store: SessionStore | None = None
         if self.strategy == STRATEGY_SESSION_ID:
             self.store = SessionStore(cfg.eviction_ttl_seconds, cfg.eviction_sweep_seconds)
+        self.residency: SessionResidency | None = None
+        self._forward = ""  # the header the session id is forwarded in ("": not forwarded)
+        if cfg.kv_events_producer_name:
+            if self.strategy != STRATEGY_SESSION_ID:
+                log.warning(
+                    "sessionIdConfig.kvEventsProducerName needs strategy session_id: ignored",
+                    plugin=plugin_key,
+                )
+            else:
+                self.residency = _residency(handle, cfg.kv_events_producer_name)
+                if cfg.forward_session_id:
+                    self._forward = cfg.engine_session_header.strip().lower()
         if self.strategy == STRATEGY_ENCODED_ENDPOINT_HEADER and cfg != SessionIdConfig():
             log.warning(
                 "sessionIdConfig is not used with strategy encoded_endpoint_header", plugin=plugin_key
@@ -345,11 +376,33 @@ class SessionAffinity:
         if not session_id:
             return None
         bound = store.get(session_id)
-        if bound is None:
-            return None
-        found = next((e for e in endpoints if e.metadata.key == bound), None)
-        cycle[self._state_key] = found is not None  # bound endpoint present: read by pre_request
+        found = None
+        if bound is not None:
+            found = next((e for e in endpoints if e.metadata.key == bound), None)
+            cycle[self._state_key] = found is not None  # bound endpoint present: read by pre_request
+        if self.residency is not None:
+            holder = self._holder(session_id, endpoints, found)
+            if holder is not None:
+                if bound is not None:
+                    cycle[self._state_key] = False  # the binding follows the session's blocks
+                return holder
         return found
+
+    def _holder(self, session_id: str, endpoints: list[Endpoint], bound: Endpoint | None) -> Endpoint | None:
+        """The candidate holding most of the session's blocks, when it holds more than the bound
+        candidate (None: no candidate holds any, or the bound one holds as many)."""
+        assert self.residency is not None
+        held = self.residency.holders(session_id)
+        if not held:
+            return None
+        best, most = None, 0
+        for e in endpoints:
+            n = held.get(e.metadata.key, 0)
+            if n > most:
+                best, most = e, n
+        if best is None or (bound is not None and held.get(bound.metadata.key, 0) >= most):
+            return None
+        return best
 
     def session_id(self, cycle: CycleState, request: LLMRequest) -> str:
         """The identifier from the first source that has a non-empty one, ``""`` for none."""
@@ -388,6 +441,8 @@ class SessionAffinity:
         session_id = self.session_id(cycle, request)
         if not session_id:
             return
+        if self._forward and not request.headers.get(self._forward):
+            request.headers[self._forward] = session_id  # the engine labels the blocks it stores
         endpoint = self.picked(result)
         if endpoint is None:
             return
@@ -425,7 +480,7 @@ class SessionAffinityPlugin(PreRequest, ResponseHeaderProcessor):
 
     def __init__(self, name: str, params: SessionAffinityParams, handle: Handle | None = None) -> None:
         super().__init__(name, params, handle)
-        self.affinity = SessionAffinity(f"session-affinity:{self.typed_name}", params)
+        self.affinity = SessionAffinity(f"session-affinity:{self.typed_name}", params, handle)
 
     def pre_request(self, cycle: CycleState, request: LLMRequest, result: SchedulingResult) -> None:
         self.affinity.pre_request(cycle, request, result)
@@ -439,3 +494,22 @@ class SessionAffinityPlugin(PreRequest, ResponseHeaderProcessor):
     def cross_replica_specs(self) -> list[SharedLog]:
         """With ``strategy: session_id``, the session map shared with the other replicas."""
         return self.affinity.shared_log(f"{self.type_name}/{self.name}")
+
+
+def _residency(handle: Handle | None, name: str) -> SessionResidency | None:
+    """The session residency kept by the plugin ``name``; ConfigError when it
+    keeps none. None without a handle (a plugin built alone, in tests)."""
+    if handle is None:
+        return None
+    field_name = "sessionIdConfig.kvEventsProducerName"
+    plugin = handle.plugin(name)
+    if plugin is None:
+        raise ConfigError(field_name, f"plugin '{name}' not found")
+    residency = getattr(plugin, "sessions", None)
+    if not isinstance(residency, SessionResidency):
+        raise ConfigError(
+            field_name,
+            f"plugin '{name}' ({plugin.type_name}) keeps no session residency: "
+            "name a precise-prefix-cache-producer",
+        )
+    return residency
