@@ -5,7 +5,8 @@ and token ids) behind the EPP and Envoy; the EPP restarts, so what it knows of t
 from vLLM's replayed events alone, and the session's next turn, re-rendered so that its prompt
 shares a prefix with the simulator's cache, still lands on vLLM.
 
-This file starts its own single engine (not the session pool of two)."""
+This file starts its own single engine (not the session pool of two), or takes the first of
+``EPP_ENGINE_URLS``."""
 
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ from tests.engines.harness import (
     Front,
     Pool,
     engine_pool,
+    external_pool,
     start_front,
     total,
     wait_for,
@@ -40,6 +42,10 @@ ADMISSIONS = "llm_d_epp_kv_cache_index_admissions_total"
 
 @pytest.fixture(scope="module")
 def one_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pool]:
+    external = external_pool()
+    if external is not None:  # engines of EPP_ENGINE_URLS: the first one
+        yield Pool(external.engines[:1], external.model, external.block_size)
+        return
     why = eng.missing()
     if why:
         pytest.skip(why)

@@ -476,6 +476,8 @@ class PrecisePrefixCacheProducer(DataProducer, PreRequest):
             evictions=self.index.evictions,
             lookups=self.index.lookups,
             hits=self.index.lookup_hits,
+            sessions=len(self.sessions),
+            session_blocks=self.sessions.blocks,
         )
 
 
