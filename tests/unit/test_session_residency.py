@@ -313,3 +313,23 @@ def test_the_simulator_reads_the_session_as_vllm_does() -> None:
     assert session_id_of({"vllm_xargs": {"session_id": "xargs"}}, {}) == "xargs"
     assert session_id_of({"vllm_xargs": {"session_id": ""}}, {}) is None
     assert session_id_of({}, {}) is None
+
+
+def test_vllms_body_field_is_a_session_source() -> None:
+    producer, pool = _Producer(), _pool()
+    raw = {
+        "strategy": "session_id",
+        "sessionIdConfig": {"kvEventsProducerName": "pp", "sources": [{"bodyField": "session_id"}]},
+    }
+    scorer = _build(SessionAffinityScorer, raw, _Handle({"pp": producer}))
+    producer.sessions.stored("ns/p1", "in-body", [1])
+    body = {"model": "m", "prompt": "p", "session_id": "in-body"}
+    assert scorer.score(CycleState(), request(body), pool) == [0.0, 1.0, 0.0]
+    assert scorer.score(CycleState(), request({"model": "m", "prompt": "p", "session_id": 7}), pool) == [
+        0.0,
+        0.0,
+        0.0,
+    ]
+    both = {"strategy": "session_id", "sessionIdConfig": {"sources": [{"bodyField": "s", "header": "h"}]}}
+    with pytest.raises(ConfigError, match="exactly one of header, attribute or bodyField"):
+        _build(SessionAffinityScorer, both, _Handle({}))

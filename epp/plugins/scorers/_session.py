@@ -68,6 +68,7 @@ DEFAULT_EVICTION_TTL_SECONDS = 300.0
 DEFAULT_EVICTION_SWEEP_SECONDS = 10.0
 MAX_SHARED_SESSION_ID = 1024  # characters; a longer session id stays with the replica that saw it
 MAX_SHARED_ENDPOINT_KEY = 512
+_HEADER, _ATTRIBUTE, _BODY = 0, 1, 2  # kinds of session id source
 REFRESH_FRACTION = 0.1  # a binding in use is announced again after this fraction of the TTL
 
 
@@ -87,14 +88,20 @@ class EncodedEndpointHeaderConfig:
 
 @dataclass(slots=True, frozen=True)
 class SessionIdSource:
-    """One place a session identifier is read from: a request ``header`` or a request ``attribute``
-    (published by ``producer``, empty for a producer-agnostic attribute)."""
+    """One place a session identifier is read from: a request ``header``, a request ``attribute``
+    (published by ``producer``, empty for a producer-agnostic attribute), or (epp) a top-level
+    string field of the JSON body (``bodyField``, e.g. vLLM's ``session_id``)."""
 
     header: str = field(default="", metadata=OMIT_UNSET)
     attribute: str = field(default="", metadata=OMIT_UNSET)
     producer: str = field(default="", metadata=OMIT_UNSET)
+    body_field: str = field(default="", metadata=OMIT_UNSET)
 
     def validate(self) -> str | None:
+        if self.body_field:
+            if self.header or self.attribute:
+                return "exactly one of header, attribute or bodyField must be set"
+            return None
         if bool(self.header) == bool(self.attribute):
             return "exactly one of header or attribute must be set"
         return None
@@ -331,10 +338,12 @@ class SessionAffinity:
         self._state_key = plugin_key  # cycle / request state of this instance
         self.header = _normalize_header(params.encoded_endpoint_header_config.header, SESSION_TOKEN_HEADER)
         cfg = params.session_id_config
-        self._sources: tuple[tuple[bool, str], ...] = tuple(
-            (True, _normalize_header(s.header, DEFAULT_SESSION_ID_HEADER))
+        self._sources: tuple[tuple[int, str], ...] = tuple(
+            (_HEADER, _normalize_header(s.header, DEFAULT_SESSION_ID_HEADER))
             if s.header
-            else (False, request_attribute_key(s.attribute, s.producer))
+            else (_BODY, s.body_field)
+            if s.body_field
+            else (_ATTRIBUTE, request_attribute_key(s.attribute, s.producer))
             for s in cfg.sources
         )
         self.store: SessionStore | None = None
@@ -407,8 +416,13 @@ class SessionAffinity:
     def session_id(self, cycle: CycleState, request: LLMRequest) -> str:
         """The identifier from the first source that has a non-empty one, ``""`` for none."""
         headers = request.headers
-        for is_header, key in self._sources:
-            value = headers.get(key) if is_header else request.state.get(key)
+        for kind, key in self._sources:
+            if kind == _HEADER:
+                value = headers.get(key)
+            elif kind == _ATTRIBUTE:
+                value = request.state.get(key)
+            else:
+                value = request.body.payload.get(key)
             if isinstance(value, str):
                 value = value.strip()
                 if value:
