@@ -17,6 +17,7 @@ import shlex
 import sys
 import tempfile
 import time
+import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -53,6 +54,12 @@ EXCHANGES = {
         "envoy", "Envoy alone: round robin over the simulators, no ext_proc", DEFAULT_BODY_MODE, None
     ),
     "default": Exchange("default", "epp run's generated bootstrap", DEFAULT_BODY_MODE, None),
+    "lean": Exchange(
+        "lean",
+        "the generated bootstrap with the response headers skipped (--response-header-mode SKIP)",
+        DEFAULT_BODY_MODE,
+        ResponseModes("SKIP", "NONE"),
+    ),
     "fd": Exchange(
         "fd", "FULL_DUPLEX_STREAMED, response headers, no response body", "FULL_DUPLEX_STREAMED", None
     ),
@@ -195,7 +202,9 @@ def percentile(values: Sequence[float], q: float) -> float:
     return ordered[max(0, min(len(ordered) - 1, int(-(-q * len(ordered) // 100)) - 1))]
 
 
-def run_exchange(ex: Exchange, args: argparse.Namespace, workdir: Path) -> dict[str, Series]:
+def run_exchange(
+    ex: Exchange, args: argparse.Namespace, workdir: Path
+) -> tuple[dict[str, Series], list[str]]:
     opts = stack.StackOptions.on_free_ports(
         args.sims,
         sim_args=shlex.split(args.sim_args),
@@ -203,7 +212,26 @@ def run_exchange(ex: Exchange, args: argparse.Namespace, workdir: Path) -> dict[
         epp_args=["--log-level", "warning"],
     )
     with PathStack(opts, workdir / ex.name, ex.modes, plain=ex.name == "envoy") as st:
-        return measure(st.opts.port, args)
+        out = measure(st.opts.port, args)
+        return out, [] if ex.name == "envoy" else _epp_time(st.opts.metrics_port)
+
+
+def _epp_time(metrics_port: int) -> list[str]:
+    """The EPP's own time per request from its metrics: request headers to the routing reply, and
+    its handler time of the response messages (means over the run, warm-up included)."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10) as resp:
+        text = resp.read().decode()
+    lines = []
+    for name in ("request_processing_duration_seconds", "response_processing_duration_seconds"):
+        total = count = 0.0
+        for line in text.splitlines():
+            if line.startswith(f"llm_d_epp_{name}_sum"):
+                total += float(line.rsplit(" ", 1)[1])
+            elif line.startswith(f"llm_d_epp_{name}_count"):
+                count += float(line.rsplit(" ", 1)[1])
+        mean = f"{total / count * 1e6:.0f} µs" if count else "n/a"
+        lines.append(f"  EPP {name}: mean {mean} over {count:.0f}")
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -225,12 +253,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     workdir = Path(tempfile.mkdtemp(prefix="epp-bench-path-"))
     print(f"command: {shlex.join([sys.executable, *sys.argv])}", flush=True)
-    results: dict[str, dict[str, Series]] = {}
+    results: dict[str, tuple[dict[str, Series], list[str]]] = {}
 
     def run() -> int:
         for name in args.exchanges:
             results[name] = run_exchange(EXCHANGES[name], args, workdir)
-            _print(EXCHANGES[name], results[name])
+            _print(EXCHANGES[name], *results[name])
         return 0
 
     return run_in_workdir(
@@ -241,7 +269,7 @@ def main(argv: list[str] | None = None) -> int:
     )
 
 
-def _print(ex: Exchange, res: dict[str, Series]) -> None:
+def _print(ex: Exchange, res: dict[str, Series], epp_lines: list[str]) -> None:
     print(f"\n{ex.name}: {ex.what}")
     print("  kind         n   direct p50/p90 ms   through p50/p90 ms   added p50/p90 ms")
     for kind, s in res.items():
@@ -251,6 +279,8 @@ def _print(ex: Exchange, res: dict[str, Series]) -> None:
             return f"{percentile(v, 50) * 1000:7.1f} / {percentile(v, 90) * 1000:6.1f}"
 
         print(f"  {kind:<10} {len(d):4d}  {ms(s.direct)}  {ms(s.through)}  {ms(d)}", flush=True)
+    for line in epp_lines:
+        print(line, flush=True)
 
 
 if __name__ == "__main__":
