@@ -160,3 +160,9 @@ bench-pools: install
 .PHONY: bench-fairness
 bench-fairness: install
 	$(PYTHON) bench/fairness_inprocess.py $(FAIRNESS_ARGS)
+
+# The latency the epp path adds (Envoy + EPP) against the simulators direct, per exchange.
+# PATH_ARGS="--requests 100 --exchanges envoy default fd-body".
+.PHONY: bench-path
+bench-path: install
+	$(PYTHON) bench/path_latency.py $(PATH_ARGS)

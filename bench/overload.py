@@ -244,6 +244,7 @@ class OverloadStack(stack.Stack):
             extproc_port=self.grpc_port,
             body_mode="FULL_DUPLEX_STREAMED",
             response_body_mode=self.args.response_body_mode,
+            response_header_mode=self.args.response_header_mode,
             fallback_endpoints=[f"{h}:{self.sim_port}" for h in self.hosts],
         )
         envoy = self.start_envoy("envoy", bootstrap, concurrency=1)
@@ -751,6 +752,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         default="FULL_DUPLEX_STREAMED",
         choices=("NONE", "STREAMED", "FULL_DUPLEX_STREAMED"),
         help="Envoy's ext_proc response body mode (default FULL_DUPLEX_STREAMED, as deploy/envoy)",
+    )
+    add(
+        "--response-header-mode",
+        default="SEND",
+        choices=("SEND", "SKIP"),
+        help="Envoy's ext_proc response header mode (default SEND, as the generated bootstraps)",
     )
     add("--seed", type=int, default=1, help="arrivals and prompts seed (default 1)")
     add("--keep-logs", action="store_true", help="keep the work directory (logs, configs) on success")

@@ -554,6 +554,9 @@ class _Stream:
         self.director.track_in_flight(routing, self.revoke)
         r = routing.request
         if r is not None:
+            # Whether the response will be a stream, from the request until the response headers
+            # tell (they may not come: response_header_mode SKIP).
+            self.resp_streaming = r.stream
             key = self.mkey = metrics.request_key(r.incoming_model, r.target_model, r.fairness_id, r.priority)
             metrics.REQUEST_TOTAL.at(key).inc()
             metrics.seed_errors(key)
@@ -646,12 +649,7 @@ class _Stream:
         t0 = time.perf_counter()
         out = self._response_body(req)
         now = time.perf_counter()
-        if (
-            self.resp_eos
-            and not self.resp_streaming
-            and self.resp_mode == FULL_DUPLEX_STREAMED
-            and self.t_resp
-        ):
+        if self.resp_eos and self._holds_body() and self.t_resp:
             self.resp_cpu = now - self.t_resp  # the whole body was held here since the headers
         else:
             self.resp_cpu += now - t0
@@ -666,9 +664,15 @@ class _Stream:
             self._attach_metadata(out)
         return out
 
+    def _holds_body(self) -> bool:
+        """Whether the response body is held until its end: a full-duplex non-streamed body whose
+        model this stream undoes (a JSON-aware rewrite of the whole body). Every other body's chunks
+        are answered as they come, so a stream's first token is never held back."""
+        return self.resp_mode == FULL_DUPLEX_STREAMED and not self.resp_streaming and self.reverse is not None
+
     def _response_body_replies(self, chunk: bytes, eos: bool) -> list[ep.ProcessingResponse]:
         if self.resp_mode == FULL_DUPLEX_STREAMED:
-            if self.resp_streaming:
+            if not self._holds_body():
                 return replies.streamed_body_replies(self._rewrite_chunk(chunk), eos, response=True)
             self.resp_buffer.append(chunk)
             if not eos:
@@ -690,7 +694,7 @@ class _Stream:
         if self.resp_mode != NONE and not self.resp_eos:  # the body ended with the trailers
             self._observe_body(b"", True)
         out = []
-        if self.resp_mode == FULL_DUPLEX_STREAMED and not self.resp_streaming and self.resp_buffer:
+        if self._holds_body() and self.resp_buffer:
             out.extend(replies.streamed_body_replies(self._rewrite_whole(), False, response=True))
         out.append(replies.response_trailers_reply())
         self._attach_metadata(out)

@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 
 import grpc
 import pytest
+from envoy.service.ext_proc.v3.external_processor_pb2 import ProcessingResponse
 
 from epp.datalayer.store import EndpointStore
 from epp.framework import CycleState, Endpoint, Filter, LLMRequest, PreRequest, SchedulingResult
@@ -240,6 +241,50 @@ async def test_streaming_response_chunks_pass_through_immediately(harness: Harne
     await call.write(response_body_msg(b"data: [DONE]\n\n", True))
     last = (await call.read()).response_body.response.body_mutation.streamed_response
     assert last.end_of_stream
+    await call.done_writing()
+    assert await call.read() is grpc.aio.EOF
+
+
+async def _answered_at_once(call: grpc.aio.StreamStreamCall, chunk: bytes) -> ProcessingResponse:
+    """Send one response-body chunk (not the last) and read its reply: a body held back until its
+    end would leave the read waiting, so the timeout here fails the test instead of hanging it."""
+    await call.write(response_body_msg(chunk, False))
+    return await asyncio.wait_for(call.read(), 5.0)
+
+
+async def test_stream_chunks_pass_through_when_envoy_skips_the_response_headers(harness: Harness) -> None:
+    # response_header_mode SKIP with FULL_DUPLEX_STREAMED response bodies: no response headers
+    # tell the EPP that the body is an event stream; the request does. The first token must reach
+    # the client before the second is generated, not with the whole stream at its end.
+    stream_body = b'{"model":"demo","stream":true,"messages":[{"role":"user","content":"hi"}]}'
+    call = harness.stub.Process()
+    for m in (headers_msg({}), body_msg(stream_body, True)):
+        await call.write(m)
+    assert (await call.read()).WhichOneof("response") == "request_headers"
+    assert (await call.read()).WhichOneof("response") == "request_body"
+    for token in (b'data: {"n":1}\n\n', b'data: {"n":2}\n\n'):
+        piece = (await _answered_at_once(call, token)).response_body.response.body_mutation
+        assert piece.streamed_response.body == token and not piece.streamed_response.end_of_stream
+    await call.write(response_body_msg(b"data: [DONE]\n\n", True))
+    last = (await call.read()).response_body.response.body_mutation.streamed_response
+    assert last.body == b"data: [DONE]\n\n" and last.end_of_stream
+    await call.done_writing()
+    assert await call.read() is grpc.aio.EOF
+
+
+async def test_a_non_streamed_body_the_epp_does_not_rewrite_is_not_held(harness: Harness) -> None:
+    call = harness.stub.Process()
+    for m in (headers_msg({}), body_msg(CHAT, True)):
+        await call.write(m)
+    assert (await call.read()).WhichOneof("response") == "request_headers"
+    assert (await call.read()).WhichOneof("response") == "request_body"
+    await call.write(response_headers_msg({":status": "200", "content-type": "application/json"}))
+    assert (await call.read()).WhichOneof("response") == "response_headers"
+    first = (await _answered_at_once(call, b'{"id":"1",')).response_body.response.body_mutation
+    assert first.streamed_response.body == b'{"id":"1",' and not first.streamed_response.end_of_stream
+    await call.write(response_body_msg(b'"choices":[]}', True))
+    last = (await call.read()).response_body.response.body_mutation.streamed_response
+    assert last.body == b'"choices":[]}' and last.end_of_stream
     await call.done_writing()
     assert await call.read() is grpc.aio.EOF
 

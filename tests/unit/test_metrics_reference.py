@@ -425,7 +425,7 @@ async def test_non_streaming_usage_split_across_chunks_is_read(run: Any) -> None
             response_body_msg(body[:cut], False),
             response_body_msg(body[cut:], True),
         ],
-        expect=4,  # full duplex, not streaming: the response body is answered whole at its end
+        expect=5,  # full duplex, not streaming, no model to undo: each chunk is answered as it comes
     )
     assert value("llm_d_epp_request_input_tokens_sum", **key) == 21
     assert value("llm_d_epp_request_output_tokens_sum", **key) == 9

@@ -411,12 +411,13 @@ async def test_reporter_metadata_rides_on_the_last_response_body_reply(reporting
             response_body_msg(body[:20], False),
             response_body_msg(body[20:], True),
         ],
-        expect=4,
+        expect=5,  # each chunk answered as it comes (no model to undo: nothing holds the body)
     )
     last = out[-1]
     assert (
         last.HasField("response_body")
-        and last.response_body.response.body_mutation.streamed_response.body == body
+        and last.response_body.response.body_mutation.streamed_response.body == body[20:]
+        and last.response_body.response.body_mutation.streamed_response.end_of_stream
     )
     assert _cost(last) == 42
     assert all(_cost(r) is None for r in out[:-1])
