@@ -110,9 +110,10 @@ def test_three_pools_behind_one_envoy(rig: Rig, server: str) -> None:
     del members["pool-c"]
     _write_pools(epp.endpoints_file, {**members, "pool-z": [sims[6]]})
     deadline = time.monotonic() + 20
-    while _post(envoy, "pool-c")[0] != 404:
+    while (reply := _post(envoy, "pool-c"))[0] != 404:
         assert time.monotonic() < deadline, "pool-c still served after its removal"
         time.sleep(0.1)
+    assert "no InferencePool 'pool-c'" in reply[2], reply  # the 404 names the pool
     status, port, _ = _post(envoy, "pool-a")
     assert status == 200 and port in {sims[0].port, sims[1].port}
 
@@ -141,9 +142,9 @@ def test_three_inferencepools_from_the_api_server(rig: Rig, tmp_path: Path) -> N
     from tests.fakekube import FakeKube, objects
 
     ns = "inference"
-    hosts = [f"127.0.0.{21 + i}" for i in range(4)]
+    hosts = [f"127.0.0.{21 + i}" for i in range(5)]
     port = stack.free_port()
-    sims = rig.start_sims(4, prefix="pod", hosts=hosts, port=port)
+    sims = rig.start_sims(5, prefix="pod", hosts=hosts, port=port)
     owner = {"pool-a": sims[0:2], "pool-b": sims[2:3], "pool-c": sims[3:4]}
 
     def pool(name: str) -> dict[str, object]:
@@ -157,6 +158,7 @@ def test_three_inferencepools_from_the_api_server(rig: Rig, tmp_path: Path) -> N
         for name, members in owner.items():
             for sim in members:
                 kube.create(objects.pod(ns, sim.name, sim.host, labels={"app": name}))
+        kube.create(objects.pod(ns, sims[4].name, sims[4].host, labels={"app": "pool-a-next"}))
         config = kube.write_kubeconfig(tmp_path / "kubeconfig")
         args = ["--pool-namespace", ns, "--kubeconfig", str(config), "--pool-selector", "epp=shared"]
         epp = rig.start_epp([], file_discovery=False, extra=args)
@@ -177,12 +179,27 @@ def test_three_inferencepools_from_the_api_server(rig: Rig, tmp_path: Path) -> N
         resp = envoy.post("/v1/chat/completions", chat_body(marker()), {"Host": "pool-c"})
         assert resp.headers["x-inference-pod"] == sims[3].name
 
+        # changed: pool-a's selector now picks another pod; its own pods leave it
+        selector = {"spec": {"selector": {"matchLabels": {"app": "pool-a-next"}}}}
+        kube.patch(objects.POOL_API, "InferencePool", ns, "pool-a", selector)
+        deadline = time.monotonic() + 20
+        while True:
+            resp = envoy.post("/v1/chat/completions", chat_body(marker()), {"Host": "pool-a"})
+            if resp.status == 200 and resp.headers["x-inference-pod"] == sims[4].name:
+                break
+            assert time.monotonic() < deadline, "pool-a's selector change not followed"
+            time.sleep(0.1)
+        for _ in range(6):
+            resp = envoy.post("/v1/chat/completions", chat_body(marker()), {"Host": "pool-a"})
+            assert (resp.status, resp.headers["x-inference-pod"]) == (200, sims[4].name)
+
         kube.delete(objects.POOL_API, "InferencePool", ns, "pool-b")  # deleted: no longer served
         deadline = time.monotonic() + 20
-        while _post(envoy, "pool-b")[0] != 404:
+        while (reply := _post(envoy, "pool-b"))[0] != 404:
             assert time.monotonic() < deadline, "pool-b still served after its deletion"
             time.sleep(0.1)
-        assert _post(envoy, "pool-a")[0] == 200
+        assert "no InferencePool 'pool-b'" in reply[2], reply  # the 404 names the pool
+        assert _post(envoy, "pool-c")[0] == 200
         assert stack.grpc_serving(epp.health_port)  # ready: every selected pool synced once
 
 
@@ -270,3 +287,70 @@ def test_inferencepools_of_every_namespace(rig: Rig, tmp_path: Path) -> None:
         resp = envoy.post("/v1/chat/completions", chat_body(marker()))
         assert resp.status == 404
         assert "team-a/chat" in resp.body.decode() and "team-b/chat" in resp.body.decode()
+
+
+def test_hanging_endpoint_and_failing_discovery_of_one_pool_do_not_reach_another(
+    rig: Rig, tmp_path: Path
+) -> None:
+    """Pool b has an endpoint that accepts connections and never answers (its /metrics hang), then
+    its discovery fails (every API request about pool b answers 500, the watches drop): pool a's
+    requests are served throughout, and a pool created meanwhile starts serving."""
+    import socket
+
+    from epp.dev import stack
+    from tests.fakekube import FakeKube, objects
+
+    ns = "inference"
+    port = stack.free_port()
+    sims = rig.start_sims(3, prefix="pod", hosts=["127.0.0.41", "127.0.0.42", "127.0.0.43"], port=port)
+    hanging = socket.socket()
+    hanging.bind(("127.0.0.44", port))
+    hanging.listen(1024)  # never accepted: connections open, requests are never answered
+
+    def pool(name: str) -> dict[str, object]:
+        obj = objects.inference_pool(ns, (port,), name=name, selector={"app": name})
+        obj["metadata"]["labels"] = {"epp": "shared"}  # type: ignore[index]
+        return obj
+
+    def served(name: str) -> set[str]:
+        pods = set()
+        for _ in range(8):
+            t0 = time.monotonic()
+            resp = envoy.post("/v1/chat/completions", chat_body(marker()), {"Host": name})
+            # a generous safety bound: pool b's scrapes hang for seconds at a time
+            assert time.monotonic() - t0 < 5.0, "pool-a's request waited on pool-b"
+            assert resp.status == 200, resp
+            pods.add(resp.headers["x-inference-pod"])
+        return pods
+
+    try:
+        with FakeKube(bookmark_interval=0.5) as kube:
+            for name in ("pool-a", "pool-b"):
+                kube.create(pool(name))
+            kube.create(objects.pod(ns, sims[0].name, sims[0].host, labels={"app": "pool-a"}))
+            kube.create(objects.pod(ns, sims[1].name, sims[1].host, labels={"app": "pool-a"}))
+            kube.create(objects.pod(ns, "hang", "127.0.0.44", labels={"app": "pool-b"}))
+            kube.create(objects.pod(ns, sims[2].name, sims[2].host, labels={"app": "pool-c"}))
+            config = kube.write_kubeconfig(tmp_path / "kubeconfig")
+            args = ["--pool-namespace", ns, "--kubeconfig", str(config), "--pool-selector", "epp=shared"]
+            epp = rig.start_epp(
+                [], file_discovery=False, extra=[*args, "--metrics-staleness-threshold", "3s"]
+            )
+            envoy = rig.start_envoy(epp, pools=["pool-a", "pool-b", "pool-c"], wait_for_traffic=False)
+            _wait_serving(envoy, "pool-a")
+            own = {sims[0].name, sims[1].name}
+            assert served("pool-a") <= own
+
+            kube.fail_next("*", "pool-b", 500, count=100_000)  # pool b's discovery errors from now on
+            mark = len(kube.requests)
+            kube.drop_watches()
+            kube.create(pool("pool-c"))  # another pool still appears while pool b's discovery fails
+            _wait_serving(envoy, "pool-c")
+            for _ in range(3):
+                assert served("pool-a") <= own
+                assert served("pool-c") == {sims[2].name}
+            # pool b's discovery did ask again meanwhile (and was answered 500)
+            asked = [(p, q) for _, p, q in kube.requests[mark:] if "pool-b" in p or "pool-b" in str(q)]
+            assert asked, "pool-b's discovery never asked the API server again"
+    finally:
+        hanging.close()

@@ -16,7 +16,7 @@ from epp.server.pools import Pool, PoolNotifier, PoolRegistry, check_overlaps, r
 NONE: Any = None
 
 
-def _pool(name: str) -> Pool:
+def _pool(name: str, config: str | None = None) -> Pool:
     return Pool(name, NONE, EndpointStore(), director=NONE, flow_control=None, data_layer=NONE, gauges=NONE)
 
 
