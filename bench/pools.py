@@ -41,8 +41,9 @@ ANSWER = (
 )
 
 
-def fake_main(ports: list[int]) -> None:
-    """The fake endpoints: every port answers /metrics and any POST (its port in x-inference-port)."""
+def fake_main(ports: list[int], ready_file: str = "") -> None:
+    """The fake endpoints: every port answers /metrics and any POST (its port in x-inference-port);
+    ``ready_file`` is written once every port listens."""
     from aiohttp import web
 
     async def serve() -> None:
@@ -64,6 +65,8 @@ def fake_main(ports: list[int]) -> None:
         await runner.setup()
         for port in ports:
             await web.TCPSite(runner, "127.0.0.1", port, backlog=512).start()
+        if ready_file:
+            Path(ready_file).write_text("listening\n")
         await asyncio.Event().wait()
 
     asyncio.run(serve())
@@ -144,8 +147,13 @@ def run(n_pools: int, requests: int, connections: int, workdir: Path, scrape: st
     grpc_port, health_port, metrics_port = stack.free_port(), stack.free_port(), stack.free_port()
     listen, admin = stack.free_port(), stack.free_port()
     with stack.Stack(workdir / f"run-{n_pools}", ready_timeout=120) as s:
-        fake = s.supervisor.start("fake", [sys.executable, __file__, "--fake", ",".join(map(str, ports))])
-        # every port bound (a port taken meanwhile by another process ends the fake: run again)
+        ready = workdir / f"fake-{n_pools}.ready"
+        ready.unlink(missing_ok=True)
+        command = [sys.executable, __file__, "--fake", ",".join(map(str, ports)), "--fake-ready", str(ready)]
+        fake = s.supervisor.start("fake", command)
+        # every port bound (a port taken meanwhile by another process ends the fake: run again); one
+        # connection per port once the fake says so (polling 400 ports kept a loaded machine's fake busy)
+        s.wait("the fake endpoints", ready.exists, children=[fake])
         s.wait("the fake endpoints", lambda: _listening(ports), children=[fake])
         epp = s.start_epp(
             "epp",
@@ -190,6 +198,7 @@ def run(n_pools: int, requests: int, connections: int, workdir: Path, scrape: st
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--fake", default="", help=argparse.SUPPRESS)
+    parser.add_argument("--fake-ready", default="", help=argparse.SUPPRESS)
     parser.add_argument("--pools", default="1,10,100", help="pool counts to run (default 1,10,100)")
     parser.add_argument("--requests", type=int, default=3000)
     parser.add_argument("--connections", type=int, default=16)
@@ -201,7 +210,7 @@ def main() -> int:
     )
     args = parser.parse_args()
     if args.fake:
-        fake_main([int(p) for p in args.fake.split(",")])
+        fake_main([int(p) for p in args.fake.split(",")], args.fake_ready)
         return 0
     rows = []
     with tempfile.TemporaryDirectory(prefix="bench-pools-") as tmp:
