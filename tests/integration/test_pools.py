@@ -354,3 +354,78 @@ def test_hanging_endpoint_and_failing_discovery_of_one_pool_do_not_reach_another
             assert asked, "pool-b's discovery never asked the API server again"
     finally:
         hanging.close()
+
+
+def test_a_pool_with_its_own_config(rig: Rig, tmp_path: Path) -> None:
+    """``epp.llm-d.ai/config-map`` names a ConfigMap whose config is that pool's own: here a filter
+    keeping only the pool's ``canary`` pod, while the other pool (shared config) uses both of its
+    pods; a ConfigMap that does not exist leaves its pool unserved (404), the others served."""
+    from epp.dev import stack
+    from tests.fakekube import FakeKube, objects
+
+    ns = "inference"
+    port = stack.free_port()
+    sims = rig.start_sims(4, prefix="pod", hosts=[f"127.0.0.{51 + i}" for i in range(4)], port=port)
+    own = {
+        "apiVersion": "llm-d.ai/v1alpha1",
+        "kind": "EndpointPickerConfig",
+        "plugins": [
+            {
+                "name": "canary",
+                "type": "label-selector-filter",
+                "parameters": {"matchLabels": {"track": "canary"}},
+            },
+            {"type": "queue-scorer"},
+            {"type": "max-score-picker"},
+            {"type": "single-profile-handler"},
+        ],
+        "schedulingProfiles": [
+            {
+                "name": "default",
+                "plugins": [
+                    {"pluginRef": "canary"},
+                    {"pluginRef": "queue-scorer"},
+                    {"pluginRef": "max-score-picker"},
+                ],
+            }
+        ],
+    }
+
+    def pool(name: str, config_map: str = "") -> dict[str, Any]:
+        obj = objects.inference_pool(ns, (port,), name=name, selector={"app": name})
+        obj["metadata"]["labels"] = {"epp": "shared"}
+        if config_map:
+            obj["metadata"]["annotations"] = {"epp.llm-d.ai/config-map": config_map}
+        return obj
+
+    with FakeKube(bookmark_interval=0.5) as kube:
+        kube.create(
+            {
+                "apiVersion": "v1",
+                "kind": "ConfigMap",
+                "metadata": {"name": "pool-b-config", "namespace": ns},
+                "data": {"epp.yaml": yaml.safe_dump(own)},
+            }
+        )
+        kube.create(pool("pool-a"))
+        kube.create(pool("pool-b", "pool-b-config/epp.yaml"))
+        kube.create(pool("pool-c", "no-such-config"))
+        for sim, app in zip(sims, ("pool-a", "pool-a", "pool-b", "pool-b"), strict=True):
+            labels = {"app": app, **({"track": "canary"} if sim is sims[3] else {})}
+            kube.create(objects.pod(ns, sim.name, sim.host, labels=labels))
+        config = kube.write_kubeconfig(tmp_path / "kubeconfig")
+        args = ["--pool-namespace", ns, "--kubeconfig", str(config), "--pool-selector", "epp=shared"]
+        epp = rig.start_epp([], file_discovery=False, extra=args, wait_ready=False)
+        envoy = rig.start_envoy(epp, pools=["pool-a", "pool-b", "pool-c"], wait_for_traffic=False)
+        _wait_serving(envoy, "pool-a")
+        _wait_serving(envoy, "pool-b")
+        seen: dict[str, set[str]] = {"pool-a": set(), "pool-b": set()}
+        for _ in range(16):
+            for name, pods in seen.items():
+                resp = envoy.post("/v1/chat/completions", chat_body(marker()), {"Host": name})
+                assert resp.status == 200, resp
+                pods.add(resp.headers["x-inference-pod"])
+        assert seen["pool-a"] == {sims[0].name, sims[1].name}  # the shared config: no filter
+        assert seen["pool-b"] == {sims[3].name}  # its own config: the canary only
+        status, _, body = _post(envoy, "pool-c")
+        assert status == 404 and "pool-c" in body, body
