@@ -215,11 +215,14 @@ def main() -> int:
     rows = []
     with tempfile.TemporaryDirectory(prefix="bench-pools-") as tmp:
         for n in (int(x) for x in args.pools.split(",")):
-            try:
-                row = run(n, args.requests, args.connections, Path(tmp), args.scrape_interval)
-            except stack.ChildExited as e:  # a fake port was taken: once more, on other ports
-                print(f"{e}: running again", flush=True)
-                row = run(n, args.requests, args.connections, Path(tmp), args.scrape_interval)
+            for attempt in range(3):
+                try:
+                    row = run(n, args.requests, args.connections, Path(tmp), args.scrape_interval)
+                    break
+                except stack.ChildExited as e:  # a port was taken meanwhile: again, on other ports
+                    if attempt == 2:
+                        raise
+                    print(f"{e}: running again", flush=True)
             rows.append(row)
             print(row, flush=True)
     base = rows[0]

@@ -429,3 +429,54 @@ def test_a_pool_with_its_own_config(rig: Rig, tmp_path: Path) -> None:
         assert seen["pool-b"] == {sims[3].name}  # its own config: the canary only
         status, _, body = _post(envoy, "pool-c")
         assert status == 404 and "pool-c" in body, body
+
+
+def test_config_reload_reaches_every_pool(rig: Rig) -> None:
+    """``--watch-config-file``: a filter's parameters edited live change the routing of every pool,
+    not only the first's."""
+    sims = rig.start_sims(4)
+    config = yaml.safe_load(
+        """
+apiVersion: llm-d.ai/v1
+kind: EndpointPickerConfig
+plugins:
+- {name: group, type: label-selector-filter, parameters: {matchLabels: {group: a}}}
+- {type: queue-scorer}
+- {type: max-score-picker}
+schedulingProfiles:
+- name: default
+  plugins: [{pluginRef: group}, {pluginRef: queue-scorer}, {pluginRef: max-score-picker}]
+"""
+    )
+    pools = {"pool-a": sims[0:2], "pool-b": sims[2:4]}
+    labels = {
+        sim.name: {POOL_LABEL: pool, "group": "ab"[i]}
+        for pool, members in pools.items()
+        for i, sim in enumerate(members)
+    }
+    path = rig.log_dir / "epp-config.yaml"
+    epp = rig.start_epp(sims, config=config, labels=labels, extra=["--watch-config-file"], config_file=path)
+    envoy = rig.start_envoy(epp, pools=list(pools), wait_for_traffic=False)
+
+    def ports(pool: str) -> set[int | None]:
+        seen = set()
+        for _ in range(8):
+            status, port, body = _post(envoy, pool)
+            assert status == 200, body
+            seen.add(port)
+        return seen
+
+    for pool in pools:
+        _wait_serving(envoy, pool)
+    assert ports("pool-a") == {sims[0].port}
+    assert ports("pool-b") == {sims[2].port}
+
+    edited = yaml.safe_load(path.read_text())
+    edited["plugins"][1]["parameters"]["matchLabels"] = {"group": "b"}  # [0] is file-discovery
+    write_atomic(path, yaml.safe_dump(edited, sort_keys=False))
+    deadline = time.monotonic() + 20
+    while 'llm_d_epp_config_reloads_total{result="applied"} 1' not in epp.metrics():
+        assert time.monotonic() < deadline, "the edit was not applied"
+        time.sleep(0.05)
+    assert ports("pool-a") == {sims[1].port}
+    assert ports("pool-b") == {sims[3].port}  # the second pool reloaded too

@@ -186,3 +186,40 @@ def test_epp_run_pools_split_the_sims_round_robin() -> None:
     assert StackOptions(sims=3).endpoint_labels() == {} and StackOptions(sims=3).pool_names == []
     with pytest.raises(ValueError, match="pools"):
         StackOptions(sims=1, pools=2).check()
+
+
+_RELOAD = """
+plugins:
+- {name: group, type: label-selector-filter, parameters: {matchLabels: {group: GROUP}}}
+- {type: queue-scorer}
+- {type: max-score-picker}
+schedulingProfiles:
+- name: default
+  plugins: [{pluginRef: group}, {pluginRef: queue-scorer}, {pluginRef: max-score-picker}]
+"""
+
+
+def test_a_config_reload_reaches_every_pool_on_the_shared_config() -> None:
+    from epp.server.app import EppServer, ServeOptions
+    from epp.server.config_reload import plan_reload
+    from tests.unit.factories import config
+
+    before, after = _RELOAD.replace("GROUP", "a"), _RELOAD.replace("GROUP", "b")
+
+    def load(store: EndpointStore, text: str | None = None) -> Any:
+        return config(before if text is None else text)
+
+    server = EppServer(config(before), ServeOptions(pool_name="a"), pool_config=load)
+    b = server.pools.get_or_add("b")
+    own = server.pools.get_or_add("c", before)
+    assert own.own_config and not b.own_config
+    old_b, old_c = b.director.scheduler, own.director.scheduler
+    candidate = config(after)
+    server.apply_reload(candidate, plan_reload(server.cfg, candidate), after)
+    for pool in (server.pools.primary, b):
+        assert pool.cfg.document == candidate.document
+        group: Any = pool.cfg.plugins["group"]
+        assert group.params.match_labels == {"group": "b"}
+    assert b.director.scheduler is not old_b
+    assert own.director.scheduler is old_c  # a pool with its own config keeps it
+    assert server.pools.get_or_add("d").cfg.document == candidate.document  # later pools: the new text
