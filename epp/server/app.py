@@ -213,7 +213,8 @@ class EppServer:
         self.data_layer = primary.data_layer
         self.scraper = self.data_layer.metrics_scraper
         self.pool_gauges = primary.gauges
-        self.served_models = ServedModels(self.store)  # bounds the model_name metric labels
+        # bounds the model_name metric labels: every pool's models keep their own label
+        self.served_models = ServedModels(self.pools)
 
     def _build_pool(self, name: str, cfg: LoadedConfig, store: EndpointStore) -> Pool:
         """One pool's runtime from its own config: store listeners, director, data layer, gauges."""

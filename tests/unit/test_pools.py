@@ -223,3 +223,23 @@ def test_a_config_reload_reaches_every_pool_on_the_shared_config() -> None:
     assert b.director.scheduler is not old_b
     assert own.director.scheduler is old_c  # a pool with its own config keeps it
     assert server.pools.get_or_add("d").cfg.document == candidate.document  # later pools: the new text
+
+
+def test_every_pools_models_keep_their_metric_label() -> None:
+    """The model-name label bound learns the models of every pool, not only the first's: a request
+    to the second pool's model is not recorded as ``other``."""
+    import dataclasses
+
+    from epp.datalayer.served_models import ServedModels
+    from epp.labels import OVERFLOW, BoundedLabel
+
+    registry = _registry("a", "b")
+    for pool, model in (("a", "model-a"), ("b", "model-b")):
+        store = registry.pools[pool].store
+        store.upsert(_md(f"{pool}-0", 8000, address=f"10.0.0.{len(pool) + ord(pool[0])}"))
+        (endpoint,) = store.endpoints()
+        endpoint.metrics = dataclasses.replace(endpoint.metrics, served_models=(model,))
+    bound = BoundedLabel("model_name")
+    ServedModels(registry, bound=bound).refresh()
+    assert bound.bound("model-b") == "model-b" and bound.bound("model-a") == "model-a"
+    assert bound.bound("unknown") == OVERFLOW
