@@ -3,8 +3,10 @@
 The endpoints are light fakes in one process (an aiohttp server on 4 x N ports answering ``/metrics``
 in vLLM's format and chat completions at once), scraped for real by the EPP. One Envoy has a virtual
 host per pool (``epp envoy-config --pool``). Steady load round robin over every pool; per run:
-EPP CPU per request, its RSS, its idle CPU (no load, scrapes going on), and the cross-pool routes
-(a request answered by an endpoint of another pool: must be 0).
+EPP CPU per request (the whole process, less its idle rate; and the serving thread alone, where
+every request's work runs while the scrapes run on the data layer's thread), its RSS, its idle CPU
+(no load, scrapes going on), and the cross-pool routes (a request answered by an endpoint of another
+pool: must be 0).
 """
 
 from __future__ import annotations
@@ -85,6 +87,13 @@ def _listening(ports: list[int]) -> bool:
 
 def cpu_seconds(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+
+
+def thread_cpu_seconds(pid: int) -> float:
+    """CPU of the process's main thread alone: the event loop that serves every request (the data
+    layer's scrapes run on a thread of their own)."""
+    fields = Path(f"/proc/{pid}/task/{pid}/stat").read_text().rpartition(")")[2].split()
     return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
 
 
@@ -174,12 +183,14 @@ def run(n_pools: int, requests: int, connections: int, workdir: Path, scrape: st
         time.sleep(2.0)
         assert epp.proc is not None
         pid = epp.proc.pid
-        idle0 = cpu_seconds(pid)
+        idle0, idle_main0 = cpu_seconds(pid), thread_cpu_seconds(pid)
         time.sleep(5.0)
         idle = (cpu_seconds(pid) - idle0) / 5.0
-        c0, t0 = cpu_seconds(pid), time.monotonic()
+        idle_main = (thread_cpu_seconds(pid) - idle_main0) / 5.0
+        c0, m0, t0 = cpu_seconds(pid), thread_cpu_seconds(pid), time.monotonic()
         ok, failed, cross = asyncio.run(load(url, pools, requests, connections))
         cpu, wall = cpu_seconds(pid) - c0, time.monotonic() - t0
+        main = thread_cpu_seconds(pid) - m0
         return {
             "pools": n_pools,
             "endpoints": len(ports),
@@ -189,6 +200,9 @@ def run(n_pools: int, requests: int, connections: int, workdir: Path, scrape: st
             "cpu_us_per_request": 1e6 * cpu / max(ok, 1),
             # less what the EPP spends without load (scrapes) over the same time
             "net_cpu_us_per_request": 1e6 * max(cpu - idle * wall, 0.0) / max(ok, 1),
+            # the serving thread alone (every request's work; no scrape), less its own idle rate
+            "serving_us_per_request": 1e6 * max(main - idle_main * wall, 0.0) / max(ok, 1),
+            "other_threads_cpu_pct": 100 * (cpu - main) / wall,
             "rps": ok / wall,
             "rss_mb": rss_mb(pid),
             "idle_cpu_pct": 100 * idle,
@@ -227,18 +241,21 @@ def main() -> int:
             print(row, flush=True)
     base = rows[0]
     print(
-        "\n| pools | endpoints | CPU µs/req | net µs/req | net vs first | RSS MB | RSS/extra pool MB |",
+        "\n| pools | endpoints | CPU µs/req | net µs/req | net vs first | serving thread µs/req | "
+        "serving vs first | other threads CPU % under load | RSS MB | RSS/extra pool MB |",
         end="",
     )
     print(" idle CPU % | rps | failed | cross-pool |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         extra = r["pools"] - base["pools"]
         per_pool = (r["rss_mb"] - base["rss_mb"]) / extra if extra else 0.0
         ratio = r["net_cpu_us_per_request"] / max(base["net_cpu_us_per_request"], 1e-9)
+        serving = r["serving_us_per_request"] / max(base["serving_us_per_request"], 1e-9)
         print(
             f"| {r['pools']} | {r['endpoints']} | {r['cpu_us_per_request']:.0f} | "
-            f"{r['net_cpu_us_per_request']:.0f} | {ratio:.2f}x | {r['rss_mb']:.0f} | {per_pool:.2f} | "
+            f"{r['net_cpu_us_per_request']:.0f} | {ratio:.2f}x | {r['serving_us_per_request']:.0f} | "
+            f"{serving:.2f}x | {r['other_threads_cpu_pct']:.1f} | {r['rss_mb']:.0f} | {per_pool:.2f} | "
             f"{r['idle_cpu_pct']:.1f} | {r['rps']:.0f} | {r['failed']} | {r['cross_pool']} |"
         )
     return 0 if all(r["cross_pool"] == 0 for r in rows) else 1
