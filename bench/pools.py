@@ -104,20 +104,27 @@ def rss_mb(pid: int) -> float:
     return 0.0
 
 
-async def load(url: str, pools: dict[str, set[int]], requests: int, connections: int) -> tuple[int, int, int]:
-    """``requests`` chat requests round robin over the pools; (ok, failed, cross-pool)."""
+async def load(
+    url: str, pools: dict[str, set[int]], requests: int, connections: int, rate: float = 0.0
+) -> tuple[int, int, int]:
+    """``requests`` chat requests round robin over the pools, at ``rate`` per second (0: as fast as
+    ``connections`` allow); (ok, failed, cross-pool)."""
     import aiohttp
 
     names = sorted(pools)
     body = b'{"model":"demo","messages":[{"role":"user","content":"hello there"}]}'
     counts = [0, 0, 0]
     next_i = 0
+    start = time.monotonic()
 
     async def worker(session: aiohttp.ClientSession) -> None:
         nonlocal next_i
         while next_i < requests:
-            pool = names[next_i % len(names)]
+            i = next_i
+            pool = names[i % len(names)]
             next_i += 1
+            if rate > 0:  # a steady arrival rate: request i leaves at start + i / rate
+                await asyncio.sleep(max(0.0, start + i / rate - time.monotonic()))
             headers = {"Host": pool, "content-type": "application/json"}
             async with session.post(url, data=body, headers=headers) as resp:
                 await resp.read()
@@ -136,7 +143,9 @@ async def load(url: str, pools: dict[str, set[int]], requests: int, connections:
     return counts[0], counts[1], counts[2]
 
 
-def run(n_pools: int, requests: int, connections: int, workdir: Path, scrape: str) -> dict[str, Any]:
+def run(
+    n_pools: int, requests: int, connections: int, workdir: Path, scrape: str, rate: float = 0.0
+) -> dict[str, Any]:
     unique: set[int] = set()
     while len(unique) < n_pools * PER_POOL:  # free_port() may return a port twice
         unique.add(stack.free_port())
@@ -188,7 +197,7 @@ def run(n_pools: int, requests: int, connections: int, workdir: Path, scrape: st
         idle = (cpu_seconds(pid) - idle0) / 5.0
         idle_main = (thread_cpu_seconds(pid) - idle_main0) / 5.0
         c0, m0, t0 = cpu_seconds(pid), thread_cpu_seconds(pid), time.monotonic()
-        ok, failed, cross = asyncio.run(load(url, pools, requests, connections))
+        ok, failed, cross = asyncio.run(load(url, pools, requests, connections, rate))
         cpu, wall = cpu_seconds(pid) - c0, time.monotonic() - t0
         main = thread_cpu_seconds(pid) - m0
         return {
@@ -217,6 +226,14 @@ def main() -> int:
     parser.add_argument("--requests", type=int, default=3000)
     parser.add_argument("--connections", type=int, default=16)
     parser.add_argument(
+        "--rate",
+        type=float,
+        default=100.0,
+        help="requests per second, the same for every pool count (default 100; 0: as fast as the "
+        "connections go, which compares runs at different rates: CPU per request falls as the rate "
+        "rises, the event loop batching more per wake-up)",
+    )
+    parser.add_argument(
         "--scrape-interval",
         default="50ms",
         help="the EPP's --refresh-metrics-interval (default 50ms, the reference's; at 400 endpoints "
@@ -231,7 +248,7 @@ def main() -> int:
         for n in (int(x) for x in args.pools.split(",")):
             for attempt in range(3):
                 try:
-                    row = run(n, args.requests, args.connections, Path(tmp), args.scrape_interval)
+                    row = run(n, args.requests, args.connections, Path(tmp), args.scrape_interval, args.rate)
                     break
                 except stack.ChildExited as e:  # a port was taken meanwhile: again, on other ports
                     if attempt == 2:
