@@ -480,3 +480,67 @@ schedulingProfiles:
         time.sleep(0.05)
     assert ports("pool-a") == {sims[1].port}
     assert ports("pool-b") == {sims[3].port}  # the second pool reloaded too
+
+
+def test_objectives_apply_to_the_pools_they_name(rig: Rig, tmp_path: Path) -> None:
+    """InferenceObjective with several pools: ``poolRef`` (v1alpha2) names one pool, ``poolRefs[]``
+    several, ``poolSelector`` those whose labels match; each pool's requests get the priorities of the
+    objectives that apply to it (seen in the engine's body, ``requestHandler.propagatePriority``)."""
+    import json
+
+    from epp.dev import stack
+    from tests.fakekube import FakeKube, objects
+
+    ns = "inference"
+    port = stack.free_port()
+    sims = rig.start_sims(2, prefix="pod", hosts=["127.0.0.61", "127.0.0.62"], port=port)
+    tiers = {"pool-a": "chat", "pool-b": "batch"}
+
+    def objective(name: str, priority: int, **spec: Any) -> dict[str, Any]:
+        obj = objects.objective(ns, name, priority)
+        del obj["spec"]["poolRef"]
+        obj["spec"].update(spec)
+        return obj
+
+    def priority(pool: str, name: str) -> int | None:
+        m = marker()
+        resp = envoy.post(
+            "/v1/chat/completions", chat_body(m), {"Host": pool, "x-gateway-inference-objective": name}
+        )
+        assert resp.status == 200, resp
+        entry = next(e for s in sims if (e := s.find(m)) is not None)
+        value = json.loads(entry["body"]).get("priority")
+        return int(value) if value is not None else None
+
+    with FakeKube(bookmark_interval=0.5) as kube:
+        for (name, tier), sim in zip(tiers.items(), sims, strict=True):
+            pool = objects.inference_pool(ns, (port,), name=name, selector={"app": name})
+            pool["metadata"]["labels"] = {"epp": "shared", "tier": tier}
+            kube.create(pool)
+            kube.create(objects.pod(ns, sim.name, sim.host, labels={"app": name}))
+        kube.create(objects.objective(ns, "a-only", 3, pool="pool-a"))  # v1alpha2: the pool it names
+        kube.create(objective("both", 5, poolRefs=[{"name": "pool-a"}, {"name": "pool-b"}]))
+        kube.create(objective("chat", 7, poolSelector={"matchLabels": {"tier": "chat"}}))
+        config = kube.write_kubeconfig(tmp_path / "kubeconfig")
+        args = ["--pool-namespace", ns, "--kubeconfig", str(config), "--pool-selector", "epp=shared"]
+        document = {"apiVersion": "llm-d.ai/v1", "requestHandler": {"propagatePriority": True}}
+        epp = rig.start_epp([], file_discovery=False, extra=args, config=document)
+        envoy = rig.start_envoy(epp, pools=list(tiers), wait_for_traffic=False)
+        for name in tiers:
+            _wait_serving(envoy, name)
+        deadline = time.monotonic() + 20
+        while priority("pool-a", "chat") != 7:  # the objectives arrive through their watch
+            assert time.monotonic() < deadline, "the objectives never applied"
+            time.sleep(0.2)
+        assert priority("pool-a", "a-only") == 3
+        assert priority("pool-b", "a-only") == 0  # names pool-a only
+        assert priority("pool-a", "both") == 5 and priority("pool-b", "both") == 5
+        assert priority("pool-b", "chat") == 0  # pool-b's labels do not match
+        # pool-b's labels change: the selector now matches it
+        kube.patch(
+            objects.POOL_API, "InferencePool", ns, "pool-b", {"metadata": {"labels": {"tier": "chat"}}}
+        )
+        deadline = time.monotonic() + 20
+        while priority("pool-b", "chat") != 7:
+            assert time.monotonic() < deadline, "pool-b's new labels were not matched"
+            time.sleep(0.2)
