@@ -309,7 +309,7 @@ def test_hanging_endpoint_and_failing_discovery_of_one_pool_do_not_reach_another
 
     def pool(name: str) -> dict[str, object]:
         obj = objects.inference_pool(ns, (port,), name=name, selector={"app": name})
-        obj["metadata"]["labels"] = {"epp": "shared"}  # type: ignore[index]
+        obj["metadata"]["labels"] = {"epp": "shared"}
         return obj
 
     def served(name: str) -> set[str]:
