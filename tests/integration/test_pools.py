@@ -117,6 +117,19 @@ def test_three_pools_behind_one_envoy(rig: Rig, server: str) -> None:
     status, port, _ = _post(envoy, "pool-a")
     assert status == 200 and port in {sims[0].port, sims[1].port}
 
+    # a pool's endpoints change: sims[1] moves from pool-a to pool-b
+    _write_pools(epp.endpoints_file, {"pool-a": sims[0:1], "pool-b": sims[1:4], "pool-z": [sims[6]]})
+    deadline = time.monotonic() + 20
+    while {_post(envoy, "pool-a")[1] for _ in range(6)} != {sims[0].port}:
+        assert time.monotonic() < deadline, "sims[1] still serves pool-a after it moved"
+        time.sleep(0.1)
+    seen = set()
+    for _ in range(24):
+        status, port, body = _post(envoy, "pool-b")
+        assert status == 200, body
+        seen.add(port)
+    assert seen <= {sims[1].port, sims[2].port, sims[3].port} and sims[1].port in seen
+
 
 def test_one_pool_faults_do_not_reach_another(rig: Rig) -> None:
     """Pool b's endpoints are all dead (metrics failing, connections refused): pool a serves on."""
