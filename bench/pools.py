@@ -3,8 +3,10 @@
 The endpoints are light fakes in one process (an aiohttp server on 4 x N ports answering ``/metrics``
 in vLLM's format and chat completions at once), scraped for real by the EPP. One Envoy has a virtual
 host per pool (``epp envoy-config --pool``). Steady load round robin over every pool; per run:
-EPP CPU per request, its RSS, its idle CPU (no load, scrapes going on), and the cross-pool routes
-(a request answered by an endpoint of another pool: must be 0).
+EPP CPU per request (the whole process, less its idle rate; and the serving thread alone, where
+every request's work runs while the scrapes run on the data layer's thread), its RSS, its idle CPU
+(no load, scrapes going on), and the cross-pool routes (a request answered by an endpoint of another
+pool: must be 0).
 """
 
 from __future__ import annotations
@@ -41,8 +43,9 @@ ANSWER = (
 )
 
 
-def fake_main(ports: list[int]) -> None:
-    """The fake endpoints: every port answers /metrics and any POST (its port in x-inference-port)."""
+def fake_main(ports: list[int], ready_file: str = "") -> None:
+    """The fake endpoints: every port answers /metrics and any POST (its port in x-inference-port);
+    ``ready_file`` is written once every port listens."""
     from aiohttp import web
 
     async def serve() -> None:
@@ -64,6 +67,8 @@ def fake_main(ports: list[int]) -> None:
         await runner.setup()
         for port in ports:
             await web.TCPSite(runner, "127.0.0.1", port, backlog=512).start()
+        if ready_file:
+            Path(ready_file).write_text("listening\n")
         await asyncio.Event().wait()
 
     asyncio.run(serve())
@@ -85,6 +90,13 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
 
 
+def thread_cpu_seconds(pid: int) -> float:
+    """CPU of the process's main thread alone: the event loop that serves every request (the data
+    layer's scrapes run on a thread of their own)."""
+    fields = Path(f"/proc/{pid}/task/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+
+
 def rss_mb(pid: int) -> float:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
@@ -92,20 +104,27 @@ def rss_mb(pid: int) -> float:
     return 0.0
 
 
-async def load(url: str, pools: dict[str, set[int]], requests: int, connections: int) -> tuple[int, int, int]:
-    """``requests`` chat requests round robin over the pools; (ok, failed, cross-pool)."""
+async def load(
+    url: str, pools: dict[str, set[int]], requests: int, connections: int, rate: float = 0.0
+) -> tuple[int, int, int]:
+    """``requests`` chat requests round robin over the pools, at ``rate`` per second (0: as fast as
+    ``connections`` allow); (ok, failed, cross-pool)."""
     import aiohttp
 
     names = sorted(pools)
     body = b'{"model":"demo","messages":[{"role":"user","content":"hello there"}]}'
     counts = [0, 0, 0]
     next_i = 0
+    start = time.monotonic()
 
     async def worker(session: aiohttp.ClientSession) -> None:
         nonlocal next_i
         while next_i < requests:
-            pool = names[next_i % len(names)]
+            i = next_i
+            pool = names[i % len(names)]
             next_i += 1
+            if rate > 0:  # a steady arrival rate: request i leaves at start + i / rate
+                await asyncio.sleep(max(0.0, start + i / rate - time.monotonic()))
             headers = {"Host": pool, "content-type": "application/json"}
             async with session.post(url, data=body, headers=headers) as resp:
                 await resp.read()
@@ -124,7 +143,9 @@ async def load(url: str, pools: dict[str, set[int]], requests: int, connections:
     return counts[0], counts[1], counts[2]
 
 
-def run(n_pools: int, requests: int, connections: int, workdir: Path, scrape: str) -> dict[str, Any]:
+def run(
+    n_pools: int, requests: int, connections: int, workdir: Path, scrape: str, rate: float = 0.0
+) -> dict[str, Any]:
     unique: set[int] = set()
     while len(unique) < n_pools * PER_POOL:  # free_port() may return a port twice
         unique.add(stack.free_port())
@@ -144,8 +165,13 @@ def run(n_pools: int, requests: int, connections: int, workdir: Path, scrape: st
     grpc_port, health_port, metrics_port = stack.free_port(), stack.free_port(), stack.free_port()
     listen, admin = stack.free_port(), stack.free_port()
     with stack.Stack(workdir / f"run-{n_pools}", ready_timeout=120) as s:
-        fake = s.supervisor.start("fake", [sys.executable, __file__, "--fake", ",".join(map(str, ports))])
-        # every port bound (a port taken meanwhile by another process ends the fake: run again)
+        ready = workdir / f"fake-{n_pools}.ready"
+        ready.unlink(missing_ok=True)
+        command = [sys.executable, __file__, "--fake", ",".join(map(str, ports)), "--fake-ready", str(ready)]
+        fake = s.supervisor.start("fake", command)
+        # every port bound (a port taken meanwhile by another process ends the fake: run again); one
+        # connection per port once the fake says so (polling 400 ports kept a loaded machine's fake busy)
+        s.wait("the fake endpoints", ready.exists, children=[fake])
         s.wait("the fake endpoints", lambda: _listening(ports), children=[fake])
         epp = s.start_epp(
             "epp",
@@ -166,12 +192,14 @@ def run(n_pools: int, requests: int, connections: int, workdir: Path, scrape: st
         time.sleep(2.0)
         assert epp.proc is not None
         pid = epp.proc.pid
-        idle0 = cpu_seconds(pid)
+        idle0, idle_main0 = cpu_seconds(pid), thread_cpu_seconds(pid)
         time.sleep(5.0)
         idle = (cpu_seconds(pid) - idle0) / 5.0
-        c0, t0 = cpu_seconds(pid), time.monotonic()
-        ok, failed, cross = asyncio.run(load(url, pools, requests, connections))
+        idle_main = (thread_cpu_seconds(pid) - idle_main0) / 5.0
+        c0, m0, t0 = cpu_seconds(pid), thread_cpu_seconds(pid), time.monotonic()
+        ok, failed, cross = asyncio.run(load(url, pools, requests, connections, rate))
         cpu, wall = cpu_seconds(pid) - c0, time.monotonic() - t0
+        main = thread_cpu_seconds(pid) - m0
         return {
             "pools": n_pools,
             "endpoints": len(ports),
@@ -181,6 +209,9 @@ def run(n_pools: int, requests: int, connections: int, workdir: Path, scrape: st
             "cpu_us_per_request": 1e6 * cpu / max(ok, 1),
             # less what the EPP spends without load (scrapes) over the same time
             "net_cpu_us_per_request": 1e6 * max(cpu - idle * wall, 0.0) / max(ok, 1),
+            # the serving thread alone (every request's work; no scrape), less its own idle rate
+            "serving_us_per_request": 1e6 * max(main - idle_main * wall, 0.0) / max(ok, 1),
+            "other_threads_cpu_pct": 100 * (cpu - main) / wall,
             "rps": ok / wall,
             "rss_mb": rss_mb(pid),
             "idle_cpu_pct": 100 * idle,
@@ -190,9 +221,18 @@ def run(n_pools: int, requests: int, connections: int, workdir: Path, scrape: st
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--fake", default="", help=argparse.SUPPRESS)
+    parser.add_argument("--fake-ready", default="", help=argparse.SUPPRESS)
     parser.add_argument("--pools", default="1,10,100", help="pool counts to run (default 1,10,100)")
     parser.add_argument("--requests", type=int, default=3000)
     parser.add_argument("--connections", type=int, default=16)
+    parser.add_argument(
+        "--rate",
+        type=float,
+        default=100.0,
+        help="requests per second, the same for every pool count (default 100; 0: as fast as the "
+        "connections go, which compares runs at different rates: CPU per request falls as the rate "
+        "rises, the event loop batching more per wake-up)",
+    )
     parser.add_argument(
         "--scrape-interval",
         default="50ms",
@@ -201,32 +241,38 @@ def main() -> int:
     )
     args = parser.parse_args()
     if args.fake:
-        fake_main([int(p) for p in args.fake.split(",")])
+        fake_main([int(p) for p in args.fake.split(",")], args.fake_ready)
         return 0
     rows = []
     with tempfile.TemporaryDirectory(prefix="bench-pools-") as tmp:
         for n in (int(x) for x in args.pools.split(",")):
-            try:
-                row = run(n, args.requests, args.connections, Path(tmp), args.scrape_interval)
-            except stack.ChildExited as e:  # a fake port was taken: once more, on other ports
-                print(f"{e}: running again", flush=True)
-                row = run(n, args.requests, args.connections, Path(tmp), args.scrape_interval)
+            for attempt in range(3):
+                try:
+                    row = run(n, args.requests, args.connections, Path(tmp), args.scrape_interval, args.rate)
+                    break
+                except stack.ChildExited as e:  # a port was taken meanwhile: again, on other ports
+                    if attempt == 2:
+                        raise
+                    print(f"{e}: running again", flush=True)
             rows.append(row)
             print(row, flush=True)
     base = rows[0]
     print(
-        "\n| pools | endpoints | CPU µs/req | net µs/req | net vs first | RSS MB | RSS/extra pool MB |",
+        "\n| pools | endpoints | CPU µs/req | net µs/req | net vs first | serving thread µs/req | "
+        "serving vs first | other threads CPU % under load | RSS MB | RSS/extra pool MB |",
         end="",
     )
     print(" idle CPU % | rps | failed | cross-pool |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         extra = r["pools"] - base["pools"]
         per_pool = (r["rss_mb"] - base["rss_mb"]) / extra if extra else 0.0
         ratio = r["net_cpu_us_per_request"] / max(base["net_cpu_us_per_request"], 1e-9)
+        serving = r["serving_us_per_request"] / max(base["serving_us_per_request"], 1e-9)
         print(
             f"| {r['pools']} | {r['endpoints']} | {r['cpu_us_per_request']:.0f} | "
-            f"{r['net_cpu_us_per_request']:.0f} | {ratio:.2f}x | {r['rss_mb']:.0f} | {per_pool:.2f} | "
+            f"{r['net_cpu_us_per_request']:.0f} | {ratio:.2f}x | {r['serving_us_per_request']:.0f} | "
+            f"{serving:.2f}x | {r['other_threads_cpu_pct']:.1f} | {r['rss_mb']:.0f} | {per_pool:.2f} | "
             f"{r['idle_cpu_pct']:.1f} | {r['rps']:.0f} | {r['failed']} | {r['cross_pool']} |"
         )
     return 0 if all(r["cross_pool"] == 0 for r in rows) else 1

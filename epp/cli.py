@@ -798,12 +798,22 @@ def _objectives(path: str, pool_name: str, *, kube: bool) -> Any:
         raise SystemExit(2) from None
 
 
-def _pool_config(args: argparse.Namespace) -> Callable[[Any], Any]:
-    """Loads the config again for another pool's endpoint store (an EPP serving several pools)."""
+def _pool_config(args: argparse.Namespace) -> Callable[[Any, str | None], Any]:
+    """Loads a config for another pool's endpoint store (an EPP serving several pools): the shared
+    config's text, or (``own`` not None) the pool's own text."""
     from epp.config import load_config
 
     text, source = _config_text(args)
-    return lambda store: load_config(text, source=source, endpoints=store.endpoints, **_config_options(args))
+
+    def load(store: Any, own: str | None = None) -> Any:
+        return load_config(
+            text if own is None else own,
+            source=source if own is None else "pool config",
+            endpoints=store.endpoints,
+            **_config_options(args),
+        )
+
+    return load
 
 
 def _serve(args: argparse.Namespace) -> int:

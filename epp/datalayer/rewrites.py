@@ -226,11 +226,17 @@ class RewriteStore:
     swaps it in as one reference; ``choose`` is a dict lookup plus one random draw and a bisection.
     """
 
-    __slots__ = ("_index", "_objects", "pool_group", "pool_name")
+    __slots__ = ("_index", "_objects", "pool_group", "pool_labels", "pool_name")
 
-    def __init__(self, pool_name: str, pool_group: str = DEFAULT_POOL_GROUP) -> None:
+    def __init__(
+        self,
+        pool_name: str,
+        pool_group: str = DEFAULT_POOL_GROUP,
+        pool_labels: Mapping[str, str] | None = None,
+    ) -> None:
         self.pool_name = pool_name
         self.pool_group = pool_group or DEFAULT_POOL_GROUP
+        self.pool_labels: Mapping[str, str] = pool_labels or {}  # for spec.poolSelector
         self._objects: dict[str, _ParsedRewrite] = {}
         self._index: _Index = ({}, None)
 
@@ -246,7 +252,7 @@ class RewriteStore:
         if not isinstance(spec, Mapping):
             log.warning(f"skipping malformed {KIND}", object=name, field="spec", reason="not a mapping")
             return name, None
-        if not pool_ref_matches(spec, self.pool_name, self.pool_group, KIND, name):
+        if not pool_ref_matches(spec, self.pool_name, self.pool_group, KIND, name, self.pool_labels):
             return name, None
         try:
             return name, _parse_rewrite(obj, name)

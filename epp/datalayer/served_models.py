@@ -1,12 +1,22 @@
-"""The model names the pool serves, handed to the model-name label bound of the EPP's metrics."""
+"""The model names the pools serve, handed to the model-name label bound of the EPP's metrics."""
 
 from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Protocol
 
 import structlog
 
 from epp import labels
 from epp.background import RepeatingTask
-from epp.datalayer.store import EndpointStore
+from epp.framework import Endpoint
+
+
+class _Endpoints(Protocol):
+    """An ``EndpointStore``, or every pool's endpoints (``PoolRegistry``)."""
+
+    def endpoints(self) -> Iterable[Endpoint]: ...
+
 
 log = structlog.get_logger("epp.datalayer.served_models")
 
@@ -18,7 +28,7 @@ class ServedModels:
 
     def __init__(
         self,
-        store: EndpointStore,
+        store: _Endpoints,
         interval: float = DEFAULT_INTERVAL,
         bound: labels.BoundedLabel | None = None,
     ) -> None:

@@ -45,7 +45,11 @@ class _SinkHandler:
         self.sink.upsert_object(obj)
 
     def on_delete(self, obj: dict[str, Any]) -> None:
-        self.sink.delete(name_of(obj))
+        by_object = getattr(self.sink, "delete_object", None)  # a sink for several namespaces
+        if by_object is not None:
+            by_object(obj)
+        else:
+            self.sink.delete(name_of(obj))
 
     def on_synced(self) -> None:
         return None

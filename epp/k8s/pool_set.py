@@ -18,16 +18,32 @@ from kubernetes_asyncio import client
 
 from epp.framework import EndpointNotifier
 from epp.k8s.pool_discovery import DEFAULT_APP_PROTOCOLS, PoolDiscovery
+from epp.k8s.pool_policies import PoolPolicies
 from epp.k8s.reflector import Reflector
 from epp.k8s.resources import POOL_GROUP, inference_pool, name_of
 
 log = structlog.get_logger("epp.k8s.pools")
 
+CONFIG_ANNOTATION = "epp.llm-d.ai/config-map"
+"""An InferencePool annotation naming a ConfigMap of the pool's namespace, ``NAME`` (its key
+``config.yaml``) or ``NAME/KEY``, whose text is that pool's own ``EndpointPickerConfig``."""
+CONFIG_KEY = "config.yaml"
+
+
+def config_source(pool: dict[str, Any]) -> tuple[str, str] | None:
+    """``(configmap, key)`` the pool's annotation names, or None (the shared config)."""
+    annotations = (pool.get("metadata") or {}).get("annotations") or {}
+    value = str(annotations.get(CONFIG_ANNOTATION) or "").strip()
+    if not value:
+        return None
+    name, _, key = value.partition("/")
+    return name, key or CONFIG_KEY
+
 
 class PoolRegistryLike(Protocol):
     """What the pool set needs of ``epp.server.pools.PoolRegistry``."""
 
-    def get_or_add(self, name: str) -> Any: ...
+    def get_or_add(self, name: str, config: str | None = None) -> Any: ...
 
     def remove(self, name: str) -> None: ...
 
@@ -48,8 +64,12 @@ class PoolSetDiscovery:
         pool_group: str = POOL_GROUP,
         metrics_port: int | None = None,
         app_protocols: Collection[str] = DEFAULT_APP_PROTOCOLS,
+        policies: PoolPolicies | None = None,
     ) -> None:
+        """``policies``: each pool's InferenceObjective and InferenceModelRewrite stores."""
         self.api = api
+        self.policies = policies
+        self._sources: dict[str, tuple[str, str] | None] = {}  # pool -> its config's ConfigMap
         self.namespace = namespace
         self.names = frozenset(names)
         self.selector = selector
@@ -128,17 +148,33 @@ class PoolSetDiscovery:
         registry = self.registry
         assert registry is not None
         discovery = self.pools.get(name)
-        if not self._wanted(name, pool):
-            if discovery is not None:
-                log.info("InferencePool gone or no longer selected: not served", pool=name)
-                del self.pools[name]
-                self._synced_once.discard(name)
-                await discovery.stop()
-                registry.remove(name)
+        wanted = self._wanted(name, pool)
+        if discovery is not None and (not wanted or config_source(pool or {}) != self._sources.get(name)):
+            log.info(
+                "InferencePool gone or no longer selected: not served"
+                if not wanted
+                else "InferencePool's config annotation changed: its runtime is built again",
+                pool=name,
+            )
+            del self.pools[name]
+            self._sources.pop(name, None)
+            self._synced_once.discard(name)
+            await discovery.stop()
+            registry.remove(name)
+            if self.policies is not None:
+                self.policies.detach(name)
+            discovery = None
+        if not wanted:
             return
         assert pool is not None
         if discovery is None:
-            target = registry.get_or_add(name)
+            source = config_source(pool)
+            namespace = str((pool.get("metadata") or {}).get("namespace") or self.namespace)
+            text = await self._own_config(name, namespace, source) if source is not None else None
+            target = registry.get_or_add(name, text)
+            self._sources[name] = source
+            if self.policies is not None:
+                self.policies.attach(name, pool, target.director)
             discovery = PoolDiscovery(
                 self.api,
                 str((pool.get("metadata") or {}).get("namespace") or self.namespace),
@@ -150,8 +186,35 @@ class PoolSetDiscovery:
             discovery.on_status = lambda ready, reason, n=name: self._pool_status(n, ready, reason)
             await discovery.start_pods(target.store)
             self.pools[name] = discovery
-            log.info("InferencePool served", pool=name, pools=len(self.pools))
+            log.info("InferencePool served", pool=name, pools=len(self.pools), own_config=source)
+        elif self.policies is not None:
+            self.policies.pool_changed(name, pool)
         await discovery.pool_changed(pool)
+
+    async def _own_config(self, name: str, namespace: str, source: tuple[str, str]) -> str:
+        """The text of the pool's own config (``CONFIG_ANNOTATION``); raises when it can't be read,
+        so the pool is not served (its requests get 404) until its InferencePool changes again."""
+        config_map, key = source
+        try:
+            found = await client.CoreV1Api(self.api).read_namespaced_config_map(config_map, namespace)
+        except Exception as e:
+            log.error(
+                "the InferencePool's own config cannot be read: the pool is not served",
+                pool=name,
+                config_map=f"{namespace}/{config_map}",
+                error=str(e)[:300],
+            )
+            raise
+        text = (found.data or {}).get(key)
+        if text is None:
+            log.error(
+                "the InferencePool's own config has no such key: the pool is not served",
+                pool=name,
+                config_map=f"{namespace}/{config_map}",
+                key=key,
+            )
+            raise KeyError(key)
+        return str(text)
 
     def _pool_status(self, name: str, ready: bool, reason: str) -> None:
         if ready:

@@ -16,6 +16,7 @@ from epp.k8s.leader import LeaderElector, lease_name, new_identity
 from epp.k8s.pods import PoolSpec
 from epp.k8s.policy_watchers import PolicyWatchers
 from epp.k8s.pool_discovery import DEFAULT_APP_PROTOCOLS, PoolDiscovery, parse_endpoint_selector
+from epp.k8s.pool_policies import PoolPolicies
 from epp.k8s.pool_set import PoolSetDiscovery
 from epp.k8s.resources import POOL_GROUP
 
@@ -65,6 +66,7 @@ class KubeRuntime:
         policy_watchers: PolicyWatchers | None
         discovery: PoolDiscovery | PoolSetDiscovery
         if opts.pool_names or opts.pool_selector:
+            policies = PoolPolicies(opts.pool_group)
             discovery = PoolSetDiscovery(
                 api,
                 opts.namespace,
@@ -73,14 +75,13 @@ class KubeRuntime:
                 pool_group=opts.pool_group,
                 metrics_port=opts.metrics_port,
                 app_protocols=app_protocols,
+                policies=policies,
             )
-            objectives = rewrites = None
-            policy_watchers = None
-            log.info(
-                "several InferencePools: InferenceObjective and InferenceModelRewrite are not watched",
-                pools=list(opts.pool_names),
-                selector=opts.pool_selector,
+            objectives = rewrites = None  # each pool has its own stores (PoolPolicies)
+            policy_watchers = PolicyWatchers(
+                api, opts.namespace, objectives=policies.objectives, rewrites=policies.rewrites
             )
+            log.info("several InferencePools", pools=list(opts.pool_names), selector=opts.pool_selector)
         elif opts.pool_name:
             discovery = PoolDiscovery(
                 api,

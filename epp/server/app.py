@@ -35,7 +35,7 @@ from epp.framework.cross_replica import CrossReplicaContributor
 from epp.promlite import start_http_server
 from epp.scheduling import Scheduler
 from epp.server import h2grpc, heap, pool_metrics, status_page, upstream_failures
-from epp.server.config_reload import ConfigWatcher, Reload
+from epp.server.config_reload import ConfigWatcher, Reload, plan_reload
 from epp.server.decisions import DecisionLog
 from epp.server.director import Director, DirectorHooks
 from epp.server.extproc import ExternalProcessor, StreamOptions, add_to_server
@@ -159,11 +159,12 @@ class EppServer:
         kube: KubeRuntime | None = None,
         objectives: ObjectiveStore | None = None,
         config_watch: tuple[str, Callable[[str], LoadedConfig]] | None = None,
-        pool_config: Callable[[EndpointStore], LoadedConfig] | None = None,
+        pool_config: Callable[[EndpointStore, str | None], LoadedConfig] | None = None,
     ) -> None:
         """``objectives``: priorities from ``--objectives-file`` (without Kubernetes).
-        ``pool_config``: loads the config again for another pool's store (an EPP serving several
-        pools); without it, the EPP serves one pool."""
+        ``pool_config(store, text)``: loads the config again for another pool's store, from the
+        shared config's text (``text`` None) or a text of its own (an EPP serving several pools);
+        without it, the EPP serves one pool."""
         self.cfg = cfg
         self.config_watch = config_watch  # --watch-config-file: the file and how to load a candidate
         self.opts = opts
@@ -177,6 +178,7 @@ class EppServer:
         self._objectives = kube.objectives if kube is not None else objectives
         self._rewrites = kube.rewrites if kube is not None else None
         self.pool_config = pool_config  # another pool's own LoadedConfig (several pools)
+        self._config_text: str | None = None  # the shared config's text, once reloaded
         self._runner = ScrapeLoop()  # every pool's scrapes run on the data layer's one thread
         self._running = False
         self._background: list[asyncio.Future[None]] = []
@@ -211,7 +213,8 @@ class EppServer:
         self.data_layer = primary.data_layer
         self.scraper = self.data_layer.metrics_scraper
         self.pool_gauges = primary.gauges
-        self.served_models = ServedModels(self.store)  # bounds the model_name metric labels
+        # bounds the model_name metric labels: every pool's models keep their own label
+        self.served_models = ServedModels(self.pools)
 
     def _build_pool(self, name: str, cfg: LoadedConfig, store: EndpointStore) -> Pool:
         """One pool's runtime from its own config: store listeners, director, data layer, gauges."""
@@ -271,12 +274,16 @@ class EppServer:
         serving: list[ServingHooks] = [p for p in cfg.plugins.values() if isinstance(p, ServingHooks)]
         return Pool(name, cfg, store, director, flow_control, data_layer, gauges, serving)
 
-    def _new_pool(self, name: str) -> Pool:
-        """Another pool (several pools): the same ``EndpointPickerConfig``, its own plugin instances."""
+    def _new_pool(self, name: str, config: str | None = None) -> Pool:
+        """Another pool (several pools): the same ``EndpointPickerConfig`` (as last reloaded), or
+        ``config``, a text of its own; its own plugin instances either way."""
         assert self.pool_config is not None
         store = EndpointStore()
         store.synced = True
-        return self._build_pool(name, self.pool_config(store), store)
+        text = config if config is not None else self._config_text
+        pool = self._build_pool(name, self.pool_config(store, text), store)
+        pool.own_config = config is not None
+        return pool
 
     def _pool_added(self, pool: Pool) -> None:
         if self._running:
@@ -293,6 +300,9 @@ class EppServer:
         pool.gauges.start()
         for hook in pool.serving:
             await hook.start_serving()
+        pool.cross_replica = self._cross_replica(pool)
+        if pool.cross_replica is not None:
+            pool.cross_replica.start()
 
     async def _stop_pool(self, pool: Pool) -> None:
         if not pool.started:
@@ -305,6 +315,9 @@ class EppServer:
                 await hook.stop_serving()
             except Exception as e:
                 log.error("plugin failed to stop", plugin=repr(hook), error=repr(e))
+        if pool.cross_replica is not None:
+            await pool.cross_replica.stop()
+            pool.cross_replica = None
         await pool.data_layer.stop()
         await pool.gauges.stop()
 
@@ -327,8 +340,10 @@ class EppServer:
             or o.decision_response_header
         )
 
-    def apply_reload(self, candidate: LoadedConfig, plan: Reload) -> None:
-        """Install a checked config change (``config_reload.plan_reload``) between two requests."""
+    def apply_reload(self, candidate: LoadedConfig, plan: Reload, text: str | None = None) -> None:
+        """Install a checked config change (``config_reload.plan_reload``) between two requests: in
+        the first pool, then (``text``, the new config's text) in every other pool that takes the
+        shared config, each with a candidate of its own plugin instances."""
         self._prepare(plan.scheduler)
         if plan.flow_settings is not None and self.flow_control is not None:
             self.flow_control.reconfigure(plan.flow_settings)
@@ -336,8 +351,31 @@ class EppServer:
         self.cfg = dataclasses.replace(
             self.cfg, document=candidate.document, scheduler=plan.scheduler, plugins=plan.plugins
         )
+        self.pools.primary.cfg = self.cfg
         promlite.configure_exposition(
             emit_deprecated=self.opts.emit_deprecated_metrics, loaded=self._metric_owners(self.cfg)
+        )
+        if text is None or self.pool_config is None:
+            return
+        self._config_text = text  # pools added from now on take it too
+        for pool in list(self.pools.pools.values()):
+            if pool is self.pools.primary or pool.own_config:
+                continue
+            try:
+                self._reload_pool(pool, text)
+            except Exception as e:  # checked against the first pool: not expected
+                log.error("configuration reload failed for a pool", pool=pool.name, error=str(e))
+
+    def _reload_pool(self, pool: Pool, text: str) -> None:
+        assert self.pool_config is not None
+        candidate = self.pool_config(pool.store, text)
+        plan = plan_reload(pool.cfg, candidate)
+        self._prepare(plan.scheduler)
+        if plan.flow_settings is not None and pool.flow_control is not None:
+            pool.flow_control.reconfigure(plan.flow_settings)
+        pool.director.scheduler = plan.scheduler
+        pool.cfg = dataclasses.replace(
+            pool.cfg, document=candidate.document, scheduler=plan.scheduler, plugins=plan.plugins
         )
 
     def _metric_owners(self, cfg: LoadedConfig) -> set[str]:
@@ -352,38 +390,33 @@ class EppServer:
             self._hurry.set()
         self._stop.set()
 
-    def _cross_replica(self) -> CrossReplicaRuntime | None:
-        """With a syncer (``dataLayer.crossReplicaSyncerPluginRef``): replicas share routing state."""
-        settings = self.cfg.cross_replica
+    def _cross_replica(self, pool: Pool | None = None) -> CrossReplicaRuntime | None:
+        """With a syncer (``dataLayer.crossReplicaSyncerPluginRef``): replicas share routing state.
+        Every pool shares its own (its own syncer instance, state keys under its own name)."""
+        pool = pool if pool is not None else self.pools.primary
+        settings = pool.cfg.cross_replica
         if settings is None:
             return None
-        specs = [spec for c in self._contributors() for spec in c.cross_replica_specs()]
-        specs += self.data_layer.share_scrapes(
+        specs = [spec for c in _contributors(pool) for spec in c.cross_replica_specs()]
+        specs += pool.data_layer.share_scrapes(
             settings.syncer.replica_id, settings.syncer.peers, settings.interval
         )
         log.info(
             "sharing routing state with the other replicas",
             syncer=getattr(settings.syncer, "name", ""),
             replica=settings.syncer.replica_id,
+            pool=pool.name,
             states=[s.state_key for s in specs],
             interval_s=settings.interval,
         )
+        namespaced = pool.name if "/" in pool.name else f"{self.opts.pool_namespace}/{pool.name}"
         return CrossReplicaRuntime(
             settings.syncer,
             specs,
-            pool=f"{self.opts.pool_namespace}/{self.opts.pool_name}",
+            pool=namespaced,
             interval=settings.interval,
             publish_timeout=settings.publish_timeout,
         )
-
-    def _contributors(self) -> list[CrossReplicaContributor]:
-        """What shares state: the plugins that declare it, the saturation detector (also when the
-        loader created it), and the flow controller, which is runtime, not a plugin."""
-        found: list[CrossReplicaContributor] = []
-        for c in (*self.cfg.plugins.values(), self.cfg.saturation_detector, self.flow_control):
-            if isinstance(c, CrossReplicaContributor) and not any(c is f for f in found):
-                found.append(c)
-        return found
 
     def _replication(self) -> tuple[ReplicationHub, ReplicationFollower] | None:
         """With leader election: standbys mirror the leader's learned plugin state (prefix index)."""
@@ -532,7 +565,16 @@ class EppServer:
             watcher = None
             if self.config_watch is not None:
                 path, load = self.config_watch
-                watch = ConfigWatcher(path, lambda: self.cfg, load, self.apply_reload)
+                texts: list[str] = []
+
+                def load_kept(text: str) -> LoadedConfig:  # the text, for the other pools
+                    texts[:] = [text]
+                    return load(text)
+
+                def apply(candidate: LoadedConfig, plan: Reload) -> None:
+                    self.apply_reload(candidate, plan, texts[0] if texts else None)
+
+                watch = ConfigWatcher(path, lambda: self.cfg, load_kept, apply)
                 watcher = asyncio.create_task(watch.run(self._stop), name="config-watch")
             await self._stop.wait()
             if watcher is not None:
@@ -585,6 +627,17 @@ class EppServer:
             await health_server.stop(0)
             if replication_server is not None:
                 await replication_server.stop(0)
+
+
+def _contributors(pool: Pool) -> list[CrossReplicaContributor]:
+    """What shares a pool's state: the plugins that declare it, the saturation detector (also when
+    the loader created it), and the flow controller, which is runtime, not a plugin."""
+    found: list[CrossReplicaContributor] = []
+    cfg = pool.cfg
+    for c in (*cfg.plugins.values(), cfg.saturation_detector, pool.flow_control):
+        if isinstance(c, CrossReplicaContributor) and not any(c is f for f in found):
+            found.append(c)
+    return found
 
 
 def _extract_metadata(extractors: list[MetadataExtractor], endpoint: Endpoint) -> None:

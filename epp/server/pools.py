@@ -42,6 +42,8 @@ class Pool:
     gauges: PoolGauges
     serving: list[ServingHooks] = field(default_factory=list)
     started: bool = False
+    own_config: bool = False  # its own EndpointPickerConfig (a ConfigMap the pool's annotation names)
+    cross_replica: Any = None  # its CrossReplicaRuntime (a redis-syncer: shared state per pool)
 
 
 def route_pool(metadata: Iterable[tuple[str, str | bytes]]) -> str:
@@ -56,14 +58,15 @@ class PoolRegistry:
     """The pools one EPP serves, by name, and which pool owns which endpoint address.
 
     ``multi`` is false while the EPP serves one pool the classic way: every request is that pool's.
-    ``build(name)`` makes a pool's runtime (``None``: only the first pool can exist); ``on_added`` /
-    ``on_removed`` start and stop one.
+    ``build(name, config)`` makes a pool's runtime, with the shared config or (``config`` not None)
+    a config text of its own (``None``: only the first pool can exist); ``on_added`` / ``on_removed``
+    start and stop one.
     """
 
     def __init__(
         self,
         primary: Pool,
-        build: Callable[[str], Pool] | None = None,
+        build: Callable[[str, str | None], Pool] | None = None,
         *,
         multi: bool = False,
     ) -> None:
@@ -103,13 +106,14 @@ class PoolRegistry:
 
     # --- pools appearing and disappearing -------------------------------------------------------
 
-    def get_or_add(self, name: str) -> Pool:
+    def get_or_add(self, name: str, config: str | None = None) -> Pool:
+        """The pool of that name, built (with ``config``, a config text of its own, if given) when new."""
         pool = self.pools.get(name)
         if pool is not None:
             return pool
         if self._build is None:
             raise ValueError(f"pool {name!r}: this EPP serves one pool ({self.primary.name})")
-        pool = self._build(name)
+        pool = self._build(name, config)
         self._adopt(pool)
         self.multi = True
         log.info("pool added", pool=name, pools=len(self.pools))

@@ -112,6 +112,15 @@ LEASE = ResourceType(
     has_status=False,
     delete_returns_object=False,
 )
+CONFIG_MAP = ResourceType(
+    group="",
+    version="v1",
+    kind="ConfigMap",
+    plural="configmaps",
+    short_names=("cm",),
+    builtin=True,
+    has_status=False,
+)
 INFERENCE_POOL = ResourceType(
     group="inference.networking.k8s.io", version="v1", kind="InferencePool", plural="inferencepools"
 )
@@ -147,6 +156,7 @@ LEGACY_INFERENCE_MODEL_REWRITE = ResourceType(
 RESOURCES: tuple[ResourceType, ...] = (
     POD,
     LEASE,
+    CONFIG_MAP,
     INFERENCE_POOL,
     INFERENCE_POOL_V1ALPHA2,
     INFERENCE_OBJECTIVE,

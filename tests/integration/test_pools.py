@@ -110,11 +110,25 @@ def test_three_pools_behind_one_envoy(rig: Rig, server: str) -> None:
     del members["pool-c"]
     _write_pools(epp.endpoints_file, {**members, "pool-z": [sims[6]]})
     deadline = time.monotonic() + 20
-    while _post(envoy, "pool-c")[0] != 404:
+    while (reply := _post(envoy, "pool-c"))[0] != 404:
         assert time.monotonic() < deadline, "pool-c still served after its removal"
         time.sleep(0.1)
+    assert "no InferencePool 'pool-c'" in reply[2], reply  # the 404 names the pool
     status, port, _ = _post(envoy, "pool-a")
     assert status == 200 and port in {sims[0].port, sims[1].port}
+
+    # a pool's endpoints change: sims[1] moves from pool-a to pool-b
+    _write_pools(epp.endpoints_file, {"pool-a": sims[0:1], "pool-b": sims[1:4], "pool-z": [sims[6]]})
+    deadline = time.monotonic() + 20
+    while {_post(envoy, "pool-a")[1] for _ in range(6)} != {sims[0].port}:
+        assert time.monotonic() < deadline, "sims[1] still serves pool-a after it moved"
+        time.sleep(0.1)
+    seen = set()
+    for _ in range(24):
+        status, port, body = _post(envoy, "pool-b")
+        assert status == 200, body
+        seen.add(port)
+    assert seen <= {sims[1].port, sims[2].port, sims[3].port} and sims[1].port in seen
 
 
 def test_one_pool_faults_do_not_reach_another(rig: Rig) -> None:
@@ -141,9 +155,9 @@ def test_three_inferencepools_from_the_api_server(rig: Rig, tmp_path: Path) -> N
     from tests.fakekube import FakeKube, objects
 
     ns = "inference"
-    hosts = [f"127.0.0.{21 + i}" for i in range(4)]
+    hosts = [f"127.0.0.{21 + i}" for i in range(5)]
     port = stack.free_port()
-    sims = rig.start_sims(4, prefix="pod", hosts=hosts, port=port)
+    sims = rig.start_sims(5, prefix="pod", hosts=hosts, port=port)
     owner = {"pool-a": sims[0:2], "pool-b": sims[2:3], "pool-c": sims[3:4]}
 
     def pool(name: str) -> dict[str, object]:
@@ -157,6 +171,7 @@ def test_three_inferencepools_from_the_api_server(rig: Rig, tmp_path: Path) -> N
         for name, members in owner.items():
             for sim in members:
                 kube.create(objects.pod(ns, sim.name, sim.host, labels={"app": name}))
+        kube.create(objects.pod(ns, sims[4].name, sims[4].host, labels={"app": "pool-a-next"}))
         config = kube.write_kubeconfig(tmp_path / "kubeconfig")
         args = ["--pool-namespace", ns, "--kubeconfig", str(config), "--pool-selector", "epp=shared"]
         epp = rig.start_epp([], file_discovery=False, extra=args)
@@ -177,12 +192,27 @@ def test_three_inferencepools_from_the_api_server(rig: Rig, tmp_path: Path) -> N
         resp = envoy.post("/v1/chat/completions", chat_body(marker()), {"Host": "pool-c"})
         assert resp.headers["x-inference-pod"] == sims[3].name
 
+        # changed: pool-a's selector now picks another pod; its own pods leave it
+        selector = {"spec": {"selector": {"matchLabels": {"app": "pool-a-next"}}}}
+        kube.patch(objects.POOL_API, "InferencePool", ns, "pool-a", selector)
+        deadline = time.monotonic() + 20
+        while True:
+            resp = envoy.post("/v1/chat/completions", chat_body(marker()), {"Host": "pool-a"})
+            if resp.status == 200 and resp.headers["x-inference-pod"] == sims[4].name:
+                break
+            assert time.monotonic() < deadline, "pool-a's selector change not followed"
+            time.sleep(0.1)
+        for _ in range(6):
+            resp = envoy.post("/v1/chat/completions", chat_body(marker()), {"Host": "pool-a"})
+            assert (resp.status, resp.headers["x-inference-pod"]) == (200, sims[4].name)
+
         kube.delete(objects.POOL_API, "InferencePool", ns, "pool-b")  # deleted: no longer served
         deadline = time.monotonic() + 20
-        while _post(envoy, "pool-b")[0] != 404:
+        while (reply := _post(envoy, "pool-b"))[0] != 404:
             assert time.monotonic() < deadline, "pool-b still served after its deletion"
             time.sleep(0.1)
-        assert _post(envoy, "pool-a")[0] == 200
+        assert "no InferencePool 'pool-b'" in reply[2], reply  # the 404 names the pool
+        assert _post(envoy, "pool-c")[0] == 200
         assert stack.grpc_serving(epp.health_port)  # ready: every selected pool synced once
 
 
@@ -270,3 +300,260 @@ def test_inferencepools_of_every_namespace(rig: Rig, tmp_path: Path) -> None:
         resp = envoy.post("/v1/chat/completions", chat_body(marker()))
         assert resp.status == 404
         assert "team-a/chat" in resp.body.decode() and "team-b/chat" in resp.body.decode()
+
+
+def test_hanging_endpoint_and_failing_discovery_of_one_pool_do_not_reach_another(
+    rig: Rig, tmp_path: Path
+) -> None:
+    """Pool b has an endpoint that accepts connections and never answers (its /metrics hang), then
+    its discovery fails (every API request about pool b answers 500, the watches drop): pool a's
+    requests are served throughout, and a pool created meanwhile starts serving."""
+    import socket
+
+    from epp.dev import stack
+    from tests.fakekube import FakeKube, objects
+
+    ns = "inference"
+    port = stack.free_port()
+    sims = rig.start_sims(3, prefix="pod", hosts=["127.0.0.41", "127.0.0.42", "127.0.0.43"], port=port)
+    hanging = socket.socket()
+    hanging.bind(("127.0.0.44", port))
+    hanging.listen(1024)  # never accepted: connections open, requests are never answered
+
+    def pool(name: str) -> dict[str, object]:
+        obj = objects.inference_pool(ns, (port,), name=name, selector={"app": name})
+        obj["metadata"]["labels"] = {"epp": "shared"}
+        return obj
+
+    def served(name: str) -> set[str]:
+        pods = set()
+        for _ in range(8):
+            t0 = time.monotonic()
+            resp = envoy.post("/v1/chat/completions", chat_body(marker()), {"Host": name})
+            # a generous safety bound: pool b's scrapes hang for seconds at a time
+            assert time.monotonic() - t0 < 5.0, "pool-a's request waited on pool-b"
+            assert resp.status == 200, resp
+            pods.add(resp.headers["x-inference-pod"])
+        return pods
+
+    try:
+        with FakeKube(bookmark_interval=0.5) as kube:
+            for name in ("pool-a", "pool-b"):
+                kube.create(pool(name))
+            kube.create(objects.pod(ns, sims[0].name, sims[0].host, labels={"app": "pool-a"}))
+            kube.create(objects.pod(ns, sims[1].name, sims[1].host, labels={"app": "pool-a"}))
+            kube.create(objects.pod(ns, "hang", "127.0.0.44", labels={"app": "pool-b"}))
+            kube.create(objects.pod(ns, sims[2].name, sims[2].host, labels={"app": "pool-c"}))
+            config = kube.write_kubeconfig(tmp_path / "kubeconfig")
+            args = ["--pool-namespace", ns, "--kubeconfig", str(config), "--pool-selector", "epp=shared"]
+            epp = rig.start_epp(
+                [], file_discovery=False, extra=[*args, "--metrics-staleness-threshold", "3s"]
+            )
+            envoy = rig.start_envoy(epp, pools=["pool-a", "pool-b", "pool-c"], wait_for_traffic=False)
+            _wait_serving(envoy, "pool-a")
+            own = {sims[0].name, sims[1].name}
+            assert served("pool-a") <= own
+
+            kube.fail_next("*", "pool-b", 500, count=100_000)  # pool b's discovery errors from now on
+            mark = len(kube.requests)
+            kube.drop_watches()
+            kube.create(pool("pool-c"))  # another pool still appears while pool b's discovery fails
+            _wait_serving(envoy, "pool-c")
+            for _ in range(3):
+                assert served("pool-a") <= own
+                assert served("pool-c") == {sims[2].name}
+            # pool b's discovery did ask again meanwhile (and was answered 500)
+            asked = [(p, q) for _, p, q in kube.requests[mark:] if "pool-b" in p or "pool-b" in str(q)]
+            assert asked, "pool-b's discovery never asked the API server again"
+    finally:
+        hanging.close()
+
+
+def test_a_pool_with_its_own_config(rig: Rig, tmp_path: Path) -> None:
+    """``epp.llm-d.ai/config-map`` names a ConfigMap whose config is that pool's own: here a filter
+    keeping only the pool's ``canary`` pod, while the other pool (shared config) uses both of its
+    pods; a ConfigMap that does not exist leaves its pool unserved (404), the others served."""
+    from epp.dev import stack
+    from tests.fakekube import FakeKube, objects
+
+    ns = "inference"
+    port = stack.free_port()
+    sims = rig.start_sims(4, prefix="pod", hosts=[f"127.0.0.{51 + i}" for i in range(4)], port=port)
+    own = {
+        "apiVersion": "llm-d.ai/v1alpha1",
+        "kind": "EndpointPickerConfig",
+        "plugins": [
+            {
+                "name": "canary",
+                "type": "label-selector-filter",
+                "parameters": {"matchLabels": {"track": "canary"}},
+            },
+            {"type": "queue-scorer"},
+            {"type": "max-score-picker"},
+            {"type": "single-profile-handler"},
+        ],
+        "schedulingProfiles": [
+            {
+                "name": "default",
+                "plugins": [
+                    {"pluginRef": "canary"},
+                    {"pluginRef": "queue-scorer"},
+                    {"pluginRef": "max-score-picker"},
+                ],
+            }
+        ],
+    }
+
+    def pool(name: str, config_map: str = "") -> dict[str, Any]:
+        obj = objects.inference_pool(ns, (port,), name=name, selector={"app": name})
+        obj["metadata"]["labels"] = {"epp": "shared"}
+        if config_map:
+            obj["metadata"]["annotations"] = {"epp.llm-d.ai/config-map": config_map}
+        return obj
+
+    with FakeKube(bookmark_interval=0.5) as kube:
+        kube.create(
+            {
+                "apiVersion": "v1",
+                "kind": "ConfigMap",
+                "metadata": {"name": "pool-b-config", "namespace": ns},
+                "data": {"epp.yaml": yaml.safe_dump(own)},
+            }
+        )
+        kube.create(pool("pool-a"))
+        kube.create(pool("pool-b", "pool-b-config/epp.yaml"))
+        kube.create(pool("pool-c", "no-such-config"))
+        for sim, app in zip(sims, ("pool-a", "pool-a", "pool-b", "pool-b"), strict=True):
+            labels = {"app": app, **({"track": "canary"} if sim is sims[3] else {})}
+            kube.create(objects.pod(ns, sim.name, sim.host, labels=labels))
+        config = kube.write_kubeconfig(tmp_path / "kubeconfig")
+        args = ["--pool-namespace", ns, "--kubeconfig", str(config), "--pool-selector", "epp=shared"]
+        epp = rig.start_epp([], file_discovery=False, extra=args, wait_ready=False)
+        envoy = rig.start_envoy(epp, pools=["pool-a", "pool-b", "pool-c"], wait_for_traffic=False)
+        _wait_serving(envoy, "pool-a")
+        _wait_serving(envoy, "pool-b")
+        seen: dict[str, set[str]] = {"pool-a": set(), "pool-b": set()}
+        for _ in range(16):
+            for name, pods in seen.items():
+                resp = envoy.post("/v1/chat/completions", chat_body(marker()), {"Host": name})
+                assert resp.status == 200, resp
+                pods.add(resp.headers["x-inference-pod"])
+        assert seen["pool-a"] == {sims[0].name, sims[1].name}  # the shared config: no filter
+        assert seen["pool-b"] == {sims[3].name}  # its own config: the canary only
+        status, _, body = _post(envoy, "pool-c")
+        assert status == 404 and "pool-c" in body, body
+
+
+def test_config_reload_reaches_every_pool(rig: Rig) -> None:
+    """``--watch-config-file``: a filter's parameters edited live change the routing of every pool,
+    not only the first's."""
+    sims = rig.start_sims(4)
+    config = yaml.safe_load(
+        """
+apiVersion: llm-d.ai/v1
+kind: EndpointPickerConfig
+plugins:
+- {name: group, type: label-selector-filter, parameters: {matchLabels: {group: a}}}
+- {type: queue-scorer}
+- {type: max-score-picker}
+schedulingProfiles:
+- name: default
+  plugins: [{pluginRef: group}, {pluginRef: queue-scorer}, {pluginRef: max-score-picker}]
+"""
+    )
+    pools = {"pool-a": sims[0:2], "pool-b": sims[2:4]}
+    labels = {
+        sim.name: {POOL_LABEL: pool, "group": "ab"[i]}
+        for pool, members in pools.items()
+        for i, sim in enumerate(members)
+    }
+    path = rig.log_dir / "epp-config.yaml"
+    epp = rig.start_epp(sims, config=config, labels=labels, extra=["--watch-config-file"], config_file=path)
+    envoy = rig.start_envoy(epp, pools=list(pools), wait_for_traffic=False)
+
+    def ports(pool: str) -> set[int | None]:
+        seen = set()
+        for _ in range(8):
+            status, port, body = _post(envoy, pool)
+            assert status == 200, body
+            seen.add(port)
+        return seen
+
+    for pool in pools:
+        _wait_serving(envoy, pool)
+    assert ports("pool-a") == {sims[0].port}
+    assert ports("pool-b") == {sims[2].port}
+
+    edited = yaml.safe_load(path.read_text())
+    edited["plugins"][1]["parameters"]["matchLabels"] = {"group": "b"}  # [0] is file-discovery
+    write_atomic(path, yaml.safe_dump(edited, sort_keys=False))
+    deadline = time.monotonic() + 20
+    while 'llm_d_epp_config_reloads_total{result="applied"} 1' not in epp.metrics():
+        assert time.monotonic() < deadline, "the edit was not applied"
+        time.sleep(0.05)
+    assert ports("pool-a") == {sims[1].port}
+    assert ports("pool-b") == {sims[3].port}  # the second pool reloaded too
+
+
+def test_objectives_apply_to_the_pools_they_name(rig: Rig, tmp_path: Path) -> None:
+    """InferenceObjective with several pools: ``poolRef`` (v1alpha2) names one pool, ``poolRefs[]``
+    several, ``poolSelector`` those whose labels match; each pool's requests get the priorities of the
+    objectives that apply to it (seen in the engine's body, ``requestHandler.propagatePriority``)."""
+    import json
+
+    from epp.dev import stack
+    from tests.fakekube import FakeKube, objects
+
+    ns = "inference"
+    port = stack.free_port()
+    sims = rig.start_sims(2, prefix="pod", hosts=["127.0.0.61", "127.0.0.62"], port=port)
+    tiers = {"pool-a": "chat", "pool-b": "batch"}
+
+    def objective(name: str, priority: int, **spec: Any) -> dict[str, Any]:
+        obj = objects.objective(ns, name, priority)
+        del obj["spec"]["poolRef"]
+        obj["spec"].update(spec)
+        return obj
+
+    def priority(pool: str, name: str) -> int | None:
+        m = marker()
+        resp = envoy.post(
+            "/v1/chat/completions", chat_body(m), {"Host": pool, "x-gateway-inference-objective": name}
+        )
+        assert resp.status == 200, resp
+        entry = next(e for s in sims if (e := s.find(m)) is not None)
+        value = json.loads(entry["body"]).get("priority")
+        return int(value) if value is not None else None
+
+    with FakeKube(bookmark_interval=0.5) as kube:
+        for (name, tier), sim in zip(tiers.items(), sims, strict=True):
+            pool = objects.inference_pool(ns, (port,), name=name, selector={"app": name})
+            pool["metadata"]["labels"] = {"epp": "shared", "tier": tier}
+            kube.create(pool)
+            kube.create(objects.pod(ns, sim.name, sim.host, labels={"app": name}))
+        kube.create(objects.objective(ns, "a-only", 3, pool="pool-a"))  # v1alpha2: the pool it names
+        kube.create(objective("both", 5, poolRefs=[{"name": "pool-a"}, {"name": "pool-b"}]))
+        kube.create(objective("chat", 7, poolSelector={"matchLabels": {"tier": "chat"}}))
+        config = kube.write_kubeconfig(tmp_path / "kubeconfig")
+        args = ["--pool-namespace", ns, "--kubeconfig", str(config), "--pool-selector", "epp=shared"]
+        document = {"apiVersion": "llm-d.ai/v1", "requestHandler": {"propagatePriority": True}}
+        epp = rig.start_epp([], file_discovery=False, extra=args, config=document)
+        envoy = rig.start_envoy(epp, pools=list(tiers), wait_for_traffic=False)
+        for name in tiers:
+            _wait_serving(envoy, name)
+        deadline = time.monotonic() + 20
+        while priority("pool-a", "chat") != 7:  # the objectives arrive through their watch
+            assert time.monotonic() < deadline, "the objectives never applied"
+            time.sleep(0.2)
+        assert priority("pool-a", "a-only") == 3
+        assert priority("pool-b", "a-only") == 0  # names pool-a only
+        assert priority("pool-a", "both") == 5 and priority("pool-b", "both") == 5
+        assert priority("pool-b", "chat") == 0  # pool-b's labels do not match
+        # pool-b's labels change: the selector now matches it
+        kube.patch(
+            objects.POOL_API, "InferencePool", ns, "pool-b", {"metadata": {"labels": {"tier": "chat"}}}
+        )
+        deadline = time.monotonic() + 20
+        while priority("pool-b", "chat") != 7:
+            assert time.monotonic() < deadline, "pool-b's new labels were not matched"
+            time.sleep(0.2)

@@ -484,3 +484,31 @@ def test_without_a_syncer_nothing_records_or_registers() -> None:
     assert server._cross_replica() is None
     assert cfg.plugins["sa"].affinity.store._outbox is None
     assert cfg.plugins["lru"]._mine is None
+
+
+def test_every_pool_shares_its_own_state_under_its_own_name() -> None:
+    """Several pools: each pool's syncer runtime has that pool's own syncer instance and contributors,
+    and its keys live under the pool's name (two replicas' pools a never meet pools b)."""
+    from epp.server.app import EppServer, ServeOptions
+
+    body = (
+        _SERVE_CONFIG + "dataLayer: {crossReplicaSyncerPluginRef: shared, crossReplicaSyncInterval: 50ms}\n"
+    )
+
+    def load(store: Any, text: str | None = None) -> Any:
+        return config(body)
+
+    def prefix(runtime: Any) -> str:  # the pool's redis keys' prefix
+        return str(runtime.syncer._prefix)
+
+    server = EppServer(config(body), ServeOptions(pool_name="a", pool_namespace="ns"), pool_config=load)
+    other = server.pools.get_or_add("b")
+    first, second = server._cross_replica(), server._cross_replica(other)
+    assert first is not None and second is not None
+    assert first.syncer is not second.syncer
+    assert prefix(first).endswith(":ns/a:") and prefix(second).endswith(":ns/b:")
+    keys = {s.state_key for s in second.values} | {s.state_key for s in second.logs}
+    assert "session-affinity-scorer/sa" in keys and SHARED_STATE_KEY in keys
+    all_namespaces = server.pools.get_or_add("team/c")
+    third = server._cross_replica(all_namespaces)
+    assert third is not None and prefix(third).endswith(":team/c:")

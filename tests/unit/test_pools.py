@@ -16,7 +16,7 @@ from epp.server.pools import Pool, PoolNotifier, PoolRegistry, check_overlaps, r
 NONE: Any = None
 
 
-def _pool(name: str) -> Pool:
+def _pool(name: str, config: str | None = None) -> Pool:
     return Pool(name, NONE, EndpointStore(), director=NONE, flow_control=None, data_layer=NONE, gauges=NONE)
 
 
@@ -186,3 +186,60 @@ def test_epp_run_pools_split_the_sims_round_robin() -> None:
     assert StackOptions(sims=3).endpoint_labels() == {} and StackOptions(sims=3).pool_names == []
     with pytest.raises(ValueError, match="pools"):
         StackOptions(sims=1, pools=2).check()
+
+
+_RELOAD = """
+plugins:
+- {name: group, type: label-selector-filter, parameters: {matchLabels: {group: GROUP}}}
+- {type: queue-scorer}
+- {type: max-score-picker}
+schedulingProfiles:
+- name: default
+  plugins: [{pluginRef: group}, {pluginRef: queue-scorer}, {pluginRef: max-score-picker}]
+"""
+
+
+def test_a_config_reload_reaches_every_pool_on_the_shared_config() -> None:
+    from epp.server.app import EppServer, ServeOptions
+    from epp.server.config_reload import plan_reload
+    from tests.unit.factories import config
+
+    before, after = _RELOAD.replace("GROUP", "a"), _RELOAD.replace("GROUP", "b")
+
+    def load(store: EndpointStore, text: str | None = None) -> Any:
+        return config(before if text is None else text)
+
+    server = EppServer(config(before), ServeOptions(pool_name="a"), pool_config=load)
+    b = server.pools.get_or_add("b")
+    own = server.pools.get_or_add("c", before)
+    assert own.own_config and not b.own_config
+    old_b, old_c = b.director.scheduler, own.director.scheduler
+    candidate = config(after)
+    server.apply_reload(candidate, plan_reload(server.cfg, candidate), after)
+    for pool in (server.pools.primary, b):
+        assert pool.cfg.document == candidate.document
+        group: Any = pool.cfg.plugins["group"]
+        assert group.params.match_labels == {"group": "b"}
+    assert b.director.scheduler is not old_b
+    assert own.director.scheduler is old_c  # a pool with its own config keeps it
+    assert server.pools.get_or_add("d").cfg.document == candidate.document  # later pools: the new text
+
+
+def test_every_pools_models_keep_their_metric_label() -> None:
+    """The model-name label bound learns the models of every pool, not only the first's: a request
+    to the second pool's model is not recorded as ``other``."""
+    import dataclasses
+
+    from epp.datalayer.served_models import ServedModels
+    from epp.labels import OVERFLOW, BoundedLabel
+
+    registry = _registry("a", "b")
+    for pool, model in (("a", "model-a"), ("b", "model-b")):
+        store = registry.pools[pool].store
+        store.upsert(_md(f"{pool}-0", 8000, address=f"10.0.0.{len(pool) + ord(pool[0])}"))
+        (endpoint,) = store.endpoints()
+        endpoint.metrics = dataclasses.replace(endpoint.metrics, served_models=(model,))
+    bound = BoundedLabel("model_name")
+    ServedModels(registry, bound=bound).refresh()
+    assert bound.bound("model-b") == "model-b" and bound.bound("model-a") == "model-a"
+    assert bound.bound("unknown") == OVERFLOW

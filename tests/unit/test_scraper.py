@@ -575,3 +575,18 @@ def test_the_scrape_timeout_flag() -> None:
         EndpointStore(), _metrics_source(), refresh_interval=INTERVAL, timeout=3.0
     ).scrapers
     assert scraper.timeout == 3.0
+
+
+def test_scrapes_start_on_shared_slots() -> None:
+    """Every endpoint's scrapes start on one of SCRAPE_SLOTS instants per interval, so the data
+    layer's thread wakes for a batch of endpoints at a time."""
+    from epp.datalayer.scraper import SCRAPE_SLOTS
+
+    scraper = _scraper(EndpointStore())
+    step = scraper.interval / SCRAPE_SLOTS
+    for t in (0.0, 0.001, 12.345, 1000.0 + step / 2):
+        slot = scraper._slot(t)
+        assert t <= slot < t + step + 1e-9
+        assert abs(slot / step - round(slot / step)) < 1e-6
+    phases = {round(scraper._phase() / step, 6) for _ in range(400)}
+    assert phases == {float(i) for i in range(SCRAPE_SLOTS)}  # every slot used, nothing between
