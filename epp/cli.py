@@ -1173,18 +1173,31 @@ def _envoy_config(args: argparse.Namespace) -> int:
     return envoy_main(args.args, prog="epp envoy-config")
 
 
-def build_parser() -> argparse.ArgumentParser:
+# Each subcommand and what adds its parser (the order of ``epp --help``; then explain and status).
+_COMMANDS: dict[str, Callable[[Any], None]] = {
+    "serve": _add_serve,
+    "sim": _add_sim,
+    "run": _add_run,
+    "pd-sidecar": _add_pd_sidecar,
+    "check-config": _add_check,
+    "plugins": _add_plugins,
+    "certs": _add_certs,
+    "envoy-config": _add_envoy_config,
+}
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The ``epp`` parser with every subcommand, or with ``command``'s alone when it is one of
+    ``_COMMANDS``: the same parse of ``epp COMMAND ...`` without importing every other command's
+    modules (a simulator then starts without the plugins, the EPP without the simulator)."""
     parser = argparse.ArgumentParser(prog="epp", description=_DESCRIPTION)
     parser.add_argument("--version", action="version", version=f"epp {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
-    _add_serve(sub)
-    _add_sim(sub)
-    _add_run(sub)
-    _add_pd_sidecar(sub)
-    _add_check(sub)
-    _add_plugins(sub)
-    _add_certs(sub)
-    _add_envoy_config(sub)
+    if command in _COMMANDS:
+        _COMMANDS[command](sub)
+        return parser
+    for add in _COMMANDS.values():
+        add(sub)
     observe.add_commands(sub)  # explain, status
     return parser
 
@@ -1224,7 +1237,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _envoy_config(argparse.Namespace(args=argv[1:]))
     if argv[:1] == ["run"]:
         argv = _pass_through_values(argv)
-    args = build_parser().parse_args(_go_bool_flags(argv))
+    args = build_parser(argv[0] if argv else None).parse_args(_go_bool_flags(argv))
     return int(args.func(args) or 0)
 
 

@@ -8,6 +8,8 @@ import os
 import pty
 import subprocess
 import sys
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -18,6 +20,12 @@ def epp(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str
     return subprocess.run(
         [sys.executable, "-m", "epp", *args], input=stdin, capture_output=True, text=True, timeout=60
     )
+
+
+def epp_each(argvs: Sequence[Sequence[str]]) -> list[subprocess.CompletedProcess[str]]:
+    """``epp`` once per argv, a few at a time (each run is an interpreter's start-up), in order."""
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        return list(pool.map(lambda argv: epp(*argv), argvs))
 
 
 def test_check_config_prints_the_effective_default_profile(tmp_path: Path) -> None:
@@ -123,8 +131,8 @@ def test_serve_names_the_endpoint_source_problems_before_serving() -> None:
             "--ha-lease-duration > --ha-renew-deadline",
         ),
     ]
-    for args, message in cases:
-        out = epp("serve", "--secure-serving=false", "--config-text", "", *args)
+    outs = epp_each([("serve", "--secure-serving=false", "--config-text", "", *args) for args, _ in cases])
+    for (args, message), out in zip(cases, outs, strict=True):
         assert out.returncode != 0 and message in out.stderr, (args, out.stderr[-500:])
         assert ("file-discovery" in out.stderr) == (args == ()), out.stderr  # the way without Kubernetes
     out = epp("serve", "--config-text", FILE_DISCOVERY, "--endpoint-selector", "app=x")
@@ -198,8 +206,8 @@ def test_serve_rejects_an_unknown_log_level_or_format() -> None:
         (("--zap-encoder", "xml"), "argument --zap-encoder: unknown log format 'xml'"),
         (("--v", "-1"), "must be a non-negative integer, got '-1'"),
     ]
-    for args, message in cases:
-        out = epp("serve", "--secure-serving=false", "--pool-name", "p", *args)
+    outs = epp_each([("serve", "--secure-serving=false", "--pool-name", "p", *args) for args, _ in cases])
+    for (args, message), out in zip(cases, outs, strict=True):
         assert out.returncode == 2 and message in out.stderr, (args, out.stderr[-500:])
     assert "use debug, info, warning (or warn) or error" in epp("serve", "--log-level", "x").stderr
     env = {**os.environ, "EPP_LOG_LEVEL": "loud"}

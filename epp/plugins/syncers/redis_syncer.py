@@ -28,19 +28,21 @@ import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 import structlog
-from redis import asyncio as aioredis
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import NoScriptError, RedisError
-from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from epp.framework import Handle, Plugin, register
 from epp.framework.cross_replica import Fold
 from epp.framework.durations import parse_go_duration
 from epp.plugins.syncers import _metrics as m
+
+if TYPE_CHECKING:
+    from redis import asyncio as aioredis
+
+# redis-py is imported where it is used (the plugin at work), not with the plugin registry: its
+# import is a quarter of every EPP's start-up, and most configs have no syncer.
 
 log = structlog.get_logger("epp.cross_replica")
 
@@ -251,6 +253,9 @@ class _PeerValues:
 
 
 def _failure_reason(e: BaseException) -> str:
+    from redis.exceptions import ConnectionError as RedisConnectionError
+    from redis.exceptions import TimeoutError as RedisTimeoutError
+
     if isinstance(e, TimeoutError | RedisTimeoutError):
         return "timeout"
     if isinstance(e, RedisConnectionError | OSError):
@@ -371,6 +376,8 @@ class RedisSyncer(Plugin):
     def _connect(self) -> aioredis.Connection:
         """One connection of our own (connected on first use, again after a failure): a round is
         one command, so the client's pool, retries and per-command checks would only add work."""
+        from redis import asyncio as aioredis
+
         p = self.params
         host, _, port = p.address.rpartition(":")
         password: str | None = None
@@ -400,6 +407,8 @@ class RedisSyncer(Plugin):
 
     async def _command(self, *args: Any) -> Any:
         """Send one command and read its reply (an error reply raises; a failure disconnects)."""
+        from redis.exceptions import ConnectionError as RedisConnectionError
+
         conn = self._conn
         if conn is None:
             conn = self._conn = self._connect()
@@ -413,6 +422,8 @@ class RedisSyncer(Plugin):
         return await conn.read_response()
 
     async def sync(self) -> None:
+        from redis.exceptions import RedisError
+
         start = time.monotonic()
         try:
             async with asyncio.timeout(self._timeout):
@@ -429,6 +440,8 @@ class RedisSyncer(Plugin):
             log.info("cross-replica store reachable again", syncer=self.name, peers=len(self._live))
 
     async def _round(self) -> None:
+        from redis.exceptions import NoScriptError
+
         now = time.time()
         prefix = self._prefix
         full = self._full
@@ -616,6 +629,8 @@ class RedisSyncer(Plugin):
             m.PEERS.set(0)
 
     async def close(self) -> None:
+        from redis.exceptions import RedisError
+
         conn, self._conn = self._conn, None
         if conn is not None:
             try:
