@@ -125,6 +125,18 @@ PRESSURE_CONFIGS["approx-fixed-lru"] = {
         }
     ],
 }
+# Prefix affinity under a bounded load, cold prompts spread (prefix-spread-scorer alone).
+SPREAD_CONFIG: dict[str, Any] = {
+    "plugins": [{"type": "prefix-spread-scorer"}, {"type": "max-score-picker"}],
+    "schedulingProfiles": [
+        {
+            "name": "default",
+            "plugins": [{"pluginRef": "prefix-spread-scorer"}, {"pluginRef": "max-score-picker"}],
+        }
+    ],
+}
+CONFIGS["spread"] = SPREAD_CONFIG
+PRESSURE_CONFIGS["spread"] = SPREAD_CONFIG
 SCENARIO_CONFIGS = {"groups": CONFIGS, "burst": CONFIGS, "cache-pressure": PRESSURE_CONFIGS}
 
 
