@@ -73,12 +73,15 @@ bench-cpu: install
 bench-sched: install
 	$(PYTHON) bench/sched.py
 
+# The default profile, the reference's default profile (ref-default) and the peers (vllm-router,
+# sglang-router, installed into .bench-venv on first use) on each workload; about 20 minutes.
 bench-routing: install
-	$(PYTHON) bench/routing.py --short --configs default prefill-cost
-	$(PYTHON) bench/routing.py --scenario burst --configs default prefill-cost
-	$(PYTHON) bench/routing.py --scenario cache-pressure --short --gateways 1 --configs approximate approx-fixed-lru prefill-cost
-	$(PYTHON) bench/routing.py --scenario cache-pressure --short --gateways 1 --cache-fraction 2 --configs approximate approx-fixed-lru prefill-cost
-	$(PYTHON) bench/routing.py --scenario agentic --short --gateways 1 --configs approximate approx-fixed-lru prefill-cost
+	$(PYTHON) bench/routing.py --short --configs default ref-default
+	$(PYTHON) bench/routing.py --scenario burst --configs default ref-default
+	$(PYTHON) bench/routing.py --scenario cache-pressure --short --gateways 1 --configs default ref-default
+	$(PYTHON) bench/routing.py --scenario cache-pressure --short --gateways 1 --cache-fraction 2 --configs default ref-default
+	$(PYTHON) bench/routing.py --scenario agentic --short --gateways 1 --configs default ref-default
+	$(PYTHON) bench/routing.py --scenario agentic --gateways 1 --sessions 16 --cache-fraction 0.3 --configs default ref-default
 
 bench-kube: install
 	$(PYTHON) bench/kube.py

@@ -78,7 +78,7 @@ PRECISE_CONFIG: dict[str, Any] = {
 }
 PRESSURE_CONFIGS: dict[str, dict[str, Any] | None] = {
     "random": ROUND_ROBIN_CONFIG,
-    "approximate": None,
+    "default": None,
     "precise": PRECISE_CONFIG,
 }
 # A prefix hit weighed against the prefill queued ahead of it, bounded load, hashed tie-breaks.
@@ -125,6 +125,42 @@ PRESSURE_CONFIGS["approx-fixed-lru"] = {
         }
     ],
 }
+# Prefix affinity under a bounded load, cold prompts spread (prefix-spread-scorer alone).
+SPREAD_CONFIG: dict[str, Any] = {
+    "plugins": [{"type": "prefix-spread-scorer"}, {"type": "max-score-picker"}],
+    "schedulingProfiles": [
+        {
+            "name": "default",
+            "plugins": [{"pluginRef": "prefix-spread-scorer"}, {"pluginRef": "max-score-picker"}],
+        }
+    ],
+}
+CONFIGS["spread"] = SPREAD_CONFIG
+PRESSURE_CONFIGS["spread"] = SPREAD_CONFIG
+# The reference's default profile (epp's default until prefix-spread-scorer replaced it), written out.
+REFERENCE_DEFAULT_CONFIG: dict[str, Any] = {
+    "plugins": [
+        {"type": "approx-prefix-cache-producer"},
+        {"type": "prefix-cache-scorer"},
+        {"type": "queue-scorer"},
+        {"type": "kv-cache-utilization-scorer"},
+        {"type": "max-score-picker"},
+    ],
+    "schedulingProfiles": [
+        {
+            "name": "default",
+            "plugins": [
+                {"pluginRef": "queue-scorer", "weight": 2},
+                {"pluginRef": "kv-cache-utilization-scorer", "weight": 2},
+                {"pluginRef": "prefix-cache-scorer", "weight": 3},
+                {"pluginRef": "max-score-picker"},
+            ],
+        }
+    ],
+}
+CONFIGS["ref-default"] = REFERENCE_DEFAULT_CONFIG
+PRESSURE_CONFIGS["ref-default"] = REFERENCE_DEFAULT_CONFIG
+PRESSURE_CONFIGS["approximate"] = REFERENCE_DEFAULT_CONFIG  # its name in earlier runs
 SCENARIO_CONFIGS = {"groups": CONFIGS, "burst": CONFIGS, "cache-pressure": PRESSURE_CONFIGS}
 
 
@@ -760,16 +796,18 @@ def main(argv: list[str] | None = None) -> int:
         )
     if args.scenario == "cache-pressure":
         print(
-            "random: random-picker only; approximate: the EPP's default profile (approximate prefix index + "
-            "queue + kv-cache scorers); precise: the same scorers with the prefix match from KV events; "
+            "random: random-picker only; default: the EPP's default profile (prefix-spread-scorer over "
+            "the approximate prefix index); approximate, ref-default: the reference's default profile "
+            "(approximate prefix index + queue + kv-cache scorers); precise: those scorers with the "
+            "prefix match from KV events; "
             "xN: N gateway replicas, each Envoy with its own EPP, requests spread at random over them",
             flush=True,
         )
     else:
         print(
             f"{ROUND_ROBIN_LABEL}: epp has no round-robin picker; random-picker alone (uniform random "
-            "choice) stands in for it. default: the EPP's default profile (prefix + queue + kv-cache "
-            "scorers)",
+            "choice) stands in for it. default: the EPP's default profile (prefix-spread-scorer); "
+            "ref-default: the reference's default profile (prefix + queue + kv-cache scorers)",
             flush=True,
         )
     results: list[Result] = []

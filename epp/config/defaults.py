@@ -17,6 +17,7 @@ CORE_METRICS_EXTRACTOR = "core-metrics-extractor"
 MODELS_DATA_SOURCE = "models-data-source"
 MODELS_DATA_EXTRACTOR = "models-data-extractor"
 PREFIX_CACHE_SCORER = "prefix-cache-scorer"
+PREFIX_SPREAD_SCORER = "prefix-spread-scorer"
 APPROX_PREFIX_PRODUCER = "approx-prefix-cache-producer"
 # Added to every configuration that declares none (epp.config.request_control.apply_health_default).
 ENDPOINT_HEALTH_FILTER = "endpoint-health-filter"
@@ -45,12 +46,16 @@ AUTO_PRODUCERS: dict[str, str] = {
     "MultiModalEncoderCacheMatchInfoKey": "mm-embeddings-cache-producer",
 }
 
-# (type, weight) of the default profile's scorers.
-_DEFAULT_SCORERS: tuple[tuple[str, float], ...] = (
+# (type, weight) of the default profile's scorers: prefix affinity under a bounded load, new prompts
+# spread (the configuration that won every workload of `make bench-routing`, docs/plugins.md).
+_DEFAULT_SCORERS: tuple[tuple[str, float], ...] = ((PREFIX_SPREAD_SCORER, 1.0),)
+# The reference's default profile, used by a build without prefix-spread-scorer.
+REFERENCE_DEFAULT_SCORERS: tuple[tuple[str, float], ...] = (
     ("queue-scorer", 2.0),
     ("kv-cache-utilization-scorer", 2.0),
     (PREFIX_CACHE_SCORER, 3.0),
 )
+_PREFIX_CONSUMERS = (PREFIX_CACHE_SCORER, PREFIX_SPREAD_SCORER)
 
 
 def _registered(type_name: str) -> bool:
@@ -60,14 +65,17 @@ def _registered(type_name: str) -> bool:
 def default_document() -> dict[str, Any]:
     """The default ``EndpointPickerConfig`` as a raw document, limited to registered types.
 
-    Queue and KV-cache scorers (weight 2) and ``prefix-cache-scorer`` (weight 3) in profile
-    ``default``, and ``metrics-data-source`` with ``core-metrics-extractor``. A type not registered in
-    this build is left out instead of making the default unloadable. The prefix producer is listed
-    explicitly, which is what automatic producer creation would yield.
+    ``prefix-spread-scorer`` (weight 1) in profile ``default`` (without it in this build, the
+    reference's: queue and KV-cache scorers, weight 2, and ``prefix-cache-scorer``, weight 3), and
+    ``metrics-data-source`` with ``core-metrics-extractor``. A type not registered in this build is
+    left out instead of making the default unloadable. The prefix producer is listed explicitly,
+    which is what automatic producer creation would yield.
     """
     scorers = [(t, w) for t, w in _DEFAULT_SCORERS if _registered(t)]
+    if not scorers:
+        scorers = [(t, w) for t, w in REFERENCE_DEFAULT_SCORERS if _registered(t)]
     plugins: list[dict[str, Any]] = [{"type": t} for t, _ in scorers]
-    if any(t == PREFIX_CACHE_SCORER for t, _ in scorers) and _registered(APPROX_PREFIX_PRODUCER):
+    if any(t in _PREFIX_CONSUMERS for t, _ in scorers) and _registered(APPROX_PREFIX_PRODUCER):
         plugins.append({"type": APPROX_PREFIX_PRODUCER})
     data_layer: dict[str, Any] = {"sources": []}
     if _registered(METRICS_DATA_SOURCE):

@@ -83,6 +83,7 @@ from epp.plugins.scorers import multicluster_queue as multicluster_queue
 from epp.plugins.scorers import no_hit_lru as no_hit_lru
 from epp.plugins.scorers import prefill_cost as prefill_cost
 from epp.plugins.scorers import prefix_cache as prefix_cache
+from epp.plugins.scorers import prefix_spread as prefix_spread
 from epp.plugins.scorers import running_requests_size as running_requests_size
 from epp.plugins.scorers import session_affinity as session_affinity
 from epp.plugins.scorers import token_load as token_load

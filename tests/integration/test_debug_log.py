@@ -47,8 +47,8 @@ def test_debug_log_has_one_decision_line_per_request_and_no_library_debug(rig: R
         (profile,) = line["profiles"]
         assert profile["picked"] == [name]
         assert "error" not in profile
-        # the default configuration's three scorers, each with both endpoints ranked
-        default_scorers = {"queue-scorer", "kv-cache-utilization-scorer", "prefix-cache-scorer"}
+        # the default configuration's scorer, with both endpoints ranked
+        default_scorers = {"prefix-spread-scorer"}
         assert default_scorers <= set(profile["scorers"])
         assert all(len(top) == 2 for top in profile["scorers"].values())
     text = log.read_text()

@@ -1,5 +1,6 @@
 """Every decision can be explained, and the explanations are the scores that decided: one sim has a
-waiting queue, the other none, so the queue scorer decides; the Envoy access log (the ``epp.decision``
+waiting queue, the other none, so the load the default scorer reads (the engine's running + waiting
+requests) decides; the Envoy access log (the ``epp.decision``
 dynamic metadata), the sampled decision log, the operator-enabled response header and
 ``/debug/decisions`` all show the same picked endpoint, with the top weighted sum. The client's
 ``x-request-id`` comes back and names the decision."""
@@ -117,7 +118,7 @@ def test_the_scores_shown_are_the_ones_that_decided(rig: Rig, capsys: pytest.Cap
         for e in (picked, runner):
             assert abs(_weighted_sum(e) - e["total"]) < 1e-3
         assert picked["total"] > runner["total"]
-        assert picked["scores"]["queue-scorer"] > runner["scores"]["queue-scorer"]
+        assert picked["scores"]["prefix-spread-scorer"] > runner["scores"]["prefix-spread-scorer"]
         assert "prompt" not in json.dumps(decision) and "hello there" not in json.dumps(decision)
 
     # the sampled log line (rate 1: every decision) says the same

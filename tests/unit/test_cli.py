@@ -30,14 +30,14 @@ def epp_each(argvs: Sequence[Sequence[str]]) -> list[subprocess.CompletedProcess
 
 def test_check_config_prints_the_effective_default_profile(tmp_path: Path) -> None:
     cfg = tmp_path / "c.yaml"
-    cfg.write_text("")  # no configuration at all: the reference's default
+    cfg.write_text("")  # no configuration at all: epp's default
     out = epp("check-config", str(cfg))
     assert out.returncode == 0, out.stderr
     doc = yaml.safe_load(out.stdout)
     (profile,) = doc["schedulingProfiles"]
     weights = {p["pluginRef"]: p.get("weight") for p in profile["plugins"]}
-    assert weights["queue-scorer"] == 2 and weights["kv-cache-utilization-scorer"] == 2
-    assert weights["prefix-cache-scorer"] == 3
+    assert weights["prefix-spread-scorer"] == 1
+    assert "queue-scorer" not in weights and "prefix-cache-scorer" not in weights
     assert "max-score-picker" in weights
     types = {p["type"] for p in doc["plugins"]}
     assert {"single-profile-handler", "approx-prefix-cache-producer", "openai-parser"} <= types

@@ -397,6 +397,9 @@ def profile_summary(cfg: LoadedConfig) -> dict[str, dict[str, Any]]:
 
 
 def expected_default_scorers() -> list[tuple[str, float]]:
+    """prefix-spread-scorer alone; a build without it gets the reference's default profile."""
+    if registry.lookup("prefix-spread-scorer") is not None:
+        return [("prefix-spread-scorer", 1.0)]
     out = [("queue-scorer", 2.0), ("kv-cache-utilization-scorer", 2.0)]
     if registry.lookup("prefix-cache-scorer") is not None:
         out.append(("prefix-cache-scorer", 3.0))
@@ -448,6 +451,7 @@ def test_default_configuration_injects_the_metrics_data_layer() -> None:
 
 
 def test_default_document_skips_unregistered_types() -> None:
+    registry._REGISTRY.pop("prefix-spread-scorer", None)  # then the reference's profile, less what is missing
     registry._REGISTRY.pop("prefix-cache-scorer", None)
     registry._REGISTRY.pop("metrics-data-source", None)
     doc = default_document()
@@ -1334,11 +1338,7 @@ def test_a_config_without_any_scheduling_gets_the_default_profile() -> None:
     """Only data-layer plugins: the default scheduling, not a random pick (differs from the reference)."""
     cfg = load("plugins: [{type: metrics-data-source}]\n")
     summary = profile_summary(cfg)["default"]
-    assert summary["scorers"] == [
-        ("queue-scorer", 2.0),
-        ("kv-cache-utilization-scorer", 2.0),
-        ("prefix-cache-scorer", 3.0),
-    ]
+    assert summary["scorers"] == [("prefix-spread-scorer", 1.0)]
     assert [p.type_name for p in cfg.producers] == ["approx-prefix-cache-producer"]
 
 

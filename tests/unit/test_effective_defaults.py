@@ -135,7 +135,10 @@ HEAD = "apiVersion: llm-d.ai/v1\nkind: EndpointPickerConfig\n"
 
 
 def test_the_default_prefix_scorer_prints_no_producer_keys() -> None:
-    params = _effective_plugin(HEAD, "prefix-cache-scorer")
+    params = _effective_plugin(HEAD, "prefix-spread-scorer")  # the default profile's prefix consumer
+    assert "blockSizeTokens" not in params and "autoTune" not in params and None not in params.values()
+    assert params["loadBound"] == 1.25 and params["loadBoundMin"] == 8
+    params = _effective_plugin(HEAD + "plugins:\n- type: prefix-cache-scorer\n", "prefix-cache-scorer")
     assert "blockSizeTokens" not in params and "autoTune" not in params and None not in params.values()
     producer = _effective_plugin(HEAD, "approx-prefix-cache-producer")
     assert producer["blockSizeTokens"] == 16 and producer["lruCapacityPerServer"] == 31250

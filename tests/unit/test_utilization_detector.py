@@ -293,7 +293,7 @@ def test_declaring_only_the_detector_keeps_the_default_scheduling() -> None:
     )
     default = cfg.scheduler.profiles["default"]
     assert default.filters == []
-    assert [s.scorer.name for s in default.scorers][:2] == ["queue-scorer", "kv-cache-utilization-scorer"]
+    assert [s.scorer.name for s in default.scorers] == ["prefix-spread-scorer"]
     assert cfg.saturation_detector is cfg.plugins["utilization-detector"]
 
 
