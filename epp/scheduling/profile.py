@@ -89,10 +89,11 @@ class SchedulerProfile:
         if metrics is None or metrics.size != len(rows):  # bound on the first run, again if scorers change
             scorers = [(ws.scorer.type_name, ws.scorer.name) for ws in self.scorers]
             metrics = self._metrics = ScorerMetrics(self.name, scorers)
-        for i, e in enumerate(endpoints):
-            if e is picked:
-                metrics.record([ws.weight for ws in self.scorers], rows, i)
-                return
+        try:
+            i = endpoints.index(picked)  # Endpoint compares by identity: a C-level walk
+        except ValueError:
+            return
+        metrics.record([ws.weight for ws in self.scorers], rows, i)
 
     def _run(
         self,
