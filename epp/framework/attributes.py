@@ -297,7 +297,9 @@ class PrefixMatches(dict[Any, PrefixCacheMatchInfo]):
                     shallower.update(dict.fromkeys(_within(groups[k][1], rest), groups[k][0]))
                 found.update(shallower)
         default = groups[best][0] if best < len(groups) else None
-        return SparseLabels(n, default, {positions[key]: count for key, count in found.items()})
+        return SparseLabels(
+            n, default, dict(zip(map(positions.__getitem__, found), found.values(), strict=True))
+        )
 
     def get(self, endpoint: Any, default: Any = None) -> Any:
         if self._filled:

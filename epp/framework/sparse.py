@@ -7,7 +7,7 @@ patches only the exceptions, instead of reading a label per endpoint.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
 from typing import Any
 
 
@@ -47,19 +47,25 @@ class Totals(list[float]):
 
 
 class SparseRow(Sequence[float]):
-    """A scorer's scores as ``SparseLabels`` give them: ``default`` except at ``exceptions``
-    (read-only; ``top`` is the largest)."""
+    """A grouped scorer's scores from ``SparseLabels``: ``score_of(label)`` of each position's
+    label, computed when read (read-only; ``top`` is the largest)."""
 
-    __slots__ = ("default", "exceptions", "n", "top")
+    __slots__ = ("_default", "_exceptions", "_score_of", "n")
 
-    def __init__(self, n: int, default: float, exceptions: dict[int, float]) -> None:
+    def __init__(
+        self, n: int, default: Hashable, exceptions: Mapping[int, Any], score_of: Callable[[Any], float]
+    ) -> None:
         self.n = n
-        self.default = default
-        self.exceptions = exceptions
-        values = list(exceptions.values())
-        if len(exceptions) < n:
-            values.append(default)
-        self.top = max(values) if values else float("-inf")
+        self._default = default
+        self._exceptions = exceptions
+        self._score_of = score_of
+
+    @property
+    def top(self) -> float:
+        labels = set(self._exceptions.values())
+        if len(self._exceptions) < self.n:
+            labels.add(self._default)
+        return max(map(self._score_of, labels)) if labels else float("-inf")
 
     def __len__(self) -> int:
         return self.n
@@ -71,8 +77,8 @@ class SparseRow(Sequence[float]):
             i += self.n
         if not 0 <= i < self.n:
             raise IndexError(i)
-        return self.exceptions.get(i, self.default)
+        return self._score_of(self._exceptions.get(i, self._default))
 
     def __iter__(self) -> Iterator[float]:
-        get, default = self.exceptions.get, self.default
-        return (get(i, default) for i in range(self.n))
+        get, default, score_of = self._exceptions.get, self._default, self._score_of
+        return (score_of(get(i, default)) for i in range(self.n))

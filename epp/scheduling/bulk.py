@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 import operator
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from itertools import repeat
 from typing import Any
@@ -172,10 +173,10 @@ class BulkScoring:
         for i in idx:
             old = fresh[i]
             new = fresh[i] = endpoints[i].metrics.fresh_until
-            if old == low:
-                again = True
-            elif new < low:
+            if new < low:
                 low = new
+            elif old == low and new > old:  # the least may have risen: read them all again
+                again = True
         self._fresh_min = min(fresh, default=math.inf) if again else low
         raw, wcols = self._raw, self._wcols
         replaced = False
@@ -351,11 +352,12 @@ class BulkScoring:
         n = labels.n
         p = table[labels.default]
         exceptions = labels.exceptions
+        positions = list(exceptions)
+        weighted = map(table.__getitem__, exceptions.values())
         bounds: list[float] | None = None
         if totals is None:
             out = [p] * n
-            for i, label in exceptions.items():
-                out[i] = table[label]
+            values = list(weighted)
         else:
             if shared:
                 base, kept = self._base(totals, p)
@@ -363,12 +365,13 @@ class BulkScoring:
                 out = list(base)
             else:
                 out = list(map(_ADD, totals, repeat(p, n)))
-            for i, label in exceptions.items():
-                v = out[i] = totals[i] + table[label]
-                if bounds is not None and v > bounds[i // TOTALS_BLOCK]:
+            values = list(map(_ADD, map(totals.__getitem__, positions), weighted))
+        deque(map(out.__setitem__, positions, values), maxlen=0)  # scattered in C
+        if bounds is not None:
+            for i, v in zip(positions, values, strict=True):
+                if v > bounds[i // TOTALS_BLOCK]:
                     bounds[i // TOTALS_BLOCK] = v
-        row = SparseRow(n, lookup(labels.default), {i: lookup(label) for i, label in exceptions.items()})
-        return out, bounds, row
+        return out, bounds, SparseRow(n, labels.default, exceptions, lookup)
 
 
 def _call(
