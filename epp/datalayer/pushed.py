@@ -57,6 +57,11 @@ class PushedLoad:
         last = self._last.get(endpoint)
         return last is not None and time.monotonic() - last < self.fallback_after
 
+    def rest(self, endpoint: Endpoint) -> float:
+        """Seconds until the endpoint's last report is ``fallback_after`` old (0: none, or past)."""
+        last = self._last.get(endpoint)
+        return 0.0 if last is None else max(0.0, last + self.fallback_after - time.monotonic())
+
     def start(self) -> None:
         if self._thread is not None:
             return
