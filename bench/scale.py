@@ -32,6 +32,7 @@ from prometheus_client.parser import text_string_to_metric_families
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench._workdir import run_in_workdir
+from epp.config.defaults import default_document
 from epp.dev import stack
 from epp.dev.envoy import bootstrap as envoy_config
 from epp.dev.stack.redis_server import RedisServer
@@ -175,18 +176,10 @@ def scheduling_config(endpoints: Path, push_port: int = 0, shared: str = "") -> 
     redis address) the replicas share the scrape over a ``redis-syncer``."""
     if not push_port and not shared:
         return stack.epp_config(endpoints)
-    plugins: list[dict[str, Any]] = [
-        {"type": "metrics-data-source"},
-        {"type": "core-metrics-extractor"},
-        {"type": "prefix-cache-scorer"},
-        {"type": "queue-scorer"},
-        {"type": "kv-cache-utilization-scorer"},
-        {"type": "max-score-picker"},
-    ]
-    sources: list[dict[str, Any]] = [
-        {"pluginRef": "metrics-data-source", "extractors": [{"pluginRef": "core-metrics-extractor"}]}
-    ]
-    data_layer: dict[str, Any] = {"sources": sources}
+    cfg = default_document()  # what ``epp serve`` runs without a config, plus the sources below
+    plugins: list[dict[str, Any]] = cfg["plugins"]
+    data_layer: dict[str, Any] = cfg["dataLayer"]
+    sources: list[dict[str, Any]] = data_layer["sources"]
     if push_port:
         plugins += [
             {"type": "zmq-metrics-data-source", "parameters": {"port": push_port, "fallbackAfter": "3s"}},
@@ -201,21 +194,6 @@ def scheduling_config(endpoints: Path, push_port: int = 0, shared: str = "") -> 
         )
         data_layer["crossReplica"] = {"syncerPluginRef": "shared", "syncInterval": "100ms"}
         data_layer["discovery"] = {"peers": {"pluginRef": "shared"}}
-    cfg = {
-        "plugins": plugins,
-        "schedulingProfiles": [
-            {
-                "name": "default",
-                "plugins": [
-                    {"pluginRef": "prefix-cache-scorer", "weight": 3},
-                    {"pluginRef": "queue-scorer", "weight": 2},
-                    {"pluginRef": "kv-cache-utilization-scorer", "weight": 2},
-                    {"pluginRef": "max-score-picker"},
-                ],
-            }
-        ],
-        "dataLayer": data_layer,
-    }
     return stack.epp_config(endpoints, cfg)
 
 
