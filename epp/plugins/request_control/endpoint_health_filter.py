@@ -207,7 +207,7 @@ class EndpointHealthFilter(Screener):
             return endpoints  # the common case, checked in C: nothing down, ejected or unscraped
         now = time.monotonic() if ejected else 0.0
         dead = unscraped = 0
-        for e in endpoints:  # the common case: one pass, nothing excluded, the list returned as is
+        for e in endpoints:  # something may be excluded: count what
             if (p.exclude_down and e.metrics.down) or (ejected and self.detector.is_ejected(e, now)):
                 dead += 1
             elif p.exclude_never_scraped and e.metrics.update_time == 0.0:
