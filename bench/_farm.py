@@ -7,16 +7,23 @@ running and KV-cache values differ per endpoint and drift every second, and ``PO
 /v1/chat/completions`` / ``/v1/completions`` with a small fixed answer. A raw asyncio protocol
 (keep-alive HTTP/1.1, no framework) keeps the farm's own CPU per request low. ``GET /stats`` on
 ``--control-port`` returns the scrapes served (total, per-endpoint max and min) and the p50/p99
-interval between two scrapes of one endpoint; ``POST /reset`` starts a new window.
+interval between two scrapes of one endpoint; ``POST /reset`` starts a new window. With
+``--push-base-port P`` endpoint ``i`` also publishes SGLang's ``LoadStat`` (the same running,
+waiting and KV values) on a ZMQ PUB socket at ``P + i`` every ``--push-interval`` seconds (spread
+over the interval), as ``zmq-metrics-data-source`` reads it.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import time
+from typing import Any
 
+import msgspec
+import zmq
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 MODEL = "demo"
@@ -153,14 +160,26 @@ class Farm:
         self.last = [0.0] * self.count
         self.intervals: list[float] = []
         self.requests = 0
+        self.pushes = 0
 
-    def page(self, index: int) -> bytes:
+    @staticmethod
+    def values(index: int) -> dict[str, float]:
         drift = int(time.monotonic())  # values move every second
-        values = {
+        return {
             "vllm:num_requests_waiting": float((index + drift) % 7),
             "vllm:num_requests_running": float((index * 3 + drift) % 13),
             "vllm:kv_cache_usage_perc": ((index + drift) % 10) / 10.0,
         }
+
+    def load_stat(self, index: int) -> bytes:
+        v = self.values(index)
+        capacity = 131072
+        tokens = round(v["vllm:kv_cache_usage_perc"] * capacity)
+        running, waiting = int(v["vllm:num_requests_running"]), int(v["vllm:num_requests_waiting"])
+        return msgspec.msgpack.encode(["LoadStat", running, waiting, tokens, capacity, None])
+
+    def page(self, index: int) -> bytes:
+        values = self.values(index)
         p = self.parts
         out = [p[0]]
         for k, name in enumerate(self.order):
@@ -190,6 +209,7 @@ class Farm:
             "interval_p50": q(0.50),
             "interval_p99": q(0.99),
             "requests": self.requests,
+            "pushes": self.pushes,
         }
 
 
@@ -267,9 +287,36 @@ class _Control(asyncio.Protocol):
         self.transport.close()
 
 
-async def serve(host: str, base_port: int, count: int, control_port: int) -> None:
+async def publish(farm: Farm, host: str, base_port: int, interval: float) -> None:
+    """Every endpoint's ``LoadStat`` every ``interval`` seconds, the sends spread over it."""
+    ctx: zmq.Context[Any] = zmq.Context.instance()
+    socks = []
+    for i in range(farm.count):
+        sock = ctx.socket(zmq.PUB)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.SNDHWM, 4)
+        sock.bind(f"tcp://{host}:{base_port + i}")
+        socks.append(sock)
+    step = max(1, farm.count // max(1, int(interval / 0.01)))  # a batch every ~10 ms
+    while True:
+        start = time.monotonic()
+        for lo in range(0, farm.count, step):
+            for i in range(lo, min(farm.count, lo + step)):
+                with contextlib.suppress(zmq.Again):
+                    socks[i].send(farm.load_stat(i), zmq.NOBLOCK)
+                    farm.pushes += 1
+            delay = start + interval * (lo + step) / farm.count - time.monotonic()
+            await asyncio.sleep(max(0.0, delay))
+
+
+async def serve(
+    host: str, base_port: int, count: int, control_port: int, push_base: int = 0, push_interval: float = 1.0
+) -> None:
     farm = Farm(base_port, count)
     loop = asyncio.get_running_loop()
+    tasks = []  # kept referenced while the farm serves
+    if push_base:
+        tasks.append(loop.create_task(publish(farm, host, push_base, push_interval)))
     for i in range(count):
         await loop.create_server(
             lambda i=i: _Http(farm, i), host, base_port + i, backlog=64, reuse_address=True
@@ -285,6 +332,8 @@ def main() -> None:
     ap.add_argument("--base-port", type=int, required=True)
     ap.add_argument("--count", type=int, required=True)
     ap.add_argument("--control-port", type=int, required=True)
+    ap.add_argument("--push-base-port", type=int, default=0, help="publish LoadStat from this port on")
+    ap.add_argument("--push-interval", type=float, default=1.0)
     args = ap.parse_args()
     try:
         import uvloop
@@ -292,7 +341,11 @@ def main() -> None:
         uvloop.install()
     except ImportError:  # pragma: no cover
         pass
-    asyncio.run(serve(args.host, args.base_port, args.count, args.control_port))
+    asyncio.run(
+        serve(
+            args.host, args.base_port, args.count, args.control_port, args.push_base_port, args.push_interval
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -27,13 +27,16 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+from prometheus_client.parser import text_string_to_metric_families
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench._workdir import run_in_workdir
+from epp.config.defaults import default_document
 from epp.dev import stack
 from epp.dev.envoy import bootstrap as envoy_config
-from epp.framework import registry
+from epp.dev.stack.redis_server import RedisServer
+from epp.plugins.scraping.zmq_metrics_data_source import LOAD_PORT_LABEL
 
 JSON = {"content-type": "application/json"}
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
@@ -52,9 +55,41 @@ BODY = json.dumps(
 ).encode()
 
 
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+def cpu_seconds(pid: int, tid: int = 0) -> float:
+    """CPU seconds of process ``pid``, or of its thread ``tid`` (the main thread: ``tid == pid``)."""
+    path = f"/proc/{pid}/task/{tid}/stat" if tid else f"/proc/{pid}/stat"
+    fields = Path(path).read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+
+
+def age_buckets(metrics_port: int) -> dict[float, float]:
+    """``llm_d_epp_decision_metrics_age_seconds`` cumulative bucket counts (all profiles)."""
+    text = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10).read().decode()
+    out: dict[float, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "llm_d_epp_decision_metrics_age_seconds_bucket":
+                le = float(sample.labels["le"])
+                out[le] = out.get(le, 0.0) + sample.value
+    return out
+
+
+def bucket_quantile(before: dict[float, float], after: dict[float, float], p: float) -> float:
+    """The ``p`` quantile of the observations between two bucket readings (linear within a bucket)."""
+    bounds = sorted(after)
+    counts = [after[b] - before.get(b, 0.0) for b in bounds]
+    total = counts[-1] if counts else 0.0
+    if total <= 0:
+        return float("nan")
+    rank = p * total
+    lower, below = 0.0, 0.0
+    for b, c in zip(bounds, counts, strict=True):
+        if c >= rank:
+            if b == float("inf"):
+                return lower
+            return lower + (b - lower) * ((rank - below) / (c - below) if c > below else 1.0)
+        lower, below = b, c
+    return lower
 
 
 def rss_mb(pid: int) -> float:
@@ -135,38 +170,78 @@ def q(values: list[float], p: float) -> float:
     return s[min(len(s) - 1, int(p * len(s)))]
 
 
-def measure(n: int, args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
-    base = free_port_range(n)
-    control, port, admin, grpc_port, health, metrics_port = stack.free_ports(6)
-    run = stack.Stack(workdir / f"n{n}", ready_timeout=120.0)
-    run.workdir.mkdir(parents=True, exist_ok=True)
-    try:
-        farm = run.supervisor.start(
-            "farm",
-            [
-                sys.executable,
-                str(FARM),
-                "--base-port",
-                str(base),
-                "--count",
-                str(n),
-                "--control-port",
-                str(control),
-            ],
+def scheduling_config(endpoints: Path, push_port: int = 0, shared: str = "") -> dict[str, Any]:
+    """The default scorers, scraping every 50 ms; with ``push_port`` also pushed load
+    (``zmq-metrics-data-source``, each endpoint's publisher port on its label); with ``shared`` (a
+    redis address) the replicas share the scrape over a ``redis-syncer``."""
+    if not push_port and not shared:
+        return stack.epp_config(endpoints)
+    cfg = default_document()  # what ``epp serve`` runs without a config, plus the sources below
+    plugins: list[dict[str, Any]] = cfg["plugins"]
+    data_layer: dict[str, Any] = cfg["dataLayer"]
+    sources: list[dict[str, Any]] = data_layer["sources"]
+    if push_port:
+        plugins += [
+            {"type": "zmq-metrics-data-source", "parameters": {"port": push_port, "fallbackAfter": "3s"}},
+            {"type": "zmq-state-extractor"},
+        ]
+        sources.append(
+            {"pluginRef": "zmq-metrics-data-source", "extractors": [{"pluginRef": "zmq-state-extractor"}]}
         )
+    if shared:
+        plugins.append(
+            {"name": "shared", "type": "redis-syncer", "parameters": {"address": shared, "stateTTL": "2s"}}
+        )
+        data_layer["crossReplica"] = {"syncerPluginRef": "shared", "syncInterval": "100ms"}
+        data_layer["discovery"] = {"peers": {"pluginRef": "shared"}}
+    return stack.epp_config(endpoints, cfg)
+
+
+def measure(n: int, args: argparse.Namespace, workdir: Path, mode: str = "scrape") -> dict[str, Any]:
+    """``mode``: ``scrape`` (one EPP scraping every 50 ms), ``push`` (the farm publishes LoadStat,
+    the EPP subscribes; scraping only as the fallback), ``replicas`` (3 EPPs sharing the scrape
+    over a real redis-server; idle only)."""
+    base = free_port_range(n)
+    push_base = free_port_range(n, base + n + 10) if mode == "push" else 0
+    control, port, admin = stack.free_ports(3)
+    run = stack.Stack(workdir / f"n{n}-{mode}", ready_timeout=180.0)
+    run.workdir.mkdir(parents=True, exist_ok=True)
+    redis = None
+    try:
+        farm_argv = [sys.executable, str(FARM), "--base-port", str(base), "--count", str(n)]
+        farm_argv += ["--control-port", str(control)]
+        if push_base:
+            farm_argv += ["--push-base-port", str(push_base), "--push-interval", str(args.push_interval)]
+        farm = run.supervisor.start("farm", farm_argv)
         run.wait("farm", lambda: stack.port_in_use(control), children=[farm])
         endpoints = run.workdir / "endpoints.yaml"
-        stack.write_endpoints(endpoints, list(range(base, base + n)))
-        epp = run.start_epp(
-            "epp",
-            grpc_port=grpc_port,
-            health_port=health,
-            metrics_port=metrics_port,
-            config=stack.epp_config(endpoints),
+        names = [f"sim-{i}" for i in range(n)]
+        labels = (
+            {name: {LOAD_PORT_LABEL: str(push_base + i)} for i, name in enumerate(names)}
+            if push_base
+            else None
         )
-        bootstrap = envoy_config.envoy_bootstrap(listen_port=port, admin_port=admin, extproc_port=grpc_port)
-        run.start_envoy("envoy", bootstrap)
-        run.wait("EPP readiness", lambda: stack.grpc_serving(health))
+        stack.write_endpoints(endpoints, list(range(base, base + n)), names=names, labels=labels)
+        shared = ""
+        if mode == "replicas":
+            redis = RedisServer(run.workdir).start()
+            shared = redis.address
+        config = scheduling_config(endpoints, push_port=push_base or 0, shared=shared)
+        epps = []
+        for r in range(3 if mode == "replicas" else 1):
+            grpc_port, health, metrics_port = stack.free_ports(3)
+            child = run.start_epp(
+                f"epp{r}", grpc_port=grpc_port, health_port=health, metrics_port=metrics_port, config=config
+            )
+            epps.append((child, grpc_port, health, metrics_port))
+        for _, _, health, _ in epps:
+            run.wait("EPP readiness", lambda health=health: stack.grpc_serving(health))
+        _, grpc_port, health, metrics_port = epps[0]
+        if mode != "replicas":
+            bootstrap = envoy_config.envoy_bootstrap(
+                listen_port=port, admin_port=admin, extproc_port=grpc_port
+            )
+            run.start_envoy("envoy", bootstrap)
         url = f"http://127.0.0.1:{port}{PATH}"
 
         def routed() -> bool:
@@ -176,83 +251,95 @@ def measure(n: int, args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
             except OSError:
                 return False
 
-        run.wait("a request through Envoy", routed)
-        time.sleep(args.settle)  # every endpoint discovered and scraped a few times
-        pid = epp.pid
+        if mode != "replicas":
+            run.wait("a request through Envoy", routed)
+        time.sleep(args.settle)  # every endpoint discovered and scraped (or pushed) a few times
+        pids = [child.pid for child, *_ in epps]
+        pid = pids[0]
         farm_stats(control, reset=True)
-        c0, t0 = cpu_seconds(pid), time.monotonic()
+        c0, m0, t0 = sum(cpu_seconds(p) for p in pids), cpu_seconds(pid, pid), time.monotonic()
         time.sleep(args.idle_seconds)
-        c1, t1 = cpu_seconds(pid), time.monotonic()
+        c1, m1, t1 = sum(cpu_seconds(p) for p in pids), cpu_seconds(pid, pid), time.monotonic()
         idle = farm_stats(control)
-        idle_cores = (c1 - c0) / (t1 - t0)
+        idle_cores = (c1 - c0) / (t1 - t0) / len(pids)
+        main_idle = (m1 - m0) / (t1 - t0)
         asked = n / SCRAPE_INTERVAL
         achieved = idle["scrapes"] / idle["seconds"]
-
-        c2, t2 = cpu_seconds(pid), time.monotonic()
-        latencies, errors = asyncio.run(load(url, args.rate, args.load_seconds))
-        c3, t3 = cpu_seconds(pid), time.monotonic()
-        done = len(latencies)
-        # all of the EPP's CPU while loaded, per request (scraping included), and above idle (the
-        # latter is noise, even negative, when the load slows scraping down)
-        load_cpu_us = (c3 - c2) / done * 1e6 if done else float("nan")
-        request_cpu_us = ((c3 - c2) - idle_cores * (t3 - t2)) / done * 1e6 if done else float("nan")
-        return {
+        result: dict[str, Any] = {
             "endpoints": n,
+            "mode": mode,
             "idle_cores": idle_cores,
+            "outside_cores": idle_cores - main_idle,
             "asked": asked,
             "achieved": achieved,
+            "per_engine": achieved / n,
+            "pushes": idle["pushes"] / idle["seconds"],
             "interval_p50_ms": idle["interval_p50"] * 1e3,
             "interval_p99_ms": idle["interval_p99"] * 1e3,
-            "request_cpu_us": request_cpu_us,
-            "load_cpu_us": load_cpu_us,
-            "p50_ms": q(latencies, 0.5) * 1e3,
-            "p99_ms": q(latencies, 0.99) * 1e3,
-            "errors": errors,
-            "requests": done,
-            "rss_mb": rss_mb(pid),
+            "rss_mb": sum(rss_mb(p) for p in pids) / len(pids),
         }
+        if mode == "replicas":
+            return result
+        ages0 = age_buckets(metrics_port)
+        c2, m2, t2 = cpu_seconds(pid), cpu_seconds(pid, pid), time.monotonic()
+        latencies, errors = asyncio.run(load(url, args.rate, args.load_seconds))
+        c3, m3, t3 = cpu_seconds(pid), cpu_seconds(pid, pid), time.monotonic()
+        ages1 = age_buckets(metrics_port)
+        done = len(latencies)
+        # all of the EPP's CPU while loaded per request (scraping included), and the main thread's
+        # above its idle rate: the request path (the event loop serving ext_proc)
+        result.update(
+            load_cpu_us=(c3 - c2) / done * 1e6 if done else float("nan"),
+            request_cpu_us=((m3 - m2) - main_idle * (t3 - t2)) / done * 1e6 if done else float("nan"),
+            p50_ms=q(latencies, 0.5) * 1e3,
+            p99_ms=q(latencies, 0.99) * 1e3,
+            errors=errors,
+            requests=done,
+            age_p50_ms=bucket_quantile(ages0, ages1, 0.5) * 1e3,
+            age_p99_ms=bucket_quantile(ages0, ages1, 0.99) * 1e3,
+            rss_mb=rss_mb(pid),
+        )
+        return result
     finally:
         run.stop()
+        if redis is not None:
+            redis.stop()
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     ap.add_argument("--endpoints", default="10,100,1000,5000")
+    ap.add_argument("--modes", default="scrape,push,replicas", help="which of: scrape, push, replicas")
     ap.add_argument("--idle-seconds", type=float, default=10.0)
     ap.add_argument("--load-seconds", type=float, default=10.0)
     ap.add_argument("--rate", type=float, default=100.0, help="chat requests per second through Envoy")
     ap.add_argument("--settle", type=float, default=5.0, help="seconds between ready and measuring")
+    ap.add_argument(
+        "--push-interval", type=float, default=1.0, help="each farm endpoint's LoadStat period (s)"
+    )
     ap.add_argument("--quick", action="store_true", help="10,100,1000 endpoints, 4 s phases")
     args = ap.parse_args()
     if args.quick:
         args.endpoints, args.idle_seconds, args.load_seconds, args.settle = "10,100,1000", 4.0, 4.0, 3.0
-    push = registry.lookup("zmq-metrics-data-source") is not None
-    print(
-        f"{'endpoints':>9} {'idle cores':>10} {'scrapes/s asked':>15} {'achieved':>9} "
-        f"{'interval p50/p99 ms':>19} {'CPU µs/req (all/above idle)':>27} {'p50/p99 ms':>13} "
-        f"{'errors':>6} {'RSS MB':>7}  push"
-    )
-
+    modes = args.modes.split(",")
     workdir = Path(tempfile.mkdtemp(prefix="epp-bench-scale-"))
     failed = 0
 
     def body() -> int:
         nonlocal failed
-        for n in (int(x) for x in args.endpoints.split(",")):
-            try:
-                r = measure(n, args, workdir)
-            except (RuntimeError, OSError, TimeoutError) as exc:  # a count that does not fit
-                print(f"{n:>9} failed: {exc}", flush=True)
-                failed += 1
-                continue
-            print(
-                f"{n:>9} {r['idle_cores']:>10.3f} {r['asked']:>15.0f} {r['achieved']:>9.0f} "
-                f"{r['interval_p50_ms']:>9.0f} / {r['interval_p99_ms']:<7.0f} "
-                f"{r['load_cpu_us']:>17.0f} / {r['request_cpu_us']:<7.0f} "
-                f"{r['p50_ms']:>6.1f}/{r['p99_ms']:<6.1f} {r['errors']:>6} {r['rss_mb']:>7.0f}  "
-                + ("(not measured here)" if push else "skipped: no zmq-metrics-data-source in this build"),
-                flush=True,
-            )
+        for mode in modes:
+            print(f"--- {mode}", flush=True)
+            for n in (int(x) for x in args.endpoints.split(",")):
+                try:
+                    r = measure(n, args, workdir, mode)
+                except (RuntimeError, OSError, TimeoutError) as exc:  # a count that does not fit
+                    print(f"{n:>6} failed: {exc}", flush=True)
+                    failed += 1
+                    continue
+                print(
+                    json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in r.items()}),
+                    flush=True,
+                )
         return 1 if failed else 0
 
     sys.exit(run_in_workdir(workdir, body, errors=(), keep_logs=False))

@@ -3,7 +3,8 @@
 Each message is decoded by the source's extractor and merged into the endpoint's ``Metrics``
 (running, waiting, KV usage; the other fields keep the last scrape's values), fresh for the
 staleness threshold like a scrape. Reports of several data-parallel ranks of one endpoint are
-summed. Only the newest queued message per endpoint is decoded (a report is a snapshot).
+summed. Only the newest queued message per endpoint is decoded (a report is a snapshot); the
+sockets' ZMQ file descriptors are watched in one epoll set, read at most every 20 ms.
 ``pushing(endpoint)`` is true while the last report is younger than the source's
 ``fallback_after``: the metrics scraper skips those endpoints and scrapes the others.
 """
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import selectors
 import threading
 import time
 from typing import Any
@@ -27,6 +29,7 @@ from epp.metrics import DATALAYER_EXTRACT_ERRORS
 log = structlog.get_logger("epp.datalayer.pushed")
 
 _POLL_MS = 50
+_MIN_CYCLE_S = 0.02  # at most one poll per this: a report waits up to it before it is read
 _MAX_MESSAGE_BYTES = 64 << 10
 
 
@@ -56,6 +59,11 @@ class PushedLoad:
         """True while the endpoint's last report is younger than ``fallback_after``."""
         last = self._last.get(endpoint)
         return last is not None and time.monotonic() - last < self.fallback_after
+
+    def rest(self, endpoint: Endpoint) -> float:
+        """Seconds until the endpoint's last report is ``fallback_after`` old (0: none, or past)."""
+        last = self._last.get(endpoint)
+        return 0.0 if last is None else max(0.0, last + self.fallback_after - time.monotonic())
 
     def start(self) -> None:
         if self._thread is not None:
@@ -87,28 +95,44 @@ class PushedLoad:
 
     def _run(self) -> None:
         ctx = zmq.Context()
-        poller = zmq.Poller()
+        # Each socket's ZMQ_FD in one epoll set: a wake names the few sockets whose state changed,
+        # where zmq.Poller would walk all of them (milliseconds for a thousand). The FD is
+        # edge-triggered: a socket is drained until its EVENTS shows no message, and checked once
+        # when registered (messages may have come before).
+        selector = selectors.DefaultSelector()
         sockets: dict[Endpoint, zmq.Socket[Any]] = {}
-        owners: dict[zmq.Socket[Any], _Stream] = {}
+        due: list[tuple[zmq.Socket[Any], _Stream]] = []
         try:
             while not self._stopping.is_set():
                 while self._commands:
                     op, endpoint = self._commands.popleft()
                     old = sockets.pop(endpoint, None)
                     if old is not None:
-                        poller.unregister(old)
-                        owners.pop(old, None)
+                        selector.unregister(int(old.getsockopt(zmq.FD)))
                         old.close(0)
                         self._last.pop(endpoint, None)
                     if op == "add":
                         sock = self._open(ctx, endpoint)
                         if sock is not None:
                             sockets[endpoint] = sock
-                            owners[sock] = _Stream(endpoint)
-                            poller.register(sock, zmq.POLLIN)
-                for sock, _ in poller.poll(_POLL_MS):
-                    self._drain(sock, owners[sock])
+                            stream = _Stream(endpoint)
+                            selector.register(
+                                int(sock.getsockopt(zmq.FD)), selectors.EVENT_READ, (sock, stream)
+                            )
+                            due.append((sock, stream))
+                started = time.monotonic()
+                for key, _ in selector.select(0 if due else _POLL_MS / 1000):
+                    due.append(key.data)
+                for sock, stream in due:
+                    if not sock.closed:
+                        self._drain(sock, stream)
+                due.clear()
+                # reports are snapshots: let those of a busy second gather instead of waking per report
+                wait = started + _MIN_CYCLE_S - time.monotonic()
+                if wait > 0:
+                    self._stopping.wait(wait)
         finally:
+            selector.close()
             for sock in sockets.values():
                 sock.close(0)
             ctx.term()
@@ -139,8 +163,8 @@ class PushedLoad:
 
     def _drain(self, sock: zmq.Socket[Any], stream: _Stream) -> None:
         payload: bytes | None = None
-        while True:  # keep the newest message only
-            try:
+        while int(sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN:  # keep the newest message only
+            try:  # (asking first: an empty socket's zmq.Again costs more than the question)
                 frames = sock.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
                 break

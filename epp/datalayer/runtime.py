@@ -132,6 +132,8 @@ class DataLayer:
         scraper = self.metrics_scraper
         if scraper is not None:
             scraper.skip = self._skip
+            if self.pushed:
+                scraper.rest = self._rest
         for source, exts in sources:
             if isinstance(source, EndpointSource):
                 self.endpoint_events.append(EndpointEvents(store, source, exts))
@@ -142,6 +144,10 @@ class DataLayer:
         """The metrics scrape skips an endpoint whose load is pushed, or that another replica scrapes."""
         shared = self.shared
         return any(p.pushing(endpoint) for p in self.pushed) or (shared is not None and shared.skip(endpoint))
+
+    def _rest(self, endpoint: Endpoint) -> float:
+        """How long the endpoint's pushes surely stay fresh (0: not pushed)."""
+        return max((p.rest(endpoint) for p in self.pushed), default=0.0)
 
     def share_scrapes(
         self, replica_id: str, peers: Callable[[], frozenset[str]], sync_interval: float

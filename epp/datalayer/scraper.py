@@ -80,7 +80,8 @@ class MetricsScraper:
     With a ``runner`` (``ScrapeLoop``) the tasks run on the data layer's own thread; with
     ``jitter`` each endpoint's first tick is drawn at random within one interval, so a thousand
     endpoints do not fire together. ``skip(endpoint)`` true: the tick passes without a poll (the
-    endpoint's load is pushed, or another replica scrapes it).
+    endpoint's load is pushed, or another replica scrapes it); ``rest(endpoint)`` then says how
+    long the skip surely holds (pushes still fresh), and the next tick waits at least that long.
     """
 
     def __init__(
@@ -138,6 +139,7 @@ class MetricsScraper:
         self._runner = runner
         self._jitter = jitter
         self.skip = skip
+        self.rest: Callable[[Endpoint], float] | None = None
         self.scrapes = 0  # polls issued (a bench and test figure)
         # main-loop side: one handle per endpoint (an asyncio task, or the runner's future)
         self._tasks: dict[Endpoint, asyncio.Task[None] | concurrent.futures.Future[None]] = {}
@@ -244,12 +246,17 @@ class MetricsScraper:
             phase = self._phase() if self._jitter else 0.0
             while True:
                 skip = self.skip
+                rest = 0.0
                 if skip is None or not skip(endpoint):
                     self.scrapes += 1
                     await self._scrape(endpoint, poller, state)
+                elif self.rest is not None:
+                    rest = self.rest(endpoint)  # pushed: no tick needed until the pushes may stop
                 next_tick += self.interval + phase
                 phase = 0.0
                 now = loop.time()
+                if rest > 0.0 and next_tick < now + rest:
+                    next_tick = now + rest
                 if next_tick < now:  # the scrape overran: drop missed ticks, never burst
                     next_tick = now + self.interval - (now - next_tick) % self.interval
                 await asyncio.sleep(next_tick - now)

@@ -11,6 +11,8 @@ from dataclasses import dataclass
 from itertools import repeat
 from typing import Any
 
+from epp.framework.sparse import SparseLabels
+
 PREFIX_CACHE_MATCH_INFO_KEY = "PrefixCacheMatchInfoKey"
 INFLIGHT_LOAD_KEY = "InFlightLoadKey"
 LATENCY_PREDICTION_INFO_KEY = "LatencyPredictionInfoKey"
@@ -142,6 +144,42 @@ DEFAULT_PRODUCERS: dict[str, str] = {
 }
 
 
+Groups = Sequence[tuple[int, "str | frozenset[str]"]]
+"""Holder groups of a prefix match: ``(count, holders)`` deepest first, nested (a pair's holders
+include the deeper pairs'); a key's count is that of the deepest pair holding it."""
+
+
+def _has(holders: str | frozenset[str], key: str) -> bool:
+    return holders == key if isinstance(holders, str) else key in holders
+
+
+def _within(holders: str | frozenset[str], keys: frozenset[str] | set[str]) -> Iterable[str]:
+    """The holders that are in ``keys`` (iterating the smaller side)."""
+    if isinstance(holders, str):
+        return (holders,) if holders in keys else ()
+    return holders & keys
+
+
+def group_count(groups: Groups, key: str) -> int:
+    """``key``'s matched block count in ``groups`` (0: none)."""
+    for count, holders in groups:
+        if _has(holders, key):
+            return count
+    return 0
+
+
+def group_counts(groups: Groups) -> dict[str, int]:
+    """Every holder's matched block count (what ``PrefixIndex.match`` returns)."""
+    counts: dict[str, int] = {}
+    for count, holders in reversed(groups):  # shallow first: the deeper pairs overwrite
+        counts.update(dict.fromkeys((holders,) if isinstance(holders, str) else holders, count))
+    return counts
+
+
+def _size(holders: str | frozenset[str]) -> int:
+    return 1 if isinstance(holders, str) else len(holders)
+
+
 class PrefixMatches(dict[Any, PrefixCacheMatchInfo]):
     """``{endpoint: PrefixCacheMatchInfo}`` over a producer's candidates, built from the few matched.
 
@@ -149,13 +187,19 @@ class PrefixMatches(dict[Any, PrefixCacheMatchInfo]):
     matched keys and the candidate set at once; anything that walks or changes the mapping fills it
     with every candidate first, so it reads as the plain dict it replaces. ``labels`` gives the
     bulk path. ``endpoints`` and ``keys`` (their ``metadata.key``) must not change afterwards.
+    The matches are per-key ``counts``, or holder ``groups`` (``Groups``, with the candidates'
+    ``key_positions`` and ``key_set``: then ``labels`` answers with ``SparseLabels``, whose cost follows the
+    endpoints that differ from the most common count rather than the candidates).
     """
 
     __slots__ = (
         "_block_size",
         "_counts",
         "_filled",
+        "_groups",
         "_infos",
+        "_key_positions",
+        "_key_set",
         "_keys",
         "_members",
         "_order",
@@ -168,25 +212,39 @@ class PrefixMatches(dict[Any, PrefixCacheMatchInfo]):
         endpoints: Sequence[Any],
         members: frozenset[Any],
         keys: Sequence[str],
-        counts: Mapping[str, int],
+        counts: Mapping[str, int] | None,
         total_blocks: int,
         block_size_tokens: int,
+        groups: Groups = (),
+        key_positions: Mapping[str, int] | None = None,
+        key_set: frozenset[str] = frozenset(),
     ) -> None:
         super().__init__()
         self._order = endpoints
         self._members = members
         self._keys = keys
         self._counts = counts
+        self._groups = groups
+        self._key_positions = key_positions
+        self._key_set = key_set
         self._zero = PrefixCacheMatchInfo(0, total_blocks, block_size_tokens)
         self._total = total_blocks
         self._block_size = block_size_tokens
         self._infos: dict[int, PrefixCacheMatchInfo] = {}  # one shared info per count, made on demand
         self._filled = False
 
+    @property
+    def counts(self) -> Mapping[str, int]:
+        """Matched block count per endpoint key (matched keys only)."""
+        c = self._counts
+        if c is None:
+            c = self._counts = group_counts(self._groups)
+        return c
+
     def _fill(self) -> None:
         if not self._filled:
             self._filled = True
-            get, info = self._counts.get, self.info
+            get, info = self.counts.get, self.info
             for e in self._order:
                 dict.__setitem__(self, e, info(get(e.metadata.key)))
 
@@ -199,23 +257,56 @@ class PrefixMatches(dict[Any, PrefixCacheMatchInfo]):
             info = self._infos[count] = PrefixCacheMatchInfo(count, self._total, self._block_size)
         return info
 
-    def labels(self, endpoints: list[Any]) -> Iterable[int | None] | None:
-        """The bulk path when ``endpoints`` are the producer's candidates, in order: an iterator
-        of each one's matched block count (None: no match; ``info`` turns a count into its info).
-        None for another list."""
+    def labels(self, endpoints: list[Any]) -> Iterable[int | None] | SparseLabels | None:
+        """The bulk path when ``endpoints`` are the producer's candidates, in order: each one's
+        matched block count (None: no match; ``info`` turns a count into its info), as an iterator
+        or as ``SparseLabels``. None for another list."""
         if self._filled or endpoints != self._order:
             return None
-        counts = self._counts
+        positions = self._key_positions
+        if self._groups and positions is not None:
+            return self._sparse(positions)
+        counts = self.counts
         if not counts:
             return repeat(None, len(endpoints))
         return map(counts.get, self._keys)
+
+    def _sparse(self, positions: Mapping[str, int]) -> SparseLabels:
+        """The most common count (by the group sizes) as the default; the others by position.
+        C-level set operations, and Python steps only for the endpoints that differ."""
+        n = len(self._keys)
+        groups = self._groups
+        if not groups:
+            return SparseLabels(n, None, {})
+        sizes = [_size(h) for _, h in groups]
+        best, most = len(groups), n - sizes[-1]  # the unmatched
+        for m, size in enumerate(sizes):
+            exact = size - (sizes[m - 1] if m else 0)
+            if exact > most:
+                best, most = m, exact
+        keyset = self._key_set
+        found: dict[str, int | None] = {}
+        for k in range(best - 1, -1, -1):  # the deeper groups; the deepest overwrite
+            found.update(dict.fromkeys(_within(groups[k][1], keyset), groups[k][0]))
+        if best < len(groups):
+            dominant = groups[best][1]
+            rest = keyset - ({dominant} if isinstance(dominant, str) else dominant)
+            if rest:
+                shallower: dict[str, int | None] = dict.fromkeys(rest)
+                for k in range(len(groups) - 1, best, -1):
+                    shallower.update(dict.fromkeys(_within(groups[k][1], rest), groups[k][0]))
+                found.update(shallower)
+        default = groups[best][0] if best < len(groups) else None
+        return SparseLabels(
+            n, default, dict(zip(map(positions.__getitem__, found), found.values(), strict=True))
+        )
 
     def get(self, endpoint: Any, default: Any = None) -> Any:
         if self._filled:
             return dict.get(self, endpoint, default)
         if endpoint not in self._members:
             return default
-        return self.info(self._counts.get(endpoint.metadata.key))
+        return self.info(self.counts.get(endpoint.metadata.key))
 
     def __getitem__(self, endpoint: Any) -> PrefixCacheMatchInfo:
         info = self.get(endpoint, None)

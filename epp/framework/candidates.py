@@ -34,7 +34,7 @@ class CandidateMemo:
     position of each endpoint and each key's endpoint. Derived objects are replaced, never
     mutated, so a request may keep the ones it read."""
 
-    __slots__ = ("_by_key", "_endpoints", "_keys", "_members", "_positions")
+    __slots__ = ("_by_key", "_endpoints", "_key_positions", "_key_set", "_keys", "_members", "_positions")
 
     def __init__(self) -> None:
         self._endpoints: list[Endpoint] = []
@@ -42,6 +42,8 @@ class CandidateMemo:
         self._positions: dict[Endpoint, int] | None = None
         self._by_key: dict[str, Endpoint] | None = None
         self._keys: list[str] | None = None
+        self._key_positions: dict[str, int] | None = None
+        self._key_set: frozenset[str] | None = None
 
     def update(self, endpoints: list[Endpoint]) -> bool:
         """Remember ``endpoints``; True when they are the same objects, in order, as last time."""
@@ -49,7 +51,8 @@ class CandidateMemo:
             return True
         self._endpoints = list(endpoints)
         self._members = self._positions = self._by_key = None
-        self._keys = None
+        self._keys = self._key_positions = None
+        self._key_set = None
         return False
 
     @property
@@ -86,3 +89,21 @@ class CandidateMemo:
                 return None
             self._by_key = b
         return b
+
+    def key_positions(self) -> dict[str, int] | None:
+        """``metadata.key`` -> its position; None when two candidates share a key."""
+        p = self._key_positions
+        if p is None:
+            keys = self.keys()
+            p = dict(zip(keys, range(len(keys)), strict=True))
+            if len(p) != len(keys):
+                return None
+            self._key_positions = p
+        return p
+
+    def key_set(self) -> frozenset[str]:
+        """The candidates' ``metadata.key`` values."""
+        k = self._key_set
+        if k is None:
+            k = self._key_set = frozenset(self.keys())
+        return k

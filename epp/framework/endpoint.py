@@ -8,6 +8,8 @@ from enum import StrEnum
 from types import MappingProxyType
 from typing import Any
 
+from epp.framework.metrics_journal import JOURNAL
+
 _EMPTY: Mapping[str, Any] = MappingProxyType({})
 
 SCRAPE_CONNECT_FAILURE = "connect"
@@ -154,13 +156,19 @@ class Endpoint:
     set by discovery; ``metrics`` is replaced as a whole by the scraper (never mutated in place), so a
     cycle reads it without locks. ``inflight`` counts requests this EPP routed here that have not
     finished (released when the ext_proc stream ends). ``attributes`` holds endpoint-level data
-    produced by the data layer (not per request).
+    produced by the data layer (not per request). Each assignment of ``metrics`` is noted in the
+    metrics journal (``epp.framework.metrics_journal``).
     """
 
     metadata: EndpointMetadata
     metrics: Metrics = field(default_factory=Metrics)
     inflight: int = 0
     attributes: dict[str, Any] = field(default_factory=dict)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        object.__setattr__(self, name, value)
+        if name == "metrics":  # after the write: a reader told of it reads the new value
+            JOURNAL.note(self)
 
     @property
     def hostport(self) -> str:

@@ -25,6 +25,7 @@ from epp.framework.results import (
     SchedulingResult,
     ScoredEndpoint,
 )
+from epp.framework.score_column import ScoreColumn
 
 _NO_HEADERS: Mapping[str, str] = MappingProxyType({})
 
@@ -131,6 +132,12 @@ class Scorer(Plugin, abc.ABC):
         """Bulk path (optional), for scorers whose scores take few distinct values: a label per
         endpoint, in order (any iterable, read once), and the score of a label (called once per
         distinct label); ``score`` would give ``score_of(labels[i])`` to ``endpoints[i]``.
+        None: call ``score``."""
+        return None
+
+    def score_column(self, endpoints: list[Endpoint]) -> ScoreColumn | None:
+        """Bulk path (optional, ``metrics_only`` scorers): the scores of ``endpoints``, whose
+        metrics are all fresh, as a ``ScoreColumn`` the profile patches where metrics change.
         None: call ``score``."""
         return None
 

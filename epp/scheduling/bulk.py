@@ -20,22 +20,24 @@ from __future__ import annotations
 import math
 import operator
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from itertools import repeat
 from typing import Any
 
 from epp.framework.candidates import FRESH_UNTIL_MIN_KEY, CandidateMemo
-from epp.framework.endpoint import Endpoint, Metrics
+from epp.framework.endpoint import Endpoint
 from epp.framework.errors import SchedulingError
 from epp.framework.interfaces import Scorer
+from epp.framework.metrics_journal import JOURNAL
 from epp.framework.request import LLMRequest
 from epp.framework.results import CycleState
+from epp.framework.score_column import REBUILD, REPLACED, ScoreColumn
+from epp.framework.sparse import TOTALS_BLOCK, SparseLabels, SparseRow, Totals
 from epp.scheduling.data_scope import scope_of
 
-_METRICS = operator.attrgetter("metrics")
-_FRESH_UNTIL = operator.attrgetter("fresh_until")
+_FRESH_UNTIL = operator.attrgetter("metrics.fresh_until")
 _ADD = operator.add
-_IS = operator.is_
 _MUL = operator.mul
 Timer = Callable[[str, object, float], None]
 
@@ -76,19 +78,50 @@ class _RawTable(dict[Any, float]):
         return v
 
 
-class BulkScoring:
-    """One profile's reusable state: the last candidates, their metrics, the columns and sums."""
+class _Row(list[float]):
+    """A kept column's scores as the scorer gave them, with their maximum when known (``top``)."""
 
-    __slots__ = ("_columns", "_fresh_min", "_lead", "_lead_len", "_memo", "_metrics", "_raw", "_weights")
+    __slots__ = ("top",)
+
+    def __init__(self, scores: Sequence[float], top: float | None) -> None:
+        super().__init__(scores)
+        self.top = top
+
+
+def _weighted(s: float, w: float) -> float:
+    """One score's share of a sum, as ``add_dense`` adds it."""
+    return (1.0 if s > 1.0 else s) * w if s > 0.0 else 0.0
+
+
+class BulkScoring:
+    """One profile's reusable state: the last candidates, their freshness, the kept columns and
+    sums, patched from the metrics journal where a few candidates' metrics changed."""
+
+    __slots__ = (
+        "_bases",
+        "_cols",
+        "_fresh",
+        "_fresh_min",
+        "_lead",
+        "_lead_len",
+        "_memo",
+        "_raw",
+        "_seq",
+        "_wcols",
+        "_weights",
+    )
 
     def __init__(self) -> None:
         self._memo = CandidateMemo()
-        self._metrics: list[Metrics] = []
+        self._seq = -1  # the journal's number the kept state was read at (-1: nothing kept)
+        self._fresh: list[float] = []
         self._fresh_min = -math.inf
-        self._columns: dict[int, list[float]] = {}
-        self._raw: dict[int, Sequence[float]] = {}  # a kept column's scores as the scorer gave them
+        self._cols: dict[int, ScoreColumn | None] = {}  # None: no column, the scorer rescored on change
+        self._raw: dict[int, _Row] = {}  # a kept column's scores as the scorer gave them
+        self._wcols: dict[int, list[float]] = {}  # ... clamped and weighted
         self._lead: list[float] | None = None
         self._lead_len = 0
+        self._bases: dict[float, tuple[list[float], list[float]]] = {}  # lead + p, its block bounds
         self._weights: tuple[tuple[Scorer, float], ...] = ()
 
     def usable(self, scorers: Sequence[Any]) -> bool:
@@ -96,28 +129,104 @@ class BulkScoring:
 
     def _check(
         self, scorers: Sequence[Any], cycle: CycleState, endpoints: list[Endpoint], now: float
-    ) -> None:
-        """Drop what was kept unless the scorers, candidates and metrics are as before and fresh."""
+    ) -> bool:
+        """Bring the kept state up to the candidates' metrics (patched from the journal, or dropped);
+        True when every candidate is fresh now, so kept columns may be used."""
         weights = tuple((ws.scorer, ws.weight) for ws in scorers)
-        same = self._memo.update(endpoints) and weights == self._weights
-        if same and now <= self._fresh_min and all(map(_IS, map(_METRICS, endpoints), self._metrics)):
-            return  # the same Metrics objects (scrapes replace them whole): nothing to redo
-        metrics = list(map(_METRICS, endpoints))
-        if same and now <= self._fresh_min and metrics == self._metrics:
-            return  # new objects with equal values
+        if self._memo.update(endpoints) and weights == self._weights and self._seq >= 0:
+            seq, changed = JOURNAL.since(self._seq)
+            if changed is not None:
+                self._seq = seq
+                if not changed or self._patch(endpoints, changed):
+                    cycle[FRESH_UNTIL_MIN_KEY] = (endpoints, self._fresh_min)
+                    return now <= self._fresh_min
         self._weights = weights
-        self._metrics = metrics
-        self._fresh_min = min(map(_FRESH_UNTIL, metrics), default=math.inf)
+        self._seq = JOURNAL.seq  # before reading: a change from now on is patched next time
+        self._fresh = list(map(_FRESH_UNTIL, endpoints))
+        self._fresh_min = min(self._fresh, default=math.inf)
         cycle[FRESH_UNTIL_MIN_KEY] = (endpoints, self._fresh_min)  # the metric scorers' check
-        self._columns = {}
+        self._cols = {}
         self._raw = {}
+        self._wcols = {}
         self._lead = None
+        self._bases = {}
         lead = 0
         for scorer, _ in weights:
             if not scorer.metrics_only:
                 break
             lead += 1
         self._lead_len = lead
+        return now <= self._fresh_min
+
+    def _patch(self, endpoints: list[Endpoint], changed: list[Endpoint]) -> bool:
+        """Follow the changed candidates' metrics in the kept state; False: drop it instead."""
+        positions = self._memo.positions()
+        get = positions.get
+        idx = sorted({i for i in map(get, changed) if i is not None})
+        if not idx:
+            return True
+        n = len(endpoints)
+        if len(idx) * 4 > n:
+            return False  # most changed: building again is cheaper
+        fresh, low = self._fresh, self._fresh_min
+        again = False
+        for i in idx:
+            old = fresh[i]
+            new = fresh[i] = endpoints[i].metrics.fresh_until
+            if new < low:
+                low = new
+            elif old == low and new > old:  # the least may have risen: read them all again
+                again = True
+        self._fresh_min = min(fresh, default=math.inf) if again else low
+        raw, wcols = self._raw, self._wcols
+        replaced = False
+        for j, col in self._cols.items():
+            how = REBUILD if col is None else col.update(endpoints, idx)
+            scores = col.scores if col is not None else ()
+            if how == REBUILD or len(scores) != n:
+                return False
+            raw[j] = _Row(scores, col.top if col is not None else None)
+            wc = wcols.get(j)
+            if wc is not None:
+                w = self._weights[j][1]
+                if how == REPLACED:
+                    wcols[j] = add_dense(None, scores, w, n)
+                    replaced = True
+                else:
+                    for i in idx:
+                        wc[i] = _weighted(scores[i], w)
+        lead = self._lead
+        if lead is not None:
+            kept = [wcols[j] for j in range(self._lead_len) if j in wcols]
+            if replaced:  # whole columns moved: the sums again, in C
+                total: list[float] | None = None
+                for wc in kept:
+                    total = list(wc) if total is None else list(map(_ADD, total, wc))
+                self._lead = total if total is not None else [0.0] * n
+                self._bases = {}
+                return True
+            for i in idx:
+                t = 0.0
+                for k, wc in enumerate(kept):
+                    t = wc[i] if k == 0 else t + wc[i]
+                lead[i] = t
+            for p, (base, bounds) in self._bases.items():
+                for i in idx:
+                    base[i] = lead[i] + p
+                for b in {i // TOTALS_BLOCK for i in idx}:
+                    bounds[b] = max(base[b * TOTALS_BLOCK : (b + 1) * TOTALS_BLOCK])
+        return True
+
+    def _base(self, lead: list[float], p: float) -> tuple[list[float], list[float]]:
+        """``lead + p`` per position and its block bounds, kept while the lead is."""
+        kept = self._bases.get(p)
+        if kept is None:
+            base = list(map(_ADD, lead, repeat(p, len(lead))))
+            bounds = [max(base[lo : lo + TOTALS_BLOCK]) for lo in range(0, len(base), TOTALS_BLOCK)]
+            if len(self._bases) >= 8:
+                self._bases.clear()
+            kept = self._bases[p] = (base, bounds)
+        return kept
 
     def totals(
         self,
@@ -131,12 +240,13 @@ class BulkScoring:
         """The weighted sums; appends each scorer's scores to ``rows`` in profile order (the kept ones
         for kept columns; None for a scorer of weight 0 that was not called)."""
         n = len(endpoints)
-        self._check(scorers, cycle, endpoints, time.monotonic())
+        keep = self._check(scorers, cycle, endpoints, time.monotonic())
         lead_len = self._lead_len
         start = 0
         totals: list[float] | None = None
         shared = False  # totals is the kept lead sums: replace, never change in place
-        if lead_len and self._lead is not None:
+        bounds: list[float] | None = None  # block bounds of totals, when known
+        if keep and lead_len and self._lead is not None:
             totals = self._lead
             shared = True
             start = lead_len
@@ -144,8 +254,7 @@ class BulkScoring:
                 for ws in scorers[:lead_len]:
                     timer("Scorer", ws.scorer, 0.0)
             rows.extend(self._raw.get(j) for j in range(lead_len))
-        columns = self._columns
-        raw = self._raw
+        raw, wcols = self._raw, self._wcols
         scores: Sequence[float]
         for j in range(start, len(scorers)):
             ws = scorers[j]
@@ -153,13 +262,31 @@ class BulkScoring:
             t0 = time.perf_counter() if timer else 0.0
             if scorer.metrics_only:
                 if w != 0.0:
-                    col = columns.get(j)
-                    if col is None:
-                        scores = raw[j] = tuple(_call(scorer, cycle, request, endpoints, n))
-                        col = columns[j] = add_dense(None, scores, w, n)
-                    totals = list(col) if totals is None else list(map(_ADD, totals, col))
+                    wc = wcols.get(j) if keep else None
+                    if wc is None:
+                        column = scorer.score_column(endpoints) if keep else None
+                        if column is not None and len(column.scores) == n:
+                            scores, top = column.scores, column.top
+                        else:
+                            column, scores, top = (
+                                None,
+                                tuple(_call(scorer, cycle, request, endpoints, n)),
+                                None,
+                            )
+                        wc = add_dense(None, scores, w, n)
+                        if keep:
+                            self._cols[j] = column
+                            raw[j] = _Row(scores, top)
+                            wcols[j] = wc
+                        else:
+                            rows.append(scores)
+                    totals = list(wc) if totals is None else list(map(_ADD, totals, wc))
                     shared = False
-                rows.append(raw.get(j))
+                    bounds = None
+                    if keep:
+                        rows.append(raw[j])
+                else:
+                    rows.append(None)
             elif has_grouped(scorer):
                 if w != 0.0:
                     cycle.scope = scope_of("Scorer", scorer)
@@ -171,6 +298,11 @@ class BulkScoring:
                         scores = tuple(_call(scorer, cycle, request, endpoints, n))
                         totals = add_dense(_own(totals, shared), scores, w, n)
                         shared = False
+                        bounds = None
+                    elif isinstance(grouped[0], SparseLabels) and grouped[0].n == n:
+                        totals, bounds, row = self._sparse(grouped[0], grouped[1], w, totals, shared)
+                        shared = False
+                        scores = row
                     else:
                         labels = list(grouped[0])
                         if len(labels) != n:
@@ -182,6 +314,7 @@ class BulkScoring:
                         weighted = map(_LabelTable(lookup, w).__getitem__, labels)
                         totals = list(weighted) if totals is None else list(map(_ADD, totals, weighted))
                         shared = False
+                        bounds = None
                     rows.append(scores)
                 else:
                     rows.append(None)
@@ -189,17 +322,56 @@ class BulkScoring:
                 scores = tuple(_call(scorer, cycle, request, endpoints, n))
                 totals = add_dense(_own(totals, shared), scores, w, n)
                 shared = False
+                bounds = None
                 rows.append(scores)
             if timer:
                 timer("Scorer", scorer, time.perf_counter() - t0)
-            if j == lead_len - 1:
+            if j == lead_len - 1 and keep:
                 if totals is None:
                     totals = [0.0] * n
                 self._lead = totals
                 shared = True
         if totals is None:
             return [0.0] * n
-        return list(totals) if shared else totals  # the picker gets its own list
+        if shared:
+            return list(totals)  # the picker gets its own list
+        return totals if bounds is None else Totals(totals, bounds)
+
+    def _sparse(
+        self,
+        labels: SparseLabels,
+        score_of: Callable[[Any], float],
+        w: float,
+        totals: list[float] | None,
+        shared: bool,
+    ) -> tuple[list[float], list[float] | None, SparseRow]:
+        """A grouped scorer's sums from ``SparseLabels``: the default label's weighted score added
+        to every position (kept with the lead sums), then the exceptions set one by one."""
+        lookup = _RawTable(score_of).__getitem__
+        table = _LabelTable(lookup, w)
+        n = labels.n
+        p = table[labels.default]
+        exceptions = labels.exceptions
+        positions = list(exceptions)
+        weighted = map(table.__getitem__, exceptions.values())
+        bounds: list[float] | None = None
+        if totals is None:
+            out = [p] * n
+            values = list(weighted)
+        else:
+            if shared:
+                base, kept = self._base(totals, p)
+                bounds = list(kept)
+                out = list(base)
+            else:
+                out = list(map(_ADD, totals, repeat(p, n)))
+            values = list(map(_ADD, map(totals.__getitem__, positions), weighted))
+        deque(map(out.__setitem__, positions, values), maxlen=0)  # scattered in C
+        if bounds is not None:
+            for i, v in zip(positions, values, strict=True):
+                if v > bounds[i // TOTALS_BLOCK]:
+                    bounds[i // TOTALS_BLOCK] = v
+        return out, bounds, SparseRow(n, labels.default, exceptions, lookup)
 
 
 def _call(

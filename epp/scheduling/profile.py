@@ -15,6 +15,7 @@ from epp.framework.results import CycleState, ProfileRunResult, ScoredEndpoint
 from epp.scheduling.bulk import BulkScoring
 from epp.scheduling.data_scope import scope_of
 from epp.scheduling.decision import DECISION_KEY, Recorded
+from epp.scheduling.metrics_age import MetricsAge
 from epp.scheduling.scorer_metrics import ScorerMetrics
 
 # (extension_point, plugin, seconds) -> None; set by the server to feed the plugin-duration metric.
@@ -53,6 +54,7 @@ class SchedulerProfile:
     decide: bool = False  # record each run's Decision (DECISION_KEY): explainable decisions
     bulk: bool = True  # False: always the per-endpoint path (the bulk path's reference in tests)
     _metrics: ScorerMetrics | None = None  # bound on the first run (the scorers are set by then)
+    _age: MetricsAge | None = field(default=None, init=False, repr=False, compare=False)
     _bulk: BulkScoring = field(default_factory=BulkScoring, init=False, repr=False, compare=False)
 
     def run(self, cycle: CycleState, request: LLMRequest, candidates: list[Endpoint]) -> ProfileRunResult:
@@ -89,10 +91,11 @@ class SchedulerProfile:
         if metrics is None or metrics.size != len(rows):  # bound on the first run, again if scorers change
             scorers = [(ws.scorer.type_name, ws.scorer.name) for ws in self.scorers]
             metrics = self._metrics = ScorerMetrics(self.name, scorers)
-        for i, e in enumerate(endpoints):
-            if e is picked:
-                metrics.record([ws.weight for ws in self.scorers], rows, i)
-                return
+        try:
+            i = endpoints.index(picked)  # Endpoint compares by identity: a C-level walk
+        except ValueError:
+            return
+        metrics.record([ws.weight for ws in self.scorers], rows, i)
 
     def _run(
         self,
@@ -195,6 +198,10 @@ class SchedulerProfile:
             cycle.setdefault(DECISION_KEY, []).append(recorded)
         if rows:
             self._record_scorers(rows, endpoints, result.target_endpoints[0])
+        age = self._age
+        if age is None:
+            age = self._age = MetricsAge(self.name)
+        age.record(result.target_endpoints[0])
         if self.record_scores and result.scores is None:
             by_id = {id(e): s for e, s in zip(endpoints, totals, strict=True)}
             result.scores = [by_id.get(id(e), 0.0) for e in result.target_endpoints]

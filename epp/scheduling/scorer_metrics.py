@@ -51,4 +51,5 @@ class ScorerMetrics:
             mine = row[picked]
             clamped = 0.0 if mine <= 0.0 else (1.0 if mine > 1.0 else mine)
             self._score[k].observe(clamped * weights[k])
-            (self._agreed if mine >= max(row) else self._disagreed)[k].inc()
+            top = getattr(row, "top", None)  # kept columns know their maximum
+            (self._agreed if mine >= (max(row) if top is None else top) else self._disagreed)[k].inc()

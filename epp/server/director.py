@@ -8,7 +8,10 @@ scheduler, PreRequest plugins; every failure becomes an HTTP status with an Open
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import operator
 import random
+import sys
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
@@ -77,6 +80,8 @@ from epp.server.decisions import DecisionLog, Entry
 from epp.server.subset import filter_by_subset, subset_entries
 
 log = structlog.get_logger("epp.director")
+_INFLIGHT = operator.attrgetter("inflight")
+_NO_FALLBACK = sys.maxsize  # the primary's place in the fallback's in-flight counts
 
 PRODUCERS_BUDGET_SECONDS = 0.4
 SATURATED = 1.0  # legacy admission: saturation at or above this drops sheddable requests
@@ -503,18 +508,21 @@ class Director:
         if len(chosen) > 1:
             return chosen[1].hostport
         primary = chosen[0]
-        best: Endpoint | None = None
-        ties = 0
-        for e in candidates:
-            if e is primary:
-                continue
-            if best is None or e.inflight < best.inflight:
-                best, ties = e, 1
-            elif e.inflight == best.inflight:
-                ties += 1
-                if self._rng.random() * ties < 1.0:
-                    best = e
-        return best.hostport if best is not None else ""
+        counts = list(map(_INFLIGHT, candidates))  # C-level passes: a thousand candidates cost little
+        start = 0
+        with contextlib.suppress(ValueError):
+            while True:  # the primary (possibly listed twice) is no fallback
+                start = candidates.index(primary, start)
+                counts[start] = _NO_FALLBACK
+                start += 1
+        lowest = min(counts, default=_NO_FALLBACK)
+        if lowest == _NO_FALLBACK:
+            return ""
+        ties = counts.count(lowest)
+        at = -1
+        for _ in range(self._rng.randrange(ties) + 1 if ties > 1 else 1):  # random among equals
+            at = counts.index(lowest, at + 1)
+        return candidates[at].hostport
 
     def _request_header(self, request: LLMRequest) -> None:
         """Run the request-header processors in order; the first error rejects the request."""

@@ -1,12 +1,13 @@
 """The bulk scoring path picks exactly what the per-endpoint path picks.
 
 Random pools (metrics with ties, stale and out-of-range values, prefix-cache states built by the
-real producer), random profiles (scorers, order, weights including 0, a filter, a Python scorer
-without a bulk path, pickers returning one or several endpoints) and several requests per pool with
-metrics changing in between (the bulk path's reuse across requests). The reference is the same
-profile with ``bulk=False`` (the per-endpoint path) fed the plain dict the producer used to write,
-with the picker's random generator in the same state: picks, recorded scores and the generator's
-state afterwards must be identical.
+real producer: holder groups read as sparse labels), random profiles (scorers, order, weights
+including 0, a filter, a Python scorer without a bulk path, pickers returning one or several
+endpoints) and several requests per pool with metrics changing in between (the bulk path's reuse
+across requests, and its columns patched where the metrics journal names a few changed
+endpoints). The reference is the same profile with ``bulk=False`` (the per-endpoint path) fed the
+plain dict the producer used to write, with the picker's random generator in the same state:
+picks, recorded scores and the generator's state afterwards must be identical.
 """
 
 from __future__ import annotations
@@ -35,10 +36,13 @@ from epp.framework import (
     SchedulingResult,
     Scorer,
 )
-from epp.framework.attributes import PREFIX_CACHE_MATCH_INFO_KEY, PrefixMatches
+from epp.framework.attributes import PREFIX_CACHE_MATCH_INFO_KEY, PrefixMatches, group_counts
+from epp.framework.metrics_journal import MetricsJournal
+from epp.framework.sparse import SparseLabels
 from epp.plugins.pickers import _common
 from epp.plugins.pickers._common import PickerParams
 from epp.plugins.pickers.max_score import MaxScorePicker
+from epp.plugins.producers._prefix_index import PrefixIndex
 from epp.plugins.producers.approx_prefix_cache import ApproxPrefixCacheParams, ApproxPrefixCacheProducer
 from epp.plugins.scorers.kv_cache_utilization import KVCacheUtilizationScorer
 from epp.plugins.scorers.prefix_cache import PrefixCacheScorer, PrefixCacheScorerParams
@@ -122,7 +126,8 @@ async def _one_seed(seed: int) -> int:
         Endpoint(EndpointMetadata(f"e{i}", f"10.0.{i // 250}.{i % 250}", 8000), _metrics(rnd, now))
         for i in range(n)
     ]
-    if rnd.random() < 0.3:  # every endpoint known: the bulk path's reuse applies
+    all_known = rnd.random() < 0.5
+    if all_known:  # every endpoint known: the bulk path's reuse applies
         for e in endpoints:
             e.metrics = dataclasses.replace(e.metrics, fresh_until=math.inf)
     producer = ApproxPrefixCacheProducer("approx", ApproxPrefixCacheParams(block_size_tokens=4))
@@ -150,9 +155,15 @@ async def _one_seed(seed: int) -> int:
     per_endpoint = _profile(rnd, seed, False, chosen, k, drop)
     checked = 0
     for r in range(6):
-        if r and rnd.random() < 0.5:  # some scrapes land between requests
-            for e in rnd.sample(endpoints, k=rnd.randint(1, n)):
-                e.metrics = _metrics(rnd, now) if rnd.random() < 0.7 else dataclasses.replace(e.metrics)
+        if r and rnd.random() < 0.6:  # some scrapes land between requests (few: the kept columns are patched)
+            for e in rnd.sample(endpoints, k=min(n, rnd.choice((1, 1, 2, 3, rnd.randint(1, n))))):
+                if rnd.random() < 0.3:
+                    e.metrics = dataclasses.replace(e.metrics)
+                    continue
+                m = _metrics(rnd, now)
+                if all_known and rnd.random() < 0.9:
+                    m = dataclasses.replace(m, fresh_until=math.inf)
+                e.metrics = m
         req = _request(rnd.choice(texts)[: rnd.randint(0, 200)], 1000 + r)
         cycle = CycleState()
         candidates = list(endpoints)
@@ -160,7 +171,8 @@ async def _one_seed(seed: int) -> int:
         infos = cycle[PREFIX_CACHE_MATCH_INFO_KEY]
         assert isinstance(infos, PrefixMatches)
         plain = CycleState(cycle)
-        plain[PREFIX_CACHE_MATCH_INFO_KEY] = dict(infos.items())  # what the producer wrote before
+        # what the producer wrote before (read without walking the mapping, which would fill it)
+        plain[PREFIX_CACHE_MATCH_INFO_KEY] = {e: infos[e] for e in candidates}
         assert len(plain[PREFIX_CACHE_MATCH_INFO_KEY]) == len(set(candidates))
 
         state = random.Random(seed * 7919 + r).getstate()
@@ -179,7 +191,9 @@ async def _one_seed(seed: int) -> int:
         # the explained decision (each scorer's weighted score of the pick and runners-up) is the same
         (got_decision,) = bulk_cycle[DECISION_KEY]
         (want_decision,) = plain[DECISION_KEY]
-        assert got_decision.decision() == want_decision.decision(), f"seed {seed} request {r}"
+        assert got_decision.decision() == want_decision.decision(), (
+            f"seed {seed} request {r}: {got_decision.decision()} != {want_decision.decision()}"
+        )
         producer.pre_request(cycle, req, SchedulingResult({"p": got}, "p"))
         checked += 1
     return checked
@@ -190,6 +204,53 @@ def test_bulk_path_picks_what_the_per_endpoint_path_picks() -> None:
         return sum([await _one_seed(seed) for seed in range(400)])
 
     assert asyncio.run(run()) == 400 * 6
+
+
+def test_holder_groups_give_the_counts_of_match() -> None:
+    """``match_groups`` (what the producer reads) names each endpoint at the count ``match`` gives,
+    and the sparse labels built from them read as the dense ones."""
+    rnd = random.Random(3)
+    index = PrefixIndex()
+    keys = [f"ns/e{i}" for i in range(40)]
+    chains = [[rnd.randrange(1 << 64) for _ in range(30)] for _ in range(5)]
+    for _ in range(300):
+        chain = rnd.choice(chains)
+        index.add(chain[: rnd.randint(1, 30)], rnd.choice(keys), rnd.choice((8, 40, 1000)))
+    endpoints = [Endpoint(EndpointMetadata(f"e{i}", "10.0.0.1", 8000 + i)) for i in range(45)]
+    ordered = [e.metadata.key for e in endpoints]
+    for chain in chains:
+        for length in (1, 5, 30):
+            hashes = chain[:length]
+            groups = index.match_groups(hashes)
+            assert group_counts(groups) == index.match(hashes)
+            m = PrefixMatches(
+                endpoints,
+                frozenset(endpoints),
+                ordered,
+                None,
+                length,
+                16,
+                groups,
+                {k: i for i, k in enumerate(ordered)},
+                frozenset(ordered),
+            )
+            sparse = m.labels(endpoints)
+            assert isinstance(sparse, SparseLabels)
+            assert list(sparse) == [index.match(hashes).get(k) for k in ordered]
+
+
+def test_metrics_journal_names_the_changed_endpoints() -> None:
+    journal = MetricsJournal(size=4)
+    a, b = object(), object()
+    seq = journal.seq
+    journal.note(a)
+    journal.note(b)
+    journal.note(a)
+    assert journal.since(seq) == (seq + 3, [a, b, a])
+    assert journal.since(seq + 3) == (seq + 3, [])
+    for _ in range(4):
+        journal.note(b)
+    assert journal.since(seq + 2)[1] is None  # the log no longer reaches back: read everything
 
 
 def test_prefix_matches_reads_as_the_plain_dict() -> None:

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from epp.framework import CycleState, Endpoint, LLMRequest, Picker, ProfileRunResult, ScoredEndpoint, register
+from epp.framework.sparse import TOTALS_BLOCK
 from epp.plugins.pickers._common import PickerParams, rng
 
-_BLOCK = 64  # totals examined per C-level max in pick_totals
+_BLOCK = TOTALS_BLOCK  # totals examined per C-level max in pick_totals
 
 
 @register
@@ -40,15 +41,22 @@ class MaxScorePicker(Picker):
         k = self.params.k
         if k == 1:
             # The reservoir only acts where a score reaches the best so far (a new best or a tie):
-            # a block whose maximum (taken in C) is below it is skipped whole.
+            # a block whose maximum (taken in C, or bounded by the totals' ``bounds``) is below
+            # it is skipped whole.
             best = -1
             best_score = float("-inf")
             ties = 0
             n = len(totals)
+            bounds = getattr(totals, "bounds", None)
             for lo in range(0, n, _BLOCK):
-                block = totals[lo : lo + _BLOCK]
-                if max(block) < best_score:
-                    continue
+                if bounds is not None:
+                    if bounds[lo // _BLOCK] < best_score:
+                        continue
+                    block = totals[lo : lo + _BLOCK]
+                else:
+                    block = totals[lo : lo + _BLOCK]
+                    if max(block) < best_score:
+                        continue
                 for i, s in enumerate(block, lo):
                     if s > best_score:
                         best, best_score, ties = i, s, 1

@@ -24,15 +24,16 @@ class PrefixIndex:
     Evicting a hash from an endpoint's LRU removes that endpoint from the hash's holders; a hash
     without holders leaves the map, so memory is bounded by the sum of the capacities. A hash held by
     one endpoint (the common case) maps to the endpoint's key string itself; only shared hashes get a
-    ``set``. ``add`` inserts a prompt tail first, so under eviction pressure the tail of a prompt goes
-    before its head. Not thread-safe: used from the event loop only.
+    ``frozenset``, replaced (never changed) when a holder joins or leaves, so a match may keep the
+    sets it read. ``add`` inserts a prompt tail first, so under eviction pressure the tail of a
+    prompt goes before its head. Not thread-safe: used from the event loop only.
     """
 
     __slots__ = ("__weakref__", "_holders", "_lrus", "_size")
 
     def __init__(self) -> None:
-        # hash -> the single holder's key, or a set of keys when several endpoints hold it
-        self._holders: dict[int, str | set[str]] = {}
+        # hash -> the single holder's key, or a frozenset of keys when several endpoints hold it
+        self._holders: dict[int, str | frozenset[str]] = {}
         self._lrus: dict[str, _EndpointLRU] = {}
         self._size = 0
 
@@ -52,7 +53,7 @@ class PrefixIndex:
         endpoint's copy of block j < i is always at least as recent as its copy of block i and the LRU
         evicts block i first.
         """
-        walked: list[str | set[str] | None] = list(map(self._holders.get, hashes))  # one C-level pass
+        walked: list[str | frozenset[str] | None] = list(map(self._holders.get, hashes))  # one C-level pass
         try:
             n = walked.index(None)  # the walk stops at the first block nobody holds
         except ValueError:
@@ -75,6 +76,34 @@ class PrefixIndex:
                 break
         return counts
 
+    def match_groups(self, hashes: Sequence[int]) -> list[tuple[int, str | frozenset[str]]]:
+        """``match`` as holder groups: ``(count, holders)`` pairs, deepest first, where ``holders``
+        (one key, or a frozenset of keys, shared with the index and never changed) hold the first
+        ``count`` hashes; each pair's holders include the deeper pairs' (the sets along a chain are
+        nested, see ``match``). An endpoint's count in ``match`` is that of the deepest pair holding
+        it. O(blocks) Python steps at most, none per endpoint."""
+        walked = list(map(self._holders.get, hashes))
+        try:
+            n = walked.index(None)
+        except ValueError:
+            n = len(walked)
+        if not n:
+            return []
+        first = walked[0]
+        everyone = 1 if isinstance(first, str) else len(first or ())
+        groups: list[tuple[int, str | frozenset[str]]] = []
+        seen = 0
+        for i in range(n - 1, -1, -1):
+            v = walked[i]
+            size = 1 if isinstance(v, str) else len(v or ())
+            if size > seen:
+                assert v is not None
+                groups.append((i + 1, v))
+                seen = size
+                if size >= everyone:
+                    break
+        return groups
+
     def holders(self, h: int) -> frozenset[str]:
         """The endpoint keys holding block hash ``h`` (empty when none)."""
         v = self._holders.get(h)
@@ -82,7 +111,7 @@ class PrefixIndex:
             return frozenset()
         if isinstance(v, str):
             return frozenset((v,))
-        return frozenset(v)
+        return v
 
     def size(self) -> int:
         """Total entries over all endpoints' LRUs."""
@@ -143,9 +172,9 @@ class PrefixIndex:
                 holders[h] = key
             elif isinstance(v, str):
                 if v != key:
-                    holders[h] = {v, key}
-            else:
-                v.add(key)
+                    holders[h] = frozenset((v, key))
+            elif key not in v:
+                holders[h] = v | {key}
             if len(entries) > cap:
                 evicted, _ = entries.popitem(last=False)
                 self._unlink(evicted, key)
@@ -185,8 +214,12 @@ class PrefixIndex:
             if v == key:
                 del holders[h]
             return
-        v.discard(key)
-        if len(v) == 1:
-            holders[h] = next(iter(v))
-        elif not v:
+        if key not in v:
+            return
+        rest = v - {key}
+        if len(rest) == 1:
+            holders[h] = next(iter(rest))
+        elif rest:
+            holders[h] = rest
+        else:
             del holders[h]

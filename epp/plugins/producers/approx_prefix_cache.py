@@ -21,7 +21,7 @@ from epp.framework import (
     SchedulingResult,
     register,
 )
-from epp.framework.attributes import PREFIX_CACHE_MATCH_INFO_KEY, PrefixMatches
+from epp.framework.attributes import PREFIX_CACHE_MATCH_INFO_KEY, Groups, PrefixMatches, group_count
 from epp.framework.candidates import CandidateMemo
 from epp.framework.cross_replica import SharedLog
 from epp.framework.params import OMIT_UNSET
@@ -160,7 +160,7 @@ class _MatchState:
     """What Produce leaves for PreRequest (the reference's PluginState entry)."""
 
     hashes: list[int]
-    counts: dict[str, int]
+    groups: Groups
     block_size_tokens: int
 
 
@@ -202,15 +202,24 @@ class ApproxPrefixCacheProducer(DataProducer, PreRequest):
         bs = self._effective_block_size(endpoints)
         hashes = self.hashes(request, bs)
         total = len(hashes)
-        counts = self.index.match(hashes) if total else {}
-        cycle[self._state_key] = _MatchState(hashes, counts, bs)
+        groups = self.index.match_groups(hashes) if total else []
+        cycle[self._state_key] = _MatchState(hashes, groups, bs)
 
-        # O(matched endpoints): the mapping answers per endpoint from the counts and fills itself
-        # only when walked; the candidates' set and key map are kept while the list is the same
+        # The holder groups, not a count per endpoint: the mapping answers per endpoint from them
+        # and fills itself only when walked; the candidates' set and key maps are kept while the
+        # list is the same
         memo = self._candidates
         memo.update(endpoints)
         cycle[PREFIX_CACHE_MATCH_INFO_KEY] = PrefixMatches(
-            memo.endpoints, memo.members(), memo.keys() if counts else (), counts, total, bs
+            memo.endpoints,
+            memo.members(),
+            memo.keys() if groups else (),
+            None if groups else {},
+            total,
+            bs,
+            groups,
+            memo.key_positions() if groups else None,
+            memo.key_set() if groups else frozenset(),
         )
 
     def pre_request(self, cycle: CycleState, request: LLMRequest, result: SchedulingResult) -> None:
@@ -237,7 +246,7 @@ class ApproxPrefixCacheProducer(DataProducer, PreRequest):
                         outbox.append((state.hashes, pk, capacity))
         block_bytes = state.block_size_tokens * CHARS_PER_TOKEN
         _prefix_metrics.record_match(
-            self._hits, state.counts.get(target_key, 0) * block_bytes, len(state.hashes) * block_bytes
+            self._hits, group_count(state.groups, target_key) * block_bytes, len(state.hashes) * block_bytes
         )
 
     # --- helpers ------------------------------------------------------------------------------

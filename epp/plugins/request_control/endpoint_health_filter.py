@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from operator import attrgetter
 
 import structlog
 
@@ -31,12 +32,15 @@ from epp.framework import (
     UpstreamFailure,
     register,
 )
+from epp.framework.endpoint import SCRAPE_CONNECT_FAILURE
 
 __all__ = ["EndpointHealthFilter", "EndpointHealthFilterParams", "OutlierDetector"]
 
 log = structlog.get_logger("epp.plugins.endpoint_health_filter")
 
 TYPE_NAME = "endpoint-health-filter"
+_FAILURE = attrgetter("metrics.failure")
+_UPDATE_TIME = attrgetter("metrics.update_time")
 
 EJECTIONS = promlite.Counter(
     "llm_d_epp_endpoint_ejections_total",
@@ -196,9 +200,14 @@ class EndpointHealthFilter(Screener):
     def _healthy(self, endpoints: list[Endpoint]) -> list[Endpoint]:
         p = self.params
         ejected = self.detector.ejected
+        if not ejected and not (
+            (p.exclude_down and SCRAPE_CONNECT_FAILURE in map(_FAILURE, endpoints))
+            or (p.exclude_never_scraped and 0.0 in map(_UPDATE_TIME, endpoints))
+        ):
+            return endpoints  # the common case, checked in C: nothing down, ejected or unscraped
         now = time.monotonic() if ejected else 0.0
         dead = unscraped = 0
-        for e in endpoints:  # the common case: one pass, nothing excluded, the list returned as is
+        for e in endpoints:  # something may be excluded: count what
             if (p.exclude_down and e.metrics.down) or (ejected and self.detector.is_ejected(e, now)):
                 dead += 1
             elif p.exclude_never_scraped and e.metrics.update_time == 0.0:

@@ -7,7 +7,8 @@ from itertools import repeat
 from operator import attrgetter, sub, truediv
 
 from epp.framework import CycleState, Endpoint, LLMRequest, register
-from epp.plugins.scorers._metric_scorer import MetricScorer
+from epp.framework.score_column import ScoreColumn
+from epp.plugins.scorers._metric_scorer import MetricScorer, MinMaxColumn
 
 _WAITING = attrgetter("metrics.waiting_queue_size")
 
@@ -31,3 +32,6 @@ class QueueScorer(MetricScorer):
 
     def score_known(self, cycle: CycleState, request: LLMRequest, endpoints: list[Endpoint]) -> list[float]:
         return min_max_scores(list(map(_WAITING, endpoints)))
+
+    def score_column(self, endpoints: list[Endpoint]) -> ScoreColumn | None:
+        return MinMaxColumn(_WAITING, endpoints) if self.scores_as(QueueScorer) else None

@@ -5,7 +5,8 @@ from __future__ import annotations
 from operator import attrgetter
 
 from epp.framework import CycleState, Endpoint, LLMRequest, register
-from epp.plugins.scorers._metric_scorer import MetricScorer
+from epp.framework.score_column import ScoreColumn
+from epp.plugins.scorers._metric_scorer import MetricScorer, MinMaxColumn
 from epp.plugins.scorers.queue import min_max_scores
 
 _RUNNING = attrgetter("metrics.running_requests_size")
@@ -19,3 +20,6 @@ class RunningRequestsSizeScorer(MetricScorer):
 
     def score_known(self, cycle: CycleState, request: LLMRequest, endpoints: list[Endpoint]) -> list[float]:
         return min_max_scores(list(map(_RUNNING, endpoints)))
+
+    def score_column(self, endpoints: list[Endpoint]) -> ScoreColumn | None:
+        return MinMaxColumn(_RUNNING, endpoints) if self.scores_as(RunningRequestsSizeScorer) else None

@@ -15,6 +15,8 @@ from epp.framework.interfaces import Handle
 
 DEFAULT_LOAD_PORT = 5556
 LOAD_PAYLOAD = "load-stat"
+LOAD_PORT_LABEL = "epp/load-port"
+"""Endpoint label: the port of the endpoint's load publisher, when it is not the source's ``port``."""
 
 
 @dataclass(slots=True, frozen=True)
@@ -45,7 +47,9 @@ class ZmqMetricsDataSource(DataSource):
         self.fallback_after: float = parse_go_duration(params.fallback_after) or 1.0
 
     def push_address(self, endpoint: Endpoint) -> str:
-        """The endpoint's publisher: its pod address (its node's is not used) and ``port``."""
+        """The endpoint's publisher: its pod address (its node's is not used) and ``port``, or the
+        port its ``LOAD_PORT_LABEL`` names (several engines on one host)."""
         host = endpoint.metadata.address
-        authority = f"[{host}]:{self.params.port}" if ":" in host else f"{host}:{self.params.port}"
+        port = endpoint.metadata.labels.get(LOAD_PORT_LABEL) or self.params.port
+        authority = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
         return f"tcp://{authority}"
