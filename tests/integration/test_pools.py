@@ -13,12 +13,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from epp.dev.stack.files import write_atomic
+from epp.dev.stack.redis_server import RedisServer
 from epp.framework.wire import POOL_LABEL
 from tests.integration.harness import SUBSET_HEADER, Envoy, Rig, Sim, chat_body, marker
+from tests.redis_fixture import redis_server as redis_server
 
 pytestmark = pytest.mark.integration
 
@@ -618,3 +621,40 @@ def test_request_metrics_carry_each_pools_label(rig: Rig) -> None:
         for s in f.samples
     )
     assert _total(page, "inference_objective_request_total") == _total(page, "llm_d_epp_request_total")
+
+
+def test_pools_share_one_redis_connection(rig: Rig, redis_server: RedisServer) -> None:
+    """With the redis-syncer on, every pool shares its own state (keys under the pool's name), all
+    of them over one connection to the store (the server's CLIENT LIST), not one per pool."""
+    config = {
+        "plugins": [
+            {"name": "shared", "type": "redis-syncer", "parameters": {"address": redis_server.address}},
+            {"type": "inflight-load-producer"},
+            {"type": "active-request-scorer"},
+            {"type": "max-score-picker"},
+        ],
+        "schedulingProfiles": [
+            {
+                "name": "default",
+                "plugins": [{"pluginRef": "active-request-scorer"}, {"pluginRef": "max-score-picker"}],
+            }
+        ],
+        "dataLayer": {"crossReplica": {"syncerPluginRef": "shared", "syncInterval": "50ms"}},
+    }
+    sims = rig.start_sims(4)
+    epp = rig.start_epp([], config=config)
+    pools = {f"pool-{i}": [sim] for i, sim in enumerate(sims)}
+    _write_pools(epp.endpoints_file, pools)
+    raw = redis.Redis(host="127.0.0.1", port=redis_server.port)
+    me = raw.client_id()
+
+    def synced() -> set[str]:
+        return {k.decode().split(":")[1] for k in raw.keys("llm-d-epp:*:replicas")}
+
+    deadline = time.monotonic() + 20
+    while not {f"default/{p}" for p in pools} <= synced():
+        assert time.monotonic() < deadline, synced()
+        time.sleep(0.1)
+    clients = [c for c in raw.client_list() if int(c["id"]) != me]
+    assert len(clients) == 1, clients
+    raw.close()
