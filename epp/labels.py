@@ -1,4 +1,4 @@
-"""Bounded values for metric labels that come from requests (model names, fairness ids).
+"""Bounded values for metric labels that come from requests (model names, fairness ids, pools).
 
 Served and pinned values keep their own label; any other value records as ``other``.
 """
@@ -99,3 +99,8 @@ MODEL_NAMES = BoundedLabel("model_name")
 FAIRNESS_IDS = BoundedLabel("fairness_id")
 """Fairness ids (``x-gateway-inference-fairness-id``): never restricted, capped by
 ``--fairness-id-metric-label-limit``."""
+
+INFERENCE_POOLS = BoundedLabel("inference_pool")
+"""InferencePool names on the request metrics: each pool the EPP serves is served here when its
+runtime is built (at most ``DEFAULT_LIMIT`` over the process's life; later pools record as
+``other``); ``""``: a request that matched no pool."""

@@ -3,7 +3,8 @@
 Recorded under the current ``llm_d_epp_*`` names; the deprecated names the reference still emits
 (``inference_objective_*``, ``inference_pool_*``, ``inference_extension_*``,
 ``llm_d_inference_scheduler_*``) are rendered from those at scrape time. Request-derived labels go
-through ``epp.labels``; a request's label values are bound once (``request_key``).
+through ``epp.labels``; a request's label values are bound once (``request_key``), its pool's once per
+pool (``pool_label``).
 """
 
 from __future__ import annotations
@@ -21,10 +22,11 @@ if TYPE_CHECKING:
     from epp.framework import Endpoint
 
 M = ("model_name", "target_model_name")
-REQUEST_LABELS = (*M, "fairness_id", "priority")
-"""The label set of the request and latency metrics, in this order (``request_key``)."""
+REQUEST_LABELS = (*M, "fairness_id", "priority", "inference_pool")
+"""The label set of the request and latency metrics, in this order (``request_key``).
+``inference_pool`` is epp's: the deprecated twins leave it out (summed), as the reference has none."""
 _MODELS = {"model_name": labels.MODEL_NAMES, "target_model_name": labels.MODEL_NAMES}
-_REQUEST_BOUNDS = {**_MODELS, "fairness_id": labels.FAIRNESS_IDS}
+_REQUEST_BOUNDS = {**_MODELS, "fairness_id": labels.FAIRNESS_IDS, "inference_pool": labels.INFERENCE_POOLS}
 
 LATENCY_BUCKETS = (
     0.005, 0.025, 0.05, 0.1, 0.2, 0.4, 0.6, 0.8, 1.0, 1.25, 1.5, 2, 3, 4, 5, 6, 8, 10, 15, 20, 30,
@@ -499,15 +501,38 @@ def enable_grpc_stream_metrics() -> None:
 
 # Error counters are served at 0 for every label set known before its first error (a rate() over a
 # series that appears with its first increment misses that increment, and panels read "No data"):
-# every code for a request rejected before it was parsed; the common ones for each request key seen.
-_NO_KEY = ("", "", "", "")
+# every code, per pool, for a request rejected before it was parsed; the common ones for each
+# request key seen.
+RequestKey = tuple[str, str, str, str, str]
+"""Bound ``REQUEST_LABELS`` values: model, target model, fairness id, priority, pool."""
 SEEDED_ERROR_CODES = ("BadRequest", "ResourceExhausted", "Internal", "ServiceUnavailable")
-for _code in ErrorCode:
-    REQUEST_ERROR_TOTAL.at((*_NO_KEY, _code.text))
 _seeded_keys: set[tuple[str, ...]] = set()
+_seeded_pools: set[str] = set()
 
 
-def seed_errors(key: tuple[str, str, str, str]) -> None:
+def no_key(pool: str) -> RequestKey:
+    """The labels of a request of ``pool`` (a bound label) rejected before its request was parsed."""
+    return ("", "", "", "", pool)
+
+
+def seed_pool(pool: str) -> None:
+    """Serve every error code of ``pool``'s unparsed requests at 0 (once per pool label)."""
+    if pool in _seeded_pools:
+        return
+    _seeded_pools.add(pool)
+    for code in ErrorCode:
+        REQUEST_ERROR_TOTAL.at((*no_key(pool), code.text))
+
+
+def pool_label(name: str) -> str:
+    """The ``inference_pool`` label of a pool the EPP serves (computed once, when its runtime is built)."""
+    labels.INFERENCE_POOLS.serve((name,))
+    label = labels.INFERENCE_POOLS.bound(name)
+    seed_pool(label)
+    return label
+
+
+def seed_errors(key: RequestKey) -> None:
     """Serve the common error series of a request key at 0 (once per key; keys are bounded)."""
     if key in _seeded_keys:
         return
@@ -516,10 +541,11 @@ def seed_errors(key: tuple[str, str, str, str]) -> None:
         REQUEST_ERROR_TOTAL.at((*key, code))
 
 
-def request_key(model: str, target: str, fairness_id: str, priority: int) -> tuple[str, str, str, str]:
-    """The bounded ``REQUEST_LABELS`` values of one request, for ``Family.at`` (computed once per request)."""
+def request_key(model: str, target: str, fairness_id: str, priority: int, pool: str = "") -> RequestKey:
+    """The bounded ``REQUEST_LABELS`` values of one request, for ``Family.at`` (computed once per
+    request); ``pool``: its pool's label, bound already (``pool_label``)."""
     bound = labels.MODEL_NAMES.bound
-    return (bound(model), bound(target), labels.FAIRNESS_IDS.bound(fairness_id), str(priority))
+    return (bound(model), bound(target), labels.FAIRNESS_IDS.bound(fairness_id), str(priority), pool)
 
 
 _plugin_children: dict[tuple[str, int], promlite.HistogramChild] = {}

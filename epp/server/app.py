@@ -256,6 +256,7 @@ class EppServer:
             propagate_priority=cfg.propagate_priority,
         )
         director.explain = logs.debug_enabled()
+        director.pool_label = metrics.pool_label(name)
         director.decisions = self._decisions  # one ring and sampled log for every pool
         data_layer = DataLayer(
             store,

@@ -278,6 +278,7 @@ class Director:
         self.explain = False  # --log-level=debug: one line per request saying why it went where
         self.decisions: DecisionLog | None = None  # explained decisions (profiles with ``decide``)
         self.activity = EndpointActivity()  # requests and errors per endpoint, last minute
+        self.pool_label = ""  # the request metrics' inference_pool label (set with its pool's runtime)
 
     # --- candidates ------------------------------------------------------------------------
 

@@ -197,16 +197,15 @@ _REJECTED_PROTOCOL = metrics.EXTPROC_STREAMS_REJECTED.labels("protocol_error")
 _REQUEST_PROCESSING = metrics.REQUEST_PROCESSING.labels()
 _RESPONSE_PROCESSING = metrics.RESPONSE_PROCESSING.labels()
 _STREAM_DURATION = metrics.EXTPROC_STREAM_DURATION.labels()
-_NO_KEY = ("", "", "", "")  # request metric labels of a stream rejected before its request was parsed
 
 
-def _error_key(error: InferenceError) -> tuple[str, str, str, str]:
+def _error_key(error: InferenceError, pool: str) -> metrics.RequestKey:
     """The labels of a request rejected before it was built: the model its body named, if any."""
     model = error.model
     if not model:
-        return _NO_KEY
+        return metrics.no_key(pool)
     bound = labels.MODEL_NAMES.bound(model)
-    return (bound, bound, "", "")
+    return (bound, bound, "", "", pool)
 
 
 # Replies that never change, built once.
@@ -255,6 +254,7 @@ class _Stream:
         "override",
         "pending",
         "phase",
+        "pool_label",
         "req_mode",
         "request",
         "request_id_generated",
@@ -310,7 +310,8 @@ class _Stream:
         self.span: Any = None  # the request's trace span (--tracing)
         # Metrics: the request's bound labels (set when routed), the parsed request (also when
         # rejected), the response as far as the EPP sees it.
-        self.mkey: tuple[str, str, str, str] | None = None
+        self.mkey: metrics.RequestKey | None = None
+        self.pool_label = director.pool_label  # the inference_pool label ("": no pool matched yet)
         self.request: LLMRequest | None = None
         self.resp_cpu = 0.0  # EPP time spent on response messages
         self.t_resp = 0.0  # perf_counter at the response headers
@@ -557,7 +558,9 @@ class _Stream:
             # Whether the response will be a stream, from the request until the response headers
             # tell (they may not come: response_header_mode SKIP).
             self.resp_streaming = r.stream
-            key = self.mkey = metrics.request_key(r.incoming_model, r.target_model, r.fairness_id, r.priority)
+            key = self.mkey = metrics.request_key(
+                r.incoming_model, r.target_model, r.fairness_id, r.priority, self.pool_label
+            )
             metrics.REQUEST_TOTAL.at(key).inc()
             metrics.seed_errors(key)
             metrics.REQUEST_SIZES.at(key).observe(len(routing.body))
@@ -745,7 +748,7 @@ class _Stream:
             plugin.response_body(request, response, endpoint, chunk)
             metrics.observe_plugin(point, plugin, time.perf_counter() - t0)
 
-    def _record_response_end(self, key: tuple[str, str, str, str], now: float) -> None:
+    def _record_response_end(self, key: metrics.RequestKey, now: float) -> None:
         """The response body ended: token counts, TTFT, TPOT and NTPOT as the reference derives them."""
         usage = self.usage
         completion = usage.completion if usage is not None else 0
@@ -828,9 +831,11 @@ class _Stream:
         if self.error is not None:
             r = self.request
             if key is None and r is not None:
-                key = metrics.request_key(r.incoming_model, r.target_model, r.fairness_id, r.priority)
+                key = metrics.request_key(
+                    r.incoming_model, r.target_model, r.fairness_id, r.priority, self.pool_label
+                )
             if key is None:
-                key = _error_key(self.error)
+                key = _error_key(self.error, self.pool_label)
             metrics.REQUEST_ERROR_TOTAL.at((*key, self.error.code.text)).inc()
         elif self.resp_error is not None and key is not None:
             metrics.REQUEST_ERROR_TOTAL.at((*key, self.resp_error)).inc()
@@ -906,6 +911,8 @@ class ExternalProcessor(ep_grpc.ExternalProcessorServicer):
         pools = self.pools
         if pools is not None and not pools.multi:
             pools = None  # one pool: every stream is its director's
+        elif pools is not None:
+            stream.pool_label = ""  # until the request's pool is known
         pool_name = ""
         try:
             while True:
@@ -934,6 +941,7 @@ class ExternalProcessor(ep_grpc.ExternalProcessorServicer):
                             named = route_pool(context.invocation_metadata() or ())
                             pool = pools.select(named, stream.metadata)
                             stream.director, pool_name = pool.director, pool.name
+                            stream.pool_label = pool.director.pool_label
                             POOL_REQUEST_TOTAL.labels(pool_name).inc()
                         out = stream.on_request_headers(req)
                     elif which == "response_headers":

@@ -15,6 +15,7 @@ from typing import Any
 
 import structlog
 
+from epp import metrics
 from epp.datalayer.pool_gauges import PoolGauges
 from epp.datalayer.runtime import DataLayer
 from epp.datalayer.store import EndpointStore
@@ -79,6 +80,8 @@ class PoolRegistry:
         self.on_added: Callable[[Pool], None] | None = None
         self.on_removed: Callable[[Pool], None] | None = None
         self._adopt(primary)
+        if multi:
+            metrics.seed_pool("")  # requests that match no pool count under inference_pool=""
 
     def _adopt(self, pool: Pool) -> None:
         self.pools[pool.name] = pool
@@ -115,7 +118,9 @@ class PoolRegistry:
             raise ValueError(f"pool {name!r}: this EPP serves one pool ({self.primary.name})")
         pool = self._build(name, config)
         self._adopt(pool)
-        self.multi = True
+        if not self.multi:
+            self.multi = True
+            metrics.seed_pool("")
         log.info("pool added", pool=name, pools=len(self.pools))
         if self.on_added is not None:
             self.on_added(pool)

@@ -13,11 +13,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
 from epp.dev.stack.files import write_atomic
+from epp.dev.stack.redis_server import RedisServer
 from epp.framework.wire import POOL_LABEL
 from tests.integration.harness import SUBSET_HEADER, Envoy, Rig, Sim, chat_body, marker
+from tests.redis_fixture import redis_server as redis_server
 
 pytestmark = pytest.mark.integration
 
@@ -557,3 +561,100 @@ def test_objectives_apply_to_the_pools_they_name(rig: Rig, tmp_path: Path) -> No
         while priority("pool-b", "chat") != 7:
             assert time.monotonic() < deadline, "pool-b's new labels were not matched"
             time.sleep(0.2)
+
+
+def _by_pool(page: str, sample: str, **match: str) -> dict[str, float]:
+    """``sample``'s values summed per ``inference_pool`` over the series whose labels match ``match``."""
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(page):
+        for s in family.samples:
+            if s.name == sample and all(s.labels.get(k) == v for k, v in match.items()):
+                pool = s.labels["inference_pool"]
+                out[pool] = out.get(pool, 0.0) + s.value
+    return out
+
+
+def _total(page: str, sample: str) -> float:
+    return sum(
+        s.value for family in text_string_to_metric_families(page) for s in family.samples if s.name == sample
+    )
+
+
+def test_request_metrics_carry_each_pools_label(rig: Rig) -> None:
+    """Two pools behind one Envoy: each pool's requests, durations and errors count under its own
+    ``inference_pool``; a request that matches no pool under ``""``; the reference's deprecated twin
+    (no pool label) is their sum."""
+    sims = rig.start_sims(3)
+    epp = rig.start_epp([])
+    _write_pools(epp.endpoints_file, {"pool-a": sims[0:2], "pool-b": sims[2:3]})
+    envoy = rig.start_envoy(epp, pools=["pool-a", "pool-b", "pool-z"], wait_for_traffic=False)
+    for pool in ("pool-a", "pool-b"):
+        _wait_serving(envoy, pool)
+    before = epp.metrics()
+    sent = {"pool-a": 5, "pool-b": 3}
+    for pool, n in sent.items():
+        for _ in range(n):
+            status, _, body = _post(envoy, pool)
+            assert status == 200, body
+    bad = envoy.post("/v1/chat/completions", b"{not json", {"Host": "pool-b"})
+    assert bad.status == 400, bad
+    assert _post(envoy, "pool-z")[0] == 404  # the route names a pool not served here
+
+    def grown(page: str, sample: str, **match: str) -> dict[str, float]:
+        now, then = _by_pool(page, sample, **match), _by_pool(before, sample, **match)
+        return {p: v - then.get(p, 0.0) for p, v in now.items() if v != then.get(p, 0.0)}
+
+    deadline = time.monotonic() + 10  # the request ends (and its duration counts) as the stream ends
+    while grown(page := epp.metrics(), "llm_d_epp_request_duration_seconds_count") != sent:
+        assert time.monotonic() < deadline, grown(page, "llm_d_epp_request_duration_seconds_count")
+        time.sleep(0.1)
+    assert grown(page, "llm_d_epp_request_total") == sent
+    assert grown(page, "llm_d_epp_request_error_total", error_code="BadRequest") == {"pool-b": 1}
+    assert grown(page, "llm_d_epp_request_error_total", error_code="NotFound") == {"": 1}
+    running = _by_pool(page, "llm_d_epp_request_running")
+    assert (running.get("pool-a"), running.get("pool-b")) == (0.0, 0.0)  # each pool's, all ended
+    # the deprecated name keeps the reference's label set: the pools' series summed
+    assert all(
+        "inference_pool" not in s.labels
+        for f in text_string_to_metric_families(page)
+        if f.name == "inference_objective_request"
+        for s in f.samples
+    )
+    assert _total(page, "inference_objective_request_total") == _total(page, "llm_d_epp_request_total")
+
+
+def test_pools_share_one_redis_connection(rig: Rig, redis_server: RedisServer) -> None:
+    """With the redis-syncer on, every pool shares its own state (keys under the pool's name), all
+    of them over one connection to the store (the server's CLIENT LIST), not one per pool."""
+    config = {
+        "plugins": [
+            {"name": "shared", "type": "redis-syncer", "parameters": {"address": redis_server.address}},
+            {"type": "inflight-load-producer"},
+            {"type": "active-request-scorer"},
+            {"type": "max-score-picker"},
+        ],
+        "schedulingProfiles": [
+            {
+                "name": "default",
+                "plugins": [{"pluginRef": "active-request-scorer"}, {"pluginRef": "max-score-picker"}],
+            }
+        ],
+        "dataLayer": {"crossReplica": {"syncerPluginRef": "shared", "syncInterval": "50ms"}},
+    }
+    sims = rig.start_sims(4)
+    epp = rig.start_epp([], config=config)
+    pools = {f"pool-{i}": [sim] for i, sim in enumerate(sims)}
+    _write_pools(epp.endpoints_file, pools)
+    raw = redis.Redis(host="127.0.0.1", port=redis_server.port)
+    me = raw.client_id()
+
+    def synced() -> set[str]:
+        return {k.decode().split(":")[1] for k in raw.keys("llm-d-epp:*:replicas")}
+
+    deadline = time.monotonic() + 20
+    while not {f"default/{p}" for p in pools} <= synced():
+        assert time.monotonic() < deadline, synced()
+        time.sleep(0.1)
+    clients = [c for c in raw.client_list() if int(c["id"]) != me]
+    assert len(clients) == 1, clients
+    raw.close()

@@ -101,19 +101,35 @@ def test_bounded_label_must_be_a_label() -> None:
 
 
 def test_request_metrics_bound_incoming_and_target_models() -> None:
-    # The request metrics carry fairness_id and priority too (the reference's llm_d_epp_* labels).
+    # The request metrics carry fairness_id, priority (the reference's llm_d_epp_* labels) and the pool.
     labels.MODEL_NAMES.serve(["demo"])
+    pool = metrics.pool_label("pool-labels")
     series = len(metrics.REQUEST_TOTAL)
-    other0 = metrics.REQUEST_TOTAL.labels("other", "other", "f", "0").value
-    demo0 = metrics.REQUEST_TOTAL.labels("demo", "demo", "f", "0").value
+    other0 = metrics.REQUEST_TOTAL.labels("other", "other", "f", "0", pool).value
+    demo0 = metrics.REQUEST_TOTAL.labels("demo", "demo", "f", "0", pool).value
     for i in range(100):
-        metrics.REQUEST_TOTAL.labels(f"junk-{i}", f"target-{i}", "f", "0").inc()
-    metrics.REQUEST_TOTAL.labels("demo", "demo", "f", "0").inc()
-    assert metrics.REQUEST_TOTAL.labels("other", "other", "f", "0").value - other0 == 100
-    assert metrics.REQUEST_TOTAL.labels("demo", "demo", "f", "0").value - demo0 == 1
+        metrics.REQUEST_TOTAL.labels(f"junk-{i}", f"target-{i}", "f", "0", pool).inc()
+    metrics.REQUEST_TOTAL.labels("demo", "demo", "f", "0", pool).inc()
+    assert metrics.REQUEST_TOTAL.labels("other", "other", "f", "0", pool).value - other0 == 100
+    assert metrics.REQUEST_TOTAL.labels("demo", "demo", "f", "0", pool).value - demo0 == 1
     assert len(metrics.REQUEST_TOTAL) <= series + 2
-    # request_key binds the same way, once per request
-    assert metrics.request_key("junk-x", "demo", "f", -1) == ("other", "demo", "f", "-1")
+    # request_key binds the same way, once per request; the pool's label is bound once per pool
+    assert metrics.request_key("junk-x", "demo", "f", -1, pool) == ("other", "demo", "f", "-1", pool)
+
+
+def test_pool_labels_are_the_served_pools_capped() -> None:
+    """Each pool the EPP builds keeps its own ``inference_pool`` label, up to the limit; a name no
+    pool was built for (or a pool past the limit) records as ``other``; "" (no pool) stays ""."""
+    pools = labels.BoundedLabel("inference_pool", limit=2)
+    for name in ("a", "b", "c"):
+        pools.serve((name,))
+    assert [pools.bound(n) for n in ("a", "b", "c", "junk", "")] == ["a", "b", "other", "other", ""]
+    assert pools.bound("a") == "a"  # a removed and re-added pool keeps its label (sticky)
+    # the process-wide bound: pool_label serves the name and seeds its unparsed-request error series
+    assert metrics.pool_label("pool-cap") == "pool-cap"
+    assert labels.INFERENCE_POOLS.bound("never-built-pool") == "other"
+    seeded = {v[-1] for v, _ in metrics.REQUEST_ERROR_TOTAL._items() if v[:5] == metrics.no_key("pool-cap")}
+    assert {"BadRequest", "NotFound", "ServiceUnavailable"} <= seeded
 
 
 def test_served_models_come_from_scraped_model_names_and_lora_adapters() -> None:

@@ -48,6 +48,7 @@ from tests.unit.extproc_harness import (
 CHAT = b'{"model":"demo","messages":[{"role":"user","content":"hi"}]}'
 STREAM_CHAT = b'{"model":"demo","stream":true,"messages":[{"role":"user","content":"hi"}]}'
 DROPPED = "x-llm-d-request-dropped-reason"
+POOL = "pool-ref"  # the harness director's pool: the request families' inference_pool label
 
 # Every name of the reference's docs/metrics.md that epp implements, current and deprecated.
 CURRENT = [
@@ -198,6 +199,7 @@ async def run(store: EndpointStore) -> AsyncIterator[Any]:
     async def _run(messages: list[Any], expect: int, **kw: Any) -> list[Any]:
         opts = kw.pop("opts", None)
         director = kw.pop("director", None) or factories.director(store, **kw)
+        director.pool_label = metrics.pool_label(POOL)
         h = await start(store, director=director, opts=opts)
         started.append(h)
         return await h.exchange(messages, expect=expect)
@@ -270,6 +272,11 @@ async def test_deprecated_series_equal_the_current_ones_they_are_rendered_from(
     fair = family(families, "llm_d_epp_request_total")
     assert {s[1]["fairness_id"] for s in fair if s[1]["model_name"] == "demo"} >= {"tenant-x", "tenant-y"}
     assert "fairness_id" not in family(families, "inference_objective_request_total")[0][1]
+    # epp's pool label: on every current request family, on none of the reference's deprecated twins
+    assert {s[1]["inference_pool"] for s in fair if s[1]["fairness_id"] in ("tenant-x", "tenant-y")} == {POOL}
+    for old, new, _ in DEPRECATED[:10]:
+        assert all("inference_pool" in lbls for _, lbls, _ in family(families, new)), new
+        assert not any("inference_pool" in lbls for _, lbls, _ in family(families, old)), old
 
 
 class _Index:
@@ -345,7 +352,13 @@ def test_pool_gauges_means_and_sample_standard_deviations() -> None:
 
 
 async def test_streamed_response_records_ttft_itl_tpot_tokens_and_sizes(run: Any) -> None:
-    key = {"model_name": "demo", "target_model_name": "demo", "fairness_id": "tenant-stream", "priority": "0"}
+    key = {
+        "model_name": "demo",
+        "target_model_name": "demo",
+        "fairness_id": "tenant-stream",
+        "priority": "0",
+        "inference_pool": POOL,
+    }
     chunks = [b'data: {"choices":[{"delta":{"content":"a"}}]}\n\n'] * 3 + [
         b'data: {"choices":[],"usage":{"prompt_tokens":11,"completion_tokens":4}}\n\ndata: [DONE]\n\n'
     ]
@@ -377,6 +390,7 @@ async def test_a_stream_without_usage_leaves_only_the_usage_histograms_empty(run
         "target_model_name": "demo",
         "fairness_id": "tenant-no-usage",
         "priority": "0",
+        "inference_pool": POOL,
     }
     chunks = [b'data: {"choices":[{"delta":{"content":"a"}}]}\n\n'] * 3 + [b"data: [DONE]\n\n"]
     await run(
@@ -411,7 +425,13 @@ def test_the_readme_names_the_metrics_that_need_include_usage() -> None:
 
 
 async def test_non_streaming_usage_split_across_chunks_is_read(run: Any) -> None:
-    key = {"model_name": "demo", "target_model_name": "demo", "fairness_id": "tenant-split", "priority": "0"}
+    key = {
+        "model_name": "demo",
+        "target_model_name": "demo",
+        "fairness_id": "tenant-split",
+        "priority": "0",
+        "inference_pool": POOL,
+    }
     body = (
         b'{"id":"x","choices":[],"usage":{"prompt_tokens":21,"completion_tokens":9,'
         b'"prompt_tokens_details":{"cached_tokens":16}}}'
@@ -436,7 +456,13 @@ async def test_non_streaming_usage_split_across_chunks_is_read(run: Any) -> None
 
 
 async def test_without_the_body_the_response_size_comes_from_content_length(run: Any) -> None:
-    key = {"model_name": "demo", "target_model_name": "demo", "fairness_id": "tenant-cl", "priority": "0"}
+    key = {
+        "model_name": "demo",
+        "target_model_name": "demo",
+        "fairness_id": "tenant-cl",
+        "priority": "0",
+        "inference_pool": POOL,
+    }
     before = value("llm_d_epp_response_processing_duration_seconds_count")
     await run(
         [
@@ -468,6 +494,7 @@ async def test_rejected_request_is_counted_with_its_model_and_fairness_labels(
         "target_model_name": "demo",
         "fairness_id": "tenant-err",
         "priority": "0",
+        "inference_pool": POOL,
         "error_code": "ResourceExhausted",
     }
     before = value("llm_d_epp_request_error_total", **labels)

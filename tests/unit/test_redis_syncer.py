@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from pathlib import Path
 from typing import Any
@@ -490,3 +491,55 @@ async def test_a_password_protected_store_and_a_wrong_password(
             await s.close()
     finally:
         server.stop()
+
+
+async def test_pools_share_one_connection_per_redis(redis_server: RedisServer) -> None:
+    """An EPP serving several pools has a syncer per pool: with the same connection settings they
+    use one connection (counted by the server's CLIENT LIST), their rounds pipelined on it, their
+    keys still per pool; other settings (another database) get a connection of their own."""
+    raw = redis.Redis(host="127.0.0.1", port=redis_server.port)
+    me = raw.client_id()
+
+    def clients() -> int:
+        return sum(1 for c in raw.client_list() if int(c["id"]) != me)
+
+    pools = [f"ns/pool-{i}" for i in range(6)]
+    first = [syncer(redis_server) for _ in pools]
+    second = [syncer(redis_server) for _ in pools]  # a second replica of each pool
+    for i, pool in enumerate(pools):
+        for s in (first[i], second[i]):
+            s.bind(pool, 0.5)
+            s.set(KEY, "ns/e1", [i, 1])
+    for _ in range(2):  # concurrent rounds, as the pools' sync loops run
+        await asyncio.gather(*(s.sync() for s in first + second))
+    assert clients() == 1
+    for i, (a, b) in enumerate(zip(first, second, strict=True)):
+        assert a.peers() == {b.replica_id}  # only its own pool's replicas
+        assert a.get(KEY, "ns/e1", fold_sum) == [2 * i, 2]
+    assert {k.decode().split(":")[1] for k in raw.keys("llm-d-epp:ns/pool-*:replicas")} == set(pools)
+
+    other_db = syncer(redis_server, db=1)
+    other_db.bind("ns/pool-0", 0.5)
+    await other_db.sync()
+    assert clients() == 2
+    assert other_db.peers() == frozenset()  # another database: nothing shared
+    await other_db.close()
+    await until(lambda: clients() == 1)
+
+    # an error reply reaches only its own caller: the script is flushed, every syncer reloads it
+    raw.script_flush()
+    await asyncio.gather(*(s.sync() for s in first))
+    assert clients() == 1
+    # the server drops the connection: the next rounds connect again, still one connection
+    raw.client_kill_filter(_type="normal", skipme=True)
+    for s in first + second:
+        try:
+            await s.sync()
+        except (RedisError, OSError):
+            pass  # the round that met the closed connection
+    await asyncio.gather(*(s.sync() for s in first + second))
+    assert clients() == 1
+    for s in first + second:
+        await s.close()
+    await until(lambda: clients() == 0)
+    raw.close()

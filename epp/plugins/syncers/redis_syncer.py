@@ -41,6 +41,8 @@ from epp.plugins.syncers import _metrics as m
 if TYPE_CHECKING:
     from redis import asyncio as aioredis
 
+    from epp.plugins.syncers import _redis_link
+
 # redis-py is imported where it is used (the plugin at work), not with the plugin registry: its
 # import is a quarter of every EPP's start-up, and most configs have no syncer.
 
@@ -280,7 +282,7 @@ class RedisSyncer(Plugin):
         self._coord_ms = max(1, int(params.coordination_ttl_seconds * 1000))
         self._prefix = f"{params.key_prefix}:default:"
         self._timeout = 1.0
-        self._conn: aioredis.Connection | None = None
+        self._link: _redis_link.RedisLink | None = None  # shared with the syncers that connect alike
         # this replica's values, and what changed since the last successful round
         self._own: dict[tuple[str, str], Any] = {}
         self._dirty: set[tuple[str, str]] = set()
@@ -373,19 +375,26 @@ class RedisSyncer(Plugin):
 
     # --- the round trip -------------------------------------------------------------------------
 
-    def _connect(self) -> aioredis.Connection:
-        """One connection of our own (connected on first use, again after a failure): a round is
-        one command, so the client's pool, retries and per-command checks would only add work."""
-        from redis import asyncio as aioredis
-
+    def _settings(self) -> tuple[Any, ...]:
+        """What the connection depends on: syncers with the same settings share one connection."""
         p = self.params
-        host, _, port = p.address.rpartition(":")
         password: str | None = None
         if p.password_env:
             password = os.environ.get(p.password_env) or None
         elif p.password_file:
             with open(p.password_file, encoding="utf-8") as f:
                 password = f.read().strip() or None
+        tls = (p.ca_cert_path, p.insecure_skip_verify) if p.tls else None
+        return (p.address, p.db, p.username, password, tls, self._timeout)
+
+    def _connect(self, settings: tuple[Any, ...]) -> aioredis.Connection:
+        """One plain connection (connected on first use, again after a failure): a round is one
+        command, so the client's pool, retries and per-command checks would only add work."""
+        from redis import asyncio as aioredis
+
+        p = self.params
+        host, _, port = p.address.rpartition(":")
+        password = settings[3]
         kwargs: dict[str, Any] = {
             "host": host.strip("[]"),
             "port": int(port),
@@ -406,20 +415,15 @@ class RedisSyncer(Plugin):
         return aioredis.Connection(**kwargs)
 
     async def _command(self, *args: Any) -> Any:
-        """Send one command and read its reply (an error reply raises; a failure disconnects)."""
-        from redis.exceptions import ConnectionError as RedisConnectionError
+        """Send one command and read its reply (an error reply raises; a failure disconnects), over
+        the connection this syncer shares with the others that connect alike (one per pool)."""
+        from epp.plugins.syncers import _redis_link
 
-        conn = self._conn
-        if conn is None:
-            conn = self._conn = self._connect()
-        elif conn.is_connected:
-            try:
-                if await conn.can_read():  # bytes nobody asked for: start on a clean connection
-                    await conn.disconnect()
-            except (RedisConnectionError, OSError):  # closed by the server (e.g. it restarted)
-                await conn.disconnect()
-        await conn.send_command(*args, check_health=False)
-        return await conn.read_response()
+        link = self._link
+        if link is None:
+            settings = self._settings()
+            link = self._link = _redis_link.acquire(settings, lambda: self._connect(settings))
+        return await link.command(*args)
 
     async def sync(self) -> None:
         from redis.exceptions import RedisError
@@ -631,10 +635,12 @@ class RedisSyncer(Plugin):
     async def close(self) -> None:
         from redis.exceptions import RedisError
 
-        conn, self._conn = self._conn, None
-        if conn is not None:
+        from epp.plugins.syncers import _redis_link
+
+        link, self._link = self._link, None
+        if link is not None:
             try:
-                await conn.disconnect()
+                await _redis_link.release(link)
             except (RedisError, OSError):
                 pass
 
