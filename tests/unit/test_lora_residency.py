@@ -82,6 +82,28 @@ def test_scorer_headroom_breaks_ties_toward_free_slots() -> None:
     assert got["three-free"] > got["one-free"]
 
 
+def test_scorer_evicts_where_the_idle_adapter_is_coldest() -> None:
+    """A miss on full endpoints goes where the idle adapter the engine would evict is the least
+    requested lately; the ranking stays inside the evictable tier."""
+    eps = [
+        ep("evicts-hot", loaded_adapters={"hot": "gpu", "busy": "gpu"}, active_models={"busy": 0}),
+        ep("evicts-cold", loaded_adapters={"cold": "gpu", "busy": "gpu"}, active_models={"busy": 0}),
+        ep("saturated", loaded_adapters={"busy": "gpu", "b2": "gpu"}, active_models={"busy": 0, "b2": 0}),
+    ]
+    params = {"placementBonus": 0.0}
+    scorer = build(LoraLoadStateScorer, params)
+    plain = build(LoraLoadStateScorer, {**params, "protectHotAdapters": False})
+    for model, times in (("hot", 20), ("mid", 5), ("cold", 1)):
+        for _ in range(times):
+            scorer.score(CycleState(), request(model=model), eps[:1])
+            plain.score(CycleState(), request(model=model), eps[:1])
+    got = scores(scorer, "new", eps)
+    assert got["evicts-cold"] > got["evicts-hot"] > got["saturated"] + 0.03  # tiers never cross (bonus 0.03)
+    assert got["evicts-cold"] <= 0.3 * (1 - 0.03) + 0.03 + 1e-9
+    flat = scores(plain, "new", eps)
+    assert flat["evicts-cold"] == flat["evicts-hot"]
+
+
 def test_scorer_falls_back_to_lora_requests_info() -> None:
     eps = [
         ep("running", lora_residency=False, active_models={"a": 0}),
@@ -119,6 +141,7 @@ def test_scorer_leaves_a_fleet_without_adapter_slots_alone() -> None:
         ({"cpuResidentScore": 0.62}, "cpuResidentScore", "must exceed the bonuses"),
         ({"placementBonus": 0.6, "headroomBonus": 0.5}, "placementBonus", "must be below 1"),
         ({"freeSlotScore": "high"}, "freeSlotScore", ""),
+        ({"popularityHalfLifeSeconds": 0}, "popularityHalfLifeSeconds", "must be > 0"),
     ],
 )
 def test_scorer_bad_parameters_name_the_field(raw: dict[str, Any], field: str, reason: str) -> None:
