@@ -1,7 +1,8 @@
 """How popular each LoRA adapter has been lately, from the requests the EPP itself routes.
 
 Exponentially decayed request counts per adapter, bounded in size; ``percentile`` ranks one adapter
-among all tracked ones (0: the coldest, 1: the hottest), which says how much evicting it would cost.
+among all tracked ones (0: the coldest, 1: the hottest), which says how much evicting it would cost;
+``least_recent`` predicts which idle adapter an engine evicts.
 """
 
 from __future__ import annotations
@@ -46,7 +47,8 @@ class AdapterHeat:
     def snapshot(self, now: float) -> _Ranking:
         """Every tracked adapter's count at ``now``, ranked."""
         values = {name: self._decayed(c, now) for name, c in self._counts.items()}
-        return _Ranking(values, sorted(values.values()))
+        last = {name: c.at for name, c in self._counts.items()}
+        return _Ranking(values, sorted(values.values()), last)
 
     def _decayed(self, c: _Count, now: float) -> float:
         return c.value * math.exp(-self._rate * max(0.0, now - c.at))
@@ -62,6 +64,12 @@ class AdapterHeat:
 class _Ranking:
     values: dict[str, float]
     ordered: list[float]
+    last: dict[str, float]
+
+    def least_recent(self, adapters: list[str]) -> str:
+        """The adapter of ``adapters`` requested longest ago (one never seen first): the one an
+        engine's least-recently-used eviction takes, while each adapter lives on one engine."""
+        return min(adapters, key=lambda name: self.last.get(name, float("-inf")))
 
     def percentile(self, adapter: str) -> float:
         """The share of the other tracked adapters colder than ``adapter`` (an untracked one: 0)."""

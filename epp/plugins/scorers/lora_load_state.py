@@ -3,8 +3,9 @@
 Scores by residency tier (GPU slot, host cache, free slot, evictable, saturated) read from the
 engine's adapter residency metrics, with small bonuses that make an adapter's first misses converge
 on one home and break ties toward free slots. Where a load must evict an idle adapter, the endpoint
-whose coldest idle adapter is coldest (by the requests this EPP routed lately) scores highest within
-its tier, so the long tail churns through the same slots and hot adapters stay resident.
+whose likely victim (its idle adapter requested longest ago) is least popular lately, by the
+requests this EPP routed, scores highest within its tier: the long tail churns through the same
+slots and hot adapters stay resident.
 """
 
 from __future__ import annotations
@@ -104,8 +105,8 @@ class LoraLoadStateScorer(MetricScorer):
                 score = tier * scale
                 if p.protect_hot_adapters and _must_evict(m, tier, p):
                     ranking = ranking or self._heat.snapshot(now)
-                    coldest = min(ranking.percentile(name) for name in _idle_residents(m))
-                    score -= self._room_below(tier) * coldest
+                    victim = ranking.least_recent(_idle_residents(m))
+                    score -= self._room_below(tier) * ranking.percentile(victim)
                 if e is home:
                     score += p.placement_bonus
             slots = m.max_active_models
