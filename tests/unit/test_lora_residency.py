@@ -15,6 +15,7 @@ from epp.framework import ConfigError, CycleState, Endpoint, Plugin
 from epp.framework.params import decode_params
 from epp.framework.registry import lookup
 from epp.plugins.filters.lora_residency_filter import DECISIONS, LoraResidencyFilter
+from epp.plugins.scorers._adapter_heat import AdapterHeat
 from epp.plugins.scorers.lora_load_state import LoraLoadStateScorer
 from epp.plugins.scraping.core_metrics_extractor import CoreMetricsExtractor, CoreMetricsExtractorParams
 from tests.unit.factories import endpoint, known_metrics, request
@@ -325,3 +326,30 @@ def test_shipped_lora_example_loads_and_refuses_without_experimental_plugins() -
     assert loaded is not None
     with pytest.raises(ConfigError, match="--allow-experimental-plugins"):
         load_config_file(path, allow_experimental=False)
+
+
+# --- adapter popularity (lora-load-state-scorer's eviction choice) ------------------------------
+
+
+def test_adapter_heat_ranks_decays_and_predicts_the_victim() -> None:
+    heat = AdapterHeat(half_life=10.0, max_tracked=8)
+    for _ in range(8):
+        heat.add("hot", 0.0)
+    heat.add("warm", 0.0)
+    heat.add("warm", 0.0)
+    heat.add("tail", 5.0)
+    now = heat.snapshot(5.0)
+    assert [now.percentile(n) for n in ("tail", "warm", "hot")] == [0.0, 0.5, 1.0]
+    assert now.percentile("never-seen") == 0.0
+    # the victim an LRU engine takes: the idle adapter requested longest ago, one never seen first
+    assert now.least_recent(["tail", "hot"]) == "hot"
+    assert now.least_recent(["tail", "never-seen"]) == "never-seen"
+    # after 40 s (4 half-lives) hot's 8 requests weigh 0.5, below 3 fresh requests for tail
+    for _ in range(3):
+        heat.add("tail", 45.0)
+    later = heat.snapshot(45.0)
+    assert later.percentile("tail") == 1.0 and later.percentile("hot") < 1.0
+    # bounded: past max_tracked the coldest half goes
+    for i in range(10):
+        heat.add(f"new-{i}", 46.0)
+    assert len(heat) <= 8
