@@ -72,6 +72,7 @@ class Result:
     wall: float
     loads: int
     ttft_ms: list[float] = field(default_factory=list)
+    decisions: dict[str, int] = field(default_factory=dict)
 
     @property
     def loads_per_minute(self) -> float:
@@ -132,6 +133,20 @@ def loads(ports: list[int]) -> int:
     return int(total)
 
 
+DECISIONS = re.compile(
+    r"^llm_d_router_endpoint_picker_lora_residency_filter_decisions_total"
+    r'\{[^}]*outcome="([a-z_]+)"[^}]*\} (\S+)$',
+    re.M,
+)
+
+
+def decisions(metrics_port: int) -> dict[str, int]:
+    """The EPP's ``lora-residency-filter`` decisions by outcome (empty without the filter)."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10) as resp:
+        text = resp.read().decode()
+    return {outcome: int(float(value)) for outcome, value in DECISIONS.findall(text) if float(value) > 0}
+
+
 async def _one(url: str, adapter: str, i: int, max_tokens: int) -> float | None:
     """TTFT in ms of one streaming completion, None on an error."""
     body = json.dumps(
@@ -189,7 +204,8 @@ def run_config(label: str, config: dict[str, Any], args: argparse.Namespace, wor
         ttfts = asyncio.run(_drive(st.url, plan, args.max_tokens))
         wall = time.monotonic() - t0
         ok = [t for t in ttfts if t is not None]
-        return Result(label, len(plan), len(plan) - len(ok), wall, loads(opts.sim_ports), ok)
+        made = loads(opts.sim_ports)
+        return Result(label, len(plan), len(plan) - len(ok), wall, made, ok, decisions(opts.metrics_port))
 
 
 def print_table(results: list[Result]) -> None:
@@ -201,6 +217,12 @@ def print_table(results: list[Result]) -> None:
             f"| {r.label} | {r.requests} | {r.errors} | {r.loads} | {r.loads_per_minute:.0f} | "
             f"{percentile(r.ttft_ms, 0.5):.1f} | {percentile(r.ttft_ms, 0.9):.1f} |"
         )
+    for r in results:
+        if r.decisions:
+            print(
+                f"{r.label}: lora-residency-filter decisions "
+                + ", ".join(f"{k} {v}" for k, v in r.decisions.items())
+            )
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:

@@ -15,6 +15,7 @@ from epp.framework import ConfigError, CycleState, Endpoint, Plugin
 from epp.framework.params import decode_params
 from epp.framework.registry import lookup
 from epp.plugins.filters.lora_residency_filter import DECISIONS, LoraResidencyFilter
+from epp.plugins.scorers._adapter_heat import AdapterHeat
 from epp.plugins.scorers.lora_load_state import LoraLoadStateScorer
 from epp.plugins.scraping.core_metrics_extractor import CoreMetricsExtractor, CoreMetricsExtractorParams
 from tests.unit.factories import endpoint, known_metrics, request
@@ -82,6 +83,28 @@ def test_scorer_headroom_breaks_ties_toward_free_slots() -> None:
     assert got["three-free"] > got["one-free"]
 
 
+def test_scorer_evicts_where_the_idle_adapter_is_coldest() -> None:
+    """A miss on full endpoints goes where the idle adapter the engine would evict is the least
+    requested lately; the ranking stays inside the evictable tier."""
+    eps = [
+        ep("evicts-hot", loaded_adapters={"hot": "gpu", "busy": "gpu"}, active_models={"busy": 0}),
+        ep("evicts-cold", loaded_adapters={"cold": "gpu", "busy": "gpu"}, active_models={"busy": 0}),
+        ep("saturated", loaded_adapters={"busy": "gpu", "b2": "gpu"}, active_models={"busy": 0, "b2": 0}),
+    ]
+    params = {"placementBonus": 0.0}
+    scorer = build(LoraLoadStateScorer, params)
+    plain = build(LoraLoadStateScorer, {**params, "protectHotAdapters": False})
+    for model, times in (("hot", 20), ("mid", 5), ("cold", 1)):
+        for _ in range(times):
+            scorer.score(CycleState(), request(model=model), eps[:1])
+            plain.score(CycleState(), request(model=model), eps[:1])
+    got = scores(scorer, "new", eps)
+    assert got["evicts-cold"] > got["evicts-hot"] > got["saturated"] + 0.03  # tiers never cross (bonus 0.03)
+    assert got["evicts-cold"] <= 0.3 * (1 - 0.03) + 0.03 + 1e-9
+    flat = scores(plain, "new", eps)
+    assert flat["evicts-cold"] == flat["evicts-hot"]
+
+
 def test_scorer_falls_back_to_lora_requests_info() -> None:
     eps = [
         ep("running", lora_residency=False, active_models={"a": 0}),
@@ -119,6 +142,7 @@ def test_scorer_leaves_a_fleet_without_adapter_slots_alone() -> None:
         ({"cpuResidentScore": 0.62}, "cpuResidentScore", "must exceed the bonuses"),
         ({"placementBonus": 0.6, "headroomBonus": 0.5}, "placementBonus", "must be below 1"),
         ({"freeSlotScore": "high"}, "freeSlotScore", ""),
+        ({"popularityHalfLifeSeconds": 0}, "popularityHalfLifeSeconds", "must be > 0"),
     ],
 )
 def test_scorer_bad_parameters_name_the_field(raw: dict[str, Any], field: str, reason: str) -> None:
@@ -302,3 +326,30 @@ def test_shipped_lora_example_loads_and_refuses_without_experimental_plugins() -
     assert loaded is not None
     with pytest.raises(ConfigError, match="--allow-experimental-plugins"):
         load_config_file(path, allow_experimental=False)
+
+
+# --- adapter popularity (lora-load-state-scorer's eviction choice) ------------------------------
+
+
+def test_adapter_heat_ranks_decays_and_predicts_the_victim() -> None:
+    heat = AdapterHeat(half_life=10.0, max_tracked=8)
+    for _ in range(8):
+        heat.add("hot", 0.0)
+    heat.add("warm", 0.0)
+    heat.add("warm", 0.0)
+    heat.add("tail", 5.0)
+    now = heat.snapshot(5.0)
+    assert [now.percentile(n) for n in ("tail", "warm", "hot")] == [0.0, 0.5, 1.0]
+    assert now.percentile("never-seen") == 0.0
+    # the victim an LRU engine takes: the idle adapter requested longest ago, one never seen first
+    assert now.least_recent(["tail", "hot"]) == "hot"
+    assert now.least_recent(["tail", "never-seen"]) == "never-seen"
+    # after 40 s (4 half-lives) hot's 8 requests weigh 0.5, below 3 fresh requests for tail
+    for _ in range(3):
+        heat.add("tail", 45.0)
+    later = heat.snapshot(45.0)
+    assert later.percentile("tail") == 1.0 and later.percentile("hot") < 1.0
+    # bounded: past max_tracked the coldest half goes
+    for i in range(10):
+        heat.add(f"new-{i}", 46.0)
+    assert len(heat) <= 8
