@@ -818,7 +818,13 @@ def test_pools_overlay_one_epp_for_every_labelled_pool() -> None:
     routed = {r["spec"]["rules"][0]["backendRefs"][0]["name"] for r in objects(name, "HTTPRoute")}
     assert routed == {p["metadata"]["name"] for p in pools}
     (role,) = objects(name, "ClusterRole")
-    assert role["rules"] == [POD_READ, POOL_READ]
+    configmap_get = {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get"]}  # a pool's own config
+    policies_read = {
+        "apiGroups": ["llm-d.ai", "inference.networking.x-k8s.io"],
+        "resources": ["inferenceobjectives", "inferencemodelrewrites"],
+        "verbs": ["get", "list", "watch"],
+    }
+    assert role["rules"] == [POD_READ, configmap_get, POOL_READ, policies_read]
     (binding,) = objects(name, "ClusterRoleBinding")
     assert binding["roleRef"]["name"] == role["metadata"]["name"]
     assert binding["subjects"][0]["name"] == deployment["spec"]["template"]["spec"]["serviceAccountName"]

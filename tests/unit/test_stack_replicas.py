@@ -45,7 +45,9 @@ def test_default_config_gets_the_syncer_in_the_v1_layout(tmp_path: Path) -> None
     assert cfg.cross_replica.syncer.params.address == ADDRESS  # type: ignore[attr-defined]
     assert cfg.cross_replica.interval == pytest.approx(0.1)  # type: ignore[attr-defined]
     plugins = cfg.plugins  # type: ignore[attr-defined]
-    assert {"queue-scorer", "prefix-cache-scorer", "max-score-picker"} <= set(plugins)  # the defaults
+    assert {"prefix-spread-scorer", "approx-prefix-cache-producer", "max-score-picker"} <= set(
+        plugins
+    )  # the defaults
 
 
 def test_users_config_keeps_its_scheduling_and_its_syncer_settings(tmp_path: Path) -> None:
