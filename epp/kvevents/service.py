@@ -724,11 +724,12 @@ class KVEventsIngester:
         self._flush_pending(seq)
 
     def _replay_failed(self, seq: _Seq, operation: str, message: str, **kw: Any) -> None:
-        metrics.REPLAYS.labels(seq.pod, "failed").inc()
         self._close_replay(seq)
         seq.replay_failed_at = time.monotonic()
         seq.last = None
         self._lost(seq, operation, message, **kw)
+        # counted once the endpoint is cleared: whoever sees the count sees the index without it
+        metrics.REPLAYS.labels(seq.pod, "failed").inc()
         self._flush_pending(seq)
 
     def _flush_pending(self, seq: _Seq) -> None:
