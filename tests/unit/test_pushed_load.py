@@ -3,6 +3,7 @@ socket, with the metrics scrape (a real HTTP server) taking over when the pushes
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import Any
 
@@ -101,6 +102,30 @@ class _Publisher:
         self.ctx.term()
 
 
+class _SteadyPublisher:
+    """Publishes the two data-parallel ranks' LoadStat every 20 ms from a thread of its own, as an
+    engine does, until stopped (a publisher that dies: its socket closed)."""
+
+    def __init__(self, port: int) -> None:
+        self._pub = _Publisher(port)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            while not self._stop.is_set():
+                self._pub.send(2, 1, 300, 1000, 0)
+                self._pub.send(1, 0, 200, 1000, 1)  # a second data-parallel rank: summed
+                self._stop.wait(0.02)
+        finally:
+            self._pub.close()
+
+    def kill(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
 async def test_pushes_feed_the_metrics_and_a_silent_publisher_falls_back_to_scraping() -> None:
     server = MetricsServer()
     server.page = vllm_page(waiting=9, running=8, kv=0.1)
@@ -121,37 +146,26 @@ async def test_pushes_feed_the_metrics_and_a_silent_publisher_falls_back_to_scra
         ],
         refresh_interval=0.05,
     )
-    publisher = _Publisher(push_port)
     store.upsert(metadata("e0", "127.0.0.1", server.port))
     endpoint = store.endpoints()[0]
     layer.start()
+    publisher = _SteadyPublisher(push_port)
     try:
         pushed = layer.pushed[0]
-        deadline = time.monotonic() + 10
-        while not pushed.pushing(endpoint):  # the SUB connects asynchronously: send until heard
-            assert time.monotonic() < deadline, "no push received"
-            publisher.send(2, 1, 300, 1000, 0)
-            publisher.send(1, 0, 200, 1000, 1)  # a second data-parallel rank: summed
-            time.sleep(0.02)
-        for _ in range(5):
-            publisher.send(2, 1, 300, 1000, 0)
-            publisher.send(1, 0, 200, 1000, 1)
-            time.sleep(0.01)
+        await until(lambda: pushed.pushing(endpoint))  # the SUB connects asynchronously: heard once it has
         await until(lambda: endpoint.metrics.running_requests_size == 3)
         m = endpoint.metrics
         assert (m.running_requests_size, m.waiting_queue_size, m.kv_cache_usage_percent) == (3, 1, 0.25)
         assert m.known(time.monotonic())
         scrapes = layer.metrics_scraper.scrapes if layer.metrics_scraper else -1
-        for _ in range(10):  # pushing: the metrics scrape is skipped
-            publisher.send(2, 1, 300, 1000, 0)
-            publisher.send(1, 0, 200, 1000, 1)
-            time.sleep(0.03)
+        time.sleep(0.3)  # pushing: the metrics scrape is skipped
         assert layer.metrics_scraper is not None and layer.metrics_scraper.scrapes == scrapes
-        publisher.close()  # the publisher dies: the scrape takes over within fallbackAfter + a tick
+        publisher.kill()  # the publisher dies: the scrape takes over within fallbackAfter + a tick
         waited = await until(lambda: endpoint.metrics.running_requests_size == 8, timeout=5)
         assert waited < 2.0
         assert endpoint.metrics.waiting_queue_size == 9 and endpoint.metrics.known(time.monotonic())
     finally:
+        publisher.kill()
         await layer.stop()
         await server.stop()
 
