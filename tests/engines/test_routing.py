@@ -90,9 +90,9 @@ def test_engine_metrics_read_as_the_engine_reports_them(pool: Pool, rig: Rig) ->
 
 
 def _generate_until(engine: Engine, model: str, stop: threading.Event) -> None:
-    """A streamed completion of up to 7,000 tokens, its connection closed (vLLM aborts the
-    request) once ``stop`` is set."""
-    body = {"model": model, "prompt": f"{_tag()} go", "max_tokens": 7000, "ignore_eos": True, "stream": True}
+    """A streamed completion of up to 4,000 tokens (the engines' context is 4,096), its connection
+    closed (vLLM aborts the request) once ``stop`` is set."""
+    body = {"model": model, "prompt": f"{_tag()} go", "max_tokens": 4000, "ignore_eos": True, "stream": True}
     conn = HTTPConnection(engine.host, engine.port, timeout=120)
     try:
         conn.request("POST", "/v1/completions", json.dumps(body), {"content-type": "application/json"})
