@@ -115,9 +115,6 @@ def vllm_env(kv_cache_gib: int = 1) -> dict[str, str]:
         HF_HUB_OFFLINE="1",
         TRANSFORMERS_OFFLINE="1",
         VLLM_CPU_KVCACHE_SPACE=str(kv_cache_gib),
-        # vLLM's "auto" binds each engine's worker to the first core of its NUMA node, so engines
-        # started side by side all share one core while the others idle: let the OS place them
-        VLLM_CPU_OMP_THREADS_BIND="nobind",
         VLLM_NO_USAGE_STATS="1",
         DO_NOT_TRACK="1",
     )
