@@ -136,7 +136,7 @@ engines:
 	@bash deploy/engines/install.sh
 
 test-engines: install
-	EPP_ENGINE_TESTS=1 $(BIN)/pytest -q -p no:cacheprovider tests/engines
+	EPP_ENGINE_TESTS=1 $(BIN)/pytest -q -p no:cacheprovider --durations=12 tests/engines
 
 # Routing on three real vLLM engines (after `make engines`): random, default and precise configs,
 # vLLM's own prefix-cache hit rate, TTFT, failures; the simulator's figures on the same workload.

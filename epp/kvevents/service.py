@@ -11,7 +11,9 @@ socket; the asyncio loop never runs ingestion. Per stream the batch sequence is 
   engine may have restarted (its numbering starts again at 0, so even an equal sequence number is no
   duplicate). With a replay socket the batch last seen is asked again and compared with the one
   applied (same engine: the stream goes on; otherwise the endpoint is cleared and replayed from 0);
-  without one the endpoint is cleared and the next batch is taken as it comes;
+  without one the endpoint is cleared and the next batch is taken as it comes. From the
+  disconnection (or the server found down) until that check ends, ``trusted`` is False: the
+  endpoint's entries may be a dead engine's, and the prefix producer matches nothing on them;
 - a gap: replay from last + 1; without replay, or when the replay fails (no answer within
   ``REPLAY_IDLE_TIMEOUT``, the start no longer buffered, a malformed reply), the endpoint is cleared
   (its entries are stale) and the stream goes on live; a failed replay is not retried for
@@ -104,6 +106,7 @@ class _Seq:
     last: int | None = None
     digest: int = 0  # hash of the last applied batch (restart check after a reconnection)
     suspect: bool = False  # disconnected or down since ``last``: check for a restart on resuming
+    unverified: bool = False  # disconnected or down, restart check not finished: entries attract nothing
     topic: str = ""
     replay: _Replay | None = None
     pending: list[tuple[str, int, bytes]] = field(default_factory=list)
@@ -218,6 +221,14 @@ class KVEventsIngester:
         self._commands.append(("down", (key, down)))
         self._wake()
 
+    def trusted(self, key: str) -> bool:
+        """False while ``key``'s entries may belong to an engine that is gone: its event stream
+        disconnected or its server was down, and the restart check on its return has not finished
+        (read from any thread)."""
+        stream = self.streams.get(key)
+        seq = stream.seq if stream is not None else self._central_seq.get(key)
+        return seq is None or not seq.unverified
+
     def _wake(self) -> None:
         with self._wake_lock:
             if self._wake_tx is not None:
@@ -314,7 +325,7 @@ class KVEventsIngester:
         if seq is None:
             return
         if down:
-            seq.suspect = True
+            seq.suspect = seq.unverified = True
         elif seq.suspect:
             self._resync(seq)
 
@@ -542,6 +553,7 @@ class KVEventsIngester:
                 metrics.ENDPOINT_CLEARS.labels(seq.pod, "restart").inc()
                 self._clear(seq.pod)
                 seq.last = None
+                seq.unverified = False
                 if self._can_replay(seq):
                     self._start_replay(seq, 0)
                     self._hold(seq, topic, n, payload)
@@ -594,16 +606,18 @@ class KVEventsIngester:
         """The stream resumes after a disconnection or a down server: was the engine restarted?"""
         seq.suspect = False
         if seq.last is None:
+            seq.unverified = False
             return
         if seq.replay is not None:
             self._close_replay(seq)
         if self._can_replay(seq):
-            self._start_replay(seq, seq.last, verify=True)
+            self._start_replay(seq, seq.last, verify=True)  # a failure to ask clears (unverified too)
             return
         log.info("KV-event stream resumed without replay: endpoint cleared", endpoint=seq.pod, last=seq.last)
         metrics.ENDPOINT_CLEARS.labels(seq.pod, "restart").inc()
         self._clear(seq.pod)
         seq.last = None
+        seq.unverified = False
 
     def _restarted(self, seq: _Seq, **kw: Any) -> None:
         """The replay showed another engine behind the stream: clear, rebuild from 0."""
@@ -614,6 +628,7 @@ class KVEventsIngester:
         self._close_replay(seq)
         self._clear(seq.pod)
         seq.last = None
+        seq.unverified = False
         if self._can_replay(seq):
             self._start_replay(seq, 0)
         else:
@@ -681,6 +696,7 @@ class KVEventsIngester:
                     self._restarted(seq, last=replay.start, got=n)
                     return
                 replay.verify, replay.matched, replay.expected = False, True, n + 1
+                seq.unverified = False  # the same engine: its entries hold
                 continue
             if n < replay.expected:
                 continue
@@ -727,6 +743,7 @@ class KVEventsIngester:
         self._close_replay(seq)
         seq.replay_failed_at = time.monotonic()
         seq.last = None
+        seq.unverified = False  # cleared below
         self._lost(seq, operation, message, **kw)
         # counted once the endpoint is cleared: whoever sees the count sees the index without it
         metrics.REPLAYS.labels(seq.pod, "failed").inc()
@@ -762,7 +779,7 @@ class KVEventsIngester:
                     self._resync(stream.seq)
             elif kind == zmq.EVENT_DISCONNECTED:
                 stream.connected = False
-                stream.seq.suspect = True
+                stream.seq.suspect = stream.seq.unverified = True
                 log.info("kv-events subscriber disconnected", endpoint=key, address=stream.endpoint)
             elif kind == zmq.EVENT_CONNECT_RETRIED:
                 metrics.RECONNECTIONS.labels(key).inc()

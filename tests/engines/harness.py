@@ -226,7 +226,14 @@ def precise_config(pool: Pool, *, prefix_weight: int = 5) -> dict[str, Any]:
                 "type": "token-producer",
                 "parameters": {"modelName": pool.model, "vllm": {"url": pool.engines[0].url}},
             },
-            {"type": PRECISE, "parameters": {"tokenProcessorConfig": {"blockSizeTokens": pool.block_size}}},
+            {
+                "type": PRECISE,
+                "parameters": {
+                    "tokenProcessorConfig": {"blockSizeTokens": pool.block_size},
+                    # the index counters (admissions): what tests wait on before routing
+                    "indexerConfig": {"kvBlockIndexConfig": {"enableMetrics": True}},
+                },
+            },
             {"type": "queue-scorer"},
             {"type": "kv-cache-utilization-scorer"},
             {"type": "prefix-cache-scorer", "parameters": {"prefixMatchInfoProducerName": PRECISE}},
@@ -278,10 +285,44 @@ class Front:
     def epp_metrics(self) -> str:
         return self.epp.metrics()
 
+    def admissions(self) -> float:
+        """Blocks the EPP's KV-block index admitted so far (every engine's)."""
+        return total(self.epp_metrics(), "llm_d_epp_kv_cache_index_admissions_total")
+
+    def wait_indexed(self, before: float, blocks: int, what: str) -> None:
+        """Until the index admitted ``blocks`` more than ``before``: an engine's batch reached the
+        EPP (live, or by a replay after a restart). Tests send one engine's traffic at a time."""
+        wait_for(what, lambda: self.admissions() >= before + blocks, timeout=EVENTS_TIMEOUT, interval=0.1)
+
+    def replays(self, engine: Engine, outcome: str) -> float:
+        """The EPP's replays of ``engine``'s KV events with ``outcome`` (since the EPP started)."""
+        who = f'pod_identifier="default/{engine.name}"'
+        page = self.epp_metrics()
+        return sum(
+            v
+            for labels, v in samples(page, "llm_d_epp_kv_cache_events_replays_total")
+            if who in labels and f'outcome="{outcome}"' in labels
+        )
+
+    def wait_replayed(self, engines: Sequence[Engine] | None = None) -> None:
+        """Until the EPP has rebuilt each engine's blocks from its replay socket (what it does on
+        subscribing): before that, a prompt an engine holds may not be indexed yet."""
+        for engine in self.pool.engines if engines is None else engines:
+            if engine.kv_replay:
+                wait_for(
+                    f"the EPP's replay of {engine.name}'s KV events",
+                    lambda e=engine: self.replays(e, "complete") >= 1,
+                    timeout=EVENTS_TIMEOUT,
+                    interval=0.25,
+                )
+
     def restart_epp(self) -> None:
         """Stop the EPP and start it again with the same command line, ports and config."""
         self.epp.child.respawn()
         self.rig.stack.wait_epp(self.epp.child, self.epp.health_port)
+
+
+EVENTS_TIMEOUT = 120.0  # an engine's batch, or a replay, reaching a busy EPP (normally milliseconds)
 
 
 def start_front(
@@ -317,7 +358,10 @@ def start_front(
         lambda: http(envoy.url + "/v1/models")[0] == 200,
         children=[child, epp.child],
     )
-    return Front(rig, pool, epp, envoy, document)
+    front = Front(rig, pool, epp, envoy, document)
+    if any(p.get("type") == PRECISE for p in document.get("plugins", [])):
+        front.wait_replayed(engines)
+    return front
 
 
 def _tag_upstream(bootstrap: dict[str, Any]) -> None:

@@ -12,8 +12,8 @@ from concurrent.futures import ThreadPoolExecutor
 from tests.engines.harness import Pool, http, prompt, start_front
 from tests.integration.harness import Rig
 
-STREAMS = 8
-PER_STREAM = 40
+STREAMS = 16
+PER_STREAM = 20
 # seconds between a stream's requests: around uvicorn's 5 s keep-alive, where Envoy may reuse a
 # connection the engine is closing
 GAP = (4.9, 5.2)

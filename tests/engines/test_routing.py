@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 import uuid
+from http.client import HTTPConnection
 
 from tests.engines.harness import (
     UPSTREAM_HEADER,
+    Engine,
     Front,
     Pool,
     http,
@@ -51,15 +52,13 @@ def test_chat_completions_and_streaming_through_envoy(pool: Pool, rig: Rig) -> N
 
 
 def test_engine_metrics_read_as_the_engine_reports_them(pool: Pool, rig: Rig) -> None:
-    """While one engine runs long requests, the EPP's pool averages equal the mean of the engines'
-    own ``vllm:num_requests_running`` / ``vllm:num_requests_waiting``."""
+    """While one engine runs long requests, the EPP's pool averages (recomputed every 5 s, from
+    scrapes every 50 ms) equal the mean of the engines' own ``vllm:num_requests_running`` /
+    ``vllm:num_requests_waiting``, with every engine counted."""
     front = start_front(rig, pool)
     busy = pool.engines[0]
-    body = {"model": pool.model, "max_tokens": 3000, "ignore_eos": True, "temperature": 0}
-    threads = [
-        threading.Thread(target=http, args=(f"{busy.url}/v1/completions", {**body, "prompt": f"{_tag()} go"}))
-        for _ in range(3)
-    ]
+    stop = threading.Event()
+    threads = [threading.Thread(target=_generate_until, args=(busy, pool.model, stop)) for _ in range(3)]
     for t in threads:
         t.start()
     try:
@@ -77,15 +76,31 @@ def test_engine_metrics_read_as_the_engine_reports_them(pool: Pool, rig: Rig) ->
             waiting = sum(w for _, w in engines) / len(engines)
             return (
                 running > 0
+                and total(page, "llm_d_epp_ready_endpoints") == len(pool.engines)
                 and total(page, "llm_d_epp_average_running_requests") == running
                 and total(page, "llm_d_epp_average_queue_size") == waiting
             )
 
-        wait_for("the EPP's pool averages equal to the engines' own gauges", same, timeout=20, interval=0.05)
-        assert total(front.epp_metrics(), "llm_d_epp_ready_endpoints") == len(pool.engines)
+        # the requests run until stopped: the averages settle once a refresh follows their start
+        wait_for("the EPP's pool averages equal to the engines' own gauges", same, timeout=90, interval=0.5)
     finally:
+        stop.set()
         for t in threads:
             t.join()
+
+
+def _generate_until(engine: Engine, model: str, stop: threading.Event) -> None:
+    """A streamed completion of up to 4,000 tokens (the engines' context is 4,096), its connection
+    closed (vLLM aborts the request) once ``stop`` is set."""
+    body = {"model": model, "prompt": f"{_tag()} go", "max_tokens": 4000, "ignore_eos": True, "stream": True}
+    conn = HTTPConnection(engine.host, engine.port, timeout=120)
+    try:
+        conn.request("POST", "/v1/completions", json.dumps(body), {"content-type": "application/json"})
+        resp = conn.getresponse()
+        while not stop.is_set() and resp.readline():
+            pass
+    finally:
+        conn.close()
 
 
 def _precise_hit(front: Front, pool: Pool, model: str) -> None:
@@ -93,7 +108,9 @@ def _precise_hit(front: Front, pool: Pool, model: str) -> None:
     Envoy goes to that engine, and that engine's vLLM counts the prefix as a cache hit."""
     for target in pool.engines:
         text = prompt(_tag(), blocks=4)
+        indexed = front.admissions()
         target.complete(text, model)  # the engine stores the blocks and publishes them
+        front.wait_indexed(indexed, 3, f"{target.name}'s blocks of the prompt in the EPP's index")
         before = {e.name: e.counter("vllm:prefix_cache_hits_total") for e in pool.engines}
         engine, answer = front.complete(text + " and then some more", model=model)
         assert engine.name == target.name, f"routed to {engine.name}, the prefix is on {target.name}"
@@ -104,7 +121,6 @@ def _precise_hit(front: Front, pool: Pool, model: str) -> None:
 
 def test_precise_routing_confirmed_by_vllm_prefix_cache_hits(pool: Pool, rig: Rig) -> None:
     front = start_front(rig, pool)
-    wait_for("a KV-event subscriber per engine", lambda: _subscribers(front) >= len(pool.engines))
     for _ in range(2):
         _precise_hit(front, pool, pool.model)
 
@@ -115,7 +131,6 @@ def test_lora_adapter_routed_by_its_events(pool: Pool, rig: Rig) -> None:
 
         pytest.skip("no LoRA adapter (EPP_ENGINE_LORA)")
     front = start_front(rig, pool)
-    wait_for("a KV-event subscriber per engine", lambda: _subscribers(front) >= len(pool.engines))
     _precise_hit(front, pool, pool.lora)
 
 
@@ -141,8 +156,9 @@ def test_cached_tokens_reported_and_recorded(pool: Pool, rig: Rig) -> None:
     and the EPP's ``llm_d_epp_request_cached_tokens`` records them."""
     front = start_front(rig, pool, response_phases=True)
     text = prompt(_tag(), blocks=4)
+    indexed = front.admissions()
     front.complete(text)
-    time.sleep(3.0)  # the engine's KV events reach the EPP: the second request follows the first
+    front.wait_indexed(indexed, 3, "the prompt's blocks in the EPP's index")  # the second follows
     _, answer = front.complete(text)
     cached = answer["usage"]["prompt_tokens_details"]["cached_tokens"]
     assert cached >= 3 * pool.block_size
@@ -151,7 +167,3 @@ def test_cached_tokens_reported_and_recorded(pool: Pool, rig: Rig) -> None:
         lambda: total(front.epp_metrics(), "llm_d_epp_request_cached_tokens_sum") >= cached,
         timeout=10,
     )
-
-
-def _subscribers(front: Front) -> float:
-    return total(front.epp_metrics(), "llm_d_epp_kv_cache_events_active_subscribers")

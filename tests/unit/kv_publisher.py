@@ -65,7 +65,8 @@ class Publisher:
     """Publishes ``[topic, seq, payload]``; ``replay_port`` serves the buffer like vLLM's ROUTER.
 
     ``replay_drops[i] = (first, end)``: answer ``i`` loses its messages ``first`` to ``end`` (``None``:
-    all the rest, the end marker too), as vLLM's ROUTER does beyond its send high-water mark."""
+    all the rest, the end marker too), as vLLM's ROUTER does beyond its send high-water mark.
+    ``replay_gate``: answers wait until it is set."""
 
     def __init__(
         self,
@@ -75,6 +76,7 @@ class Publisher:
         replay_port: int = 0,
         connect: str = "",
         replay_drops: list[tuple[int, int | None]] | None = None,
+        replay_gate: threading.Event | None = None,
     ) -> None:
         self.ctx = zmq.Context()
         self.pub = self.ctx.socket(zmq.XPUB)
@@ -89,6 +91,7 @@ class Publisher:
         self.buffer: list[tuple[int, bytes]] = []
         self.replay_requests: list[int] = []
         self.replay_drops = list(replay_drops or [])
+        self.replay_gate = replay_gate
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         if replay_port:
@@ -127,6 +130,11 @@ class Publisher:
             start = int.from_bytes(start_b, "big")
             answer = len(self.replay_requests)
             self.replay_requests.append(start)
+            while self.replay_gate is not None and not self.replay_gate.wait(0.05):
+                if self._stop.is_set():
+                    break
+            if self._stop.is_set():
+                break
             first, end = self.replay_drops[answer] if answer < len(self.replay_drops) else (-1, -1)
             sent = [(n, p) for n, p in list(self.buffer) if n >= start]
             for i, (n, payload) in enumerate(sent):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
 
@@ -568,6 +569,57 @@ def test_reconnection_compares_the_replayed_last_batch(replay_rig: Rig) -> None:
         wait(lambda: rig.holds(POD, [6, 6, 6, 6]) == 1, what="the new engine's first batch kept")
     finally:
         (new or old).close()
+
+
+def test_entries_untrusted_from_a_disconnection_until_the_restart_check(
+    replay_rig: Rig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While the stream is away, and until the replayed last batch shows the same engine, the
+    endpoint's entries are not to be matched (``trusted`` False); they hold again once checked."""
+    monkeypatch.setattr(service, "REPLAY_IDLE_TIMEOUT", 30.0)  # the answer waits for the gate
+    rig = replay_rig
+    gate = threading.Event()
+    old = Publisher(rig.port, replay_port=rig.replay_port)
+    new: Publisher | None = None
+    try:
+        rig.ing.add_endpoint(_target())
+        old.wait_subscribed()
+        wait(lambda: old.replay_requests == [0] and rig.ing.streams[POD].seq.replay is None)
+        old.send(batch([stored([101, 102], T1)]))
+        wait(lambda: rig.holds(POD, T1) == 2)
+        assert rig.ing.trusted(POD)
+        buffer = list(old.buffer)
+        old.close()
+        wait(lambda: not rig.ing.streams[POD].connected, what="disconnection seen")
+        assert not rig.ing.trusted(POD)  # the engine may come back another
+        new = Publisher(rig.port, replay_port=rig.replay_port, replay_gate=gate)
+        new.buffer, new.seq = buffer, len(buffer)
+        new.wait_subscribed()
+        wait(lambda: new.replay_requests == [0], what="the last batch asked again")
+        assert not rig.ing.trusted(POD)  # asked, not answered yet
+        assert rig.holds(POD, T1) == 2
+        gate.set()
+        wait(lambda: rig.ing.trusted(POD), what="the same engine recognised")
+        assert rig.holds(POD, T1) == 2
+    finally:
+        (new or old).close()
+
+
+def test_an_endpoint_found_down_is_untrusted_until_checked(rig: Rig) -> None:
+    pub = Publisher(rig.port)
+    try:
+        rig.ing.add_endpoint(_target())
+        pub.wait_subscribed()
+        pub.send(batch([stored([101, 102], T1)]))
+        wait(lambda: rig.holds(POD, T1) == 2)
+        rig.ing.endpoint_down(POD, True)
+        wait(lambda: not rig.ing.trusted(POD), what="down seen")
+        rig.ing.endpoint_down(POD, False)
+        # no replay socket: nothing tells whether it restarted, so its entries go and trust returns
+        wait(lambda: rig.ing.trusted(POD), what="checked on return")
+        assert rig.holds(POD, T1) == 0
+    finally:
+        pub.close()
 
 
 # --- replay answers that lose messages (vLLM's ROUTER drops beyond its send high-water mark) ----

@@ -354,8 +354,9 @@ class PrecisePrefixCacheProducer(DataProducer, PreRequest):
             cycle[self._state_key] = keys
 
     def _serving(self, endpoints: list[Endpoint]) -> list[str]:
-        """The keys of the endpoints whose server is not down (a dead engine's blocks attract
-        nothing); a change either way is handed to ingestion (a returning engine may have restarted)."""
+        """The keys of the endpoints whose server is not down and whose event stream is trusted (a
+        dead or restarted engine's blocks attract nothing); a change either way is handed to
+        ingestion (a returning engine may have restarted)."""
         keys: list[str] = []
         down = self._down
         for e in endpoints:
@@ -380,6 +381,8 @@ class PrecisePrefixCacheProducer(DataProducer, PreRequest):
             if key in down:
                 down.discard(key)
                 self.ingester.endpoint_down(key, False)
+            if not self.ingester.trusted(key):
+                continue  # its stream is back but not yet checked for a restart
             keys.append(key)
         return keys
 
