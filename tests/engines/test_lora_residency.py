@@ -10,28 +10,23 @@ sits in the host cache (a tier above vLLM's free slot), so a request for it goes
 unless the EPP reads vLLM's running adapter: while vLLM runs a long ``tiny-lora`` request, the
 filter keeps ``tiny-lora`` on vLLM; ``other-lora`` (GPU-resident on the simulator only) stays there.
 
-This file starts its own single engine, or takes the first of ``EPP_ENGINE_URLS`` (with
-``EPP_ENGINE_LORA`` naming the adapter it serves)."""
+The engine is the first of the suite's pool (each of its engines serves ``tiny-lora`` in one slot),
+or the first of ``EPP_ENGINE_URLS`` (with ``EPP_ENGINE_LORA`` naming the adapter it serves)."""
 
 from __future__ import annotations
 
 import http.client
 import json
-import os
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from epp.dev import stack
-from epp.dev.stack import engines as eng
 from tests.engines.harness import (
     Engine,
     Front,
     Pool,
-    engine_pool,
-    external_pool,
     samples,
     start_front,
     total,
@@ -46,23 +41,12 @@ SCRAPE = 0.1  # the EPP's metrics refresh interval here, in seconds
 
 
 @pytest.fixture(scope="module")
-def one_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pool]:
-    external = external_pool()
-    if external is not None:  # engines of EPP_ENGINE_URLS: the first one
-        if not external.lora:
-            pytest.skip("EPP_ENGINE_LORA names no adapter served by the engines of EPP_ENGINE_URLS")
-        yield Pool(external.engines[:1], external.model, external.block_size, lora=external.lora)
-        return
-    why = eng.missing()
-    if why:
-        if os.environ.get("EPP_ENGINE_TESTS_REQUIRED"):
-            pytest.fail(f"engines required but unavailable: {why}")
-        pytest.skip(why)
-    p = engine_pool(tmp_path_factory.mktemp("lora-engine"), count=1)
-    try:
-        yield p
-    finally:
-        p.close()
+def one_engine(pool: Pool) -> Pool:
+    """The first engine of the suite's pool (or of ``EPP_ENGINE_URLS``): one more engine of our own
+    would cost a start-up and 3 GB for nothing this test needs alone."""
+    if not pool.lora:
+        pytest.skip("EPP_ENGINE_LORA names no adapter served by the engines of EPP_ENGINE_URLS")
+    return Pool(pool.engines[:1], pool.model, pool.block_size, lora=pool.lora)
 
 
 def _config() -> dict[str, Any]:

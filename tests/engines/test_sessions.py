@@ -5,30 +5,25 @@ and token ids) behind the EPP and Envoy; the EPP restarts, so what it knows of t
 from vLLM's replayed events alone, and the session's next turn, re-rendered so that its prompt
 shares a prefix with the simulator's cache, still lands on vLLM.
 
-This file starts its own single engine (not the session pool of two), or takes the first of
-``EPP_ENGINE_URLS``."""
+The engine is the first of the suite's pool (or of ``EPP_ENGINE_URLS``)."""
 
 from __future__ import annotations
 
 import json
-import os
 import random
 import urllib.error
 import urllib.request
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import pytest
 
 from epp.dev import stack
-from epp.dev.stack import engines as eng
 from tests.engines.harness import (
     UPSTREAM_HEADER,
     Engine,
     Front,
     Pool,
-    engine_pool,
-    external_pool,
     start_front,
     total,
     wait_for,
@@ -42,21 +37,10 @@ ADMISSIONS = "llm_d_epp_kv_cache_index_admissions_total"
 
 
 @pytest.fixture(scope="module")
-def one_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pool]:
-    external = external_pool()
-    if external is not None:  # engines of EPP_ENGINE_URLS: the first one
-        yield Pool(external.engines[:1], external.model, external.block_size)
-        return
-    why = eng.missing()
-    if why:
-        if os.environ.get("EPP_ENGINE_TESTS_REQUIRED"):
-            pytest.fail(f"engines required but unavailable: {why}")
-        pytest.skip(why)
-    p = engine_pool(tmp_path_factory.mktemp("session-engine"), count=1)
-    try:
-        yield p
-    finally:
-        p.close()
+def one_engine(pool: Pool) -> Pool:
+    """The first engine of the suite's pool (or of ``EPP_ENGINE_URLS``): one more engine of our own
+    would cost a start-up and 3 GB for nothing this test needs alone."""
+    return Pool(pool.engines[:1], pool.model, pool.block_size, lora=pool.lora)
 
 
 def _config(pool: Pool) -> dict[str, Any]:
