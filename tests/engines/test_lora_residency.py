@@ -1,4 +1,4 @@
-"""LoRA residency read from a real vLLM: one engine of our own (``--enable-lora``, the tiny adapter
+"""LoRA residency read from a real vLLM: one engine of the suite (``--enable-lora``, the tiny adapter
 ``tiny-lora``, one adapter slot) beside one ``epp sim`` serving the same adapter and another, behind
 the EPP (``lora-residency-filter`` + ``lora-load-state-scorer``) and Envoy.
 
