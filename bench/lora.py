@@ -36,27 +36,20 @@ from epp.dev import stack
 MODEL = "demo"
 EXAMPLE = Path(__file__).resolve().parents[1] / "deploy" / "examples" / "lora-at-scale.yaml"
 READY_TIMEOUT = 120.0
-AFFINITY: dict[str, Any] = {
-    "apiVersion": "llm-d.ai/v1",
-    "kind": "EndpointPickerConfig",
-    "plugins": [
+AFFINITY: dict[str, Any] = stack.one_profile_config(
+    [
         {"type": "lora-affinity-scorer"},
         {"type": "queue-scorer"},
         {"type": "kv-cache-utilization-scorer"},
         {"type": "max-score-picker"},
     ],
-    "schedulingProfiles": [
-        {
-            "name": "default",
-            "plugins": [
-                {"pluginRef": "lora-affinity-scorer", "weight": 2},
-                {"pluginRef": "queue-scorer", "weight": 1},
-                {"pluginRef": "kv-cache-utilization-scorer", "weight": 1},
-                {"pluginRef": "max-score-picker"},
-            ],
-        }
-    ],
-}
+    {
+        "lora-affinity-scorer": 2,
+        "queue-scorer": 1,
+        "kv-cache-utilization-scorer": 1,
+        "max-score-picker": None,
+    },
+)
 
 
 def configs() -> dict[str, dict[str, Any]]:

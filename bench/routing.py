@@ -31,6 +31,7 @@ from bench import _peers
 from bench._workdir import run_in_workdir
 from epp.dev import stack
 from epp.dev.envoy.bootstrap import envoy_bootstrap
+from epp.dev.stack.files import DEFAULT_WEIGHTS
 from epp.dev.stack.redis_server import RedisServer
 
 MODEL = "demo"
@@ -49,8 +50,8 @@ CONFIGS: dict[str, dict[str, Any] | None] = {ROUND_ROBIN_LABEL: ROUND_ROBIN_CONF
 
 # Precise prefix-cache routing: real token ids from the simulators' own tokenizer, the blocks the
 # simulators report in KV events; otherwise the default profile's scorers and weights.
-PRECISE_CONFIG: dict[str, Any] = {
-    "plugins": [
+PRECISE_CONFIG: dict[str, Any] = stack.one_profile_config(
+    [
         {"type": "token-producer", "parameters": {"modelName": MODEL, "local": {"path": ""}}},
         {
             "type": "precise-prefix-cache-producer",
@@ -64,100 +65,55 @@ PRECISE_CONFIG: dict[str, Any] = {
         {"type": "kv-cache-utilization-scorer"},
         {"type": "max-score-picker"},
     ],
-    "schedulingProfiles": [
-        {
-            "name": "default",
-            "plugins": [
-                {"pluginRef": "queue-scorer", "weight": 2},
-                {"pluginRef": "kv-cache-utilization-scorer", "weight": 2},
-                {"pluginRef": "prefix-cache-scorer", "weight": 3},
-                {"pluginRef": "max-score-picker"},
-            ],
-        }
-    ],
-}
+    DEFAULT_WEIGHTS,
+)
 PRESSURE_CONFIGS: dict[str, dict[str, Any] | None] = {
     "random": ROUND_ROBIN_CONFIG,
     "default": None,
     "precise": PRECISE_CONFIG,
 }
 # A prefix hit weighed against the prefill queued ahead of it, bounded load, hashed tie-breaks.
-PREFILL_COST_CONFIG: dict[str, Any] = {
-    "plugins": [
+PREFILL_COST_CONFIG: dict[str, Any] = stack.one_profile_config(
+    [
         {"type": "prefill-cost-scorer"},
         {"type": "queue-scorer"},
         {"type": "kv-cache-utilization-scorer"},
         {"type": "max-score-picker"},
     ],
-    "schedulingProfiles": [
-        {
-            "name": "default",
-            "plugins": [
-                {"pluginRef": "prefill-cost-scorer", "weight": 4},
-                {"pluginRef": "queue-scorer", "weight": 1},
-                {"pluginRef": "kv-cache-utilization-scorer", "weight": 1},
-                {"pluginRef": "max-score-picker"},
-            ],
-        }
-    ],
-}
+    {"prefill-cost-scorer": 4, "queue-scorer": 1, "kv-cache-utilization-scorer": 1, "max-score-picker": None},
+)
 CONFIGS["prefill-cost"] = PREFILL_COST_CONFIG
 PRESSURE_CONFIGS["prefill-cost"] = PREFILL_COST_CONFIG
 # The default profile with the approximate index sized by its fixed default (31,250 blocks per
 # endpoint) instead of each engine's reported cache size (autoTune): it remembers sessions longer.
-PRESSURE_CONFIGS["approx-fixed-lru"] = {
-    "plugins": [
+PRESSURE_CONFIGS["approx-fixed-lru"] = stack.one_profile_config(
+    [
         {"type": "approx-prefix-cache-producer", "parameters": {"autoTune": False, "blockSizeTokens": 16}},
         {"type": "prefix-cache-scorer"},
         {"type": "queue-scorer"},
         {"type": "kv-cache-utilization-scorer"},
         {"type": "max-score-picker"},
     ],
-    "schedulingProfiles": [
-        {
-            "name": "default",
-            "plugins": [
-                {"pluginRef": "queue-scorer", "weight": 2},
-                {"pluginRef": "kv-cache-utilization-scorer", "weight": 2},
-                {"pluginRef": "prefix-cache-scorer", "weight": 3},
-                {"pluginRef": "max-score-picker"},
-            ],
-        }
-    ],
-}
+    DEFAULT_WEIGHTS,
+)
 # Prefix affinity under a bounded load, cold prompts spread (prefix-spread-scorer alone).
-SPREAD_CONFIG: dict[str, Any] = {
-    "plugins": [{"type": "prefix-spread-scorer"}, {"type": "max-score-picker"}],
-    "schedulingProfiles": [
-        {
-            "name": "default",
-            "plugins": [{"pluginRef": "prefix-spread-scorer"}, {"pluginRef": "max-score-picker"}],
-        }
-    ],
-}
+SPREAD_CONFIG: dict[str, Any] = stack.one_profile_config(
+    [{"type": "prefix-spread-scorer"}, {"type": "max-score-picker"}],
+    {"prefix-spread-scorer": None, "max-score-picker": None},
+)
 CONFIGS["spread"] = SPREAD_CONFIG
 PRESSURE_CONFIGS["spread"] = SPREAD_CONFIG
 # The reference's default profile (epp's default until prefix-spread-scorer replaced it), written out.
-REFERENCE_DEFAULT_CONFIG: dict[str, Any] = {
-    "plugins": [
+REFERENCE_DEFAULT_CONFIG: dict[str, Any] = stack.one_profile_config(
+    [
         {"type": "approx-prefix-cache-producer"},
         {"type": "prefix-cache-scorer"},
         {"type": "queue-scorer"},
         {"type": "kv-cache-utilization-scorer"},
         {"type": "max-score-picker"},
     ],
-    "schedulingProfiles": [
-        {
-            "name": "default",
-            "plugins": [
-                {"pluginRef": "queue-scorer", "weight": 2},
-                {"pluginRef": "kv-cache-utilization-scorer", "weight": 2},
-                {"pluginRef": "prefix-cache-scorer", "weight": 3},
-                {"pluginRef": "max-score-picker"},
-            ],
-        }
-    ],
-}
+    DEFAULT_WEIGHTS,
+)
 CONFIGS["ref-default"] = REFERENCE_DEFAULT_CONFIG
 PRESSURE_CONFIGS["ref-default"] = REFERENCE_DEFAULT_CONFIG
 PRESSURE_CONFIGS["approximate"] = REFERENCE_DEFAULT_CONFIG  # its name in earlier runs

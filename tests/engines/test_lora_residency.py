@@ -50,29 +50,22 @@ def one_engine(pool: Pool) -> Pool:
 
 
 def _config() -> dict[str, Any]:
-    return {
-        "apiVersion": "llm-d.ai/v1",
-        "kind": "EndpointPickerConfig",
-        "plugins": [
+    return stack.one_profile_config(
+        [
             {"type": "lora-residency-filter", "parameters": {"maxReplicas": 2}},
             {"type": "lora-load-state-scorer"},
             {"type": "queue-scorer"},
             {"type": "kv-cache-utilization-scorer"},
             {"type": "max-score-picker"},
         ],
-        "schedulingProfiles": [
-            {
-                "name": "default",
-                "plugins": [
-                    {"pluginRef": "lora-residency-filter"},
-                    {"pluginRef": "lora-load-state-scorer", "weight": 2},
-                    {"pluginRef": "queue-scorer", "weight": 1},
-                    {"pluginRef": "kv-cache-utilization-scorer", "weight": 1},
-                    {"pluginRef": "max-score-picker"},
-                ],
-            }
-        ],
-    }
+        {
+            "lora-residency-filter": None,
+            "lora-load-state-scorer": 2,
+            "queue-scorer": 1,
+            "kv-cache-utilization-scorer": 1,
+            "max-score-picker": None,
+        },
+    )
 
 
 def _newest_info(engine: Engine) -> dict[str, str]:

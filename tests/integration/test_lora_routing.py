@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 import yaml
 
+from epp.dev import stack
 from tests.integration.harness import Envoy, Rig, Sim, request
 
 pytestmark = pytest.mark.integration
@@ -42,25 +43,20 @@ LORA_ARGS = (
     "0.2",
 )
 EXPERIMENTAL = ["--allow-experimental-plugins"]
-AFFINITY_CONFIG: dict[str, Any] = {
-    "plugins": [
+AFFINITY_CONFIG: dict[str, Any] = stack.one_profile_config(
+    [
         {"type": "lora-affinity-scorer"},
         {"type": "queue-scorer"},
         {"type": "kv-cache-utilization-scorer"},
         {"type": "max-score-picker"},
     ],
-    "schedulingProfiles": [
-        {
-            "name": "default",
-            "plugins": [
-                {"pluginRef": "lora-affinity-scorer", "weight": 2},
-                {"pluginRef": "queue-scorer", "weight": 1},
-                {"pluginRef": "kv-cache-utilization-scorer", "weight": 1},
-                {"pluginRef": "max-score-picker"},
-            ],
-        }
-    ],
-}
+    {
+        "lora-affinity-scorer": 2,
+        "queue-scorer": 1,
+        "kv-cache-utilization-scorer": 1,
+        "max-score-picker": None,
+    },
+)
 
 
 def _example() -> dict[str, Any]:

@@ -12,6 +12,7 @@ from epp.dev.stack.commands import envoy_argv, epp_socket, python_argv, serve_ar
 from epp.dev.stack.files import (
     endpoints_document,
     epp_config,
+    one_profile_config,
     with_redis_syncer,
     write_atomic,
     write_endpoints,
@@ -63,6 +64,7 @@ __all__ = [
     "http_status",
     "kv_events_labels",
     "kv_events_sim_args",
+    "one_profile_config",
     "port_in_use",
     "python_argv",
     "serve_argv",

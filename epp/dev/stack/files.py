@@ -15,6 +15,13 @@ DISCOVERY_PLUGIN_NAME = "epp-run-files"
 SYNCER_PLUGIN_NAME = "epp-run-redis"
 SYNCER_TYPES = ("redis-syncer", "redis-state-store")
 SYNC_INTERVAL = "100ms"
+# The reference's default profile's weights (max-score-picker last, unweighted).
+DEFAULT_WEIGHTS: Mapping[str, float | None] = {
+    "queue-scorer": 2,
+    "kv-cache-utilization-scorer": 2,
+    "prefix-cache-scorer": 3,
+    "max-score-picker": None,
+}
 # What the stack's private redis-server does not have: dropped from a user's syncer parameters.
 _SYNCER_CONNECTION_PARAMS = (
     "address",
@@ -118,15 +125,34 @@ def epp_config(endpoints_file: Path, base: dict[str, Any] | None = None) -> dict
     return cfg
 
 
+def one_profile_config(
+    plugins: Sequence[Mapping[str, Any]], refs: Mapping[str, float | None]
+) -> dict[str, Any]:
+    """An ``llm-d.ai/v1`` config declaring ``plugins``, with one scheduling profile, ``default``, that
+    names each plugin of ``refs`` in order with its weight (``None``: no weight, as for a filter or
+    a picker)."""
+    return {
+        "apiVersion": "llm-d.ai/v1",
+        "kind": "EndpointPickerConfig",
+        "plugins": [dict(p) for p in plugins],
+        "schedulingProfiles": [
+            {
+                "name": "default",
+                "plugins": [
+                    {"pluginRef": n} if w is None else {"pluginRef": n, "weight": w} for n, w in refs.items()
+                ],
+            }
+        ],
+    }
+
+
 def precise_config(block_size: int = 16) -> dict[str, Any]:
     """The scheduling of ``epp run --kv-events`` without ``--config-file``: the default scorers, with
     the prefix scorer fed by the simulators' KV events (``precise-prefix-cache-producer``) and their
     own tokenizer (``epp-bpe-8k``) in place of the approximate index."""
     precise = "precise-prefix-cache-producer"
-    return {
-        "apiVersion": "llm-d.ai/v1",
-        "kind": "EndpointPickerConfig",
-        "plugins": [
+    return one_profile_config(
+        [
             {"type": "token-producer", "parameters": {"local": {"path": "epp-bpe-8k"}}},
             {"type": precise, "parameters": {"tokenProcessorConfig": {"blockSizeTokens": block_size}}},
             {"type": "queue-scorer"},
@@ -134,18 +160,8 @@ def precise_config(block_size: int = 16) -> dict[str, Any]:
             {"type": "prefix-cache-scorer", "parameters": {"prefixMatchInfoProducerName": precise}},
             {"type": "max-score-picker"},
         ],
-        "schedulingProfiles": [
-            {
-                "name": "default",
-                "plugins": [
-                    {"pluginRef": "queue-scorer", "weight": 2},
-                    {"pluginRef": "kv-cache-utilization-scorer", "weight": 2},
-                    {"pluginRef": "prefix-cache-scorer", "weight": 3},
-                    {"pluginRef": "max-score-picker"},
-                ],
-            }
-        ],
-    }
+        DEFAULT_WEIGHTS,
+    )
 
 
 def vllm_engines_config(tokenizer: str, block_size: int) -> dict[str, Any]:
