@@ -416,6 +416,8 @@ def add_dense(totals: list[float] | None, scores: Sequence[float], w: float, n: 
     Scores already in [0, 1] (checked in C: no NaN, none out of range) take C-level passes: a
     score of 0.0 then adds ``0.0 * w``, which leaves every sum as it was."""
     if n and min(scores) >= 0.0 and max(scores) <= 1.0 and (total := sum(scores)) == total:
+        if w == 1.0 and totals is None:
+            return list(scores)  # s * 1.0 is s
         col = map(_MUL, scores, repeat(w, n))
         return list(col) if totals is None else list(map(_ADD, totals, col))
     if totals is None:

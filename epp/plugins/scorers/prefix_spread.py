@@ -117,6 +117,27 @@ def _ratio(info: object) -> float:
     return 0.0
 
 
+class _Ratios:
+    """The match ratio of each candidate key, read as the mapping ``score`` stores (``get``:
+    the ratio where above 0.0, else the default) without building it."""
+
+    __slots__ = ("_pos", "_ratios")
+
+    def __init__(self, pos: dict[str, int], ratios: list[float]) -> None:
+        self._pos = pos
+        self._ratios = ratios
+
+    def __bool__(self) -> bool:
+        return True
+
+    def get(self, key: str, default: float = 0.0) -> float:
+        i = self._pos.get(key)
+        if i is None:
+            return default
+        r = self._ratios[i]
+        return r if r > 0.0 else default
+
+
 def _hash_rank(seed: bytes, endpoints: Sequence[Endpoint]) -> list[float]:
     """Per endpoint, its rendezvous-hash rank for the prompt head ``seed`` in [0, 1) (0 = preferred)."""
     n = len(endpoints)
@@ -244,15 +265,12 @@ class PrefixSpreadScorer(Scorer, PreRequest, RequestDone):
         p = self.params
         infos = cycle.get(PREFIX_CACHE_MATCH_INFO_KEY)
         labels = infos.labels(endpoints) if isinstance(infos, PrefixMatches) else None
-        touched: list[int] | None = None  # the positions not at ratio 0.0, when known
         if isinstance(labels, SparseLabels) and isinstance(infos, PrefixMatches):
             info = infos.info
             r0 = _ratio(info(labels.default))  # type: ignore[arg-type]
             ratios = [r0] * n
             for i, label in labels.exceptions.items():
                 ratios[i] = _ratio(info(label))
-            if r0 <= 0.0:
-                touched = list(labels.exceptions)
         elif labels is not None and isinstance(infos, PrefixMatches):
             info = infos.info
             ratios = [_ratio(info(label)) for label in labels]
@@ -269,13 +287,7 @@ class PrefixSpreadScorer(Scorer, PreRequest, RequestDone):
                 at = pos.get(last)
                 if at is not None:
                     ratios[at] = p.cold_match_ratio
-                    if touched is not None:
-                        touched.append(at)
-        if touched is None:
-            cycle[self._ratio_key] = {k: r for k, r in zip(pos, ratios, strict=True) if r > 0.0}
-        else:
-            keys = cols.keys()
-            cycle[self._ratio_key] = {keys[i]: ratios[i] for i in sorted(set(touched)) if ratios[i] > 0.0}
+        cycle[self._ratio_key] = _Ratios(pos, ratios)
         loads: list[int] = cols.eng
         copied = False
         busy = self._busy
@@ -301,12 +313,20 @@ class PrefixSpreadScorer(Scorer, PreRequest, RequestDone):
         if nw > 0.0 and self._new:
             cols.sync_new(self._new, self._new_log, self._new_epoch)
             hl = p.new_prompt_half_life
-            out = [
-                0.0
-                if bounded and load >= cap
-                else (r + k / (cap + load + nw * (v * 0.5 ** ((now - s if now > s else 0.0) / hl)))) / norm
-                for r, load, v, s in zip(ratios, loads, cols.vals, cols.sinces, strict=True)
-            ]
+            cells = zip(ratios, loads, cols.vals, cols.sinces, strict=True)
+            if bounded:
+                out = [
+                    0.0
+                    if load >= cap
+                    else (r + k / (cap + load + nw * (v * 0.5 ** ((now - s if now > s else 0.0) / hl))))
+                    / norm
+                    for r, load, v, s in cells
+                ]
+            else:
+                out = [
+                    (r + k / (cap + load + nw * (v * 0.5 ** ((now - s if now > s else 0.0) / hl)))) / norm
+                    for r, load, v, s in cells
+                ]
         else:
             zero = nw * 0.0
             out = [
@@ -332,7 +352,7 @@ class PrefixSpreadScorer(Scorer, PreRequest, RequestDone):
         log.append(key)
 
     def pre_request(self, cycle: CycleState, request: LLMRequest, result: SchedulingResult) -> None:
-        ratios: dict[str, float] = cycle.get(self._ratio_key) or {}
+        ratios: dict[str, float] | _Ratios = cycle.get(self._ratio_key) or {}
         head: int | None = cycle.get(self._head_key)
         charge: _Charge | None = None
         now = time.monotonic()
