@@ -21,7 +21,7 @@ from __future__ import annotations
 import hashlib
 import math
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import compress
@@ -115,6 +115,20 @@ def _ratio(info: object) -> float:
     if isinstance(info, PrefixCacheMatchInfo) and info.total_blocks > 0:
         return info.match_blocks / info.total_blocks
     return 0.0
+
+
+class _RatioTable(dict[object, float]):
+    """Matched block count -> its match ratio, computed once per distinct count."""
+
+    __slots__ = ("_infos",)
+
+    def __init__(self, infos: PrefixMatches) -> None:
+        super().__init__()
+        self._infos = infos
+
+    def __missing__(self, label: object) -> float:
+        r = self[label] = _ratio(self._infos.info(label))  # type: ignore[arg-type]
+        return r
 
 
 class _Ratios:
@@ -266,11 +280,10 @@ class PrefixSpreadScorer(Scorer, PreRequest, RequestDone):
         infos = cycle.get(PREFIX_CACHE_MATCH_INFO_KEY)
         labels = infos.labels(endpoints) if isinstance(infos, PrefixMatches) else None
         if isinstance(labels, SparseLabels) and isinstance(infos, PrefixMatches):
-            info = infos.info
-            r0 = _ratio(info(labels.default))  # type: ignore[arg-type]
-            ratios = [r0] * n
-            for i, label in labels.exceptions.items():
-                ratios[i] = _ratio(info(label))
+            table = _RatioTable(infos)
+            ratios = [table[labels.default]] * n
+            exceptions = labels.exceptions
+            deque(map(ratios.__setitem__, exceptions, map(table.__getitem__, exceptions.values())), maxlen=0)
         elif labels is not None and isinstance(infos, PrefixMatches):
             info = infos.info
             ratios = [_ratio(info(label)) for label in labels]
