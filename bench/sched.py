@@ -2,6 +2,8 @@
 
 Run: ``.venv/bin/python bench/sched.py [--iterations N] [--endpoints 10,100,1000] [--seed S]
 [--churn K]``; median and p99 µs per configuration and endpoint count, with a per-stage breakdown.
+Configs: ``default`` (epp's shipped default document through the config loader), ``ref-default``
+(the reference's default profile, built by hand), ``pd``, ``precise``.
 ``--churn K``: before each request (outside the timed part) K random endpoints get a new ``Metrics``
 object, as scrapes landing between requests do (the bulk path then recomputes its columns).
 """
