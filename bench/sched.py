@@ -2,6 +2,8 @@
 
 Run: ``.venv/bin/python bench/sched.py [--iterations N] [--endpoints 10,100,1000] [--seed S]
 [--churn K]``; median and p99 µs per configuration and endpoint count, with a per-stage breakdown.
+Configs: ``default`` (epp's shipped default document through the config loader), ``ref-default``
+(the reference's default profile, built by hand), ``pd``, ``precise``.
 ``--churn K``: before each request (outside the timed part) K random endpoints get a new ``Metrics``
 object, as scrapes landing between requests do (the bulk path then recomputes its columns).
 """
@@ -103,6 +105,16 @@ def make_endpoints(n: int, rnd: random.Random) -> list[Endpoint]:
 
 
 def build_default() -> Setup:
+    """epp's shipped default: ``default_document()`` through the config loader, as ``epp serve``
+    with only discovery (no config) loads it."""
+    cfg = load_config(None, "default", allow_experimental=False)
+    return Setup("default", list(cfg.producers), cfg.scheduler, list(cfg.pre_request))
+
+
+def build_ref_default() -> Setup:
+    """The reference's default profile, built by hand: queue (2), KV-cache utilization (2) and
+    prefix-cache (3) scorers with the approximate prefix producer (epp's default before
+    ``prefix-spread-scorer``)."""
     producer = ApproxPrefixCacheProducer("approx-prefix-cache-producer", ApproxPrefixCacheParams())
     profile = SchedulerProfile(
         "default",
@@ -114,7 +126,7 @@ def build_default() -> Setup:
         picker=MaxScorePicker("max-score-picker", PickerParams()),
     )
     scheduler = Scheduler(SingleProfileHandler("single-profile-handler", NoParams()), {"default": profile})
-    return Setup("default", [producer], scheduler, [producer])
+    return Setup("ref-default", [producer], scheduler, [producer])
 
 
 PD_CONFIG = """
@@ -176,6 +188,7 @@ def build_precise() -> Setup:
 
 BUILDERS: dict[str, tuple[Callable[[], Setup | None], str | None]] = {
     "default": (build_default, None),
+    "ref-default": (build_ref_default, None),
     "pd": (build_pd, "disagg-profile-handler"),
     "precise": (build_precise, "precise-prefix-cache-producer"),
 }
@@ -273,24 +286,24 @@ async def main() -> None:
     counts = [int(x) for x in args.endpoints.split(",")]
 
     print(
-        f"{'config':<8} {'endpoints':>9} {'median µs':>10} {'p99 µs':>9}   "
+        f"{'config':<11} {'endpoints':>9} {'median µs':>10} {'p99 µs':>9}   "
         "produce / schedule / pre_request (median µs)"
     )
     for name, (build, needs_type) in BUILDERS.items():
         if name not in args.configs.split(","):
             continue
         if needs_type is not None and registry.lookup(needs_type) is None:
-            print(f"{name:<8} skipped: '{needs_type}' is not registered")
+            print(f"{name:<11} skipped: '{needs_type}' is not registered")
             continue
         for n in counts:
             setup = build()  # a fresh index per row
             if setup is None:
-                print(f"{name:<8} skipped: no configuration yet (see build_{name})")
+                print(f"{name:<11} skipped: no configuration yet (see build_{name})")
                 break
             t = await measure(setup, n, args.iterations, args.seed, args.churn)
             us = {k: [v * 1e6 for v in vs] for k, vs in t.items()}
             print(
-                f"{name:<8} {n:>9} {statistics.median(us['total']):>10.1f} {p99(us['total']):>9.1f}   "
+                f"{name:<11} {n:>9} {statistics.median(us['total']):>10.1f} {p99(us['total']):>9.1f}   "
                 f"{statistics.median(us['produce']):.1f} / {statistics.median(us['schedule']):.1f} / "
                 f"{statistics.median(us['pre_request']):.1f}"
             )

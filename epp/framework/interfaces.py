@@ -135,6 +135,14 @@ class Scorer(Plugin, abc.ABC):
         None: call ``score``."""
         return None
 
+    def score_bulk(
+        self, cycle: CycleState, request: LLMRequest, endpoints: list[Endpoint]
+    ) -> Sequence[float] | None:
+        """Bulk path (optional, any scorer): exactly what ``score`` would return, computed from
+        state the scorer keeps across requests (columns in step with the candidates). None: call
+        ``score``."""
+        return None
+
     def score_column(self, endpoints: list[Endpoint]) -> ScoreColumn | None:
         """Bulk path (optional, ``metrics_only`` scorers): the scores of ``endpoints``, whose
         metrics are all fresh, as a ``ScoreColumn`` the profile patches where metrics change.

@@ -8,7 +8,8 @@ Per scorer, in profile order:
   so are the sums of the leading run of such scorers (the default profile's queue and KV scorers).
 - scorers with a ``score_grouped`` answer (few distinct scores) add through a label -> weighted
   score table, in C.
-- any other scorer is called as in the per-endpoint path.
+- any other scorer gives its ``score_bulk`` answer (scores from state it keeps across requests)
+  or is called as in the per-endpoint path.
 - a weight of 0 skips a scorer with a bulk path (its sums would not move).
 
 Additions happen in the same order as the per-endpoint path, so the sums are the same floats.
@@ -319,7 +320,7 @@ class BulkScoring:
                 else:
                     rows.append(None)
             else:
-                scores = tuple(_call(scorer, cycle, request, endpoints, n))
+                scores = tuple(_call_bulk(scorer, cycle, request, endpoints, n))
                 totals = add_dense(_own(totals, shared), scores, w, n)
                 shared = False
                 bounds = None
@@ -387,6 +388,24 @@ def _call(
     return scores
 
 
+def _call_bulk(
+    scorer: Scorer, cycle: CycleState, request: LLMRequest, endpoints: list[Endpoint], n: int
+) -> Sequence[float]:
+    """The scorer's ``score_bulk`` answer, or its ``score`` when it has none."""
+    if type(scorer).score_bulk is Scorer.score_bulk:
+        return _call(scorer, cycle, request, endpoints, n)
+    cycle.scope = scope_of("Scorer", scorer)
+    try:
+        scores = scorer.score_bulk(cycle, request, endpoints)
+    finally:
+        cycle.scope = None
+    if scores is None:
+        return _call(scorer, cycle, request, endpoints, n)
+    if len(scores) != n:
+        raise SchedulingError(f"scorer '{scorer.name}' returned {len(scores)} scores for {n} endpoints")
+    return scores
+
+
 def _own(totals: list[float] | None, shared: bool) -> list[float] | None:
     return list(totals) if shared and totals is not None else totals
 
@@ -397,6 +416,8 @@ def add_dense(totals: list[float] | None, scores: Sequence[float], w: float, n: 
     Scores already in [0, 1] (checked in C: no NaN, none out of range) take C-level passes: a
     score of 0.0 then adds ``0.0 * w``, which leaves every sum as it was."""
     if n and min(scores) >= 0.0 and max(scores) <= 1.0 and (total := sum(scores)) == total:
+        if w == 1.0 and totals is None:
+            return list(scores)  # s * 1.0 is s
         col = map(_MUL, scores, repeat(w, n))
         return list(col) if totals is None else list(map(_ADD, totals, col))
     if totals is None:

@@ -44,8 +44,10 @@ from epp.plugins.pickers._common import PickerParams
 from epp.plugins.pickers.max_score import MaxScorePicker
 from epp.plugins.producers._prefix_index import PrefixIndex
 from epp.plugins.producers.approx_prefix_cache import ApproxPrefixCacheParams, ApproxPrefixCacheProducer
+from epp.plugins.scorers import prefix_spread
 from epp.plugins.scorers.kv_cache_utilization import KVCacheUtilizationScorer
 from epp.plugins.scorers.prefix_cache import PrefixCacheScorer, PrefixCacheScorerParams
+from epp.plugins.scorers.prefix_spread import PrefixSpreadParams, PrefixSpreadScorer
 from epp.plugins.scorers.queue import QueueScorer
 from epp.plugins.scorers.running_requests_size import RunningRequestsSizeScorer
 from epp.scheduling import SchedulerProfile, WeightedScorer
@@ -118,7 +120,39 @@ def _profile(
     )
 
 
+class _Clock:
+    """A clock that stands still while both paths score one request (the spread scorer's
+    new-prompt decay reads it), then moves on."""
+
+    def __init__(self, now: float) -> None:
+        self.now = now
+
+    def monotonic(self) -> float:
+        return self.now
+
+
+def _spread(rnd: random.Random) -> PrefixSpreadScorer:
+    params = PrefixSpreadParams(
+        load_bound=rnd.choice((0.0, 1.0, 1.25, 2.0)),
+        load_bound_min=rnd.choice((1, 2, 8)),
+        balance_weight=rnd.choice((0.0, 0.25, 1.0)),
+        new_prompt_weight=rnd.choice((0.0, 2.0, 5.0)),
+        hash_prefix_chars=rnd.choice((0, 16, 512)),
+    )
+    return PrefixSpreadScorer("spread", params)
+
+
 async def _one_seed(seed: int) -> int:
+    clock = _Clock(time.monotonic())
+    saved = prefix_spread.time
+    prefix_spread.time = clock  # type: ignore[assignment]
+    try:
+        return await _seed(seed, clock)
+    finally:
+        prefix_spread.time = saved
+
+
+async def _seed(seed: int, clock: _Clock) -> int:
     rnd = random.Random(seed)
     now = time.monotonic()
     n = rnd.choice((1, 2, 3, 10, 40, 130))
@@ -146,6 +180,7 @@ async def _one_seed(seed: int) -> int:
         PrefixCacheScorer("prefix", PrefixCacheScorerParams(match_length_weight=rnd.choice((0.0, 0.0, 0.5)))),
         RunningRequestsSizeScorer("running", NoParams()),
         _Jitter(seed),
+        _spread(rnd),
     ]
     rnd.shuffle(pool)
     chosen = [(s, rnd.choice(weights)) for s in pool[: rnd.randint(0, len(pool))]]
@@ -175,6 +210,8 @@ async def _one_seed(seed: int) -> int:
         plain[PREFIX_CACHE_MATCH_INFO_KEY] = {e: infos[e] for e in candidates}
         assert len(plain[PREFIX_CACHE_MATCH_INFO_KEY]) == len(set(candidates))
 
+        clock.now += rnd.choice((0.0, 0.5, 30.0))
+        spread = [s for s, _ in chosen if isinstance(s, PrefixSpreadScorer)]
         state = random.Random(seed * 7919 + r).getstate()
         _common.rng.setstate(state)
         bulk_cycle = CycleState(cycle)
@@ -195,6 +232,10 @@ async def _one_seed(seed: int) -> int:
             f"seed {seed} request {r}: {got_decision.decision()} != {want_decision.decision()}"
         )
         producer.pre_request(cycle, req, SchedulingResult({"p": got}, "p"))
+        for s in spread:  # the spread scorer's counts and new prompts follow the pick
+            s.pre_request(bulk_cycle, req, SchedulingResult({"p": got}, "p"))
+            if rnd.random() < 0.5:
+                s.request_done(req, SchedulingResult({"p": got}, "p"))
         checked += 1
     return checked
 

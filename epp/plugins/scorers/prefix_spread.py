@@ -21,9 +21,10 @@ from __future__ import annotations
 import hashlib
 import math
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import compress
 
 from epp.framework import (
     CycleState,
@@ -36,8 +37,10 @@ from epp.framework import (
     Scorer,
     register,
 )
-from epp.framework.attributes import PREFIX_CACHE_MATCH_INFO_KEY, PrefixCacheMatchInfo
+from epp.framework.attributes import PREFIX_CACHE_MATCH_INFO_KEY, PrefixCacheMatchInfo, PrefixMatches
+from epp.framework.sparse import SparseLabels
 from epp.plugins.scorers._data_keys import check_producers
+from epp.plugins.scorers._spread_columns import SpreadColumns
 
 __all__ = ["PrefixSpreadParams", "PrefixSpreadScorer"]
 
@@ -45,6 +48,8 @@ TYPE_NAME = "prefix-spread-scorer"
 _TIE_WORTH = 0.5  # a hash tie-break is worth less than half an in-flight request: it orders equals only
 _EPS = 1e-9
 _HEADS = 65536  # prompt heads remembered (their last endpoint), least recently placed forgotten first
+_NEW_LOG = 4096  # new-prompt changes logged for the bulk path's columns before they are read afresh
+_NEAR = 1e-6  # a C-level pre-filter of the near-best scores, far wider than _EPS
 
 
 @dataclass(slots=True, frozen=True)
@@ -112,6 +117,41 @@ def _ratio(info: object) -> float:
     return 0.0
 
 
+class _RatioTable(dict[object, float]):
+    """Matched block count -> its match ratio, computed once per distinct count."""
+
+    __slots__ = ("_infos",)
+
+    def __init__(self, infos: PrefixMatches) -> None:
+        super().__init__()
+        self._infos = infos
+
+    def __missing__(self, label: object) -> float:
+        r = self[label] = _ratio(self._infos.info(label))  # type: ignore[arg-type]
+        return r
+
+
+class _Ratios:
+    """The match ratio of each candidate key, read as the mapping ``score`` stores (``get``:
+    the ratio where above 0.0, else the default) without building it."""
+
+    __slots__ = ("_pos", "_ratios")
+
+    def __init__(self, pos: dict[str, int], ratios: list[float]) -> None:
+        self._pos = pos
+        self._ratios = ratios
+
+    def __bool__(self) -> bool:
+        return True
+
+    def get(self, key: str, default: float = 0.0) -> float:
+        i = self._pos.get(key)
+        if i is None:
+            return default
+        r = self._ratios[i]
+        return r if r > 0.0 else default
+
+
 def _hash_rank(seed: bytes, endpoints: Sequence[Endpoint]) -> list[float]:
     """Per endpoint, its rendezvous-hash rank for the prompt head ``seed`` in [0, 1) (0 = preferred)."""
     n = len(endpoints)
@@ -145,6 +185,12 @@ class PrefixSpreadScorer(Scorer, PreRequest, RequestDone):
         self._head_key = f"{TYPE_NAME}/{name}/head"
         self._state_key = f"{TYPE_NAME}/{name}"
         self._ratio_key = f"{TYPE_NAME}/{name}/ratio"
+        # bulk path: endpoints with requests in flight from here (pruned when their count is 0),
+        # keys whose new-prompt entry changed (read by the columns), and the columns
+        self._busy: dict[str, _Count] = {}
+        self._new_log: list[str] = []
+        self._new_epoch = 0
+        self._cols = SpreadColumns()
 
     def load(self, e: Endpoint, now: float) -> int:
         """Requests in flight at ``e``: this scorer's count, or the engine's if known and higher."""
@@ -212,8 +258,114 @@ class PrefixSpreadScorer(Scorer, PreRequest, RequestDone):
                 out[i] += worth * (1.0 - r)
         return out
 
+    def score_bulk(
+        self, cycle: CycleState, request: LLMRequest, endpoints: list[Endpoint]
+    ) -> Sequence[float] | None:
+        """``score`` from kept columns: the same floats, C-level passes over the candidates and
+        Python steps only for the prefix holders, the endpoints with requests in flight from here
+        and the near-best scores. None (call ``score``) while some candidate's metrics are stale
+        or two candidates share a key."""
+        n = len(endpoints)
+        if n == 0:
+            return []
+        cols = self._cols
+        if not cols.sync_metrics(endpoints):
+            return None
+        now = time.monotonic()
+        if now > cols.fresh_min:
+            return None
+        pos = cols.key_pos
+        assert pos is not None
+        p = self.params
+        infos = cycle.get(PREFIX_CACHE_MATCH_INFO_KEY)
+        labels = infos.labels(endpoints) if isinstance(infos, PrefixMatches) else None
+        if isinstance(labels, SparseLabels) and isinstance(infos, PrefixMatches):
+            table = _RatioTable(infos)
+            ratios = [table[labels.default]] * n
+            exceptions = labels.exceptions
+            deque(map(ratios.__setitem__, exceptions, map(table.__getitem__, exceptions.values())), maxlen=0)
+        elif labels is not None and isinstance(infos, PrefixMatches):
+            info = infos.info
+            ratios = [_ratio(info(label)) for label in labels]
+        elif infos:
+            get = infos.get
+            ratios = [_ratio(get(e)) for e in endpoints]
+        else:
+            ratios = [0.0] * n
+        if p.hash_prefix_chars > 0:
+            head = hash(request.body.prompt_prefix(p.hash_prefix_chars))
+            cycle[self._head_key] = head
+            last = self._heads.get(head)
+            if last is not None and max(ratios) < p.cold_match_ratio:
+                at = pos.get(last)
+                if at is not None:
+                    ratios[at] = p.cold_match_ratio
+        cycle[self._ratio_key] = _Ratios(pos, ratios)
+        loads: list[int] = cols.eng
+        copied = False
+        busy = self._busy
+        for key, c in list(busy.items()):
+            if c.n <= 0:
+                if busy.get(key) is c:
+                    del busy[key]
+                continue
+            at = pos.get(key)
+            if at is not None and c.n > loads[at]:
+                if not copied:
+                    loads, copied = list(loads), True
+                loads[at] = c.n
+        lo, hi = min(loads), max(loads)
+        cap = float(hi + 1)
+        if p.load_bound > 0.0:
+            cap = float(max(p.load_bound_min, math.ceil(p.load_bound * (sum(loads) + 1) / n)))
+        bounded = lo < cap <= hi  # some under the bound, some at or above it
+        bw, nw = p.balance_weight, p.new_prompt_weight
+        norm = 1.0 + bw
+        k = bw * cap
+        out: list[float]
+        if nw > 0.0 and self._new:
+            cols.sync_new(self._new, self._new_log, self._new_epoch)
+            hl = p.new_prompt_half_life
+            cells = zip(ratios, loads, cols.vals, cols.sinces, strict=True)
+            if bounded:
+                out = [
+                    0.0
+                    if load >= cap
+                    else (r + k / (cap + load + nw * (v * 0.5 ** ((now - s if now > s else 0.0) / hl))))
+                    / norm
+                    for r, load, v, s in cells
+                ]
+            else:
+                out = [
+                    (r + k / (cap + load + nw * (v * 0.5 ** ((now - s if now > s else 0.0) / hl)))) / norm
+                    for r, load, v, s in cells
+                ]
+        else:
+            zero = nw * 0.0
+            out = [
+                0.0 if bounded and load >= cap else (r + k / (cap + load + zero)) / norm
+                for r, load in zip(ratios, loads, strict=True)
+            ]
+        best = max(out)
+        near = compress(range(n), map((best - _NEAR).__le__, out))
+        tied = [i for i in near if out[i] > 0.0 and best - out[i] <= _EPS]
+        if len(tied) > 1 and p.hash_prefix_chars > 0:
+            worth = bw * (1.0 / 2.0 - cap / (2.0 * cap + _TIE_WORTH)) / norm
+            cands = [endpoints[i] for i in tied]
+            rank = _hash_rank(request.body.prompt_prefix(p.hash_prefix_chars), cands)
+            for i, r in zip(tied, rank, strict=True):
+                out[i] += worth * (1.0 - r)
+        return out
+
+    def _note_new(self, key: str) -> None:
+        log = self._new_log
+        if len(log) >= _NEW_LOG:
+            log.clear()
+            self._new_epoch += 1
+        log.append(key)
+
     def pre_request(self, cycle: CycleState, request: LLMRequest, result: SchedulingResult) -> None:
-        ratios: dict[str, float] = cycle.get(self._ratio_key) or {}
+        ratios: dict[str, float] | _Ratios = cycle.get(self._ratio_key) or {}
         head: int | None = cycle.get(self._head_key)
         charge: _Charge | None = None
         now = time.monotonic()
@@ -232,8 +384,10 @@ class PrefixSpreadScorer(Scorer, PreRequest, RequestDone):
             if c is None:
                 c = self._counts[key] = _Count()
             c.n += 1
+            self._busy[key] = c
             if ratios.get(key, 0.0) < self.params.cold_match_ratio:
                 self._new[key] = (self.new_prompts(key, now) + 1.0, now)
+                self._note_new(key)
             if charge is None:
                 charge = request.state[self._state_key] = _Charge()
             charge.counts.append(c)
@@ -247,6 +401,8 @@ class PrefixSpreadScorer(Scorer, PreRequest, RequestDone):
         """Forget an endpoint that left the pool (its requests' counts release harmlessly)."""
         self._counts.pop(key, None)
         self._new.pop(key, None)
+        self._busy.pop(key, None)
+        self._note_new(key)
 
     def in_flight(self, key: str) -> int:
         """Requests this scorer has in flight to endpoint ``key`` (for tests and debugging)."""
