@@ -9,10 +9,16 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from typing import Protocol
 
 from epp.framework.candidates import CandidateMemo
 from epp.framework.endpoint import Endpoint
 from epp.framework.metrics_journal import JOURNAL
+
+
+class _HasCount(Protocol):
+    n: int
+
 
 _NO_ENTRY = (0.0, -math.inf)  # no new prompts: decays to 0.0 exactly as new_prompts' 0.0
 
@@ -22,6 +28,7 @@ class SpreadColumns:
     ``sinces[i]``: its new-prompt entry; ``key_pos``: key -> position (None: keys repeat)."""
 
     __slots__ = (
+        "_decay",
         "_memo",
         "_seq",
         "eng",
@@ -30,8 +37,12 @@ class SpreadColumns:
         "key_pos",
         "new_epoch",
         "new_read",
+        "own",
+        "own_epoch",
+        "own_read",
         "sinces",
         "vals",
+        "weighted_news",
     )
 
     def __init__(self) -> None:
@@ -45,6 +56,11 @@ class SpreadColumns:
         self.sinces: list[float] = []
         self.new_epoch = -1  # the scorer's log epoch the new-prompt columns follow (-1: none)
         self.new_read = 0  # entries of that log already applied
+        self.own: list[int] = []  # requests in flight from the scorer, per position
+        self.own_epoch = -1  # the scorer's count-log epoch ``own`` follows (-1: none)
+        self.own_read = 0
+        self.weighted_news: list[float] = []  # newPromptWeight x the decayed entry, at ``_decay``
+        self._decay: tuple[float, float, float] | None = None  # (clock, weight, half-life) of it
 
     def sync_metrics(self, endpoints: list[Endpoint]) -> bool:
         """Bring the metric columns up to ``endpoints``; False when the keys repeat (no bulk)."""
@@ -54,7 +70,8 @@ class SpreadColumns:
                 self._seq = seq
                 return self.key_pos is not None
         else:
-            self.new_epoch = -1  # another candidate list: the new-prompt columns too
+            self.new_epoch = -1  # another candidate list: the new-prompt and count columns too
+            self.own_epoch = -1
         self._seq = JOURNAL.seq  # before reading: a later change is patched next time
         ms = [e.metrics for e in endpoints]
         self.eng = [m.running_requests_size + m.waiting_queue_size for m in ms]
@@ -83,8 +100,34 @@ class SpreadColumns:
         """The candidates' keys, in order."""
         return self._memo.keys()
 
-    def sync_new(self, new: Mapping[str, tuple[float, float]], log: list[str], epoch: int) -> None:
-        """Bring the new-prompt columns up to ``new`` (changed keys in ``log`` since last read)."""
+    def sync_own(self, counts: Mapping[str, _HasCount], log: list[str], epoch: int) -> None:
+        """Bring ``own`` up to ``counts`` (keys whose count changed in ``log`` since last read)."""
+        pos = self.key_pos
+        assert pos is not None
+        if self.own_epoch != epoch or self.own_read > len(log):
+            get = counts.get
+            self.own = [c.n if (c := get(k)) is not None else 0 for k in pos]
+            self.own_epoch = epoch
+        else:
+            own = self.own
+            for key in log[self.own_read :]:
+                i = pos.get(key)
+                if i is not None:
+                    c = counts.get(key)
+                    own[i] = c.n if c is not None else 0
+        self.own_read = len(log)
+
+    def sync_new(
+        self,
+        new: Mapping[str, tuple[float, float]],
+        log: list[str],
+        epoch: int,
+        t: float,
+        weight: float,
+        half_life: float,
+    ) -> None:
+        """Bring the new-prompt columns up to ``new`` (changed keys in ``log`` since last read), and
+        ``weighted_news`` to ``weight`` times each entry decayed to clock ``t``."""
         pos = self.key_pos
         assert pos is not None
         if self.new_epoch != epoch or self.new_read > len(log):
@@ -94,10 +137,25 @@ class SpreadColumns:
             self.sinces = [s for _, s in entries]
             self.new_epoch = epoch
             self.new_read = len(log)
-            return
-        vals, sinces = self.vals, self.sinces
-        for key in log[self.new_read :]:
-            i = pos.get(key)
-            if i is not None:
-                vals[i], sinces[i] = new.get(key, _NO_ENTRY)
-        self.new_read = len(log)
+            self._decay = None
+        else:
+            vals, sinces = self.vals, self.sinces
+            weighted = self.weighted_news if self._decay == (t, weight, half_life) else None
+            for key in log[self.new_read :]:
+                i = pos.get(key)
+                if i is not None:
+                    vals[i], sinces[i] = v, since = new.get(key, _NO_ENTRY)
+                    if weighted is not None:
+                        weighted[i] = _weighted(v, since, t, weight, half_life)
+            self.new_read = len(log)
+        if self._decay != (t, weight, half_life):
+            self.weighted_news = [
+                _weighted(v, since, t, weight, half_life)
+                for v, since in zip(self.vals, self.sinces, strict=True)
+            ]
+            self._decay = (t, weight, half_life)
+
+
+def _weighted(value: float, since: float, t: float, weight: float, half_life: float) -> float:
+    """``weight`` x the entry ``(value, since)`` decayed to ``t`` (as the scorer's ``new_prompts``)."""
+    return weight * (value * 0.5 ** (max(0.0, t - since) / half_life))

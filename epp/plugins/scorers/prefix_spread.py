@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import operator
 import time
 from collections import OrderedDict, deque
 from collections.abc import Sequence
@@ -50,6 +51,15 @@ _EPS = 1e-9
 _HEADS = 65536  # prompt heads remembered (their last endpoint), least recently placed forgotten first
 _NEW_LOG = 4096  # new-prompt changes logged for the bulk path's columns before they are read afresh
 _NEAR = 1e-6  # a C-level pre-filter of the near-best scores, far wider than _EPS
+# Scores read the new-prompt decay on a clock of this step (seconds): a minute's half-life moves
+# 0.3 % in a step, and the bulk path's decayed column then changes four times a second, not on
+# every request.
+DECAY_STEP = 0.25
+
+
+def decay_clock(now: float) -> float:
+    """``now`` rounded down to the decay clock's step."""
+    return now - now % DECAY_STEP
 
 
 @dataclass(slots=True, frozen=True)
@@ -82,12 +92,15 @@ class PrefixSpreadParams:
 
 
 class _Count:
-    """One endpoint's requests in flight from this scorer."""
+    """One endpoint's requests in flight from this scorer; each change noted in ``log`` (the
+    scorer's log of changed keys, read by the bulk path's columns)."""
 
-    __slots__ = ("n",)
+    __slots__ = ("key", "log", "n")
 
-    def __init__(self) -> None:
+    def __init__(self, key: str, log: list[str]) -> None:
         self.n = 0
+        self.key = key
+        self.log = log
 
 
 class _Charge:
@@ -101,6 +114,7 @@ class _Charge:
     def release(self) -> None:
         for c in self.counts:
             c.n = max(0, c.n - 1)
+            c.log.append(c.key)
         self.counts = []
 
     def __del__(self) -> None:
@@ -185,9 +199,10 @@ class PrefixSpreadScorer(Scorer, PreRequest, RequestDone):
         self._head_key = f"{TYPE_NAME}/{name}/head"
         self._state_key = f"{TYPE_NAME}/{name}"
         self._ratio_key = f"{TYPE_NAME}/{name}/ratio"
-        # bulk path: endpoints with requests in flight from here (pruned when their count is 0),
-        # keys whose new-prompt entry changed (read by the columns), and the columns
-        self._busy: dict[str, _Count] = {}
+        # bulk path: keys whose count changed, keys whose new-prompt entry changed (each log read
+        # by the columns; cleared with a new epoch when long), and the columns
+        self._count_log: list[str] = []
+        self._count_epoch = 0
         self._new_log: list[str] = []
         self._new_epoch = 0
         self._cols = SpreadColumns()
@@ -237,10 +252,9 @@ class PrefixSpreadScorer(Scorer, PreRequest, RequestDone):
         under = [load < cap for load in loads]
         bounded = any(under) and not all(under)
         bw, nw = p.balance_weight, p.new_prompt_weight
+        t = decay_clock(now)
         news = (
-            [self.new_prompts(e.metadata.key, now) for e in endpoints]
-            if nw > 0.0 and self._new
-            else [0.0] * n
+            [self.new_prompts(e.metadata.key, t) for e in endpoints] if nw > 0.0 and self._new else [0.0] * n
         )
         norm = 1.0 + bw
         out = [
@@ -301,19 +315,8 @@ class PrefixSpreadScorer(Scorer, PreRequest, RequestDone):
                 if at is not None:
                     ratios[at] = p.cold_match_ratio
         cycle[self._ratio_key] = _Ratios(pos, ratios)
-        loads: list[int] = cols.eng
-        copied = False
-        busy = self._busy
-        for key, c in list(busy.items()):
-            if c.n <= 0:
-                if busy.get(key) is c:
-                    del busy[key]
-                continue
-            at = pos.get(key)
-            if at is not None and c.n > loads[at]:
-                if not copied:
-                    loads, copied = list(loads), True
-                loads[at] = c.n
+        cols.sync_own(self._counts, self._count_log, self._count_epoch)
+        loads: list[int] = list(map(max, cols.eng, cols.own)) if any(cols.own) else cols.eng
         lo, hi = min(loads), max(loads)
         cap = float(hi + 1)
         if p.load_bound > 0.0:
@@ -322,30 +325,19 @@ class PrefixSpreadScorer(Scorer, PreRequest, RequestDone):
         bw, nw = p.balance_weight, p.new_prompt_weight
         norm = 1.0 + bw
         k = bw * cap
-        out: list[float]
         if nw > 0.0 and self._new:
-            cols.sync_new(self._new, self._new_log, self._new_epoch)
-            hl = p.new_prompt_half_life
-            cells = zip(ratios, loads, cols.vals, cols.sinces, strict=True)
-            if bounded:
-                out = [
-                    0.0
-                    if load >= cap
-                    else (r + k / (cap + load + nw * (v * 0.5 ** ((now - s if now > s else 0.0) / hl))))
-                    / norm
-                    for r, load, v, s in cells
-                ]
-            else:
-                out = [
-                    (r + k / (cap + load + nw * (v * 0.5 ** ((now - s if now > s else 0.0) / hl)))) / norm
-                    for r, load, v, s in cells
-                ]
+            cols.sync_new(
+                self._new, self._new_log, self._new_epoch, decay_clock(now), nw, p.new_prompt_half_life
+            )
+            news = cols.weighted_news
         else:
-            zero = nw * 0.0
-            out = [
-                0.0 if bounded and load >= cap else (r + k / (cap + load + zero)) / norm
-                for r, load in zip(ratios, loads, strict=True)
-            ]
+            news = [nw * 0.0] * n
+        # (r + k / (cap + load + news)) / norm, in C-level passes: the same floats as ``score``
+        totals = map(operator.add, map(cap.__add__, loads), news)
+        out = list(map(norm.__rtruediv__, map(operator.add, ratios, map(k.__truediv__, totals))))
+        if bounded:
+            for i in compress(range(n), map(cap.__le__, loads)):
+                out[i] = 0.0
         best = max(out)
         near = compress(range(n), map((best - _NEAR).__le__, out))
         tied = [i for i in near if out[i] > 0.0 and best - out[i] <= _EPS]
@@ -382,9 +374,12 @@ class PrefixSpreadScorer(Scorer, PreRequest, RequestDone):
             key = res.target_endpoints[0].metadata.key
             c = self._counts.get(key)
             if c is None:
-                c = self._counts[key] = _Count()
+                c = self._counts[key] = _Count(key, self._count_log)
+            if len(self._count_log) >= _NEW_LOG:
+                self._count_log.clear()
+                self._count_epoch += 1
             c.n += 1
-            self._busy[key] = c
+            self._count_log.append(key)
             if ratios.get(key, 0.0) < self.params.cold_match_ratio:
                 self._new[key] = (self.new_prompts(key, now) + 1.0, now)
                 self._note_new(key)
@@ -401,7 +396,7 @@ class PrefixSpreadScorer(Scorer, PreRequest, RequestDone):
         """Forget an endpoint that left the pool (its requests' counts release harmlessly)."""
         self._counts.pop(key, None)
         self._new.pop(key, None)
-        self._busy.pop(key, None)
+        self._count_log.append(key)
         self._note_new(key)
 
     def in_flight(self, key: str) -> int:
