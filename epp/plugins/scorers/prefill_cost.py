@@ -9,7 +9,6 @@ first characters, so cold requests of one prefix land together without piling up
 
 from __future__ import annotations
 
-import hashlib
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -28,6 +27,7 @@ from epp.framework import (
 from epp.framework.attributes import PREFIX_CACHE_MATCH_INFO_KEY
 from epp.plugins.producers.inflight_load import estimate_input_tokens, uncached_input_tokens
 from epp.plugins.scorers._data_keys import check_producers
+from epp.plugins.scorers._rendezvous import hash_rank
 
 __all__ = ["PrefillCostParams", "PrefillCostScorer"]
 
@@ -93,21 +93,6 @@ class _Charge:
                 pass
 
 
-def _hash_order(prefix: str, endpoints: list[Endpoint]) -> list[float]:
-    """Per endpoint, its rendezvous-hash rank for ``prefix`` scaled to [0, 1) (0 = preferred)."""
-    n = len(endpoints)
-    seed = prefix.encode("utf-8", "surrogatepass")
-    weights = [
-        int.from_bytes(hashlib.blake2b(seed + e.metadata.key.encode(), digest_size=8).digest(), "big")
-        for e in endpoints
-    ]
-    order = sorted(range(n), key=weights.__getitem__, reverse=True)
-    rank = [0.0] * n
-    for r, i in enumerate(order):
-        rank[i] = r / n
-    return rank
-
-
 @register
 class PrefillCostScorer(Scorer, PreRequest, RequestDone):
     type_name = TYPE_NAME
@@ -153,7 +138,9 @@ class PrefillCostScorer(Scorer, PreRequest, RequestDone):
             if any(r < cap for r in in_flight):
                 out = [s if r < cap else 0.0 for s, r in zip(out, in_flight, strict=True)]
         if p.hash_prefix_chars > 0 and n > 1:
-            rank = _hash_order(request.body.prompt_text[: p.hash_prefix_chars], endpoints)
+            rank = hash_rank(
+                request.body.prompt_text[: p.hash_prefix_chars].encode("utf-8", "surrogatepass"), endpoints
+            )
             out = [s * (1.0 - _TIE_SPREAD * r) for s, r in zip(out, rank, strict=True)]
         return out
 

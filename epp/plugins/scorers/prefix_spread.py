@@ -18,7 +18,6 @@ the bound: the engine keeps a prompt's head longer than the index remembers its 
 
 from __future__ import annotations
 
-import hashlib
 import math
 import operator
 import time
@@ -41,6 +40,7 @@ from epp.framework import (
 from epp.framework.attributes import PREFIX_CACHE_MATCH_INFO_KEY, PrefixCacheMatchInfo, PrefixMatches
 from epp.framework.sparse import SparseLabels
 from epp.plugins.scorers._data_keys import check_producers
+from epp.plugins.scorers._rendezvous import hash_rank
 from epp.plugins.scorers._spread_columns import SpreadColumns
 
 __all__ = ["PrefixSpreadParams", "PrefixSpreadScorer"]
@@ -166,19 +166,6 @@ class _Ratios:
         return r if r > 0.0 else default
 
 
-def _hash_rank(seed: bytes, endpoints: Sequence[Endpoint]) -> list[float]:
-    """Per endpoint, its rendezvous-hash rank for the prompt head ``seed`` in [0, 1) (0 = preferred)."""
-    n = len(endpoints)
-    weights = [
-        int.from_bytes(hashlib.blake2b(seed + e.metadata.key.encode(), digest_size=8).digest(), "big")
-        for e in endpoints
-    ]
-    rank = [0.0] * n
-    for r, i in enumerate(sorted(range(n), key=weights.__getitem__, reverse=True)):
-        rank[i] = r / n
-    return rank
-
-
 @register
 class PrefixSpreadScorer(Scorer, PreRequest, RequestDone):
     type_name = TYPE_NAME
@@ -267,7 +254,7 @@ class PrefixSpreadScorer(Scorer, PreRequest, RequestDone):
             # worth less than any load step: bw * (cap/(cap+l) - cap/(cap+l+0.5)) at the cap's far end
             worth = bw * (1.0 / 2.0 - cap / (2.0 * cap + _TIE_WORTH)) / norm
             cands = [endpoints[i] for i in tied]
-            rank = _hash_rank(request.body.prompt_prefix(p.hash_prefix_chars), cands)
+            rank = hash_rank(request.body.prompt_prefix(p.hash_prefix_chars), cands)
             for i, r in zip(tied, rank, strict=True):
                 out[i] += worth * (1.0 - r)
         return out
@@ -344,7 +331,7 @@ class PrefixSpreadScorer(Scorer, PreRequest, RequestDone):
         if len(tied) > 1 and p.hash_prefix_chars > 0:
             worth = bw * (1.0 / 2.0 - cap / (2.0 * cap + _TIE_WORTH)) / norm
             cands = [endpoints[i] for i in tied]
-            rank = _hash_rank(request.body.prompt_prefix(p.hash_prefix_chars), cands)
+            rank = hash_rank(request.body.prompt_prefix(p.hash_prefix_chars), cands)
             for i, r in zip(tied, rank, strict=True):
                 out[i] += worth * (1.0 - r)
         return out
