@@ -58,7 +58,7 @@ def test_engine_metrics_read_as_the_engine_reports_them(pool: Pool, rig: Rig) ->
     front = start_front(rig, pool)
     busy = pool.engines[0]
     stop = threading.Event()
-    threads = [threading.Thread(target=_generate_until, args=(busy, pool.model, stop)) for _ in range(3)]
+    threads = [threading.Thread(target=_generate_until, args=(busy, pool.model, stop)) for _ in range(2)]
     for t in threads:
         t.start()
     try:
@@ -74,6 +74,12 @@ def test_engine_metrics_read_as_the_engine_reports_them(pool: Pool, rig: Rig) ->
             page = front.epp_metrics()
             running = sum(r for r, _ in engines) / len(engines)
             waiting = sum(w for _, w in engines) / len(engines)
+            seen[:] = [
+                ("engines (running, waiting)", engines),
+                ("ready", total(page, "llm_d_epp_ready_endpoints")),
+                ("EPP running, queue", total(page, "llm_d_epp_average_running_requests")),
+                ("", total(page, "llm_d_epp_average_queue_size")),
+            ]
             return (
                 running > 0
                 and total(page, "llm_d_epp_ready_endpoints") == len(pool.engines)
@@ -82,7 +88,13 @@ def test_engine_metrics_read_as_the_engine_reports_them(pool: Pool, rig: Rig) ->
             )
 
         # the requests run until stopped: the averages settle once a refresh follows their start
-        wait_for("the EPP's pool averages equal to the engines' own gauges", same, timeout=90, interval=0.5)
+        seen: list[tuple[str, object]] = []
+        try:
+            wait_for(
+                "the EPP's pool averages equal to the engines' own gauges", same, timeout=90, interval=0.5
+            )
+        except AssertionError as e:
+            raise AssertionError(f"{e}; last seen: {seen}; generations: {_GENERATIONS}") from None
     finally:
         stop.set()
         for t in threads:
@@ -90,17 +102,23 @@ def test_engine_metrics_read_as_the_engine_reports_them(pool: Pool, rig: Rig) ->
 
 
 def _generate_until(engine: Engine, model: str, stop: threading.Event) -> None:
-    """A streamed completion of up to 4,000 tokens (the engines' context is 4,096), its connection
-    closed (vLLM aborts the request) once ``stop`` is set."""
-    body = {"model": model, "prompt": f"{_tag()} go", "max_tokens": 4000, "ignore_eos": True, "stream": True}
-    conn = HTTPConnection(engine.host, engine.port, timeout=120)
-    try:
-        conn.request("POST", "/v1/completions", json.dumps(body), {"content-type": "application/json"})
-        resp = conn.getresponse()
-        while not stop.is_set() and resp.readline():
-            pass
-    finally:
-        conn.close()
+    """Completions of 1,500 tokens, one after the other until ``stop`` is set (the tiny model
+    finishes one in seconds: the engine keeps a request running only while a new one follows). Not
+    streamed: a stream's thousands of events a second would take the CPUs the EPP's scrapes need."""
+    body = {"model": model, "prompt": f"{_tag()} go", "max_tokens": 1500, "ignore_eos": True}
+    while not stop.is_set():
+        conn = HTTPConnection(engine.host, engine.port, timeout=120)
+        try:
+            conn.request("POST", "/v1/completions", json.dumps(body), {"content-type": "application/json"})
+            resp = conn.getresponse()
+            _GENERATIONS.append((resp.status, resp.read()[:120]))
+            if resp.status != 200:
+                return
+        finally:
+            conn.close()
+
+
+_GENERATIONS: list[tuple[int, bytes]] = []  # each long generation's status and first line (for failures)
 
 
 def _precise_hit(front: Front, pool: Pool, model: str) -> None:
