@@ -81,10 +81,12 @@ def test_the_scores_shown_are_the_ones_that_decided(rig: Rig, capsys: pytest.Cap
     )
     envoy = rig.start_envoy(epp, access_log=True, response_header_mode="SEND")
     stop = threading.Event()
-    _queue(busy.url, 4, stop)
+    # a queue deeper than what the three routed requests add to the idle sim (each a new prompt,
+    # counted as newPromptWeight 2 requests by prefix-spread-scorer): the queue decides every time
+    _queue(busy.url, 8, stop)
     try:
         deadline = time.monotonic() + 20
-        while _waiting(busy.url) < 2:
+        while _waiting(busy.url) < 6:
             assert time.monotonic() < deadline, "the busy sim never queued"
             time.sleep(0.05)
         time.sleep(0.3)  # the EPP's scrape (50 ms) sees the queue
