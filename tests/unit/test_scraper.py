@@ -577,11 +577,13 @@ def test_the_scrape_timeout_flag() -> None:
     assert scraper.timeout == 3.0
 
 
-def test_scrapes_start_on_shared_slots() -> None:
-    """Every endpoint's scrapes start on one of SCRAPE_SLOTS instants per interval, so the data
-    layer's thread wakes for a batch of endpoints at a time."""
-    from epp.datalayer.scraper import SCRAPE_SLOTS
+def test_scrapes_start_on_shared_slots(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With SCRAPE_SLOTS set (off by default), every endpoint's scrapes start on one of that many
+    instants per interval, so the data layer's thread wakes for a batch of endpoints at a time."""
+    from epp.datalayer import scraper as scraper_module
 
+    monkeypatch.setattr(scraper_module, "SCRAPE_SLOTS", 8)
+    SCRAPE_SLOTS = 8
     scraper = _scraper(EndpointStore())
     step = scraper.interval / SCRAPE_SLOTS
     for t in (0.0, 0.001, 12.345, 1000.0 + step / 2):
